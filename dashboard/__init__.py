@@ -1,0 +1,1 @@
+"""The operators' dashboard: where every stream stands."""

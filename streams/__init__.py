@@ -1,0 +1,1 @@
+"""Streams: append-only logs of facts, their backing tables and their stream ID generators."""

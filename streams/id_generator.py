@@ -1,0 +1,162 @@
+"""``MultiWriterIdGenerator``: hands out stream IDs and tracks how far each writer got.
+
+Design notes: docs/streams.md. The semantics are Synapse's (replication spec §12): reserve
+IDs (``nextval``), write the rows, complete the IDs on commit *and* on rollback; positions
+only advance over contiguous completed IDs. The bookkeeping is :class:`StreamPositions`
+(pure), the database work is an :class:`IdStore`; this class joins them and tells the
+:class:`PositionNotifier` when this writer's position moved.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Callable, Iterator, Sequence
+
+from .id_store import IdStore, Reservation
+from .notifier import PositionAdvanced, PositionNotifier
+from .positions import PendingId, StreamPositions
+
+logger = logging.getLogger(__name__)
+
+
+class NotAWriter(Exception):
+    """This process is not a configured writer of the stream."""
+
+
+class MultiWriterIdGenerator:
+    """Stream IDs for one stream in one process.
+
+    ``writers``: the configured writer instances (``None``: any process may write, as for
+    ``caches``). Positions are loaded from the database when the generator is built: a writer
+    recovers its own position and starts with nothing pending.
+    """
+
+    def __init__(
+        self,
+        *,
+        stream_name: str,
+        instance_name: str,
+        store: IdStore,
+        writers: Sequence[str] | None,
+        backwards: bool = False,
+        notifier: PositionNotifier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.stream_name = stream_name
+        self.instance_name = instance_name
+        self.writers = None if writers is None else tuple(writers)
+        self.factor = -1 if backwards else 1
+        self._store = store
+        self._notifier = notifier
+        self._positions = StreamPositions(instance_name, clock=clock)
+        self._notify_lock = threading.Lock()
+        loaded = store.load_state(self.writers)
+        self._positions.load(
+            positions=loaded.positions,
+            persisted_upto=loaded.persisted_upto,
+            rows=loaded.rows,
+            writers=self.writers,
+        )
+        self._last_published = self.get_current_token_for_writer(instance_name)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    @property
+    def is_writer(self) -> bool:
+        return self.writers is None or self.instance_name in self.writers
+
+    @contextlib.contextmanager
+    def get_next(self) -> Iterator[int]:
+        """Reserve one ID; completes when the block exits, normally or by an exception."""
+        with self.get_next_mult(1) as ids:
+            yield ids[0]
+
+    @contextlib.contextmanager
+    def get_next_mult(self, n: int) -> Iterator[list[int]]:
+        """Reserve ``n`` IDs in one round trip; all complete when the block exits.
+
+        Wrap the transaction that writes the rows: a rolled-back block completes its IDs too
+        (a fact with zero rows).
+        """
+        if n < 1:
+            raise ValueError("reserve at least one stream ID")
+        if not self.is_writer:
+            raise NotAWriter(
+                f"{self.instance_name} is not a writer of stream {self.stream_name} "
+                f"(writers: {', '.join(self.writers or ())})"
+            )
+        ticket = self._positions.begin_allocation()
+        reservation: Reservation | None = None
+        try:
+            reservation = self._store.reserve(n)
+        finally:
+            self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
+        ok = False
+        try:
+            yield [self.factor * i for i in reservation.stream_ids]
+            ok = True
+        finally:
+            self._complete(reservation, ok)
+
+    def _complete(self, reservation: Reservation, ok: bool) -> None:
+        self._positions.finish(reservation.stream_ids)
+        position = self.get_current_token_for_writer(self.instance_name)
+        try:
+            # Only a successful write records a position: it then points at a written row.
+            self._store.complete(reservation, position if ok and self.writers is not None else None)
+        except Exception:
+            logger.exception(
+                "stream %s: could not record completion of %s", self.stream_name, reservation.stream_ids
+            )
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._notifier is None or not self.is_writer:
+            return
+        with self._notify_lock:
+            new = self.get_current_token_for_writer(self.instance_name)
+            prev = self._last_published
+            if self.factor * new <= self.factor * prev:
+                return
+            self._last_published = new
+        self._notifier.position_advanced(
+            PositionAdvanced(self.stream_name, self.instance_name, prev, new)
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get_current_token(self) -> int:
+        """The linear position: every ID up to it, from every writer, has completed."""
+        return self.factor * self._positions.linear()
+
+    get_persisted_upto_position = get_current_token
+
+    def get_current_token_for_writer(self, instance_name: str) -> int:
+        return self.factor * self._positions.for_writer(instance_name)
+
+    def get_minimal_local_current_token(self) -> int:
+        return self.factor * self._positions.minimal_local()
+
+    def get_positions(self) -> dict[str, int]:
+        return {name: self.factor * pos for name, pos in self._positions.positions().items()}
+
+    def get_max_allocated_token(self) -> int:
+        return self.factor * self._positions.max_seen_allocated()
+
+    def pending(self) -> list[PendingId]:
+        """This process's reserved, not yet completed IDs (external sign), lowest first."""
+        return [
+            PendingId(self.factor * p.stream_id, p.instance_name, p.reserved_at)
+            for p in self._positions.pending()
+        ]
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        """Replication says ``instance_name`` completed everything up to ``new_id``."""
+        self._positions.advance(instance_name, self.factor * new_id)
+        # An idle writer moves along with the others: publish it.
+        self._publish()
+
+    def close(self) -> None:
+        self._store.close()

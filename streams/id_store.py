@@ -1,0 +1,357 @@
+"""The database side of a stream ID generator: the sequence, the visible reservations and
+``stream_positions``. Design notes: docs/streams.md.
+
+* :class:`PostgresIdStore` reserves IDs with ``nextval`` on a connection of its own in
+  autocommit, so a reservation never depends on the writer's transaction, and records the
+  reservation in ``stream_reservations`` in the same round trip: every process can see which
+  IDs are pending, by whom and since when, even after the writer died.
+* :class:`SQLiteIdStore` stands in for the sequence with an ID table (``stream_sequences``);
+  SQLite has one writer per stream, so the reservation runs on the Django connection before
+  the writing transaction opens.
+
+Both answer the start-up questions of replication spec §12.7 (:meth:`load_state`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from django.db import connections, transaction
+
+logger = logging.getLogger(__name__)
+
+POSITIONS = "stream_positions"
+RESERVATIONS = "stream_reservations"
+SEQUENCES = "stream_sequences"
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A backing table as the ID machinery sees it."""
+
+    table: str
+    id_column: str
+    instance_column: str = "instance_name"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    reservation_id: int
+    stream_ids: list[int]
+
+
+@dataclass(frozen=True)
+class LoadedState:
+    """What the database says at start-up (all values in the internal, positive sign)."""
+
+    positions: dict[str, int]
+    persisted_upto: int
+    rows: list[tuple[str, int]]
+
+
+class IdStore:
+    """Common start-up logic; subclasses talk to one kind of database."""
+
+    def __init__(
+        self,
+        *,
+        stream_name: str,
+        sequence: str,
+        tables: Sequence[TableRef],
+        instance_name: str,
+        backwards: bool = False,
+        using: str = "default",
+    ) -> None:
+        self.stream_name = stream_name
+        self.sequence = sequence
+        self.tables = list(tables)
+        self.instance_name = instance_name
+        self.factor = -1 if backwards else 1
+        self.using = using
+
+    # -- implemented per database ------------------------------------------------------------
+
+    def ensure_sequence(self, cursor: Any) -> None:
+        raise NotImplementedError
+
+    def sequence_last_value(self, cursor: Any) -> int:
+        """The last ID handed out (0 if none)."""
+        raise NotImplementedError
+
+    def sequence_set_at_least(self, cursor: Any, value: int) -> None:
+        raise NotImplementedError
+
+    def reserve(self, n: int) -> Reservation:
+        raise NotImplementedError
+
+    def complete(self, reservation: Reservation, position: int | None) -> None:
+        """Drop the reservation; record ``position`` (external sign) in stream_positions."""
+        raise NotImplementedError
+
+    def own_position_from_sequence(self) -> bool:
+        return False
+
+    # -- shared -----------------------------------------------------------------------------
+
+    def _table_extreme(self, cursor: Any, ref: TableRef) -> int:
+        agg = "MAX" if self.factor == 1 else "-MIN"
+        cursor.execute(f"SELECT COALESCE({agg}({ref.id_column}), 0) FROM {ref.table}")
+        return max(int(cursor.fetchone()[0]), 0)
+
+    def _check_consistency(self, cursor: Any) -> None:
+        """Never hand out an ID that is already in a table or a recorded position.
+
+        Synapse refuses to start when ``stream_positions`` is ahead of the sequence (after a
+        failover, a restore, a hard kill); we repair the sequence instead and say so.
+        """
+        last = self.sequence_last_value(cursor)
+        highest = last
+        for ref in self.tables:
+            highest = max(highest, self._table_extreme(cursor, ref))
+        cursor.execute(
+            f"SELECT MAX({'' if self.factor == 1 else '-'}stream_id) FROM {POSITIONS} WHERE stream_name = %s",
+            [self.stream_name],
+        )
+        recorded = cursor.fetchone()[0]
+        if recorded is not None:
+            highest = max(highest, int(recorded))
+        if highest > last:
+            logger.warning(
+                "stream %s: sequence %s was at %d, behind the tables/positions at %d; moved it on",
+                self.stream_name, self.sequence, last, highest,
+            )
+            self.sequence_set_at_least(cursor, highest)
+
+    def load_state(self, writers: Sequence[str] | None) -> LoadedState:
+        """Read what §12.7 needs: positions, the linear start, rows above it."""
+        connection = connections[self.using]
+        with transaction.atomic(using=self.using), connection.cursor() as cursor:
+            self.ensure_sequence(cursor)
+            self._check_consistency(cursor)
+            positions: dict[str, int] = {}
+            if writers is not None:
+                placeholders = ", ".join(["%s"] * len(writers))
+                cursor.execute(
+                    f"DELETE FROM {POSITIONS} WHERE stream_name = %s AND instance_name NOT IN ({placeholders})",
+                    [self.stream_name, *writers],
+                )
+                cursor.execute(
+                    f"SELECT instance_name, stream_id FROM {POSITIONS} WHERE stream_name = %s",
+                    [self.stream_name],
+                )
+                positions = {
+                    inst: self.factor * int(sid) for inst, sid in cursor.fetchall() if inst in writers
+                }
+                if self.instance_name in writers and self.own_position_from_sequence():
+                    positions[self.instance_name] = self.sequence_last_value(cursor)
+            rows: list[tuple[str, int]] = []
+            if not positions:
+                persisted_upto = max([1, *(self._table_extreme(cursor, ref) for ref in self.tables)])
+            else:
+                persisted_upto = min(positions.values())
+                cmp = ">=" if self.factor == 1 else "<="
+                for ref in self.tables:
+                    cursor.execute(
+                        f"SELECT {ref.instance_column}, {ref.id_column} FROM {ref.table} "
+                        f"WHERE {ref.id_column} {cmp} %s",
+                        [self.factor * persisted_upto],
+                    )
+                    rows.extend((inst, self.factor * int(sid)) for inst, sid in cursor.fetchall())
+            # This writer starts with nothing pending: reservations left by an earlier run of
+            # it (killed mid-transaction) are over.
+            cursor.execute(
+                f"DELETE FROM {RESERVATIONS} WHERE stream_name = %s AND instance_name = %s",
+                [self.stream_name, self.instance_name],
+            )
+            if cursor.rowcount:
+                logger.warning(
+                    "stream %s: dropped %d reservation(s) left by an earlier run of %s",
+                    self.stream_name, cursor.rowcount, self.instance_name,
+                )
+        return LoadedState(positions=positions, persisted_upto=persisted_upto, rows=rows)
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresIdStore(IdStore):
+    """IDs from a PostgreSQL sequence, reserved on a dedicated autocommit connection."""
+
+    _RESERVE_SQL = f"""
+        WITH ids AS (SELECT nextval(%s) AS id FROM generate_series(1, %s))
+        INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
+        SELECT %s, %s, to_jsonb(array_agg(id ORDER BY id)), now(), %s FROM ids
+        RETURNING id, stream_ids
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._conn_pid = 0
+        cmp = "<" if self.factor == 1 else ">"
+        self._complete_sql = f"""
+            WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s)
+            INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
+            ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id
+            WHERE {POSITIONS}.stream_id {cmp} EXCLUDED.stream_id
+        """
+
+    def _connection(self) -> Any:
+        import psycopg
+
+        if self._conn is None or self._conn.closed or self._conn_pid != os.getpid():
+            params = connections[self.using].settings_dict
+            kwargs = {
+                "dbname": params.get("NAME"),
+                "user": params.get("USER") or None,
+                "password": params.get("PASSWORD") or None,
+                "host": params.get("HOST") or None,
+                "port": params.get("PORT") or None,
+            }
+            self._conn = psycopg.connect(
+                **{k: v for k, v in kwargs.items() if v}, autocommit=True,
+                application_name=f"synapse_repl ids {self.instance_name}",
+            )
+            # A reservation lost in a database crash costs nothing: the writer's own
+            # transaction is lost too. Don't wait for the WAL flush.
+            self._conn.execute("SET synchronous_commit TO off")
+            self._conn_pid = os.getpid()
+        return self._conn
+
+    def _run(self, sql: str, params: Sequence[Any]) -> Any:
+        import psycopg
+
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    cur = self._connection().execute(sql, params)
+                    return cur.fetchone() if cur.description else None
+                except psycopg.OperationalError:
+                    # The connection broke (server restart, network): reconnect once.
+                    self._drop()
+                    if attempt == 2:
+                        raise
+
+    def _drop(self) -> None:
+        try:
+            if self._conn is not None:
+                self._conn.close()
+        finally:
+            self._conn = None
+
+    def ensure_sequence(self, cursor: Any) -> None:
+        # Serialise creation across processes; consume ID 1 at once (Synapse: never START
+        # WITH 2, issue #18712): the first ID handed out is 2, position 1 counts as persisted.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"stream-seq:{self.sequence}"])
+        cursor.execute("SELECT 1 FROM pg_class WHERE relkind = 'S' AND relname = %s", [self.sequence])
+        if cursor.fetchone() is None:
+            cursor.execute(f"CREATE SEQUENCE {self.sequence}")
+            cursor.execute("SELECT nextval(%s)", [self.sequence])
+
+    def sequence_last_value(self, cursor: Any) -> int:
+        cursor.execute(f"SELECT last_value, is_called FROM {self.sequence}")
+        last_value, is_called = cursor.fetchone()
+        return int(last_value) if is_called else int(last_value) - 1
+
+    def sequence_set_at_least(self, cursor: Any, value: int) -> None:
+        cursor.execute("SELECT setval(%s, %s)", [self.sequence, value])
+
+    def own_position_from_sequence(self) -> bool:
+        return True
+
+    def reserve(self, n: int) -> Reservation:
+        reservation_id, ids = self._run(
+            self._RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
+        )
+        return Reservation(int(reservation_id), [int(i) for i in ids])
+
+    def complete(self, reservation: Reservation, position: int | None) -> None:
+        if position is None:
+            self._run(f"DELETE FROM {RESERVATIONS} WHERE id = %s", (reservation.reservation_id,))
+        else:
+            self._run(
+                self._complete_sql,
+                (reservation.reservation_id, self.stream_name, self.instance_name, position),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+class SQLiteIdStore(IdStore):
+    """IDs from an ID table; one writer per stream, reserving outside its transaction."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._lock = threading.Lock()
+        cmp = "<" if self.factor == 1 else ">"
+        self._upsert_sql = f"""
+            INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
+            ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id
+            WHERE {POSITIONS}.stream_id {cmp} excluded.stream_id
+        """
+
+    def ensure_sequence(self, cursor: Any) -> None:
+        cursor.execute(
+            f"INSERT OR IGNORE INTO {SEQUENCES} (name, last_value) VALUES (%s, 1)", [self.sequence]
+        )
+
+    def sequence_last_value(self, cursor: Any) -> int:
+        cursor.execute(f"SELECT last_value FROM {SEQUENCES} WHERE name = %s", [self.sequence])
+        row = cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    def sequence_set_at_least(self, cursor: Any, value: int) -> None:
+        cursor.execute(
+            f"UPDATE {SEQUENCES} SET last_value = MAX(last_value, %s) WHERE name = %s",
+            [value, self.sequence],
+        )
+
+    def reserve(self, n: int) -> Reservation:
+        import json
+        from datetime import datetime, timezone
+
+        connection = connections[self.using]
+        if connection.in_atomic_block:
+            raise RuntimeError(
+                f"stream {self.stream_name}: reserve stream IDs before opening the transaction "
+                "that writes them (SQLite has one writer; the reservation commits on its own)"
+            )
+        with self._lock, transaction.atomic(using=self.using), connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {SEQUENCES} SET last_value = last_value + %s WHERE name = %s RETURNING last_value",
+                [n, self.sequence],
+            )
+            last = int(cursor.fetchone()[0])
+            ids = list(range(last - n + 1, last + 1))
+            cursor.execute(
+                f"INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid) "
+                "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                [self.stream_name, self.instance_name, json.dumps(ids),
+                 connection.ops.adapt_datetimefield_value(datetime.now(timezone.utc)), os.getpid()],
+            )
+            return Reservation(int(cursor.fetchone()[0]), ids)
+
+    def complete(self, reservation: Reservation, position: int | None) -> None:
+        connection = connections[self.using]
+        with self._lock, transaction.atomic(using=self.using), connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {RESERVATIONS} WHERE id = %s", [reservation.reservation_id])
+            if position is not None:
+                cursor.execute(self._upsert_sql, [self.stream_name, self.instance_name, position])
+
+
+def id_store_for(vendor: str, **kwargs: Any) -> IdStore:
+    if vendor == "postgresql":
+        return PostgresIdStore(**kwargs)
+    if vendor == "sqlite":
+        return SQLiteIdStore(**kwargs)
+    raise RuntimeError(f"stream IDs need PostgreSQL or SQLite, not {vendor}")
+
+
+def table_refs(tables: Iterable[Any]) -> list[TableRef]:
+    return [TableRef(t.table, t.id_column) for t in tables]

@@ -1,0 +1,93 @@
+"""Backing tables of the ``events`` and ``backfill`` streams (Synapse's ``events`` and
+``current_state_delta_stream``). Backfilled events carry negative stream orderings."""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Sequence
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .base import FactModel
+
+
+class Event(FactModel):
+    """One persisted event: the exact JSON received, plus indexed columns."""
+
+    STREAM_ID_FIELD = "stream_ordering"
+    WIRE_FIELDS = (
+        "event_id", "room_id", "type", "state_key", "redacts", "relates_to", "membership",
+        "rejected", "outlier",
+    )
+    BACKFILL_WIRE_FIELDS = ("event_id", "room_id", "type", "state_key", "redacts", "relates_to")
+
+    stream_ordering = models.BigIntegerField(_("stream ordering"), unique=True)
+    topological_ordering = models.BigIntegerField(_("topological ordering"), default=0)
+    depth = models.BigIntegerField(_("depth"), default=0)
+    event_id = models.CharField(_("event ID"), max_length=255, unique=True)
+    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    type = models.CharField(_("type"), max_length=255, db_index=True)
+    state_key = models.CharField(_("state key"), max_length=255, null=True, blank=True)
+    sender = models.CharField(_("sender"), max_length=255, db_index=True)
+    membership = models.CharField(_("membership"), max_length=32, null=True, blank=True)
+    redacts = models.CharField(_("redacts"), max_length=255, null=True, blank=True)
+    relates_to = models.CharField(_("relates to"), max_length=255, null=True, blank=True)
+    rejected = models.BooleanField(_("rejected"), default=False)
+    outlier = models.BooleanField(_("outlier"), default=False)
+    received_ts = models.BigIntegerField(_("received at (ms)"), default=0)
+    json = models.BinaryField(_("event JSON, exactly as received"))
+
+    class Meta:
+        db_table = "events"
+        verbose_name = _("event")
+        verbose_name_plural = _("events")
+        indexes = [models.Index(fields=["instance_name", "stream_ordering"], name="events_writer_order")]
+
+    def __str__(self) -> str:
+        return self.event_id
+
+    @classmethod
+    def wire_row(cls, values: Sequence[Any]) -> list[Any]:
+        return ["ev", list(values)]
+
+    @classmethod
+    def synthetic(cls, rng: random.Random, n: int) -> dict[str, Any]:
+        room = f"!room{rng.randrange(50)}:localhost"
+        sender = f"@user{rng.randrange(500)}:localhost"
+        event_id = f"${rng.getrandbits(96):024x}{n:x}"
+        body = {"msgtype": "m.text", "body": f"synthetic message {n} " + "x" * rng.randrange(40, 120)}
+        event = {"type": "m.room.message", "room_id": room, "sender": sender, "content": body,
+                 "origin_server_ts": 1_700_000_000_000 + n}
+        return {
+            "event_id": event_id, "room_id": room, "type": "m.room.message", "state_key": None,
+            "sender": sender, "membership": None, "redacts": None, "relates_to": None,
+            "rejected": False, "outlier": False, "received_ts": 1_700_000_000_000 + n,
+            "topological_ordering": 0, "depth": 0,
+            "json": json.dumps(event, separators=(",", ":")).encode(),
+        }
+
+
+class CurrentStateDelta(FactModel):
+    """A change to a room's current state (``state`` rows of the events stream)."""
+
+    WIRE_FIELDS = ("room_id", "type", "state_key", "event_id")
+
+    stream_id = models.BigIntegerField(_("stream ID"), db_index=True)
+    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    type = models.CharField(_("type"), max_length=255)
+    state_key = models.CharField(_("state key"), max_length=255)
+    event_id = models.CharField(_("event ID (null: state removed)"), max_length=255, null=True)
+    prev_event_id = models.CharField(_("previous event ID"), max_length=255, null=True)
+
+    class Meta:
+        db_table = "current_state_delta_stream"
+        verbose_name = _("current state delta")
+        verbose_name_plural = _("current state deltas")
+
+    def __str__(self) -> str:
+        return f"{self.room_id} {self.type}/{self.state_key} @ {self.stream_id}"
+
+    @classmethod
+    def wire_row(cls, values: Sequence[Any]) -> list[Any]:
+        return ["state", list(values)]

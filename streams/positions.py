@@ -1,0 +1,300 @@
+"""Stream positions: the scratchpad of a stream ID generator and the reader-side tracker.
+
+Design notes: docs/streams.md. The rules are Synapse's ``MultiWriterIdGenerator`` (see
+``shared/specs/replication.md`` §12.4-§12.6), kept here free of any database or clock so that
+they can be tested on their own:
+
+* a writer's **current position** is the largest ID such that all of its reservations up to
+  it have completed (a rollback completes too);
+* the **linear position** ("persisted up to") is the largest ID such that every reservation by
+  every writer up to it has completed.
+
+Both are monotonic and may jump. All values are kept positive here; a backwards stream
+(``backfill``) negates them at the edges (:class:`SignedPositions`).
+"""
+from __future__ import annotations
+
+import heapq
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class PendingId:
+    """A reserved stream ID that has not completed yet."""
+
+    stream_id: int
+    instance_name: str
+    reserved_at: float
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.reserved_at)
+
+
+class StreamPositions:
+    """The position bookkeeping of one stream as seen by one process.
+
+    ``instance_name`` is this process. When it writes, it calls :meth:`begin_allocation`,
+    :meth:`allocated` and later :meth:`finish`; what it learns about other writers arrives
+    through :meth:`advance`. A process that never writes is simply a reader: the same rules
+    then derive the linear position from the per-writer positions it is told about.
+
+    Thread-safe: writers may complete IDs from several threads.
+    """
+
+    def __init__(
+        self,
+        instance_name: str,
+        *,
+        positions: Mapping[str, int] | None = None,
+        persisted_upto: int = 1,
+        clock: Callable[[], float],
+    ) -> None:
+        self.instance_name = instance_name
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._current: dict[str, int] = dict(positions or {})
+        self._persisted_upto = persisted_upto
+        # Local reservations not yet completed: id -> time reserved.
+        self._unfinished: dict[int, float] = {}
+        # For each allocation under way, the largest ID seen allocated when it started:
+        # IDs above it may be handed out any moment, so nothing may advance past it.
+        self._in_flight: list[int] = []
+        # Local completed IDs still above the local position (waiting for a gap to close).
+        self._finished: set[int] = set()
+        # IDs known completed (by anyone) but above the linear position.
+        self._known_persisted: list[int] = []
+        self._max_seen_allocated = max([persisted_upto, *self._current.values()])
+        self._max_local = self._max_seen_allocated
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def begin_allocation(self) -> int:
+        """Call before asking the sequence for IDs; pass the result to :meth:`allocated`."""
+        with self._lock:
+            ticket = self._max_seen_allocated
+            heapq.heappush(self._in_flight, ticket)
+            return ticket
+
+    def allocated(self, ticket: int, ids: Iterable[int] | None) -> None:
+        """The sequence handed out ``ids`` (``None`` if the allocation failed)."""
+        now = self._clock()
+        with self._lock:
+            if ids:
+                for stream_id in ids:
+                    self._unfinished[stream_id] = now
+                    if stream_id > self._max_seen_allocated:
+                        self._max_seen_allocated = stream_id
+            self._in_flight.remove(ticket)
+            heapq.heapify(self._in_flight)
+
+    def finish(self, ids: Iterable[int]) -> None:
+        """These local IDs completed (committed or rolled back)."""
+        ids = list(ids)
+        with self._lock:
+            for stream_id in ids:
+                self._unfinished.pop(stream_id, None)
+                self._finished.add(stream_id)
+
+            new_current = None
+            if self._unfinished or self._in_flight:
+                min_unfinished = min(
+                    [*([min(self._unfinished)] if self._unfinished else []),
+                     *([self._in_flight[0] + 1] if self._in_flight else [])]
+                )
+                below = [s for s in self._finished if s < min_unfinished]
+                if below:
+                    new_current = max(below)
+                self._finished = {s for s in self._finished if s >= min_unfinished}
+            else:
+                new_current = max(self._finished)
+                self._finished.clear()
+
+            if new_current:
+                old = self._current.get(self.instance_name, 0)
+                self._current[self.instance_name] = max(old, new_current)
+                self._max_local = max(old, new_current, self._max_local)
+
+            for stream_id in ids:
+                self._add_persisted(stream_id)
+
+    def load(
+        self,
+        *,
+        positions: Mapping[str, int],
+        persisted_upto: int,
+        rows: Iterable[tuple[str, int]],
+        writers: Iterable[str] | None,
+    ) -> None:
+        """Start-up state read from the database (replication spec §12.7).
+
+        ``positions``: what ``stream_positions`` holds for the configured writers (a writer's
+        own entry already replaced by the sequence value on PostgreSQL); ``persisted_upto``:
+        where the linear position starts; ``rows``: ``(writer, id)`` of the rows at or above
+        it, in any order; ``writers``: the configured writers, ``None`` when any process may
+        write. Nothing is pending after a start.
+        """
+        with self._lock:
+            self._current = dict(positions)
+            self._persisted_upto = persisted_upto
+            self._unfinished.clear()
+            self._finished.clear()
+            self._known_persisted = []
+            for instance, stream_id in sorted(rows, key=lambda row: row[1]):
+                self._add_persisted(stream_id)
+                if instance == self.instance_name:
+                    self._current[instance] = stream_id
+            for writer in writers or ():
+                self._current.setdefault(writer, self._persisted_upto)
+            self._max_seen_allocated = max(max(self._current.values(), default=1), self._persisted_upto)
+            self._max_local = self._max_seen_allocated
+            if writers is None:
+                self._current[self.instance_name] = self._persisted_upto
+
+    # -- learning about others -------------------------------------------------------------
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        """Writer ``instance_name`` has completed everything up to ``new_id``."""
+        with self._lock:
+            self._current[instance_name] = max(new_id, self._current.get(instance_name, 0))
+            self._max_seen_allocated = max(self._max_seen_allocated, new_id)
+            self._add_persisted(new_id)
+
+    def seen_persisted(self, new_id: int) -> None:
+        """A completed ID seen without its writer's position (startup table scan)."""
+        with self._lock:
+            self._add_persisted(new_id)
+
+    def set_position(self, instance_name: str, position: int) -> None:
+        """Set a writer's position outright (startup only)."""
+        with self._lock:
+            self._current[instance_name] = position
+
+    def _add_persisted(self, new_id: int) -> None:
+        heapq.heappush(self._known_persisted, new_id)
+        ours = self._current.get(self.instance_name, 0)
+        min_current = min(
+            (pos for name, pos in self._current.items() if name != self.instance_name),
+            default=ours,
+        )
+        busy = bool(self._unfinished or self._in_flight)
+        if ours and busy:
+            min_current = min(min_current, ours)
+        self._persisted_upto = max(min_current, self._persisted_upto)
+        self._max_local = max(self._max_local, self._persisted_upto)
+        if not busy:
+            # Nothing of ours is outstanding, so any future local ID will be above everything
+            # seen: this (idle) writer may move along with the others.
+            self._max_local = max(self._max_seen_allocated, self._max_local)
+
+        heap = self._known_persisted
+        while heap:
+            if heap[0] <= self._persisted_upto:
+                heapq.heappop(heap)
+            elif heap[0] == self._persisted_upto + 1:
+                heapq.heappop(heap)
+                self._persisted_upto += 1
+            else:
+                break
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def linear(self) -> int:
+        """The linear ("persisted up to") position."""
+        with self._lock:
+            return self._persisted_upto
+
+    def for_writer(self, instance_name: str) -> int:
+        """A writer's current position; unknown writers are assumed at the linear position."""
+        with self._lock:
+            if instance_name == self.instance_name:
+                return self._max_local
+            return max(self._current.get(instance_name, self._persisted_upto), self._persisted_upto)
+
+    def minimal_local(self) -> int:
+        """The position of this process's own completed writes (no optimistic move-along)."""
+        with self._lock:
+            return self._current.get(self.instance_name, self._persisted_upto)
+
+    def positions(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._current)
+
+    def max_seen_allocated(self) -> int:
+        with self._lock:
+            return self._max_seen_allocated
+
+    def pending(self) -> list[PendingId]:
+        """Local reservations that have not completed, lowest first."""
+        with self._lock:
+            return [
+                PendingId(stream_id, self.instance_name, reserved_at)
+                for stream_id, reserved_at in sorted(self._unfinished.items())
+            ]
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._unfinished or self._in_flight)
+
+
+class SignedPositions:
+    """A view of :class:`StreamPositions` in the stream's external sign.
+
+    Backwards streams (``backfill``) hand out -1, -2, ... while the bookkeeping counts up.
+    """
+
+    def __init__(self, inner: StreamPositions, factor: int) -> None:
+        assert factor in (1, -1)
+        self.inner = inner
+        self.factor = factor
+
+    def linear(self) -> int:
+        return self.factor * self.inner.linear()
+
+    def for_writer(self, instance_name: str) -> int:
+        return self.factor * self.inner.for_writer(instance_name)
+
+    def minimal_local(self) -> int:
+        return self.factor * self.inner.minimal_local()
+
+    def positions(self) -> dict[str, int]:
+        return {k: self.factor * v for k, v in self.inner.positions().items()}
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        self.inner.advance(instance_name, self.factor * new_id)
+
+
+class PositionTracker:
+    """Reader-side positions of one stream: per-writer positions fed by updates (RDATA /
+    POSITION), and the linear position derived from them.
+
+    ``writers`` are the configured writers: until a writer has reported, the linear position
+    cannot pass the position it started at.
+    """
+
+    def __init__(
+        self,
+        writers: Mapping[str, int],
+        *,
+        backwards: bool = False,
+        clock: Callable[[], float],
+    ) -> None:
+        factor = -1 if backwards else 1
+        start = {name: factor * pos for name, pos in writers.items()}
+        self._inner = StreamPositions(
+            "", positions=start, persisted_upto=min(start.values(), default=1), clock=clock
+        )
+        self._view = SignedPositions(self._inner, factor)
+
+    def advance(self, instance_name: str, token: int) -> None:
+        self._view.advance(instance_name, token)
+
+    def for_writer(self, instance_name: str) -> int:
+        return self._view.for_writer(instance_name)
+
+    def linear(self) -> int:
+        return self._view.linear()
+
+    def positions(self) -> dict[str, int]:
+        return self._view.positions()

@@ -1,0 +1,143 @@
+"""The stream catalogue: one declaration per stream.
+
+A declaration says which tables back the stream (and which column holds the stream ID), the
+row format sent on the wire (Synapse's field order, ``shared/specs/replication.md`` §8-§9),
+whether several writers are allowed, and which PostgreSQL sequence hands out its IDs.
+Adding a stream = one :func:`declare` call here plus its model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, Receipt
+from .models.base import FactModel
+
+
+@dataclass(frozen=True)
+class BackingTable:
+    """A table holding rows of a stream, keyed by the stream ID in ``id_column``."""
+
+    model: type[FactModel]
+    wire_fields: Sequence[str] | None = None
+    wire_row: Callable[[Sequence[Any]], list[Any]] | None = None
+
+    @property
+    def table(self) -> str:
+        return self.model._meta.db_table
+
+    @property
+    def id_column(self) -> str:
+        return self.model._meta.get_field(self.model.STREAM_ID_FIELD).column
+
+    @property
+    def fields(self) -> Sequence[str]:
+        return self.wire_fields if self.wire_fields is not None else self.model.WIRE_FIELDS
+
+    def to_wire(self, values: Sequence[Any]) -> list[Any]:
+        return (self.wire_row or self.model.wire_row)(values)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What the system knows about one stream."""
+
+    name: str
+    tables: tuple[BackingTable, ...] = ()
+    #: PostgreSQL sequence (or SQLite ID-table entry) that hands out the stream IDs.
+    sequence: str | None = None
+    #: Whether more than one writer instance may be configured.
+    multi_writer: bool = False
+    #: Backfill-style stream: IDs go -1, -2, ... (the sequence still counts up).
+    backwards: bool = False
+    #: False when any process may write without being configured (Synapse's ``caches``).
+    has_writer_list: bool = True
+    #: Take the writer list of another stream (``backfill`` is written by the events writers).
+    writers_from: str | None = None
+    #: Wire row fields of an in-memory stream (database streams take them from their tables).
+    memory_row_fields: tuple[str, ...] = ()
+    description: str = field(default="", compare=False)
+
+    @property
+    def db_backed(self) -> bool:
+        return bool(self.tables)
+
+    @property
+    def primary_model(self) -> type[FactModel]:
+        return self.tables[0].model
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        if not self.tables:
+            return self.memory_row_fields
+        return tuple(self.tables[0].fields)
+
+
+STREAMS: dict[str, StreamSpec] = {}
+
+
+def declare(spec: StreamSpec) -> StreamSpec:
+    if spec.name in STREAMS:
+        raise ValueError(f"stream {spec.name!r} is declared twice")
+    if spec.db_backed and not spec.sequence:
+        raise ValueError(f"database-backed stream {spec.name!r} needs a sequence")
+    STREAMS[spec.name] = spec
+    return spec
+
+
+def get_stream(name: str) -> StreamSpec:
+    try:
+        return STREAMS[name]
+    except KeyError:
+        raise KeyError(f"unknown stream {name!r}; known streams: {', '.join(STREAMS)}") from None
+
+
+# In Synapse's registration order (STREAMS_MAP).
+declare(StreamSpec(
+    "events",
+    tables=(BackingTable(Event), BackingTable(CurrentStateDelta)),
+    sequence="events_stream_seq",
+    multi_writer=True,
+    description="new events (ev rows) and current-state changes (state rows)",
+))
+declare(StreamSpec(
+    "backfill",
+    tables=(BackingTable(Event, wire_fields=Event.BACKFILL_WIRE_FIELDS, wire_row=list),),
+    sequence="events_backfill_stream_seq",
+    multi_writer=True,
+    backwards=True,
+    writers_from="events",
+    description="events fetched from the past; negative stream orderings",
+))
+declare(StreamSpec(
+    "typing",
+    memory_row_fields=("room_id", "user_ids"),
+    description="who is typing in a room; in memory, resets when its writer restarts",
+))
+declare(StreamSpec(
+    "receipts",
+    tables=(BackingTable(Receipt),),
+    sequence="receipts_sequence",
+    multi_writer=True,
+    description="read receipts",
+))
+declare(StreamSpec(
+    "caches",
+    tables=(BackingTable(CacheInvalidation),),
+    sequence="cache_invalidation_stream_seq",
+    multi_writer=True,
+    has_writer_list=False,
+    description="cache invalidations; every process may write",
+))
+declare(StreamSpec(
+    "to_device",
+    tables=(BackingTable(DeviceInbox),),
+    sequence="device_inbox_sequence",
+    description="to-device messages for local inboxes",
+))
+declare(StreamSpec(
+    "account_data",
+    tables=(BackingTable(AccountData),),
+    sequence="account_data_sequence",
+    description="global and per-room account data",
+))

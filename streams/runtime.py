@@ -1,0 +1,98 @@
+"""This process's stream machinery: one ID generator and one writer per stream, built on
+first use from the settings, and the notifier every position advance goes through."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from django.apps import apps
+from django.db import connections
+
+from .conf import instance_name as configured_instance_name
+from .conf import stream_writers
+from .id_generator import MultiWriterIdGenerator
+from .id_store import id_store_for, table_refs
+from .notifier import PositionNotifier
+from .registry import STREAMS, get_stream
+from .writer import StreamWriter
+
+
+class StreamRuntime:
+    def __init__(
+        self,
+        *,
+        instance_name: str,
+        writers: dict[str, tuple[str, ...] | None],
+        using: str = "default",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.instance_name = instance_name
+        self.writers = writers
+        self.using = using
+        self.clock = clock
+        self.notifier = PositionNotifier()
+        self._generators: dict[str, MultiWriterIdGenerator] = {}
+        self._writers: dict[str, StreamWriter] = {}
+        self._lock = threading.Lock()
+
+    def generator(self, stream_name: str) -> MultiWriterIdGenerator:
+        with self._lock:
+            gen = self._generators.get(stream_name)
+            if gen is None:
+                spec = get_stream(stream_name)
+                if not spec.db_backed:
+                    raise ValueError(f"stream {stream_name} is kept in memory; it has no ID generator")
+                store = id_store_for(
+                    connections[self.using].vendor,
+                    stream_name=spec.name,
+                    sequence=spec.sequence,
+                    tables=table_refs(spec.tables),
+                    instance_name=self.instance_name,
+                    backwards=spec.backwards,
+                    using=self.using,
+                )
+                gen = MultiWriterIdGenerator(
+                    stream_name=spec.name,
+                    instance_name=self.instance_name,
+                    store=store,
+                    writers=self.writers[spec.name],
+                    backwards=spec.backwards,
+                    notifier=self.notifier,
+                    clock=self.clock,
+                )
+                self._generators[stream_name] = gen
+            return gen
+
+    def writer(self, stream_name: str) -> StreamWriter:
+        gen = self.generator(stream_name)
+        with self._lock:
+            writer = self._writers.get(stream_name)
+            if writer is None:
+                writer = self._writers[stream_name] = StreamWriter(get_stream(stream_name), gen, using=self.using)
+            return writer
+
+    def db_streams(self) -> list[str]:
+        return [name for name, spec in STREAMS.items() if spec.db_backed]
+
+    def close(self) -> None:
+        with self._lock:
+            for gen in self._generators.values():
+                gen.close()
+            self._generators.clear()
+            self._writers.clear()
+
+
+_CREATE_LOCK = threading.Lock()
+
+
+def runtime() -> StreamRuntime:
+    """The process-wide runtime, kept on the streams app config."""
+    config = apps.get_app_config("streams")
+    with _CREATE_LOCK:
+        rt = getattr(config, "runtime", None)
+        if rt is None:
+            rt = config.runtime = StreamRuntime(
+                instance_name=configured_instance_name(), writers=stream_writers()
+            )
+        return rt

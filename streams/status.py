@@ -1,0 +1,68 @@
+"""Where every stream stands, as the database records it, for any process to show.
+
+Positions come from ``stream_positions``; pending IDs from ``stream_reservations`` (written
+when IDs are reserved, removed when they complete), so a writer that died mid-transaction
+is visible here with the age of its stuck IDs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from .conf import repl_setting, stream_writers
+from .models import StreamPosition, StreamReservation
+from .registry import STREAMS
+
+
+@dataclass
+class PendingStatus:
+    instance_name: str
+    stream_ids: list[int]
+    reserved_at: datetime
+    age_seconds: float
+    stuck: bool
+    pid: int
+
+
+@dataclass
+class StreamStatus:
+    name: str
+    db_backed: bool
+    multi_writer: bool
+    backwards: bool
+    writers: list[str] | None
+    positions: dict[str, int] = field(default_factory=dict)
+    pending: list[PendingStatus] = field(default_factory=list)
+
+    @property
+    def linear(self) -> int | None:
+        """The linear position as far as the recorded positions tell: the lowest writer."""
+        if not self.positions:
+            return None
+        # Backwards streams count down: the laggard is the one nearest zero.
+        return max(self.positions.values()) if self.backwards else min(self.positions.values())
+
+    @property
+    def stuck(self) -> list[PendingStatus]:
+        return [p for p in self.pending if p.stuck]
+
+
+def stream_status(now: datetime | None = None, stuck_after: float | None = None) -> list[StreamStatus]:
+    now = now or datetime.now(timezone.utc)
+    stuck_after = repl_setting("STUCK_AFTER_SECONDS") if stuck_after is None else stuck_after
+    writers = stream_writers()
+    result = {
+        name: StreamStatus(name, spec.db_backed, spec.multi_writer, spec.backwards,
+                           list(writers[name]) if writers.get(name) else None)
+        for name, spec in STREAMS.items()
+    }
+    for row in StreamPosition.objects.order_by("stream_name", "instance_name"):
+        if row.stream_name in result:
+            result[row.stream_name].positions[row.instance_name] = row.stream_id
+    for res in StreamReservation.objects.order_by("reserved_at"):
+        if res.stream_name in result:
+            age = (now - res.reserved_at).total_seconds()
+            result[res.stream_name].pending.append(PendingStatus(
+                res.instance_name, list(res.stream_ids), res.reserved_at, age, age > stuck_after, res.pid,
+            ))
+    return list(result.values())

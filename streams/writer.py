@@ -1,0 +1,113 @@
+"""The one write path of a stream: reserve IDs, insert the rows in one transaction, complete.
+
+Design notes: docs/streams.md. ``StreamWriter.append`` is what ``write_facts``, the
+benchmarks and (later) ``persist_events`` use; it inserts with one prepared statement per
+table (``executemany``), not through model instances, because the writer is a hot path.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+from django.db import connections, transaction
+
+from .id_generator import MultiWriterIdGenerator
+from .models.base import FactModel
+from .registry import StreamSpec
+
+#: A row of a fact: the backing model and its field values (stream ID and writer excluded).
+Row = tuple[type[FactModel], Mapping[str, Any]]
+
+
+_REQUIRED = object()
+
+
+@dataclass
+class _InsertPlan:
+    sql: str
+    #: per column after the stream ID and writer: (field name, default, converter or None)
+    columns: list[tuple[str, Any, Any]]
+
+
+class StreamWriter:
+    """Writes facts to one stream as this process's writer instance."""
+
+    def __init__(self, spec: StreamSpec, generator: MultiWriterIdGenerator, *, using: str = "default") -> None:
+        self.spec = spec
+        self.generator = generator
+        self.using = using
+        self._plans: dict[type[FactModel], _InsertPlan] = {}
+
+    @contextlib.contextmanager
+    def transaction(self, n_facts: int = 1) -> Iterator[list[int]]:
+        """Reserve ``n_facts`` stream IDs and open the transaction that writes them.
+
+        The IDs complete when the block ends, whether it commits or raises.
+        """
+        with self.generator.get_next_mult(n_facts) as ids:
+            with transaction.atomic(using=self.using):
+                yield ids
+
+    def append(self, facts: Sequence[Sequence[Row]]) -> list[int]:
+        """Write ``facts`` (each a list of rows sharing one stream ID) in one transaction."""
+        if not facts:
+            return []
+        with self.transaction(len(facts)) as ids:
+            self.insert_rows(ids, facts)
+        return ids
+
+    def insert_rows(self, ids: Sequence[int], facts: Sequence[Sequence[Row]]) -> None:
+        """Insert the rows of ``facts`` at ``ids`` inside the caller's open transaction."""
+        if len(ids) != len(facts):
+            raise ValueError(f"{len(facts)} facts but {len(ids)} stream IDs")
+        by_model: dict[type[FactModel], list[list[Any]]] = {}
+        instance = self.generator.instance_name
+        for stream_id, rows in zip(ids, facts):
+            for model, values in rows:
+                plan = self._plan(model)
+                params = [stream_id, instance]
+                for name, default, prep in plan.columns:
+                    v = values[name] if name in values else default
+                    if v is _REQUIRED:
+                        raise ValueError(f"{model.__name__}.{name} is required")
+                    params.append(prep(v) if prep is not None and v is not None else v)
+                by_model.setdefault(model, []).append(params)
+        with connections[self.using].cursor() as cursor:
+            for model, params_list in by_model.items():
+                cursor.executemany(self._plans[model].sql, params_list)
+
+    def _plan(self, model: type[FactModel]) -> _InsertPlan:
+        plan = self._plans.get(model)
+        if plan is not None:
+            return plan
+        if not any(t.model is model for t in self.spec.tables):
+            raise ValueError(f"{model.__name__} is not a backing table of stream {self.spec.name}")
+        connection = connections[self.using]
+        meta = model._meta
+        id_field = meta.get_field(model.STREAM_ID_FIELD)
+        writer_field = meta.get_field("instance_name")
+        fields = [
+            f for f in meta.concrete_fields
+            if not f.primary_key and f is not id_field and f is not writer_field
+        ]
+        columns = [id_field.column, writer_field.column, *(f.column for f in fields)]
+        qn = connection.ops.quote_name
+        sql = "INSERT INTO {} ({}) VALUES ({})".format(
+            qn(meta.db_table), ", ".join(qn(c) for c in columns), ", ".join(["%s"] * len(columns))
+        )
+
+        def converter(field: Any) -> Any:
+            internal = field.get_internal_type()
+            if internal in ("CharField", "TextField", "BigIntegerField", "IntegerField", "BooleanField"):
+                return None  # the driver takes these as they are
+            return lambda v, f=field: f.get_db_prep_save(v, connection)
+
+        def default(field: Any) -> Any:
+            if field.has_default():
+                return field.get_default()
+            return None if field.null else _REQUIRED
+
+        plan = _InsertPlan(sql, [(f.name, default(f), converter(f)) for f in fields])
+        self._plans[model] = plan
+        return plan

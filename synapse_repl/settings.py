@@ -1,0 +1,137 @@
+"""Settings, all from environment variables (documented in README.md).
+
+Embedded default: SQLite, the in-memory channel layer, Celery eager, Spark local[*].
+Full mode: DATABASE_URL=postgres://..., REDIS_URL=redis://...
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+from .secret import load_or_create_secret_key
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+SECRET_KEY = os.environ.get("SECRET_KEY") or load_or_create_secret_key(STATE_DIR / "secret_key")
+DEBUG = _env_bool("DEBUG", False)
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "streams",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "synapse_repl.urls"
+ASGI_APPLICATION = "synapse_repl.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # One writer at a time (like Synapse on SQLite): take the write lock at BEGIN so two
+    # transactions never deadlock upgrading a read lock, and let readers run beside it (WAL).
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channels -------------------------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Celery ---------------------------------------------------------------------------------
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+CELERY_TASK_EAGER_PROPAGATES = True
+
+# --- This process and its cluster -----------------------------------------------------------
+SYNAPSE_REPL = {
+    # The writer name of this process (Synapse's worker_name / instance_name).
+    "INSTANCE_NAME": os.environ.get("INSTANCE_NAME", "master"),
+    "SERVER_NAME": os.environ.get("SERVER_NAME", "localhost"),
+    "REPLICATION_LISTEN": os.environ.get("REPLICATION_LISTEN", "127.0.0.1:9092"),
+    "WEB_LISTEN": os.environ.get("WEB_LISTEN", "127.0.0.1:8000"),
+    "SPARK_MASTER": os.environ.get("SPARK_MASTER", "") or "local[*]",
+    # "events=master,worker1;receipts=master": who may write each stream (default: master).
+    "STREAM_WRITERS": os.environ.get("STREAM_WRITERS", ""),
+    # A reserved stream ID pending longer than this many seconds is reported as stuck.
+    "STUCK_AFTER_SECONDS": float(os.environ.get("STUCK_AFTER_SECONDS", "30")),
+}
+
+# --- The rest is standard Django -------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = STATE_DIR / "staticfiles"
+LOGIN_URL = "/admin/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
