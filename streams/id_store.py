@@ -81,6 +81,10 @@ class IdStore:
         """The last ID handed out (0 if none)."""
         raise NotImplementedError
 
+    def sequence_raw_last_value(self, cursor: Any) -> int:
+        """The sequence's ``last_value`` as stored (Synapse reads it so, ignoring is_called)."""
+        return self.sequence_last_value(cursor)
+
     def sequence_set_at_least(self, cursor: Any, value: int) -> None:
         raise NotImplementedError
 
@@ -146,7 +150,9 @@ class IdStore:
                     inst: self.factor * int(sid) for inst, sid in cursor.fetchall() if inst in writers
                 }
                 if self.instance_name in writers and self.own_position_from_sequence():
-                    positions[self.instance_name] = self.sequence_last_value(cursor)
+                    # A writer is at the end of the stream: whatever it reserved before a
+                    # restart has completed (committed, rolled back or died with it).
+                    positions[self.instance_name] = self.sequence_raw_last_value(cursor)
             rows: list[tuple[str, int]] = []
             if not positions:
                 persisted_upto = max([1, *(self._table_extreme(cursor, ref) for ref in self.tables)])
@@ -256,6 +262,10 @@ class PostgresIdStore(IdStore):
         cursor.execute(f"SELECT last_value, is_called FROM {self.sequence}")
         last_value, is_called = cursor.fetchone()
         return int(last_value) if is_called else int(last_value) - 1
+
+    def sequence_raw_last_value(self, cursor: Any) -> int:
+        cursor.execute(f"SELECT last_value FROM {self.sequence}")
+        return int(cursor.fetchone()[0])
 
     def sequence_set_at_least(self, cursor: Any, value: int) -> None:
         cursor.execute("SELECT setval(%s, %s)", [self.sequence, value])

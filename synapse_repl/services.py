@@ -1,0 +1,178 @@
+"""Throwaway PostgreSQL and Redis servers on free loopback ports.
+
+Used by the test fixtures and the benchmarks: each server lives in its own temporary
+directory and is stopped and removed by :meth:`stop`. A missing binary raises
+:class:`MissingBinary` naming the Debian package to install.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+
+class MissingBinary(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} during start-up")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f} s")
+
+
+def _find_pg_bin(name: str) -> str:
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
+    if candidates:
+        return candidates[-1]
+    found = shutil.which(name)
+    if found:
+        return found
+    raise MissingBinary(f"{name} not found: install the Debian package 'postgresql' (apt-get install postgresql)")
+
+
+@dataclass
+class PostgresServer:
+    """A PostgreSQL cluster made with ``initdb`` and run by ``postgres`` on a free port."""
+
+    port: int = 0
+    directory: str = ""
+    fast: bool = True  # fsync off: for tests; benchmarks compare ratios within one server
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    user: str = "postgres"
+
+    def start(self) -> "PostgresServer":
+        initdb, postgres = _find_pg_bin("initdb"), _find_pg_bin("postgres")
+        self.directory = tempfile.mkdtemp(prefix="synapse_repl_pg_")
+        self.port = free_port()
+        run_as = self._run_as()
+        data = os.path.join(self.directory, "data")
+        subprocess.run(
+            [initdb, "-D", data, "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=run_as,
+        )
+        options = ["-c", "listen_addresses=127.0.0.1", "-c", f"port={self.port}",
+                   "-c", f"unix_socket_directories={self.directory}", "-c", "max_connections=300",
+                   "-c", "shared_buffers=128MB"]
+        if self.fast:
+            options += ["-c", "fsync=off", "-c", "full_page_writes=off"]
+        self.proc = subprocess.Popen(
+            [postgres, "-D", data, *options], stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.directory, "postgres.log"), "wb"), preexec_fn=run_as,
+        )
+        _wait_for_port(self.port, self.proc, "postgres")
+        self._wait_ready()
+        return self
+
+    def _run_as(self):
+        if os.geteuid() != 0:
+            return None
+        # PostgreSQL refuses to run as root: run it as the 'postgres' system user.
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            raise MissingBinary("no 'postgres' user: install the Debian package 'postgresql'") from None
+        for root, dirs, files in os.walk(self.directory):
+            os.chown(root, pw.pw_uid, pw.pw_gid)
+        os.chmod(self.directory, 0o700)
+
+        def demote() -> None:
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+
+        return demote
+
+    def _wait_ready(self) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(self.url("postgres"), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def url(self, dbname: str) -> str:
+        return f"postgres://{self.user}@127.0.0.1:{self.port}/{dbname}"
+
+    def create_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass
+class RedisServer:
+    """A ``redis-server`` with no persistence on a free port."""
+
+    port: int = 0
+    directory: str = ""
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self, port: int | None = None) -> "RedisServer":
+        binary = shutil.which("redis-server") or (
+            "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
+        )
+        if binary is None:
+            raise MissingBinary("redis-server not found: install the Debian package 'redis-server'")
+        if not self.directory:
+            self.directory = tempfile.mkdtemp(prefix="synapse_repl_redis_")
+        self.port = port or self.port or free_port()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.directory],
+            stdout=open(os.path.join(self.directory, "redis.log"), "ab"), stderr=subprocess.STDOUT,
+        )
+        _wait_for_port(self.port, self.proc, "redis-server")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def kill(self) -> None:
+        """Stop the server abruptly (it can be started again on the same port)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        self.kill()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,71 @@
+"""Fixtures for the backing services: throwaway PostgreSQL and Redis servers.
+
+The whole suite runs against a real PostgreSQL started here (``initdb`` + ``postgres`` on a
+free loopback port, in a temp dir, removed afterwards); SQLite, the embedded default, is a
+second database alias (``sqlite``) for the contract tests that run on both.
+A missing server binary fails the run with the Debian package to install.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+from synapse_repl.services import MissingBinary, PostgresServer, RedisServer
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    try:
+        server = PostgresServer().start()
+    except MissingBinary as e:
+        pytest.fail(str(e), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    try:
+        server = RedisServer().start()
+    except MissingBinary as e:
+        pytest.fail(str(e), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(postgres_server, django_db_modify_db_settings_parallel_suffix):
+    """Point Django at the throwaway PostgreSQL (and a throwaway SQLite file as ``sqlite``)
+    before the test databases are created."""
+    import dj_database_url
+    from django.conf import settings
+    from django.db import connections
+
+    sqlite_dir = tempfile.mkdtemp(prefix="synapse_repl_sqlite_")
+    settings.DATABASES.clear()
+    settings.DATABASES["default"] = dj_database_url.parse(postgres_server.url("synapse_repl"))
+    settings.DATABASES["sqlite"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(sqlite_dir, "db.sqlite3"),
+        "TEST": {"NAME": os.path.join(sqlite_dir, "test.sqlite3")},
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+    }
+    # Nothing has connected yet; drop the handler's cached view of the old settings.
+    for alias in list(connections.settings):
+        try:
+            del connections[alias]
+        except AttributeError:
+            pass
+    connections.__dict__.pop("settings", None)
+    connections._settings = None
+
+
+@pytest.fixture
+def pg_url(transactional_db):
+    """URL of the test database, for processes started by a test."""
+    from django.db import connections
+
+    d = connections["default"].settings_dict
+    return f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
