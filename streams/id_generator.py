@@ -60,6 +60,11 @@ class MultiWriterIdGenerator:
             writers=self.writers,
         )
         self._last_published = self.get_current_token_for_writer(instance_name)
+        if self.is_writer and self.writers is not None:
+            # Recovered: nothing of ours is pending, so record where we stand. Readers that
+            # load from the database stop holding the linear position back for IDs that an
+            # earlier run of this writer reserved and never completed.
+            store.raise_recorded_position(self._last_published)
 
     # -- writing ----------------------------------------------------------------------------
 

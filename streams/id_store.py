@@ -95,6 +95,11 @@ class IdStore:
         """Drop the reservation; record ``position`` (external sign) in stream_positions."""
         raise NotImplementedError
 
+    def raise_recorded_position(self, position: int) -> None:
+        """Move this writer's existing stream_positions entry up to ``position`` (external
+        sign); a writer with no entry yet gets one with its first write."""
+        raise NotImplementedError
+
     def own_position_from_sequence(self) -> bool:
         return False
 
@@ -111,8 +116,7 @@ class IdStore:
         Synapse refuses to start when ``stream_positions`` is ahead of the sequence (after a
         failover, a restore, a hard kill); we repair the sequence instead and say so.
         """
-        last = self.sequence_last_value(cursor)
-        highest = last
+        highest = 0
         for ref in self.tables:
             highest = max(highest, self._table_extreme(cursor, ref))
         cursor.execute(
@@ -122,6 +126,9 @@ class IdStore:
         recorded = cursor.fetchone()[0]
         if recorded is not None:
             highest = max(highest, int(recorded))
+        # Read the sequence only now: every ID in the tables and positions read above came
+        # from it, so while other writers run it can only be ahead of them, never behind.
+        last = self.sequence_last_value(cursor)
         if highest > last:
             logger.warning(
                 "stream %s: sequence %s was at %d, behind the tables/positions at %d; moved it on",
@@ -198,13 +205,8 @@ class PostgresIdStore(IdStore):
         self._lock = threading.Lock()
         self._conn: Any = None
         self._conn_pid = 0
-        cmp = "<" if self.factor == 1 else ">"
-        self._complete_sql = f"""
-            WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s)
-            INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
-            ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id
-            WHERE {POSITIONS}.stream_id {cmp} EXCLUDED.stream_id
-        """
+        self._upsert_sql = _upsert_position_sql(self.factor)
+        self._complete_sql = f"WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s) {self._upsert_sql}"
 
     def _connection(self) -> Any:
         import psycopg
@@ -268,7 +270,10 @@ class PostgresIdStore(IdStore):
         return int(cursor.fetchone()[0])
 
     def sequence_set_at_least(self, cursor: Any, value: int) -> None:
-        cursor.execute("SELECT setval(%s, %s)", [self.sequence, value])
+        cursor.execute(
+            f"SELECT setval(%s, GREATEST(%s, (SELECT last_value FROM {self.sequence})))",
+            [self.sequence, value],
+        )
 
     def own_position_from_sequence(self) -> bool:
         return True
@@ -288,6 +293,9 @@ class PostgresIdStore(IdStore):
                 (reservation.reservation_id, self.stream_name, self.instance_name, position),
             )
 
+    def raise_recorded_position(self, position: int) -> None:
+        self._run(_raise_position_sql(self.factor), (position, self.stream_name, self.instance_name, position))
+
     def close(self) -> None:
         with self._lock:
             self._drop()
@@ -299,12 +307,7 @@ class SQLiteIdStore(IdStore):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._lock = threading.Lock()
-        cmp = "<" if self.factor == 1 else ">"
-        self._upsert_sql = f"""
-            INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
-            ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id
-            WHERE {POSITIONS}.stream_id {cmp} excluded.stream_id
-        """
+        self._upsert_sql = _upsert_position_sql(self.factor)
 
     def ensure_sequence(self, cursor: Any) -> None:
         cursor.execute(
@@ -353,6 +356,29 @@ class SQLiteIdStore(IdStore):
             cursor.execute(f"DELETE FROM {RESERVATIONS} WHERE id = %s", [reservation.reservation_id])
             if position is not None:
                 cursor.execute(self._upsert_sql, [self.stream_name, self.instance_name, position])
+
+    def raise_recorded_position(self, position: int) -> None:
+        connection = connections[self.using]
+        with self._lock, transaction.atomic(using=self.using), connection.cursor() as cursor:
+            cursor.execute(_raise_position_sql(self.factor), [position, self.stream_name, self.instance_name, position])
+
+
+def _upsert_position_sql(factor: int) -> str:
+    """Monotonic upsert of a writer's position (counting down for backwards streams)."""
+    cmp = "<" if factor == 1 else ">"
+    return f"""
+        INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
+        ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id
+        WHERE {POSITIONS}.stream_id {cmp} excluded.stream_id
+    """
+
+
+def _raise_position_sql(factor: int) -> str:
+    cmp = "<" if factor == 1 else ">"
+    return (
+        f"UPDATE {POSITIONS} SET stream_id = %s "
+        f"WHERE stream_name = %s AND instance_name = %s AND stream_id {cmp} %s"
+    )
 
 
 def id_store_for(vendor: str, **kwargs: Any) -> IdStore:
