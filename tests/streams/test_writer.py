@@ -1,0 +1,167 @@
+"""The write path (StreamWriter + write_facts) and the append-only rule, on PostgreSQL and SQLite."""
+from __future__ import annotations
+
+import random
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import IntegrityError, connections
+
+from streams.conf import stream_writers
+from streams.models import Event, FactsAreAppendOnly, Receipt, StreamPosition
+from streams.notifier import PositionAdvanced
+from streams.runtime import StreamRuntime
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+BOTH = pytest.mark.parametrize("using", ["default", "sqlite"])
+
+
+@pytest.fixture
+def make_runtime():
+    made = []
+
+    def make(using="default", instance="master", writers=""):
+        vendor = connections[using].vendor
+        rt = StreamRuntime(instance_name=instance, writers=stream_writers(writers, vendor=vendor), using=using)
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        rt.close()
+
+
+@BOTH
+def test_append_writes_rows_and_advances(make_runtime, using):
+    rt = make_runtime(using)
+    seen: list[PositionAdvanced] = []
+    rt.notifier.subscribe(seen.append)
+    w = rt.writer("receipts")
+    rng = random.Random(1)
+    start = w.generator.get_current_token()
+    ids = w.append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(5)])
+    assert ids == list(range(start + 1, start + 6))
+    assert list(Receipt.objects.using(using).order_by("stream_id").values_list("stream_id", flat=True)) == ids
+    assert w.generator.get_current_token() == ids[-1]
+    assert StreamPosition.objects.using(using).get(stream_name="receipts", instance_name="master").stream_id == ids[-1]
+    assert seen == [PositionAdvanced("receipts", "master", start, ids[-1])]
+
+
+@BOTH
+def test_multi_row_fact_shares_one_id(make_runtime, using):
+    rt = make_runtime(using)
+    w = rt.writer("events")
+    from streams.models import CurrentStateDelta
+
+    rng = random.Random(2)
+    ev = Event.synthetic(rng, 0) | {"type": "m.room.name", "state_key": ""}
+    (sid,) = w.append([[(Event, ev), (CurrentStateDelta, {
+        "room_id": ev["room_id"], "type": "m.room.name", "state_key": "", "event_id": ev["event_id"]})]])
+    assert Event.objects.using(using).get().stream_ordering == sid
+    assert CurrentStateDelta.objects.using(using).get().stream_id == sid
+
+
+@BOTH
+def test_failed_write_completes_and_leaves_nothing(make_runtime, using):
+    """A transaction that fails mid-way writes no row, and its ID still completes."""
+    rt = make_runtime(using)
+    w = rt.writer("receipts")
+    rng = random.Random(3)
+    good = Receipt.synthetic(rng, 0)
+    bad = dict(good)
+    del bad["room_id"]  # required column missing
+    with pytest.raises(ValueError, match="room_id is required"):
+        w.append([[(Receipt, good)], [(Receipt, bad)]])
+    assert Receipt.objects.using(using).count() == 0
+    ids = w.append([[(Receipt, good)]])
+    # The two failed IDs completed (zero rows), so the position passes them.
+    assert w.generator.get_current_token() == ids[0]
+    assert w.generator.pending() == []
+
+
+def test_database_error_rolls_back_and_completes(make_runtime):
+    rt = make_runtime()
+    w = rt.writer("events")
+    ev = Event.synthetic(random.Random(4), 0)
+    w.append([[(Event, ev)]])
+    with pytest.raises(IntegrityError):
+        w.append([[(Event, ev | {"received_ts": 1})]])  # duplicate event_id
+    assert Event.objects.count() == 1
+    assert w.generator.pending() == []
+    assert w.generator.get_current_token() == w.generator.get_max_allocated_token()
+
+
+def test_backfill_counts_down(make_runtime):
+    rt = make_runtime()
+    w = rt.writer("backfill")
+    rng = random.Random(5)
+    ids = w.append([[(Event, Event.synthetic(rng, i))] for i in range(3)])
+    assert ids == sorted(ids, reverse=True) and ids[0] < 0
+    assert w.generator.get_current_token() == ids[-1]
+    assert sorted(Event.objects.values_list("stream_ordering", flat=True)) == sorted(ids)
+
+
+def test_writer_rejects_foreign_table(make_runtime):
+    rt = make_runtime()
+    with pytest.raises(ValueError, match="not a backing table"):
+        rt.writer("receipts").append([[(Event, Event.synthetic(random.Random(), 0))]])
+
+
+@BOTH
+def test_facts_are_append_only(make_runtime, using):
+    rt = make_runtime(using)
+    rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(6), 0))]])
+    r = Receipt.objects.using(using).get()
+    with pytest.raises(FactsAreAppendOnly):
+        r.save(using=using)
+    with pytest.raises(FactsAreAppendOnly):
+        r.delete()
+    with pytest.raises(FactsAreAppendOnly):
+        Receipt.objects.using(using).update(user_id="@x:hs")
+    with pytest.raises(FactsAreAppendOnly):
+        Receipt.objects.using(using).all().delete()
+    assert Receipt.objects.using(using).get().user_id == r.user_id
+
+
+def test_write_facts_command():
+    out = StringIO()
+    call_command("write_facts", "account_data", "--count", "25", "--per-txn", "10", "--no-progress", stdout=out)
+    from streams.models import AccountData
+
+    assert AccountData.objects.count() == 25
+    ids = list(AccountData.objects.order_by("stream_id").values_list("stream_id", flat=True))
+    assert len(set(ids)) == 25
+    assert f"IDs {ids[0]}..{ids[-1]}" in out.getvalue()
+
+
+def test_write_facts_rate_limit():
+    import time
+
+    t0 = time.monotonic()
+    call_command("write_facts", "caches", "--count", "10", "--rate", "50", "--no-progress", stdout=StringIO())
+    # 10 facts at 50/s: the last one is due at 0.2 s. (A lower bound only: never a ceiling.)
+    assert time.monotonic() - t0 >= 0.18
+
+
+@pytest.mark.parametrize("args, message", [
+    (["typing", "--count", "1"], "in memory"),
+    (["nope", "--count", "1"], "unknown stream"),
+    (["receipts", "--count", "1", "--per-txn", "0"], "--per-txn"),
+    (["receipts", "--count", "-1"], "--count"),
+])
+def test_write_facts_bad_input(args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("write_facts", *args, stdout=StringIO())
+
+
+def test_write_facts_as_non_writer(settings):
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "INSTANCE_NAME": "worker9"}
+    from django.apps import apps
+
+    apps.get_app_config("streams").runtime = None
+    try:
+        with pytest.raises(CommandError, match="not a writer"):
+            call_command("write_facts", "receipts", "--count", "1", stdout=StringIO())
+    finally:
+        apps.get_app_config("streams").runtime = None
