@@ -1,0 +1,97 @@
+"""The pure position rules (no database): writer bookkeeping and the reader-side tracker."""
+import pytest
+
+from streams.positions import PositionTracker, StreamPositions
+from synapse_repl.services import MissingBinary, _find_pg_bin
+
+
+def clock():
+    return 100.0
+
+
+def test_tracker_derives_linear_from_writer_updates():
+    """Vector §14.4 #6 as a reader fed by replication updates."""
+    t = PositionTracker({"first": 3, "second": 5}, clock=clock)
+    assert t.linear() == 3
+    assert t.for_writer("second") == 5
+    t.advance("first", 6)
+    assert t.linear() == 6
+    t.advance("second", 7)
+    assert t.linear() == 7
+    t.advance("second", 9)
+    assert t.linear() == 7  # 8 unseen
+    t.advance("first", 8)
+    assert t.linear() == 9
+    t.advance("first", 11)
+    t.advance("second", 15)
+    assert t.linear() == 11
+    assert t.positions() == {"first": 11, "second": 15}
+
+
+def test_tracker_never_moves_backwards():
+    t = PositionTracker({"a": 10, "b": 10}, clock=clock)
+    t.advance("a", 20)
+    t.advance("a", 12)  # stale update
+    assert t.for_writer("a") == 20
+    assert t.linear() == 10
+
+
+def test_tracker_unknown_writer_holds_nothing_back_until_configured():
+    t = PositionTracker({"a": 5}, clock=clock)
+    t.advance("a", 9)
+    assert t.linear() == 9
+    assert t.for_writer("newcomer") == 9  # assumed at the linear position
+
+
+def test_tracker_backwards_stream():
+    t = PositionTracker({"a": -1, "b": -1}, backwards=True, clock=clock)
+    t.advance("a", -4)
+    assert t.linear() == -1
+    t.advance("b", -2)
+    assert t.linear() == -2
+    t.advance("b", -3)
+    assert t.linear() == -4  # -2, -3, -4 all seen: a gapless run
+
+
+def test_writer_out_of_order_and_pending_with_age():
+    now = [10.0]
+    p = StreamPositions("w", clock=lambda: now[0])
+    p.load(positions={}, persisted_upto=7, rows=[], writers=["w"])
+    ticket = p.begin_allocation()
+    p.allocated(ticket, [8, 9, 10])
+    now[0] = 25.0
+    assert [(x.stream_id, x.age(now[0])) for x in p.pending()] == [(8, 15.0), (9, 15.0), (10, 15.0)]
+    p.finish([9])
+    assert p.for_writer("w") == 7
+    p.finish([8])
+    assert p.for_writer("w") == 9
+    assert [x.stream_id for x in p.pending()] == [10]
+    p.finish([10])
+    assert (p.for_writer("w"), p.linear(), p.pending()) == (10, 10, [])
+
+
+def test_in_flight_allocation_blocks_advance():
+    """Between 'the sequence answered' and 'the IDs are recorded', nothing may pass them."""
+    p = StreamPositions("w", clock=clock)
+    p.load(positions={}, persisted_upto=1, rows=[], writers=["w"])
+    t1 = p.begin_allocation()
+    p.allocated(t1, [2])
+    t2 = p.begin_allocation()  # allocation under way: may receive 3
+    p.finish([2])
+    assert p.minimal_local() == 2
+    p.allocated(t2, [3])
+    p.finish([3])
+    assert p.minimal_local() == 3
+
+
+def test_failed_allocation_releases_its_ticket():
+    p = StreamPositions("w", clock=clock)
+    p.load(positions={}, persisted_upto=1, rows=[], writers=["w"])
+    t = p.begin_allocation()
+    p.allocated(t, None)
+    assert not p.has_unfinished()
+
+
+def test_missing_server_binary_names_the_debian_package():
+    with pytest.raises(MissingBinary, match="apt-get install postgresql"):
+        _find_pg_bin("no-such-postgres-binary")
