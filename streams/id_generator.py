@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 from .id_store import IdStore, Reservation
 from .notifier import PositionAdvanced, PositionNotifier
-from .positions import PendingId, StreamPositions
+from .positions import PendingId, SignedPositions, StreamPositions
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class MultiWriterIdGenerator:
         self._store = store
         self._notifier = notifier
         self._positions = StreamPositions(instance_name, clock=clock)
+        self._signed = SignedPositions(self._positions, self.factor)
         self._notify_lock = threading.Lock()
         loaded = store.load_state(self.writers)
         self._positions.load(
@@ -134,18 +135,18 @@ class MultiWriterIdGenerator:
 
     def get_current_token(self) -> int:
         """The linear position: every ID up to it, from every writer, has completed."""
-        return self.factor * self._positions.linear()
+        return self._signed.linear()
 
     get_persisted_upto_position = get_current_token
 
     def get_current_token_for_writer(self, instance_name: str) -> int:
-        return self.factor * self._positions.for_writer(instance_name)
+        return self._signed.for_writer(instance_name)
 
     def get_minimal_local_current_token(self) -> int:
-        return self.factor * self._positions.minimal_local()
+        return self._signed.minimal_local()
 
     def get_positions(self) -> dict[str, int]:
-        return {name: self.factor * pos for name, pos in self._positions.positions().items()}
+        return self._signed.positions()
 
     def get_max_allocated_token(self) -> int:
         return self.factor * self._positions.max_seen_allocated()
@@ -159,7 +160,7 @@ class MultiWriterIdGenerator:
 
     def advance(self, instance_name: str, new_id: int) -> None:
         """Replication says ``instance_name`` completed everything up to ``new_id``."""
-        self._positions.advance(instance_name, self.factor * new_id)
+        self._signed.advance(instance_name, new_id)
         # An idle writer moves along with the others: publish it.
         self._publish()
 

@@ -161,16 +161,6 @@ class StreamPositions:
             self._max_seen_allocated = max(self._max_seen_allocated, new_id)
             self._add_persisted(new_id)
 
-    def seen_persisted(self, new_id: int) -> None:
-        """A completed ID seen without its writer's position (startup table scan)."""
-        with self._lock:
-            self._add_persisted(new_id)
-
-    def set_position(self, instance_name: str, position: int) -> None:
-        """Set a writer's position outright (startup only)."""
-        with self._lock:
-            self._current[instance_name] = position
-
     def _add_persisted(self, new_id: int) -> None:
         heapq.heappush(self._known_persisted, new_id)
         ours = self._current.get(self.instance_name, 0)

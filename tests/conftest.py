@@ -15,22 +15,23 @@ import pytest
 from synapse_repl.services import MissingBinary, PostgresServer, RedisServer
 
 
+def _started(server):
+    try:
+        return server.start()
+    except MissingBinary as e:  # fail, never skip: CI must have every part
+        pytest.fail(str(e), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
-    try:
-        server = PostgresServer().start()
-    except MissingBinary as e:
-        pytest.fail(str(e), pytrace=False)
+    server = _started(PostgresServer())
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def redis_server():
-    try:
-        server = RedisServer().start()
-    except MissingBinary as e:
-        pytest.fail(str(e), pytrace=False)
+    server = _started(RedisServer())
     yield server
     server.stop()
 
