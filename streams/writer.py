@@ -1,8 +1,10 @@
 """The one write path of a stream: reserve IDs, insert the rows in one transaction, complete.
 
 Design notes: docs/streams.md. ``StreamWriter.append`` is what ``write_facts``, the
-benchmarks and (later) ``persist_events`` use; it inserts with one prepared statement per
-table (``executemany``), not through model instances, because the writer is a hot path.
+benchmarks and (later) ``persist_events`` use. It inserts without model instances, because
+the writer is a hot path: on PostgreSQL one ``INSERT ... SELECT * FROM unnest(arrays)`` per
+table and transaction (one statement to parse and plan, values bound server-side, not quoted
+into the SQL text), elsewhere ``executemany`` of one ``INSERT``.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ _REQUIRED = object()
 @dataclass
 class _InsertPlan:
     sql: str
+    #: PostgreSQL only: the same insert taking one array per column.
+    unnest_sql: str | None
     #: per column after the stream ID and writer: (field name, default, converter or None)
     columns: list[tuple[str, Any, Any]]
 
@@ -73,9 +77,25 @@ class StreamWriter:
                         raise ValueError(f"{model.__name__}.{name} is required")
                     params.append(prep(v) if prep is not None and v is not None else v)
                 by_model.setdefault(model, []).append(params)
-        with connections[self.using].cursor() as cursor:
-            for model, params_list in by_model.items():
-                cursor.executemany(self._plans[model].sql, params_list)
+        connection = connections[self.using]
+        for model, params_list in by_model.items():
+            plan = self._plans[model]
+            if plan.unnest_sql is not None and len(params_list) > 1:
+                self._insert_unnest(connection, plan.unnest_sql, params_list)
+            else:
+                with connection.cursor() as cursor:
+                    cursor.executemany(plan.sql, params_list)
+
+    @staticmethod
+    def _insert_unnest(connection: Any, sql: str, rows: list[list[Any]]) -> None:
+        import psycopg
+
+        connection.ensure_connection()
+        arrays = [list(column) for column in zip(*rows)]
+        # Django's own cursor binds client-side; a server-binding cursor on the same
+        # connection (and so the same transaction) sends the arrays as parameters.
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, arrays)
 
     def _plan(self, model: type[FactModel]) -> _InsertPlan:
         plan = self._plans.get(model)
@@ -108,6 +128,14 @@ class StreamWriter:
                 return field.get_default()
             return None if field.null else _REQUIRED
 
-        plan = _InsertPlan(sql, [(f.name, default(f), converter(f)) for f in fields])
+        unnest_sql = None
+        if connection.vendor == "postgresql":
+            types = [id_field.db_type(connection), writer_field.db_type(connection),
+                     *(f.db_type(connection) for f in fields)]
+            unnest_sql = "INSERT INTO {} ({}) SELECT * FROM unnest({})".format(
+                qn(meta.db_table), ", ".join(qn(c) for c in columns),
+                ", ".join(f"%s::{t}[]" for t in types),
+            )
+        plan = _InsertPlan(sql, unnest_sql, [(f.name, default(f), converter(f)) for f in fields])
         self._plans[model] = plan
         return plan

@@ -165,3 +165,37 @@ def test_write_facts_as_non_writer(settings):
             call_command("write_facts", "receipts", "--count", "1", stdout=StringIO())
     finally:
         apps.get_app_config("streams").runtime = None
+
+
+@BOTH
+def test_rows_stored_exactly_as_given(make_runtime, using):
+    """Batched inserts (unnest arrays on PostgreSQL) keep every value: JSON, bytes, nulls, booleans."""
+    rt = make_runtime(using)
+    rng = random.Random(7)
+    receipts = [Receipt.synthetic(rng, i) for i in range(4)]
+    receipts[1]["thread_id"] = "$thread:hs"
+    receipts[2]["data"] = {"nested": {"list": [1, 2.5, None, "é\u2603"], "big": 2**60}, "empty": {}}
+    ids = rt.writer("receipts").append([[(Receipt, r)] for r in receipts])
+    stored = {r.stream_id: r for r in Receipt.objects.using(using).all()}
+    for sid, given in zip(ids, receipts):
+        got = stored[sid]
+        assert {k: getattr(got, k) for k in given} == given
+        assert got.instance_name == "master"
+
+    events = [Event.synthetic(rng, i) for i in range(3)]
+    events[0]["json"] = b'{"weird":  "\\u00e9",\n "n": 12345678901234567890}'
+    events[1] |= {"outlier": True, "rejected": True, "state_key": "", "membership": "join"}
+    ids = rt.writer("events").append([[(Event, e)] for e in events])
+    for sid, given in zip(ids, events):
+        got = Event.objects.using(using).get(stream_ordering=sid)
+        assert {k: (bytes(getattr(got, k)) if k == "json" else getattr(got, k)) for k in given} == given
+
+
+def test_batched_insert_errors_are_django_errors(make_runtime):
+    rt = make_runtime()
+    w = rt.writer("events")
+    ev = Event.synthetic(random.Random(8), 0)
+    with pytest.raises(IntegrityError):
+        w.append([[(Event, ev)], [(Event, ev)]])  # duplicate event_id within one batch
+    assert Event.objects.count() == 0
+    assert w.generator.pending() == []
