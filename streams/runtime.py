@@ -7,6 +7,7 @@ import time
 from typing import Callable
 
 from django.apps import apps
+from django.conf import settings
 from django.db import connections
 
 from .conf import instance_name as configured_instance_name
@@ -35,6 +36,7 @@ class StreamRuntime:
         self._generators: dict[str, MultiWriterIdGenerator] = {}
         self._writers: dict[str, StreamWriter] = {}
         self._lock = threading.Lock()
+        self.publisher = None
 
     def generator(self, stream_name: str) -> MultiWriterIdGenerator:
         with self._lock:
@@ -75,7 +77,17 @@ class StreamRuntime:
     def db_streams(self) -> list[str]:
         return [name for name, spec in STREAMS.items() if spec.db_backed]
 
+    def publish_positions(self) -> None:
+        """Announce this process's position advances to every endpoint (channel layer)."""
+        from .replication.publisher import PositionPublisher
+
+        with self._lock:
+            if self.publisher is None:
+                self.publisher = PositionPublisher(self.notifier)
+
     def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.flush()
         with self._lock:
             for gen in self._generators.values():
                 gen.close()
@@ -95,4 +107,7 @@ def runtime() -> StreamRuntime:
             rt = config.runtime = StreamRuntime(
                 instance_name=configured_instance_name(), writers=stream_writers()
             )
+            if settings.REDIS_URL:
+                # Other processes (endpoints) hear of our writes through Redis.
+                rt.publish_positions()
         return rt

@@ -94,6 +94,13 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Within one endpoint process, the relay reaches its connections through this in-memory
+# layer (line batches never need to leave the process). Capacity and expiry are generous:
+# a dropped batch is detected (sequence numbers) and costs the worker a reconnect.
+CHANNEL_LAYERS["replication_local"] = {
+    "BACKEND": "channels.layers.InMemoryChannelLayer",
+    "CONFIG": {"capacity": 100_000, "expiry": 3600},
+}
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"

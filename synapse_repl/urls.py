@@ -4,8 +4,15 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
+from streams.replication.catchup import get_repl_stream_updates
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/",
+         get_repl_stream_updates, name="repl-stream-updates"),
+    # Synapse's own form carries a transaction ID as the last segment.
+    path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/<str:txn_id>",
+         get_repl_stream_updates, name="repl-stream-updates-txn"),
     # One process serves its own few static files (admin and dashboard assets); no separate
     # web server or collectstatic step is needed to run it.
     re_path(r"^static/(?P<path>.*)$", partial(serve_static, insecure=True)),

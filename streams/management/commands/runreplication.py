@@ -1,0 +1,35 @@
+"""``manage.py runreplication``: the TCP replication endpoint on ``REPLICATION_LISTEN``."""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from django.core.management.base import BaseCommand
+
+from streams.conf import repl_setting
+from streams.management.commands.runservice import split_listen
+
+
+class Command(BaseCommand):
+    help = "Serve Synapse's TCP replication protocol on REPLICATION_LISTEN."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--listen", default=None, help="host:port (default: REPLICATION_LISTEN)")
+
+    def handle(self, *args, listen: str | None = None, **options) -> None:
+        host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
+        asyncio.run(self._serve(host, port))
+
+    async def _serve(self, host: str, port: int) -> None:
+        from streams.replication.endpoint import start_endpoint
+
+        endpoint, server = await start_endpoint(host, port)
+        self.stdout.write(f"replication endpoint of {endpoint.server_name} listening on {host}:{port}")
+        self.stdout.flush()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        server.close()
+        await endpoint.relay.stop()

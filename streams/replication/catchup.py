@@ -1,0 +1,43 @@
+"""``GET /_synapse/replication/get_repl_stream_updates/<stream>/[<txn_id>]``: catch-up for a
+worker that missed updates (replication spec §10.2). See docs/replication.md.
+
+Query: ``from_token``, ``upto_token`` (integers, required), ``instance_name`` (the writer;
+default this process's ``INSTANCE_NAME``). Answer: ``{"updates": [[token, row], ...],
+"upto_token": N, "limited": bool}``; a limited answer covers every row up to ``upto_token``
+(rows sharing a token are never split) and the caller continues from there.
+"""
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+from ..conf import instance_name as this_instance
+from ..registry import STREAMS
+from ..updates import TARGET_ROW_COUNT, get_updates_since
+
+
+def _error(message: str) -> JsonResponse:
+    return JsonResponse({"errcode": "M_INVALID_PARAM", "error": message}, status=400)
+
+
+@require_GET
+def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str | None = None) -> JsonResponse:
+    spec = STREAMS.get(stream_name)
+    if spec is None:
+        return JsonResponse({"errcode": "M_UNKNOWN", "error": "Unknown stream"}, status=400)
+    try:
+        from_token = int(request.GET["from_token"])
+        upto_token = int(request.GET["upto_token"])
+    except KeyError as e:
+        return _error(f"missing query parameter {e.args[0]}")
+    except ValueError:
+        return _error("from_token and upto_token must be integers")
+    if from_token < 0 or upto_token < 0:
+        return _error("tokens must not be negative")
+    writer = request.GET.get("instance_name") or this_instance()
+    result = get_updates_since(spec, writer, from_token, upto_token, limit=TARGET_ROW_COUNT)
+    return JsonResponse({
+        "updates": [[token, row] for token, row in result.updates],
+        "upto_token": result.upto_token,
+        "limited": result.limited,
+    })

@@ -1,0 +1,188 @@
+"""The server side of one replication connection, as a Channels consumer (scope type
+``replication``). See docs/replication.md.
+
+The TCP adapter (:mod:`streams.replication.tcp`) turns socket events into
+``replication.connect`` / ``replication.receive`` / ``replication.disconnect``; the relay's
+line batches arrive as ``replication.lines`` group messages. Parsing, direction checks and
+keepalive decisions are :class:`ReplicationConnection`'s; this class only acts on them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.consumer import AsyncConsumer
+
+from .commands import (
+    ClearUserSyncCommand,
+    Command,
+    ErrorCommand,
+    FederationAckCommand,
+    LegacyReplicateCommand,
+    LockReleasedCommand,
+    NameCommand,
+    PingCommand,
+    PositionCommand,
+    RemoteProtocolError,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    ServerCommand,
+    UserIpCommand,
+    UserSyncCommand,
+)
+from .connection import CLOSED, NEED_DATA, ReplicationConnection
+from .legacy import to_legacy
+from .relay import CONNECTIONS_GROUP, LOCAL_LAYER
+
+logger = logging.getLogger(__name__)
+
+#: How often the keepalive decisions are taken (PING due after 5 s idle, timeout after 25 s).
+TICK_SECONDS = 1.0
+
+
+@dataclass
+class ConnectionInfo:
+    """What the endpoint knows about one connected worker (for operators)."""
+
+    channel_name: str
+    peer: str
+    connected_at: float
+    name: str = "anon"
+    last_ping_at: float | None = None
+    replicating: bool = False
+    legacy_streams: dict[str, str] = field(default_factory=dict)
+    #: USER_SYNC state: instance_id -> {(user_id, device_id)}
+    syncing_users: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)
+    federation_acks: dict[str, int] = field(default_factory=dict)
+    commands_in: int = 0
+    lines_out: int = 0
+
+
+class ReplicationConsumer(AsyncConsumer):
+    channel_layer_alias = LOCAL_LAYER
+
+    async def replication_connect(self, event: dict[str, Any]) -> None:
+        self.endpoint = self.scope["endpoint"]
+        now = time.time()
+        self.conn = ReplicationConnection("server", now=now)
+        self.info = ConnectionInfo(self.channel_name, event.get("peer", "?"), now)
+        self.endpoint.connections[self.channel_name] = self.info
+        self.expected_seq: int | None = None
+        await self.channel_layer.group_add(CONNECTIONS_GROUP, self.channel_name)
+        await self._send([ServerCommand(self.endpoint.server_name), PingCommand(str(int(now * 1000)))])
+        self.ticker = asyncio.create_task(self._tick())
+
+    async def replication_receive(self, event: dict[str, Any]) -> None:
+        now = time.time()
+        self.conn.receive_data(event["bytes"])
+        while True:
+            try:
+                cmd = self.conn.next_event(now)
+            except RemoteProtocolError as e:
+                logger.warning("replication %s (%s): %s", self.info.name, self.info.peer, e.error_text)
+                await self._error_and_close(e.error_text, reason="bad line")
+                return
+            if cmd is NEED_DATA or cmd is CLOSED:
+                return
+            self.info.commands_in += 1
+            await self._handle(cmd, now)
+
+    async def replication_disconnect(self, event: dict[str, Any]) -> None:
+        self.endpoint.disconnected(self.info, event.get("reason", "connection lost"))
+        task = getattr(self, "ticker", None)
+        if task is not None:
+            task.cancel()
+        await self.channel_layer.group_discard(CONNECTIONS_GROUP, self.channel_name)
+        from channels.exceptions import StopConsumer
+
+        raise StopConsumer()
+
+    # -- commands from the worker ---------------------------------------------------------------
+
+    async def _handle(self, cmd: Command, now: float) -> None:
+        if isinstance(cmd, PingCommand):
+            self.info.last_ping_at = now
+        elif isinstance(cmd, NameCommand):
+            self.info.name = cmd.data
+        elif isinstance(cmd, ReplicateCommand):
+            self.info.replicating = True
+            await self._send([
+                PositionCommand(stream, writer, token, token)
+                for (stream, writer), token in sorted(self.endpoint.relay.positions().items())
+            ])
+        elif isinstance(cmd, LegacyReplicateCommand):
+            await self.endpoint.legacy.subscribe(self, cmd)
+        elif isinstance(cmd, UserSyncCommand):
+            users = self.info.syncing_users.setdefault(cmd.instance_id, set())
+            if cmd.is_syncing:
+                users.add((cmd.user_id, cmd.device_id))
+            else:
+                users.discard((cmd.user_id, cmd.device_id))
+                if not users:
+                    del self.info.syncing_users[cmd.instance_id]
+        elif isinstance(cmd, ClearUserSyncCommand):
+            self.info.syncing_users.pop(cmd.instance_id, None)
+        elif isinstance(cmd, FederationAckCommand):
+            self.info.federation_acks[cmd.instance_name] = cmd.token
+        elif isinstance(cmd, UserIpCommand):
+            self.endpoint.user_ip(cmd)
+        elif isinstance(cmd, (RemoteServerUpCommand, LockReleasedCommand)):
+            # Every instance must hear of it: pass it on to the other connections.
+            await self.channel_layer.group_send(CONNECTIONS_GROUP, {
+                "type": "replication.relay_command",
+                "data": (cmd.to_line() + "\n").encode(),
+                "origin": self.channel_name,
+            })
+        elif isinstance(cmd, ErrorCommand):
+            logger.warning("replication %s (%s) reported error: %s", self.info.name, self.info.peer, cmd.data)
+
+    # -- lines from the relay ---------------------------------------------------------------
+
+    async def replication_lines(self, event: dict[str, Any]) -> None:
+        seq = event["seq"]
+        if self.expected_seq is not None and seq != self.expected_seq:
+            # A batch never reached us (the local layer dropped it): this worker would miss
+            # facts. Close; it catches up on reconnect.
+            await self._error_and_close("Failed to keep up", reason="failed to keep up")
+            return
+        self.expected_seq = seq + 1
+        data, count = event["data"], event["count"]
+        if self.info.legacy_streams:
+            data, count = to_legacy(data, self.info.legacy_streams)
+        elif not self.info.replicating:
+            return  # nothing asked for yet
+        if count:
+            self.info.lines_out += count
+            await self.send({"type": "replication.send", "bytes": data, "count": count})
+
+    async def replication_relay_command(self, event: dict[str, Any]) -> None:
+        if event["origin"] != self.channel_name:
+            await self.send({"type": "replication.send", "bytes": event["data"], "count": 1})
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _send(self, cmds: list[Command]) -> None:
+        if cmds:
+            data = self.conn.send_many(cmds, time.time())
+            self.info.lines_out += len(cmds)
+            await self.send({"type": "replication.send", "bytes": data, "count": len(cmds)})
+
+    async def _error_and_close(self, text: str, *, reason: str) -> None:
+        try:
+            await self._send([ErrorCommand(text)])
+        finally:
+            self.endpoint.close_reason[self.channel_name] = reason
+            await self.send({"type": "replication.close"})
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            now = time.time()
+            if self.conn.timed_out(now):
+                await self._error_and_close("ping timeout", reason="ping timeout")
+                return
+            if self.conn.ping_due(now):
+                await self._send([PingCommand(str(int(now * 1000)))])

@@ -1,0 +1,110 @@
+"""The TCP replication endpoint: an asyncio listener that hands each connection to a
+:class:`ReplicationConsumer` (scope type ``replication``). See docs/replication.md.
+
+This adapter only moves bytes and applies back-pressure: while the socket's buffers are full
+it queues outbound commands, and past :data:`MAX_PENDING_COMMANDS` it writes
+``ERROR Failed to keep up`` and closes (the worker catches up when it reconnects).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from .consumer import ReplicationConsumer
+
+if TYPE_CHECKING:
+    from .endpoint import Endpoint
+
+logger = logging.getLogger(__name__)
+
+#: Synapse's ``max_line_buffer``: commands queued for a connection that does not read.
+MAX_PENDING_COMMANDS = 10_000
+ABORT_AFTER_SECONDS = 5.0
+
+
+class ReplicationServerProtocol(asyncio.Protocol):
+    def __init__(self, endpoint: Endpoint, app: Callable, max_pending: int = MAX_PENDING_COMMANDS) -> None:
+        self.endpoint = endpoint
+        self.app = app
+        self.max_pending = max_pending
+        self.transport: asyncio.Transport | None = None
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.paused = False
+        self.pending: collections.deque[bytes] = collections.deque()
+        self.pending_commands = 0
+        self.closing = False
+        self.task: asyncio.Task | None = None
+
+    # -- socket side ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        host, port = transport.get_extra_info("peername")[:2]
+        scope = {"type": "replication", "client": (host, port), "endpoint": self.endpoint}
+        self.inbox.put_nowait({"type": "replication.connect", "peer": f"{host}:{port}"})
+        self.task = asyncio.create_task(self._run(scope))
+
+    async def _run(self, scope: dict[str, Any]) -> None:
+        try:
+            await self.app(scope, self.inbox.get, self._from_app)
+        except Exception:
+            logger.exception("replication consumer failed")
+        finally:
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.inbox.put_nowait({"type": "replication.receive", "bytes": data})
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        reason = "connection lost" if exc is None else f"connection lost: {exc}"
+        self.inbox.put_nowait({"type": "replication.disconnect", "reason": reason})
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.pending and self.transport is not None:
+            self.transport.write(b"".join(self.pending))
+            self.pending.clear()
+            self.pending_commands = 0
+
+    # -- consumer side ----------------------------------------------------------------------
+
+    async def _from_app(self, event: dict[str, Any]) -> None:
+        if self.closing or self.transport is None:
+            return
+        kind = event["type"]
+        if kind == "replication.send":
+            if not self.paused:
+                self.transport.write(event["bytes"])
+                return
+            self.pending.append(event["bytes"])
+            self.pending_commands += event.get("count", 1)
+            if self.pending_commands > self.max_pending:
+                self.closing = True
+                self.pending.clear()
+                self.transport.write(b"ERROR Failed to keep up\n")
+                self.inbox.put_nowait({"type": "replication.disconnect", "reason": "failed to keep up"})
+                self.transport.close()
+                # A peer that never reads never lets the close finish: reset it soon.
+                asyncio.get_running_loop().call_later(ABORT_AFTER_SECONDS, self.transport.abort)
+        elif kind == "replication.close":
+            self.closing = True
+            if self.pending:
+                self.transport.write(b"".join(self.pending))
+                self.pending.clear()
+            self.transport.close()
+
+
+async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractServer:
+    """Start listening; connections are served until the returned server is closed."""
+    app = ReplicationConsumer.as_asgi()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: ReplicationServerProtocol(endpoint, app), host, port)
+    logger.info("replication endpoint %s listening on %s:%d", endpoint.server_name, host, port)
+    return server
