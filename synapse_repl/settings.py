@@ -118,6 +118,8 @@ SYNAPSE_REPL = {
     "SPARK_MASTER": os.environ.get("SPARK_MASTER", "") or "local[*]",
     # "events=master,worker1;receipts=master": who may write each stream (default: master).
     "STREAM_WRITERS": os.environ.get("STREAM_WRITERS", ""),
+    # How often an endpoint re-reads stream_positions for advances it was not told about.
+    "POSITION_POLL_SECONDS": float(os.environ.get("POSITION_POLL_SECONDS", "1.0")),
     # A reserved stream ID pending longer than this many seconds is reported as stuck.
     "STUCK_AFTER_SECONDS": float(os.environ.get("STUCK_AFTER_SECONDS", "30")),
 }

@@ -35,15 +35,16 @@ LOCAL_LAYER = "replication_local"
 CONNECTIONS_GROUP = "replication.connections"
 #: Lines per channel-layer message: one message per batch, never one per fact.
 MAX_LINES_PER_MESSAGE = 2000
-POLL_INTERVAL = 1.0
 
 
 class ReplicationRelay:
     """Per endpoint: last token sent per (stream, writer), and the single-flight send loop."""
 
-    def __init__(self, *, using: str = "default", poll_interval: float = POLL_INTERVAL) -> None:
+    def __init__(self, *, using: str = "default", poll_interval: float | None = None) -> None:
+        from ..conf import repl_setting
+
         self.using = using
-        self.poll_interval = poll_interval
+        self.poll_interval = repl_setting("POSITION_POLL_SECONDS") if poll_interval is None else poll_interval
         self.last_sent: dict[tuple[str, str], int] = {}
         self._targets: dict[tuple[str, str], int] = {}
         self._wake = asyncio.Event()

@@ -1,9 +1,14 @@
-"""``manage.py runservice``: serve this process (what ``make run`` starts).
+"""``manage.py runservice``: what ``make run`` starts.
 
-Serves the web UI and the admin with daphne on ``WEB_LISTEN``. Later parts (the replication
-listener, demo traffic) start from here too.
+The web UI, the admin and the catch-up endpoint (daphne, ASGI) on ``WEB_LISTEN``, and beside
+it the TCP replication endpoint (``runreplication``) on ``REPLICATION_LISTEN``, as a child
+process that lives and dies with this one.
 """
 from __future__ import annotations
+
+import atexit
+import subprocess
+import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -19,17 +24,21 @@ def split_listen(value: str, name: str) -> tuple[str, int]:
 
 
 class Command(BaseCommand):
-    help = "Serve the web UI and admin (daphne, ASGI) on WEB_LISTEN."
+    help = "Serve the web UI (WEB_LISTEN) and the TCP replication endpoint (REPLICATION_LISTEN)."
 
     def handle(self, *args, **options) -> None:
         from daphne.cli import CommandLineInterface
 
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
+        rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
+        replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)
+        atexit.register(replication.terminate)
         db = settings.DATABASES["default"]
         mode = "embedded (SQLite)" if db["ENGINE"].endswith("sqlite3") else "full (PostgreSQL)"
         self.stdout.write(
             f"synapse_repl {instance_name()} on {repl_setting('SERVER_NAME')}, {mode} mode\n"
             f"  web UI:  http://{host}:{port}/\n"
+            f"  replication (TCP): {rhost}:{rport}\n"
             f"  admin:   http://{host}:{port}/admin/  (create a user: python manage.py createsuperuser)\n"
         )
         self.stdout.flush()
