@@ -1,0 +1,1 @@
+"""Synapse-compatible stream replication (design: docs/replication.md)."""
