@@ -9,7 +9,6 @@ their stream IDs.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +82,3 @@ def get_updates_since(
     merged.sort(key=lambda item: (item[0], item[1]))
     return Updates([(token, row) for token, _, row in merged], bound, limited)
 
-
-def row_json(row: Any) -> str:
-    """A wire row as compact JSON (what follows the token on an RDATA line)."""
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

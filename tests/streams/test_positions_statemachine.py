@@ -51,15 +51,12 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from streams.positions import PositionTracker, StreamPositions
 
-WRITERS = ("w0", "w1", "w2")
+ALL_WRITERS = ("w0", "w1", "w2")
 READER = "reader"
-PROCESSES = (*WRITERS, READER)
-
-writer_names = st.sampled_from(WRITERS)
 
 
 class FakeClock:
@@ -96,19 +93,25 @@ class WriterModel:
 
 
 class PositionsMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
-        super().__init__()
+    writers: tuple[str, ...] = ()
+
+    @initialize(n_writers=st.integers(1, len(ALL_WRITERS)))
+    def setup(self, n_writers):
+        # Fewer writers make the races inside one writer easier to reach; three give the
+        # cross-writer interleavings. Every writer is configured (known to all from the start).
+        self.writers = ALL_WRITERS[:n_writers]
+        self.processes = (*self.writers, READER)
         self.clock = FakeClock()
-        start = {w: 1 for w in WRITERS}
+        start = {w: 1 for w in self.writers}
         self.procs: dict[str, object] = {
             w: StreamPositions(w, positions=start, persisted_upto=1, clock=self.clock)
-            for w in WRITERS
+            for w in self.writers
         }
         self.procs[READER] = PositionTracker(start, clock=self.clock)
         # Reference model.
         self.counter = 1  # last value handed out by the "sequence"; IDs start at 2
         self.ids: dict[int, Reservation] = {}
-        self.wm = {w: WriterModel() for w in WRITERS}
+        self.wm = {w: WriterModel() for w in self.writers}
         self.announcements: list[tuple[str, int]] = []
         self.prev: dict[tuple, int] = {}
 
@@ -148,11 +151,11 @@ class PositionsMachine(RuleBasedStateMachine):
         obs: dict[tuple, int] = {}
         for name, p in self.procs.items():
             obs[(name, "linear")] = p.linear()
-            for x in WRITERS:
+            for x in self.writers:
                 obs[(name, "for_writer", x)] = p.for_writer(x)
             for x, v in p.positions().items():
                 obs[(name, "positions", x)] = v
-            if name in WRITERS:
+            if name in self.writers:
                 obs[(name, "minimal_local")] = p.minimal_local()
         return obs
 
@@ -192,8 +195,12 @@ class PositionsMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------------
 
-    @rule(w=writer_names, k=st.integers(1, 3))
-    def reserve(self, w, k):
+    def _writer(self, data) -> str:
+        return data.draw(st.sampled_from(self.writers), label="writer")
+
+    @rule(data=st.data(), k=st.integers(1, 3))
+    def reserve(self, data, k):
+        w = self._writer(data)
         self.wm[w].clean = False
         p = self.procs[w]
         ticket = p.begin_allocation()
@@ -202,8 +209,9 @@ class PositionsMachine(RuleBasedStateMachine):
             self.ids[i] = Reservation(owner=w, recorded=True)
         p.allocated(ticket, ids)
 
-    @rule(w=writer_names)
-    def begin(self, w):
+    @rule(data=st.data())
+    def begin(self, data):
+        w = self._writer(data)
         self.wm[w].clean = False
         ticket = self.procs[w].begin_allocation()
         self.wm[w].in_flight.append(Allocation(w, ticket))
@@ -222,29 +230,31 @@ class PositionsMachine(RuleBasedStateMachine):
         fetched = [a for m in self.wm.values() for a in m.in_flight if a.ids is not None]
         self._do_record(data.draw(st.sampled_from(fetched), label="allocation"))
 
-    @precondition(lambda self: any(self._finishable(w) for w in WRITERS))
+    @precondition(lambda self: any(self._finishable(w) for w in self.writers))
     @rule(data=st.data(), commit=st.booleans())
     def complete(self, data, commit):
-        w = data.draw(st.sampled_from([w for w in WRITERS if self._finishable(w)]), label="writer")
+        w = data.draw(st.sampled_from([w for w in self.writers if self._finishable(w)]), label="writer")
         ids = data.draw(
             st.lists(st.sampled_from(self._finishable(w)), min_size=1, unique=True), label="ids"
         )
         self._do_finish(w, ids, commit)
 
-    @rule(w=writer_names, data=st.data())
-    def announce(self, w, data):
-        r = data.draw(st.sampled_from([p for p in PROCESSES if p != w]), label="recipient")
+    @rule(data=st.data())
+    def announce(self, data):
+        w = self._writer(data)
+        r = data.draw(st.sampled_from([p for p in self.processes if p != w]), label="recipient")
         self._announce(w, [r])
 
-    @rule(w=writer_names)
-    def broadcast(self, w):
-        self._announce(w, [p for p in PROCESSES if p != w])
+    @rule(data=st.data())
+    def broadcast(self, data):
+        w = self._writer(data)
+        self._announce(w, [p for p in self.processes if p != w])
 
     @precondition(lambda self: bool(self.announcements))
     @rule(data=st.data())
     def deliver_stale(self, data):
         w, value = data.draw(st.sampled_from(self.announcements), label="announcement")
-        r = data.draw(st.sampled_from([p for p in PROCESSES if p != w]), label="recipient")
+        r = data.draw(st.sampled_from([p for p in self.processes if p != w]), label="recipient")
         self.procs[r].advance(w, value)
 
     @rule(rnd=st.randoms(use_true_random=False))
@@ -267,8 +277,8 @@ class PositionsMachine(RuleBasedStateMachine):
         # Replicate until a full round changes nothing.
         for _ in range(10):
             before = self._observe()
-            for w in WRITERS:
-                self._announce(w, [p for p in PROCESSES if p != w])
+            for w in self.writers:
+                self._announce(w, [p for p in self.processes if p != w])
             if self._observe() == before:
                 break
         else:
@@ -278,9 +288,9 @@ class PositionsMachine(RuleBasedStateMachine):
         m = self._max_recorded()
         for name, p in self.procs.items():
             assert p.linear() == m, (name, "linear", p.linear(), m)
-            for x in WRITERS:
+            for x in self.writers:
                 assert p.for_writer(x) == m, (name, "for_writer", x, p.for_writer(x), m)
-        for w in WRITERS:
+        for w in self.writers:
             p = self.procs[w]
             assert not p.has_unfinished() and p.pending() == []
             own = self._max_recorded(w)
@@ -290,7 +300,8 @@ class PositionsMachine(RuleBasedStateMachine):
                 assert p.minimal_local() <= m, (w, "minimal_local", p.minimal_local(), m)
 
     def teardown(self):
-        self.settle(None)
+        if self.writers:  # initialised
+            self.settle(None)
 
     # -- invariants ----------------------------------------------------------------------------
 
@@ -298,7 +309,7 @@ class PositionsMachine(RuleBasedStateMachine):
     def check_safety(self):
         incomplete = self._incomplete()
         min_all = incomplete[0] if incomplete else None
-        min_of = {w: (self._incomplete(w) or [None])[0] for w in WRITERS}
+        min_of = {w: (self._incomplete(w) or [None])[0] for w in self.writers}
         top = self._max_recorded()
 
         for name, p in self.procs.items():
@@ -307,7 +318,7 @@ class PositionsMachine(RuleBasedStateMachine):
             if min_all is not None:
                 assert lin < min_all, (name, "linear passes incomplete", lin, min_all)
             positions = p.positions()
-            for x in WRITERS:
+            for x in self.writers:
                 fw = p.for_writer(x)
                 assert fw <= top, (name, "for_writer from the future", x, fw, top)
                 if min_of[x] is not None:
@@ -315,7 +326,7 @@ class PositionsMachine(RuleBasedStateMachine):
                     if x in positions:
                         assert positions[x] < min_of[x], (name, "positions", x, positions[x])
 
-        for w in WRITERS:
+        for w in self.writers:
             p = self.procs[w]
             ml = p.minimal_local()
             if min_of[w] is not None:

@@ -1,0 +1,341 @@
+"""Receiving rules of one replication follower (docs/replication.md; spec §6.3-§6.5, §14.5).
+
+``StreamFollower`` is pure: no sockets, no asyncio, no clock, no Django. It is fed the RDATA and
+POSITION commands of one worker process and the pages of HTTP catch-up, and answers with
+*decisions* for an adapter (``worker.py``) to execute, in the order returned:
+
+* ``Deliver(stream, writer, token, rows)`` — a fact to hand to the application (once, in order);
+* ``Advanced(stream, writer, token)`` — the writer's position moved with no rows (Synapse's
+  ``on_position``);
+* ``Reset(stream, writer)`` — an in-memory stream's writer restarted (its tokens went
+  backwards): drop everything derived from it; following decisions count from 0 again;
+* ``FetchCatchUp(stream, writer, from_token, upto_token, delay)`` — fetch ``(from, upto]`` from
+  the catch-up endpoint after ``delay`` seconds and report with :meth:`on_catch_up_page` or
+  :meth:`catch_up_failed`.
+
+Per-stream ordering (the design choice). Synapse gives each stream one FIFO queue and one
+consumer that *awaits* the catch-up before taking the next item, so RDATA can never race a
+POSITION catch-up (spec §6.2, lesson §15 #8). Here the follower holds that queue itself: while a
+catch-up of stream S is in flight, every RDATA/POSITION of S is parked in S's queue and replayed,
+in arrival order and under the normal rules, as soon as the catch-up ends. Other streams go on.
+So the whole ordering argument lives in this file and is tested without I/O; the adapter only
+has to run the decisions it gets, in order, per stream.
+
+Deliberate departures from Synapse, each safer and otherwise equivalent:
+
+* ``batch`` rows are buffered per (stream, writer), not per stream: a POSITION of one writer no
+  longer throws away another writer's half-received batch.
+* POSITION for an unknown (not followed) stream is logged once and ignored (Synapse raises).
+* a failed catch-up is retried with back-off (:meth:`catch_up_failed`) instead of leaving the
+  stream disconnected until its next POSITION.
+* pending batches are also dropped on connection loss (they could never complete anyway: the
+  first thing processed on the next connection is a POSITION, which drops them).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Collection, Mapping, Sequence, Union
+
+from .commands import PositionCommand, RdataCommand, group_updates
+
+logger = logging.getLogger(__name__)
+
+#: Streams whose writer keeps its tokens in memory, so they restart from 0 with the writer
+#: (spec §6.4 ``can_discard_position`` is false for them, §9.5). Only ``typing`` exists here.
+RESETTABLE_STREAMS = frozenset({"typing", "federation", "presence_federation"})
+
+#: First retry of a failed catch-up after this many seconds, doubling up to the cap: quick
+#: enough that a writer's brief restart costs little, slow enough not to hammer a writer that
+#: is down (lesson §15 #9).
+RETRY_FIRST_DELAY = 0.25
+RETRY_MAX_DELAY = 10.0
+
+StreamKey = tuple[str, str]  # (stream, writer)
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """Rows of one fact (one token) of ``writer`` on ``stream``, to apply exactly once."""
+
+    stream: str
+    writer: str
+    token: int
+    rows: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """``writer``'s position on ``stream`` is now ``token``; there are no rows to apply."""
+
+    stream: str
+    writer: str
+    token: int
+
+
+@dataclass(frozen=True)
+class Reset:
+    """``writer`` of an in-memory ``stream`` restarted: forget its state; tokens start over."""
+
+    stream: str
+    writer: str
+
+
+@dataclass(frozen=True)
+class FetchCatchUp:
+    """Fetch the rows of ``writer`` on ``stream`` in ``(from_token, upto_token]``.
+
+    ``delay`` is how long to wait first (0 for a first attempt; back-off for retries) and
+    ``attempt`` counts failures so far, for logging.
+    """
+
+    stream: str
+    writer: str
+    from_token: int
+    upto_token: int
+    delay: float = 0.0
+    attempt: int = 0
+
+
+Decision = Union[Deliver, Advanced, Reset, FetchCatchUp]
+Command = Union[RdataCommand, PositionCommand]
+
+
+@dataclass
+class _CatchUp:
+    """The one catch-up in flight for a stream."""
+
+    writer: str
+    from_token: int  # next page starts after this token
+    target: int  # the POSITION's new token
+    epoch: int  # connection it was started on
+    failures: int = 0
+
+    def request(self, stream: str, delay: float = 0.0) -> FetchCatchUp:
+        return FetchCatchUp(stream, self.writer, self.from_token, self.target, delay, self.failures)
+
+
+class StreamFollower:
+    """Per-(stream, writer) current tokens and the §6.3-§6.4 rules for one worker process.
+
+    The *current token* of a writer is the highest token whose facts (and every earlier fact of
+    that writer) have been decided: handed out as ``Deliver``/``Advanced``. A stream is
+    *connected* once a POSITION for it has been fully processed on the current connection;
+    until then its RDATA is dropped, because that POSITION triggers a catch-up covering it.
+
+    ``initial_tokens`` maps (stream, writer) to where the caller already is; writers not listed
+    start at ``default_token``. Only ``streams`` are followed; commands for others are ignored.
+    """
+
+    def __init__(
+        self,
+        instance_name: str,
+        streams: Collection[str],
+        initial_tokens: Mapping[StreamKey, int] | None = None,
+        *,
+        default_token: int = 0,
+        resettable: Collection[str] = RESETTABLE_STREAMS,
+    ) -> None:
+        self.instance_name = instance_name
+        self.streams = frozenset(streams)
+        self.default_token = default_token
+        self.resettable = frozenset(resettable)
+        self._tokens: dict[StreamKey, int] = dict(initial_tokens or {})
+        self._connected: set[str] = set()
+        self._batches: dict[StreamKey, list[Any]] = {}
+        self._catch_ups: dict[str, _CatchUp] = {}
+        self._queues: dict[str, deque[tuple[int, Command]]] = {}
+        self._epoch = 0
+        self._ignored_streams: set[str] = set()
+
+    # --- inspection ------------------------------------------------------------------------
+
+    def current_token(self, stream: str, writer: str) -> int:
+        return self._tokens.get((stream, writer), self.default_token)
+
+    def positions(self) -> dict[StreamKey, int]:
+        return dict(self._tokens)
+
+    @property
+    def connected_streams(self) -> frozenset[str]:
+        return frozenset(self._connected)
+
+    def catching_up(self) -> dict[str, FetchCatchUp]:
+        """The catch-up in flight per stream, as the request for its next page."""
+        return {stream: c.request(stream) for stream, c in self._catch_ups.items()}
+
+    def queued(self, stream: str) -> int:
+        """Commands of ``stream`` waiting for its catch-up to finish."""
+        return len(self._queues.get(stream, ()))
+
+    # --- connection ------------------------------------------------------------------------
+
+    def connection_lost(self) -> None:
+        """Forget which streams were connected (spec §6.5): each needs a new POSITION.
+
+        Catch-ups in flight go on (their rows are real) but will not mark their stream
+        connected. Commands of the old connection still queued behind them are dropped: the
+        next connection re-announces every position (REPLICATE), which covers them.
+        """
+        if self._connected:
+            logger.info("replication connection lost; streams now disconnected: %s",
+                        ", ".join(sorted(self._connected)))
+        self._connected.clear()
+        self._batches.clear()
+        self._epoch += 1
+
+    # --- commands --------------------------------------------------------------------------
+
+    def on_rdata(self, cmd: RdataCommand) -> list[Decision]:
+        if not self._follows(cmd.stream_name, cmd.instance_name):
+            return []
+        return self._submit(cmd)
+
+    def on_position(self, cmd: PositionCommand) -> list[Decision]:
+        if not self._follows(cmd.stream_name, cmd.instance_name):
+            return []
+        # Early discard (spec §6.4), only when nothing of the stream is waiting in line.
+        if cmd.stream_name not in self._catch_ups and self._can_discard(cmd):
+            return []
+        return self._submit(cmd)
+
+    def on_catch_up_page(
+        self,
+        stream: str,
+        writer: str,
+        updates: Sequence[Sequence[Any]],
+        upto_token: int,
+        limited: bool,
+    ) -> list[Decision]:
+        """One page of ``get_repl_stream_updates``: deliver it, then ask for more or finish.
+
+        ``updates`` are ``[token, row]`` pairs sorted by token, rows of one token never split
+        across pages. Rows at or below the current token are skipped (never delivered twice).
+        """
+        catch_up = self._catch_ups.get(stream)
+        if catch_up is None or catch_up.writer != writer:
+            logger.warning("catch-up page for %s/%s that nobody asked for; ignored", stream, writer)
+            return []
+        key = (stream, writer)
+        decisions: list[Decision] = []
+        for token, rows in group_updates([(int(t), row) for t, row in updates]):
+            if token > self.current_token(stream, writer):
+                self._tokens[key] = token
+                decisions.append(Deliver(stream, writer, token, tuple(rows)))
+        catch_up.failures = 0
+        if limited and upto_token < catch_up.target:
+            if upto_token <= catch_up.from_token:
+                logger.warning("catch-up of %s/%s made no progress (upto %s after %s); retrying",
+                               stream, writer, upto_token, catch_up.from_token)
+                return decisions + self.catch_up_failed(stream, writer)
+            catch_up.from_token = upto_token
+            self._tokens[key] = max(self.current_token(stream, writer), upto_token)
+            return decisions + [catch_up.request(stream)]
+        return decisions + self._finish_catch_up(stream)
+
+    def catch_up_failed(self, stream: str, writer: str) -> list[Decision]:
+        """The last page request failed: ask for it again after a back-off delay."""
+        catch_up = self._catch_ups.get(stream)
+        if catch_up is None or catch_up.writer != writer:
+            return []
+        catch_up.failures += 1
+        delay = min(RETRY_FIRST_DELAY * 2 ** (catch_up.failures - 1), RETRY_MAX_DELAY)
+        return [catch_up.request(stream, delay)]
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _follows(self, stream: str, writer: str) -> bool:
+        if writer == self.instance_name:
+            return False  # our own echo (spec §3.17)
+        if stream not in self.streams:
+            if stream not in self._ignored_streams:
+                self._ignored_streams.add(stream)
+                logger.info("ignoring replication stream %r: not followed by this worker", stream)
+            return False
+        return True
+
+    def _can_discard(self, cmd: PositionCommand) -> bool:
+        """Spec §6.4 ``can_discard_position``, and only for a connected stream."""
+        return (
+            cmd.stream_name in self._connected
+            and cmd.stream_name not in self.resettable
+            and cmd.new_token <= self.current_token(cmd.stream_name, cmd.instance_name)
+        )
+
+    def _submit(self, cmd: Command) -> list[Decision]:
+        stream = cmd.stream_name
+        if stream in self._catch_ups:
+            self._queues.setdefault(stream, deque()).append((self._epoch, cmd))
+            return []
+        return self._process(self._epoch, cmd)
+
+    def _process(self, epoch: int, cmd: Command) -> list[Decision]:
+        if epoch != self._epoch:
+            return []  # from a lost connection: the next one re-announces every position
+        if isinstance(cmd, RdataCommand):
+            return self._process_rdata(cmd)
+        return self._process_position(cmd)
+
+    def _process_rdata(self, cmd: RdataCommand) -> list[Decision]:
+        stream, writer = cmd.stream_name, cmd.instance_name
+        if stream not in self._connected:
+            return []  # the POSITION that must come first will fetch it
+        key = (stream, writer)
+        if cmd.token is None:
+            self._batches.setdefault(key, []).append(cmd.row)
+            return []
+        rows = self._batches.pop(key, []) + [cmd.row]
+        if cmd.token <= self.current_token(stream, writer):
+            return []  # stale or duplicate (lesson §15 #8)
+        self._tokens[key] = cmd.token
+        return [Deliver(stream, writer, cmd.token, tuple(rows))]
+
+    def _process_position(self, cmd: PositionCommand) -> list[Decision]:
+        """Spec §6.4 steps 1-7; the case table is in §6.4 and the vectors in §14.5."""
+        stream, writer = cmd.stream_name, cmd.instance_name
+        prev, new = cmd.prev_token, cmd.new_token
+        if self._can_discard(cmd):
+            return []
+        key = (stream, writer)
+        self._connected.discard(stream)
+        self._batches.pop(key, None)
+        decisions: list[Decision] = []
+        current = self.current_token(stream, writer)
+        if current > new and stream in self.resettable:
+            logger.info("%s writer %s restarted (token %s after %s); resetting", stream, writer,
+                        new, current)
+            decisions.append(Reset(stream, writer))
+            current = self._tokens[key] = 0
+        if prev <= current <= new or current > new:
+            # Nothing missed (the writer vouches for (prev, new]), or a DB stream's position
+            # announced below ours: positions never go backwards.
+            if new > current:
+                self._tokens[key] = new
+                decisions.append(Advanced(stream, writer, new))
+            self._connected.add(stream)
+            return decisions
+        catch_up = _CatchUp(writer, from_token=current, target=new, epoch=self._epoch)
+        self._catch_ups[stream] = catch_up
+        return decisions + [catch_up.request(stream)]
+
+    def _finish_catch_up(self, stream: str) -> list[Decision]:
+        catch_up = self._catch_ups.pop(stream)
+        key = (stream, catch_up.writer)
+        token = max(self.current_token(*key), catch_up.target)
+        self._tokens[key] = token
+        decisions: list[Decision] = [Advanced(stream, catch_up.writer, token)]
+        if catch_up.epoch == self._epoch:
+            self._connected.add(stream)
+        return decisions + self._drain(stream)
+
+    def _drain(self, stream: str) -> list[Decision]:
+        """Replay the commands parked behind a finished catch-up, until the next one starts."""
+        queue = self._queues.get(stream)
+        decisions: list[Decision] = []
+        while queue and stream not in self._catch_ups:
+            epoch, cmd = queue.popleft()
+            decisions.extend(self._process(epoch, cmd))
+        if not queue:
+            self._queues.pop(stream, None)
+        return decisions

@@ -1,0 +1,533 @@
+"""The asyncio replication worker: a thin adapter around StreamFollower (docs/replication.md).
+
+It connects to a replication endpoint over TCP (spec §4.2: ``NAME``, ``PING``, ``REPLICATE``,
+then checks ``SERVER``), keeps the connection alive (§4.3: PING after 5 s without sending,
+give up 25 s after the peer's last command once it has sent a PING), feeds RDATA and POSITION
+to a :class:`~streams.replication.follower.StreamFollower` and runs the decisions it returns:
+
+* ``Deliver``/``Advanced``/``Reset`` go to the stream's *lane*: one asyncio queue, one
+  consumer task and one thread (for blocking work) per stream, which applies ``caches`` rows
+  to the Django cache, then calls ``on_facts(stream, writer, token, rows)``. A slow callback
+  only holds up its own stream; the reading loop, and so PING handling, never waits for it.
+* ``FetchCatchUp`` becomes a task that GETs one page of the catch-up endpoint (§10.2; stdlib
+  ``urllib`` in a thread) and hands the result back to the follower, which answers with the
+  rows to deliver and the next page, the end, or a retry after a back-off delay.
+
+The follower guarantees the order of decisions (one catch-up in flight per stream, that
+stream's commands parked behind it); each lane keeps that order to the callback. A lost
+connection is retried forever with exponential back-off (0.5 s doubling, capped at 5 s; reset
+once a server has been accepted); on every new connection the server re-announces its
+positions and the follower catches up whatever was missed in between.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
+
+from .commands import (
+    ErrorCommand,
+    NameCommand,
+    PingCommand,
+    PositionCommand,
+    RdataCommand,
+    RemoteProtocolError,
+    ReplicateCommand,
+    ServerCommand,
+)
+from .connection import CLOSED, NEED_DATA, ReplicationConnection
+from .follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
+
+logger = logging.getLogger(__name__)
+
+#: How often the reading loop wakes up with nothing to read, to send PINGs and check the
+#: timeout. Well under PING_INTERVAL so a PING is never more than this late.
+TICK = 0.5
+#: Reconnect back-off: first delay, doubling up to the cap (Synapse caps its Redis subscriber
+#: at 5 s, lesson §15 #2: long back-offs turn a blip into minutes of staleness).
+RECONNECT_FIRST_DELAY = 0.5
+RECONNECT_MAX_DELAY = 5.0
+CONNECT_TIMEOUT = 10.0
+#: One catch-up page must come back within this many seconds, or the request is retried.
+HTTP_TIMEOUT = 10.0
+#: On stop, deliver what was already decided for at most this long.
+DRAIN_TIMEOUT = 5.0
+
+FactsCallback = Callable[[str, str, int, list], Awaitable[None] | None]
+
+
+# --- the catch-up endpoint -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatchUpPage:
+    """One answer of ``get_repl_stream_updates``: ``[token, row]`` pairs, sorted."""
+
+    updates: list[list[Any]]
+    upto_token: int
+    limited: bool
+
+
+class CatchUpError(Exception):
+    """A catch-up page could not be fetched or read; the follower retries it."""
+
+
+def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int,
+                        upto_token: int, *, timeout: float = HTTP_TIMEOUT) -> CatchUpPage:
+    """GET one page of ``(from_token, upto_token]`` of ``writer`` on ``stream`` (blocking)."""
+    query = urllib.parse.urlencode(
+        {"instance_name": writer, "from_token": from_token, "upto_token": upto_token})
+    url = (f"{base_url.rstrip('/')}/_synapse/replication/get_repl_stream_updates/"
+           f"{urllib.parse.quote(stream, safe='')}/?{query}")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = json.loads(response.read())
+        return CatchUpPage(list(body["updates"]), int(body["upto_token"]), bool(body["limited"]))
+    except urllib.error.HTTPError as e:
+        raise CatchUpError(f"GET {url}: HTTP {e.code} {e.read()[:200]!r}") from e
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CatchUpError(f"GET {url}: {e!r}") from e
+
+
+# --- the caches stream -----------------------------------------------------------------------
+
+
+class DjangoCacheInvalidator:
+    """Applies ``caches`` stream rows ``[cache_func, keys, invalidation_ts]`` to a Django cache.
+
+    Key scheme (writers and readers of cached values must use it, via :meth:`get`,
+    :meth:`set` or :meth:`entry_key`):
+
+    * the entry of cached function ``F`` for key components ``(k1, ..., kn)`` lives under the
+      Django cache key ``"F:k1:...:kn"``, each component written as text (``%`` and ``:``
+      inside it escaped as ``%25`` and ``%3A``, so ``("a:b", "c")`` and ``("a", "b:c")`` never
+      collide; non-strings as compact JSON), stored with Django's cache ``version`` set to
+      ``F``'s current *generation*;
+    * ``F``'s generation lives under ``"F#generation"`` (never expires). It starts at a unique
+      value (``time.time_ns()``) when missing and is incremented to drop all of ``F`` at once.
+
+    A row with keys deletes that one entry; a row with ``keys = null`` bumps the generation, so
+    every entry written before is never read again (the backend expires or evicts it). If the
+    generation key itself is evicted, the next one is a fresh unique value: eviction can only
+    lose entries, never revive stale ones. Synapse's "magic" names (``cs_cache_fake`` ...)
+    are treated like any other function name here. ``cache=None`` means
+    ``django.core.cache.caches["default"]``, looked up on each use (it is per thread).
+    """
+
+    def __init__(self, cache: Any = None) -> None:
+        self._cache = cache
+
+    @property
+    def cache(self) -> Any:
+        if self._cache is not None:
+            return self._cache
+        from django.core.cache import caches
+
+        return caches["default"]
+
+    @staticmethod
+    def _component(value: Any) -> str:
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        return text.replace("%", "%25").replace(":", "%3A")
+
+    def entry_key(self, cache_func: str, keys: Sequence[Any]) -> tuple[str, int]:
+        """The Django cache key and version of ``cache_func``'s entry for ``keys``."""
+        return ":".join([cache_func, *map(self._component, keys)]), self.generation(cache_func)
+
+    def generation(self, cache_func: str) -> int:
+        cache, key = self.cache, f"{cache_func}#generation"
+        value = cache.get(key)
+        if value is None:
+            cache.add(key, time.time_ns(), timeout=None)
+            value = cache.get(key)
+        return value
+
+    def get(self, cache_func: str, keys: Sequence[Any], default: Any = None) -> Any:
+        key, version = self.entry_key(cache_func, keys)
+        return self.cache.get(key, default, version=version)
+
+    def set(self, cache_func: str, keys: Sequence[Any], value: Any, timeout: Any = None) -> None:
+        key, version = self.entry_key(cache_func, keys)
+        self.cache.set(key, value, timeout=timeout, version=version)
+
+    def invalidate(self, cache_func: str, keys: Sequence[Any] | None) -> None:
+        if keys is None:
+            cache, key = self.cache, f"{cache_func}#generation"
+            try:
+                cache.incr(key)
+            except ValueError:  # missing: any fresh value is a new generation
+                cache.add(key, time.time_ns(), timeout=None)
+            return
+        key, version = self.entry_key(cache_func, keys)
+        self.cache.delete(key, version=version)
+
+    def apply(self, rows: Sequence[Any]) -> None:
+        for row in rows:
+            if (not isinstance(row, list) or len(row) != 3 or not isinstance(row[0], str)
+                    or not (row[1] is None or isinstance(row[1], list))):
+                logger.warning("caches row with an unexpected shape, ignored: %r", row)
+                continue
+            self.invalidate(row[0], row[1])
+
+
+# --- the worker ------------------------------------------------------------------------------
+
+
+class _WrongRemote(Exception):
+    pass
+
+
+@dataclass
+class _Lane:
+    """One stream's ordered delivery: its queue, its consumer task, its thread."""
+
+    queue: asyncio.Queue
+    executor: ThreadPoolExecutor
+    task: asyncio.Task | None = None
+
+
+class ReplicationWorker:
+    """Follows the streams of one replication endpoint for this process.
+
+    ``on_facts(stream, writer, token, rows)`` is called exactly once per fact, in each writer's
+    order. A coroutine function is awaited on the event loop; a plain function runs on its
+    stream's own thread (so it may block or use the Django ORM): calls for one stream never
+    overlap, calls for different streams may run at the same time. If it raises,
+    the error is logged and counted and the fact is not offered again (Synapse does the same).
+    ``on_reset(stream, writer)`` (optional, same rules) runs when an in-memory stream's writer
+    restarted. ``initial_tokens`` says where this process already is per (stream, writer);
+    others start at 0, i.e. from the beginning of the stream.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        host: str,
+        port: int,
+        server_name: str,
+        catchup_url: str,
+        on_facts: FactsCallback | None = None,
+        on_reset: Callable[[str, str], Any] | None = None,
+        streams: Collection[str] | None = None,
+        initial_tokens: Mapping[StreamKey, int] | None = None,
+        apply_caches: bool = True,
+        cache: Any = None,
+        fetch_page: Callable[[str, str, int, int], CatchUpPage] | None = None,
+        reconnect_first_delay: float = RECONNECT_FIRST_DELAY,
+        reconnect_max_delay: float = RECONNECT_MAX_DELAY,
+        log_interval: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not name or any(c in name for c in "\r\n"):
+            raise ValueError(f"invalid worker name {name!r}")
+        if streams is None:
+            from ..registry import STREAMS
+
+            streams = list(STREAMS)
+        self.name = name
+        self.host, self.port = host, port
+        self.server_name = server_name
+        self.catchup_url = catchup_url
+        self.follower = StreamFollower(name, streams, initial_tokens)
+        self.invalidator = DjangoCacheInvalidator(cache) if apply_caches else None
+        self._on_facts = on_facts
+        self._on_reset = on_reset
+        self._fetch_page = fetch_page or (
+            lambda s, w, f, u: fetch_catch_up_page(self.catchup_url, s, w, f, u))
+        self._first_delay, self._max_delay = reconnect_first_delay, reconnect_max_delay
+        self._log_interval = log_interval
+        self._clock = clock
+        self._positions: dict[StreamKey, int] = dict(initial_tokens or {})
+        self._counters: Counter[str] = Counter()
+        self._facts_by_stream: Counter[str] = Counter()
+        self._lanes: dict[str, _Lane] = {}
+        self._fetches: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._stopping = False
+        self._transport: asyncio.StreamWriter | None = None
+        self.connected = False
+
+    # --- public API ------------------------------------------------------------------------
+
+    def positions(self) -> dict[StreamKey, int]:
+        """Per (stream, writer), the token up to which facts were handed to ``on_facts``."""
+        return dict(self._positions)
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        """Progress counters: facts, rows, connections, catch-up requests and failures..."""
+        return {**self._counters, "facts_by_stream": dict(self._facts_by_stream)}
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish (from any thread, or a signal handler)."""
+        self._stopping = True
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            same_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            same_loop = False
+        if same_loop:
+            self._wake()
+        else:
+            loop.call_soon_threadsafe(self._wake)
+
+    async def run(self) -> None:
+        """Follow the streams until :meth:`stop`; reconnects on its own forever."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        if self._stopping:
+            self._stop_event.set()
+        progress = asyncio.create_task(self._log_progress())
+        try:
+            await self._connect_forever()
+        finally:
+            progress.cancel()
+            for task in list(self._fetches):
+                task.cancel()
+            await asyncio.gather(progress, *self._fetches, return_exceptions=True)
+            await self._drain_lanes()
+            logger.info("replication worker %s stopped: %s", self.name, self._summary())
+
+    # --- connection ------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        assert self._stop_event is not None
+        self._stop_event.set()
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _sleep(self, delay: float) -> None:
+        """Sleep, but wake up at once on stop."""
+        assert self._stop_event is not None
+        try:
+            await asyncio.wait_for(self._stop_event.wait(), delay)
+        except TimeoutError:
+            pass
+
+    async def _connect_forever(self) -> None:
+        delay = self._first_delay
+        while not self._stopping:
+            self._counters["connection_attempts"] += 1
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as e:
+                logger.warning("cannot connect to replication at %s:%s: %s; retrying in %.1fs",
+                               self.host, self.port, e, delay)
+            else:
+                self._transport = writer
+                try:
+                    if await self._session(reader, writer):
+                        delay = self._first_delay
+                except _WrongRemote:
+                    pass
+                except (OSError, ConnectionError) as e:
+                    logger.warning("replication connection failed: %s", e)
+                finally:
+                    self._transport = None
+                    self.connected = False
+                    self.follower.connection_lost()
+                    writer.close()
+                    try:
+                        await writer.wait_closed()
+                    except (OSError, ConnectionError):
+                        pass
+                if self._stopping:
+                    break
+                logger.info("replication connection to %s:%s closed; reconnecting in %.1fs",
+                            self.host, self.port, delay)
+            await self._sleep(delay)
+            delay = min(delay * 2, self._max_delay)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One connection, until it closes. Returns whether the server was accepted."""
+        now = self._clock()
+        conn = ReplicationConnection("client", now=now)
+        writer.write(conn.send_many(
+            [NameCommand(self.name), PingCommand(self._ping_body()), ReplicateCommand()], now))
+        accepted = False
+        while not self._stopping:
+            try:
+                event = conn.next_event(now)
+            except RemoteProtocolError as e:
+                logger.error("replication protocol error from server: %s", e.error_text)
+                await self._send_error(conn, writer, e.error_text)
+                return accepted
+            if event is CLOSED:
+                return accepted
+            if event is NEED_DATA:
+                try:
+                    conn.receive_data(await asyncio.wait_for(reader.read(65536), TICK))
+                except TimeoutError:
+                    pass
+                now = self._clock()
+                if conn.timed_out(now):
+                    logger.warning("replication server sent nothing for too long; reconnecting")
+                    self._counters["ping_timeouts"] += 1
+                    await self._send_error(conn, writer, "ping timeout")
+                    return accepted
+                if conn.ping_due(now):
+                    writer.write(conn.send(PingCommand(self._ping_body()), now))
+                continue
+            if isinstance(event, ServerCommand):
+                if event.data != self.server_name:
+                    logger.error("replication server is %r, expected %r: Wrong remote",
+                                 event.data, self.server_name)
+                    self._counters["wrong_remote"] += 1
+                    await self._send_error(conn, writer, "Wrong remote")
+                    raise _WrongRemote(event.data)
+                accepted = self.connected = True
+                self._counters["connections"] += 1
+                logger.info("replication connected to %s at %s:%s as %s", event.data,
+                            self.host, self.port, self.name)
+            elif isinstance(event, RdataCommand):
+                self._counters["rdata"] += 1
+                self._execute(self.follower.on_rdata(event))
+            elif isinstance(event, PositionCommand):
+                self._counters["position"] += 1
+                self._execute(self.follower.on_position(event))
+            elif isinstance(event, ErrorCommand):
+                logger.warning("replication server reported an error: %s", event.data)
+            elif not isinstance(event, PingCommand):
+                logger.debug("replication command not used by a worker: %r", event)
+        return accepted
+
+    async def _send_error(self, conn: ReplicationConnection, writer: asyncio.StreamWriter,
+                          text: str) -> None:
+        writer.write(conn.send(ErrorCommand(text), self._clock()))
+        try:
+            await asyncio.wait_for(writer.drain(), 1.0)
+        except (OSError, ConnectionError, TimeoutError):
+            pass
+
+    @staticmethod
+    def _ping_body() -> str:
+        return str(int(time.time() * 1000))
+
+    # --- decisions -------------------------------------------------------------------------
+
+    def _execute(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, FetchCatchUp):
+                task = asyncio.create_task(self._catch_up(decision))
+                self._fetches.add(task)
+                task.add_done_callback(self._fetches.discard)
+            else:
+                self._lane(decision.stream).queue.put_nowait(decision)
+
+    async def _catch_up(self, request: FetchCatchUp) -> None:
+        if request.delay:
+            await asyncio.sleep(request.delay)
+        self._counters["catch_up_requests"] += 1
+        try:
+            page = await asyncio.to_thread(self._fetch_page, request.stream, request.writer,
+                                           request.from_token, request.upto_token)
+        except Exception as e:
+            self._counters["catch_up_failures"] += 1
+            logger.warning("catch-up of %s/%s (%s, %s] failed (attempt %d): %s", request.stream,
+                           request.writer, request.from_token, request.upto_token,
+                           request.attempt + 1, e)
+            decisions = self.follower.catch_up_failed(request.stream, request.writer)
+        else:
+            decisions = self.follower.on_catch_up_page(
+                request.stream, request.writer, page.updates, page.upto_token, page.limited)
+        self._execute(decisions)
+
+    def _lane(self, stream: str) -> _Lane:
+        lane = self._lanes.get(stream)
+        if lane is None:
+            lane = self._lanes[stream] = _Lane(
+                asyncio.Queue(), ThreadPoolExecutor(1, thread_name_prefix=f"repl-{stream}"))
+            lane.task = asyncio.create_task(self._run_lane(lane))
+        return lane
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        """Apply one stream's decisions strictly in order."""
+        while True:
+            decision = await lane.queue.get()
+            try:
+                await self._apply(lane, decision)
+            except Exception:
+                self._counters["callback_errors"] += 1
+                logger.exception("applying %r failed; moving on", decision)
+            finally:
+                lane.queue.task_done()
+
+    async def _apply(self, lane: _Lane, decision: Decision) -> None:
+        key = (decision.stream, decision.writer)
+        if isinstance(decision, Deliver):
+            rows = list(decision.rows)
+            try:
+                if decision.stream == "caches" and self.invalidator is not None:
+                    # Invalidate before anyone can see the new position (spec §11).
+                    await self._call(lane, self.invalidator.apply, rows)
+                if self._on_facts is not None:
+                    await self._call(lane, self._on_facts, decision.stream, decision.writer,
+                                     decision.token, rows)
+            finally:
+                self._positions[key] = decision.token
+                self._counters["facts"] += 1
+                self._counters["rows"] += len(rows)
+                self._facts_by_stream[decision.stream] += 1
+        elif isinstance(decision, Advanced):
+            self._positions[key] = decision.token
+        elif isinstance(decision, Reset):
+            self._positions[key] = 0
+            self._counters["resets"] += 1
+            if self._on_reset is not None:
+                await self._call(lane, self._on_reset, decision.stream, decision.writer)
+
+    @staticmethod
+    async def _call(lane: _Lane, func: Callable[..., Any], *args: Any) -> None:
+        if inspect.iscoroutinefunction(func):
+            await func(*args)
+            return
+        result = await asyncio.get_running_loop().run_in_executor(lane.executor, func, *args)
+        if inspect.isawaitable(result):
+            await result
+
+    async def _drain_lanes(self) -> None:
+        lanes = list(self._lanes.values())
+        try:
+            await asyncio.wait_for(asyncio.gather(*(lane.queue.join() for lane in lanes)),
+                                   DRAIN_TIMEOUT)
+        except TimeoutError:
+            logger.warning("stopping with facts still undelivered")
+        for lane in lanes:
+            lane.task.cancel()
+        await asyncio.gather(*(lane.task for lane in lanes), return_exceptions=True)
+        for lane in lanes:
+            lane.executor.shutdown(wait=False)
+
+    # --- progress --------------------------------------------------------------------------
+
+    def _summary(self) -> str:
+        per_stream = ", ".join(f"{s} {n}" for s, n in sorted(self._facts_by_stream.items()))
+        return (f"{self._counters['facts']} facts ({per_stream or 'none'}), "
+                f"{self._counters['connections']} connections, "
+                f"{self._counters['catch_up_requests']} catch-up requests "
+                f"({self._counters['catch_up_failures']} failed)")
+
+    async def _log_progress(self) -> None:
+        seen: Counter[str] = Counter()
+        while True:
+            await asyncio.sleep(self._log_interval)
+            new = self._facts_by_stream - seen
+            if new:
+                seen = Counter(self._facts_by_stream)
+                logger.info("replication %s: +%s in %.0fs; %s", self.name,
+                            ", ".join(f"{s} {n}" for s, n in sorted(new.items())),
+                            self._log_interval, "connected" if self.connected else "disconnected")
