@@ -1,0 +1,222 @@
+"""End to end with real processes: writers (``write_facts``), the TCP endpoint
+(``runreplication``), the catch-up endpoint (daphne), and workers (``replication_worker``),
+on the throwaway PostgreSQL. Workers must end with every fact exactly once, in per-writer
+order, whatever happens to their connection."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from synapse_repl.services import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+SERVER_NAME = "cluster.example"
+WRITERS = "receipts=w1,w2"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+class Proxy:
+    """A TCP proxy in front of the endpoint whose connections can be cut at will."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            with self.lock:
+                self.pairs.append((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> int:
+        with self.lock:
+            pairs, self.pairs = self.pairs, []
+        for pair in pairs:
+            for s in pair:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+        return len(pairs)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{proc.args} did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+
+class Cluster:
+    def __init__(self, pg_url: str, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, STREAM_WRITERS=WRITERS,
+                        POSITION_POLL_SECONDS="0.05", PYTHONUNBUFFERED="1")
+        self.env.pop("REDIS_URL", None)
+        self.procs: list[subprocess.Popen] = []
+        self.repl_port, self.web_port = free_port(), free_port()
+        self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}")
+        wait_port(self.repl_port, self.endpoint, tmp / "endpoint.log")
+        self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                              "synapse_repl.asgi:application")
+        wait_port(self.web_port, self.web, tmp / "web.log")
+
+    def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **(env or {})},
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str, port: int) -> subprocess.Popen:
+        return self.start(name, "manage.py", "replication_worker", "--name", name,
+                          "--connect", f"127.0.0.1:{port}", "--catchup-url", f"http://127.0.0.1:{self.web_port}",
+                          "--server-name", SERVER_NAME, "--streams", "receipts",
+                          "--jsonl", str(self.tmp / f"{name}.jsonl"))
+
+    def write(self, instance: str, count: int, per_txn: int) -> subprocess.Popen:
+        return self.start(f"writer-{instance}", "manage.py", "write_facts", "receipts", "--count", str(count),
+                          "--per-txn", str(per_txn), "--no-progress", env={"INSTANCE_NAME": instance})
+
+    def facts(self, name: str) -> list[dict]:
+        path = self.tmp / f"{name}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def cluster(pg_url, tmp_path):
+    c = Cluster(pg_url, tmp_path)
+    yield c
+    c.stop()
+
+
+def expected_facts() -> set[tuple[str, int]]:
+    with connections["default"].cursor() as cur:
+        cur.execute("SELECT DISTINCT instance_name, stream_id FROM receipts_linearized")
+        return set(cur.fetchall())
+
+
+def wait_for(cluster: Cluster, names: list[str], total: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(len(cluster.facts(n)) >= total for n in names):
+            return
+        time.sleep(0.5)
+    counts = {n: len(cluster.facts(n)) for n in names}
+    logs = {n: (cluster.tmp / f"{n}.log").read_text()[-1500:] for n in names}
+    pytest.fail(f"workers did not receive {total} facts in time: {counts}\n{logs}")
+
+
+def check_exactly_once_in_order(cluster: Cluster, name: str, expected: set[tuple[str, int]]) -> None:
+    facts = cluster.facts(name)
+    got = [(f["writer"], f["token"]) for f in facts]
+    assert len(got) == len(set(got)), f"{name} received a fact twice"
+    assert set(got) == expected, f"{name}: missing {len(expected - set(got))}, unexpected {len(set(got) - expected)}"
+    for writer in {w for w, _ in got}:
+        tokens = [t for w, t in got if w == writer]
+        assert tokens == sorted(tokens), f"{name}: {writer}'s facts out of order"
+
+
+def test_three_workers_two_writers_one_cut_off(cluster):
+    proxy = Proxy(cluster.repl_port)
+    try:
+        workers = ["wk1", "wk2", "wk3"]
+        cluster.worker("wk1", cluster.repl_port)
+        cluster.worker("wk2", cluster.repl_port)
+        cluster.worker("wk3", proxy.port)  # the one we cut off
+        time.sleep(2)
+        writers = [cluster.write("w1", 10_000, 10), cluster.write("w2", 10_000, 25)]
+        # Cut wk3 off twice while the facts flow; it reconnects through the proxy.
+        cut = 0
+        for _ in range(2):
+            deadline = time.monotonic() + 60
+            start = len(cluster.facts("wk3"))
+            while len(cluster.facts("wk3")) < start + 2000 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cut += proxy.cut()
+        assert cut >= 2
+        for w in writers:
+            assert w.wait(timeout=180) == 0
+        expected = expected_facts()
+        assert len(expected) == 20_000
+        wait_for(cluster, workers, 20_000)
+        for name in workers:
+            check_exactly_once_in_order(cluster, name, expected)
+        assert "disconnected" in (cluster.tmp / "endpoint.log").read_text()
+    finally:
+        proxy.close()
+
+
+def test_worker_that_stops_reading_is_dropped_and_catches_up(cluster):
+    worker = cluster.worker("slow", cluster.repl_port)
+    time.sleep(2)
+    worker.send_signal(signal.SIGSTOP)  # stops reading: its socket buffers fill up
+    try:
+        writer = cluster.write("w1", 60_000, 1000)
+        assert writer.wait(timeout=180) == 0
+        log = cluster.tmp / "endpoint.log"
+        deadline = time.monotonic() + 60
+        while "failed to keep up" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    expected = expected_facts()
+    wait_for(cluster, ["slow"], len(expected))
+    check_exactly_once_in_order(cluster, "slow", expected)
