@@ -16,7 +16,7 @@ from .id_generator import MultiWriterIdGenerator
 from .id_store import id_store_for, table_refs
 from .notifier import PositionNotifier
 from .registry import STREAMS, get_stream
-from .writer import StreamWriter
+from .writer import StreamWriter, WireJournal
 
 
 class StreamRuntime:
@@ -36,7 +36,7 @@ class StreamRuntime:
         self._generators: dict[str, MultiWriterIdGenerator] = {}
         self._writers: dict[str, StreamWriter] = {}
         self._lock = threading.Lock()
-        self.publisher = None
+        self.streamer = None
 
     def generator(self, stream_name: str) -> MultiWriterIdGenerator:
         with self._lock:
@@ -72,22 +72,31 @@ class StreamRuntime:
             writer = self._writers.get(stream_name)
             if writer is None:
                 writer = self._writers[stream_name] = StreamWriter(get_stream(stream_name), gen, using=self.using)
+                if self.streamer is not None:
+                    writer.journal = WireJournal()
             return writer
 
     def db_streams(self) -> list[str]:
         return [name for name, spec in STREAMS.items() if spec.db_backed]
 
-    def publish_positions(self) -> None:
-        """Announce this process's position advances to every endpoint (channel layer)."""
-        from .replication.publisher import PositionPublisher
+    def stream_replication(self, loop=None, layer=None) -> None:
+        """Publish this process's writes to every replication endpoint (channel layer).
+
+        ``loop``: the event loop to publish from when the channel layer is in-memory (it
+        must be the loop of the endpoint in this process); otherwise a thread of its own.
+        """
+        from .replication.streamer import ReplicationStreamer
 
         with self._lock:
-            if self.publisher is None:
-                self.publisher = PositionPublisher(self.notifier)
+            if self.streamer is not None:
+                return
+            for writer in self._writers.values():
+                writer.journal = WireJournal()
+            self.streamer = ReplicationStreamer(self, loop=loop, layer=layer)
 
     def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.flush()
+        if self.streamer is not None:
+            self.streamer.flush()
         with self._lock:
             for gen in self._generators.values():
                 gen.close()
@@ -108,6 +117,6 @@ def runtime() -> StreamRuntime:
                 instance_name=configured_instance_name(), writers=stream_writers()
             )
             if settings.REDIS_URL:
-                # Other processes (endpoints) hear of our writes through Redis.
-                rt.publish_positions()
+                # Endpoints in other processes hear of our writes through Redis.
+                rt.stream_replication()
         return rt

@@ -9,6 +9,7 @@ into the SQL text), elsewhere ``executemany`` of one ``INSERT``.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -32,6 +33,36 @@ class _InsertPlan:
     unnest_sql: str | None
     #: per column after the stream ID and writer: (field name, default, converter or None)
     columns: list[tuple[str, Any, Any]]
+    #: the wire row of a written row: positions of the wire fields among ``columns``, and
+    #: the table's row format
+    wire_index: list[int]
+    to_wire: Any
+
+
+class WireJournal:
+    """The wire rows of this writer's completed facts, until the replication streamer takes
+    them: RDATA is built from what was written, without reading it back.
+
+    Keyed by stream ID (external sign); a rolled-back fact is recorded with no rows.
+    """
+
+    def __init__(self) -> None:
+        self._facts: dict[int, list[list[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, ids: Sequence[int], rows: Mapping[int, list[list[Any]]]) -> None:
+        with self._lock:
+            for stream_id in ids:
+                self._facts[stream_id] = rows.get(stream_id, [])
+
+    def take(self, ids_after: int, ids_upto: int, factor: int = 1) -> list[tuple[int, list[list[Any]]]]:
+        """Remove and return the facts with ``ids_after < factor * id <= ids_upto``, in order."""
+        with self._lock:
+            keys = sorted(k for k in self._facts if ids_after < factor * k <= ids_upto)
+            return [(k, self._facts.pop(k)) for k in sorted(keys, key=lambda k: factor * k)]
+
+    def __len__(self) -> int:
+        return len(self._facts)
 
 
 class StreamWriter:
@@ -42,16 +73,33 @@ class StreamWriter:
         self.generator = generator
         self.using = using
         self._plans: dict[type[FactModel], _InsertPlan] = {}
+        #: set by the replication streamer: then every transaction records its wire rows
+        self.journal: WireJournal | None = None
+        self._local = threading.local()
 
     @contextlib.contextmanager
     def transaction(self, n_facts: int = 1) -> Iterator[list[int]]:
         """Reserve ``n_facts`` stream IDs and open the transaction that writes them.
 
-        The IDs complete when the block ends, whether it commits or raises.
+        The IDs complete when the block ends, whether it commits or raises. Rows must be
+        written with :meth:`insert_rows` (that is how replication learns them).
         """
         with self.generator.get_next_mult(n_facts) as ids:
-            with transaction.atomic(using=self.using):
-                yield ids
+            journal = self.journal
+            wire: dict[int, list[list[Any]]] = {}
+            self._local.wire = wire if journal is not None else None
+            try:
+                with transaction.atomic(using=self.using):
+                    yield ids
+            except BaseException:
+                if journal is not None:
+                    journal.record(ids, {})  # rolled back: facts with zero rows
+                raise
+            else:
+                if journal is not None:
+                    journal.record(ids, wire)
+            finally:
+                self._local.wire = None
 
     def append(self, facts: Sequence[Sequence[Row]]) -> list[int]:
         """Write ``facts`` (each a list of rows sharing one stream ID) in one transaction."""
@@ -67,16 +115,24 @@ class StreamWriter:
             raise ValueError(f"{len(facts)} facts but {len(ids)} stream IDs")
         by_model: dict[type[FactModel], list[list[Any]]] = {}
         instance = self.generator.instance_name
+        wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
         for stream_id, rows in zip(ids, facts):
             for model, values in rows:
                 plan = self._plan(model)
-                params = [stream_id, instance]
-                for name, default, prep in plan.columns:
+                raw = []
+                for name, default, _ in plan.columns:
                     v = values[name] if name in values else default
                     if v is _REQUIRED:
                         raise ValueError(f"{model.__name__}.{name} is required")
-                    params.append(prep(v) if prep is not None and v is not None else v)
+                    raw.append(v)
+                params = [stream_id, instance]
+                params.extend(
+                    prep(v) if prep is not None and v is not None else v
+                    for v, (_, _, prep) in zip(raw, plan.columns)
+                )
                 by_model.setdefault(model, []).append(params)
+                if wire is not None:
+                    wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
         connection = connections[self.using]
         for model, params_list in by_model.items():
             plan = self._plans[model]
@@ -136,6 +192,9 @@ class StreamWriter:
                 qn(meta.db_table), ", ".join(qn(c) for c in columns),
                 ", ".join(f"%s::{t}[]" for t in types),
             )
-        plan = _InsertPlan(sql, unnest_sql, [(f.name, default(f), converter(f)) for f in fields])
+        table = next(t for t in self.spec.tables if t.model is model)
+        names = [f.name for f in fields]
+        plan = _InsertPlan(sql, unnest_sql, [(f.name, default(f), converter(f)) for f in fields],
+                           [names.index(name) for name in table.fields], table.to_wire)
         self._plans[model] = plan
         return plan

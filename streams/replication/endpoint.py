@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from ..conf import repl_setting
 from .consumer import ConnectionInfo
 from .relay import ReplicationRelay
@@ -53,15 +55,9 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     await relay.start()
     endpoint = Endpoint(server_name=repl_setting("SERVER_NAME"), relay=relay)
     endpoint.legacy = LegacyStreamer(endpoint, using=using)
-    loop = asyncio.get_running_loop()
     rt = await sync_to_async(runtime, thread_sensitive=False)()
-
-    def on_advance(advance: Any) -> None:
-        from ..registry import get_stream
-
-        token = -advance.new_token if get_stream(advance.stream_name).backwards else advance.new_token
-        loop.call_soon_threadsafe(relay.advanced, advance.stream_name, advance.instance_name, token)
-
-    rt.notifier.subscribe(on_advance)
+    if not settings.REDIS_URL:
+        # In-memory layer: writes made in this process publish from this loop.
+        rt.stream_replication(loop=asyncio.get_running_loop())
     server = await serve(endpoint, host, port)
     return endpoint, server

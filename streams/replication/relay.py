@@ -1,56 +1,58 @@
-"""The endpoint side of the sending path: turns "writer W of stream S reached token T" into
-RDATA/POSITION lines for every connection of this endpoint. See docs/replication.md.
+"""The endpoint side of the sending path: relays every writer's line batches to this
+endpoint's connections, and repairs what it cannot relay. See docs/replication.md.
 
-One relay per endpoint process is the only producer of lines for its connections, so each
-connection sees every writer's facts contiguously and in order. It learns of advances from
+Writers publish their RDATA/POSITION lines on the cluster group ``replication.lines`` (see
+:mod:`streams.replication.streamer`); each message covers ``(prev, new]`` of one (stream,
+writer). The relay keeps, per (stream, writer), the last token it sent on, and
 
-* the channel layer group ``replication.positions`` (writers in any process publish there,
-  see :mod:`streams.replication.publisher`), and
-* a poll of ``stream_positions`` every second: a safety net for advances whose message was
-  lost (Redis down) and the way writers without a shared channel layer (``write_facts`` in
-  another process on the embedded default) are seen,
+* relays a message whose ``prev`` it has reached (lines at or below what a worker has are
+  dropped by the worker);
+* for a message after a gap (a lost message), sends ``POSITION s w new new`` instead: each
+  worker sees it is behind and fetches the missing facts from the catch-up endpoint;
+* polls ``stream_positions`` and, for a writer recorded ahead of what was sent for longer
+  than the grace period (its message lost, or a writer with no shared channel layer, such as
+  ``write_facts`` beside an embedded endpoint), sends the same kind of POSITION.
 
-reads the rows from the database (:func:`streams.updates.get_updates_since`), and sends one
-channel-layer message per batch of lines to its connections' group.
+Lines reach the connections as one message per batch on this process's in-memory layer;
+batches are numbered so a connection that misses one notices and reconnects.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from ..registry import STREAMS, get_stream
-from ..updates import get_updates_since
-from .commands import PositionCommand, RdataCommand, batch_updates
+from ..registry import STREAMS
+from .commands import PositionCommand
+from .streamer import LINES_GROUP
 
 logger = logging.getLogger(__name__)
 
-#: Cluster-wide group where writers announce position advances.
-POSITIONS_GROUP = "replication.positions"
 #: Channel layer (in this process) through which the relay reaches its connections.
 LOCAL_LAYER = "replication_local"
 CONNECTIONS_GROUP = "replication.connections"
-#: Lines per channel-layer message: one message per batch, never one per fact.
-MAX_LINES_PER_MESSAGE = 2000
 
 
 class ReplicationRelay:
-    """Per endpoint: last token sent per (stream, writer), and the single-flight send loop."""
+    """Per endpoint: last token sent per (stream, writer), and the relaying of line batches."""
 
-    def __init__(self, *, using: str = "default", poll_interval: float | None = None) -> None:
+    def __init__(self, *, using: str = "default", poll_interval: float | None = None,
+                 grace: float | None = None) -> None:
         from ..conf import repl_setting
 
         self.using = using
         self.poll_interval = repl_setting("POSITION_POLL_SECONDS") if poll_interval is None else poll_interval
+        self.grace = max(1.0, 2 * self.poll_interval) if grace is None else grace
         self.last_sent: dict[tuple[str, str], int] = {}
-        self._targets: dict[tuple[str, str], int] = {}
-        self._wake = asyncio.Event()
+        self._behind_since: dict[tuple[str, str], tuple[int, float]] = {}
         self._tasks: list[asyncio.Task] = []
         self.seq = 0  # number of the last line batch sent to the connections group
-        self.facts_relayed = 0
+        self.relayed_messages = 0
+        self.repairs = 0
         self.local_layer = get_channel_layer(LOCAL_LAYER)
         self.cluster_layer = get_channel_layer()
 
@@ -59,11 +61,12 @@ class ReplicationRelay:
     async def start(self) -> None:
         positions = await sync_to_async(self._load_positions, thread_sensitive=False)()
         self.last_sent.update(positions)
+        listening = asyncio.Event()
         self._tasks = [
-            asyncio.create_task(self._send_loop(), name="relay-send"),
+            asyncio.create_task(self._listen_loop(listening), name="relay-listen"),
             asyncio.create_task(self._poll_loop(), name="relay-poll"),
-            asyncio.create_task(self._listen_loop(), name="relay-listen"),
         ]
+        await listening.wait()
 
     def _load_positions(self) -> dict[tuple[str, str], int]:
         """Where every writer stands now: the relay sends from here on (earlier facts are the
@@ -99,22 +102,35 @@ class ReplicationRelay:
 
     # -- input ------------------------------------------------------------------------------
 
-    def advanced(self, stream_name: str, instance_name: str, token: int) -> None:
-        """Writer ``instance_name`` of ``stream_name`` reached ``token`` (wire sign)."""
-        key = (stream_name, instance_name)
-        if token > max(self._targets.get(key, 0), self.last_sent.get(key, 0)):
-            self._targets[key] = token
-            self._wake.set()
-
-    async def _listen_loop(self) -> None:
+    async def _listen_loop(self, listening: asyncio.Event) -> None:
         layer = self.cluster_layer
         channel = await layer.new_channel()
-        await layer.group_add(POSITIONS_GROUP, channel)
+        await layer.group_add(LINES_GROUP, channel)
+        listening.set()
         while True:
             message = await layer.receive(channel)
-            for stream_name, instance_name, token in message.get("advances", ()):
-                if stream_name in STREAMS:
-                    self.advanced(stream_name, instance_name, int(token))
+            try:
+                await self.on_lines(message)
+            except Exception:
+                logger.exception("relay: bad line batch %r", {k: v for k, v in message.items() if k != "data"})
+
+    async def on_lines(self, message: dict[str, Any]) -> None:
+        key = (message["stream"], message["writer"])
+        if key[0] not in STREAMS:
+            return
+        prev, new = int(message["prev"]), int(message["new"])
+        last = self.last_sent.get(key)
+        if last is not None and new <= last:
+            return  # already covered
+        self.last_sent[key] = new
+        self._behind_since.pop(key, None)
+        if last is not None and prev <= last:
+            self.relayed_messages += 1
+            await self._send(message["data"], message["count"])
+        else:
+            # We never saw (last, prev]: let every worker fetch what it is missing.
+            self.repairs += 1
+            await self._send_positions([(key, new)])
 
     async def _poll_loop(self) -> None:
         from ..models import StreamPosition
@@ -129,72 +145,39 @@ class ReplicationRelay:
             except Exception:
                 logger.exception("relay: could not poll stream_positions")
                 continue
+            now = time.monotonic()
+            repairs = []
             for stream_name, instance_name, stream_id in rows:
                 spec = STREAMS.get(stream_name)
-                if spec is not None and spec.db_backed:
-                    self.advanced(stream_name, instance_name, self._wire(spec, stream_id))
+                if spec is None or not spec.db_backed:
+                    continue
+                key, token = (stream_name, instance_name), self._wire(spec, stream_id)
+                if token <= self.last_sent.get(key, 0):
+                    self._behind_since.pop(key, None)
+                    continue
+                seen = self._behind_since.setdefault(key, (token, now))
+                if now - seen[1] >= self.grace:
+                    repairs.append((key, token))
+            if repairs:
+                for key, token in repairs:
+                    self.last_sent[key] = token
+                    self._behind_since.pop(key, None)
+                self.repairs += len(repairs)
+                await self._send_positions(repairs)
 
     # -- output -----------------------------------------------------------------------------
 
-    async def _send_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._targets:
-                targets, self._targets = self._targets, {}
-                start = {key: self.last_sent.get(key, 0) for key in targets}
-                try:
-                    lines, reached, count = await sync_to_async(self._build_lines, thread_sensitive=False)(
-                        targets, start
-                    )
-                except Exception:
-                    logger.exception("relay: could not read updates; retrying")
-                    for key, token in targets.items():
-                        self._targets[key] = max(token, self._targets.get(key, 0))
-                    await asyncio.sleep(0.5)
-                    continue
-                # No await between these two: a connection that announces positions (on
-                # REPLICATE) either gets these lines or announces positions that cover them.
-                self.last_sent.update(reached)
-                await self._send(lines)
-                self.facts_relayed += count
+    async def _send_positions(self, items: list[tuple[tuple[str, str], int]]) -> None:
+        lines = [PositionCommand(s, w, t, t).to_line() for (s, w), t in items]
+        await self._send(("\n".join(lines) + "\n").encode(), len(lines))
 
-    def _build_lines(
-        self, targets: dict[tuple[str, str], int], start: dict[tuple[str, str], int]
-    ) -> tuple[list[str], dict[tuple[str, str], int], int]:
-        """RDATA (with ``batch`` tokens) for the rows in (start, target], then POSITION if the
-        position moved past the last row. Runs in a worker thread: touches no relay state."""
-        lines: list[str] = []
-        reached: dict[tuple[str, str], int] = {}
-        facts = 0
-        for (stream_name, writer), target in targets.items():
-            spec = get_stream(stream_name)
-            current = start[(stream_name, writer)]
-            while current < target:
-                result = get_updates_since(spec, writer, current, target, using=self.using)
-                if result.updates:
-                    for token, row in batch_updates(result.updates):
-                        lines.append(RdataCommand(stream_name, writer, token, row).to_line())
-                    last_row = result.updates[-1][0]
-                    facts += len({t for t, _ in result.updates})
-                    if last_row < result.upto_token:
-                        lines.append(PositionCommand(stream_name, writer, last_row, result.upto_token).to_line())
-                else:
-                    lines.append(PositionCommand(stream_name, writer, current, result.upto_token).to_line())
-                current = result.upto_token
-            reached[(stream_name, writer)] = current
-        return lines, reached, facts
-
-    async def _send(self, lines: list[str]) -> None:
-        for start in range(0, len(lines), MAX_LINES_PER_MESSAGE):
-            chunk = lines[start:start + MAX_LINES_PER_MESSAGE]
-            self.seq += 1
-            await self.local_layer.group_send(CONNECTIONS_GROUP, {
-                "type": "replication.lines",
-                "seq": self.seq,
-                "data": ("\n".join(chunk) + "\n").encode(),
-                "count": len(chunk),
-            })
+    async def _send(self, data: bytes, count: int) -> None:
+        # Callers update ``last_sent`` with no await before this: a connection announcing
+        # positions (on REPLICATE) either gets these lines or announces positions covering them.
+        self.seq += 1
+        await self.local_layer.group_send(CONNECTIONS_GROUP, {
+            "type": "replication.lines", "seq": self.seq, "data": data, "count": count,
+        })
 
     def positions(self) -> dict[tuple[str, str], int]:
         return dict(self.last_sent)

@@ -91,11 +91,13 @@ def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30)
 
 
 class Cluster:
-    def __init__(self, pg_url: str, tmp: Path) -> None:
+    def __init__(self, pg_url: str, tmp: Path, redis_url: str | None) -> None:
         self.tmp = tmp
         self.env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, STREAM_WRITERS=WRITERS,
                         POSITION_POLL_SECONDS="0.05", PYTHONUNBUFFERED="1")
         self.env.pop("REDIS_URL", None)
+        if redis_url:
+            self.env["REDIS_URL"] = redis_url
         self.procs: list[subprocess.Popen] = []
         self.repl_port, self.web_port = free_port(), free_port()
         self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}")
@@ -139,9 +141,13 @@ class Cluster:
                 p.kill()
 
 
-@pytest.fixture
-def cluster(pg_url, tmp_path):
-    c = Cluster(pg_url, tmp_path)
+@pytest.fixture(params=["redis", "no-redis"])
+def cluster(request, pg_url, tmp_path):
+    """With Redis, writers' line batches reach the endpoint through the channel layer; without
+    it, the endpoint sees writers of other processes only in stream_positions, and workers
+    fetch every fact through the catch-up endpoint."""
+    redis_url = request.getfixturevalue("redis_server").url if request.param == "redis" else None
+    c = Cluster(pg_url, tmp_path, redis_url)
     yield c
     c.stop()
 
@@ -203,6 +209,7 @@ def test_three_workers_two_writers_one_cut_off(cluster):
         proxy.close()
 
 
+@pytest.mark.parametrize("cluster", ["redis"], indirect=True)  # only live lines can congest
 def test_worker_that_stops_reading_is_dropped_and_catches_up(cluster):
     worker = cluster.worker("slow", cluster.repl_port)
     time.sleep(2)

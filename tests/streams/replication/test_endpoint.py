@@ -71,12 +71,12 @@ class LineClient:
 
 
 @pytest.fixture
-def endpoint(pg_url, tmp_path):
+def endpoint(pg_url, tmp_path, redis_server):
     port = free_port()
     log = open(tmp_path / "endpoint.log", "w+")
     env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, POSITION_POLL_SECONDS="0.05",
-               STREAM_WRITERS="events=master,w2;receipts=master,w2", PYTHONUNBUFFERED="1")
-    env.pop("REDIS_URL", None)
+               STREAM_WRITERS="events=master,w2;receipts=master,w2", PYTHONUNBUFFERED="1",
+               REDIS_URL=redis_server.url)
     proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -99,8 +99,12 @@ def endpoint(pg_url, tmp_path):
 
 
 @pytest.fixture
-def writer_runtime():
+def writer_runtime(redis_server):
+    """A writer in this process publishing its lines through Redis, as writer processes do."""
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
     rt = StreamRuntime(instance_name="master", writers=stream_writers("events=master,w2;receipts=master,w2"))
+    rt.stream_replication(layer=RedisPubSubChannelLayer(hosts=[redis_server.url]))
     yield rt
     rt.close()
 

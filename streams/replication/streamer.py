@@ -1,0 +1,148 @@
+"""The sending side of a writer process (Synapse's ``ReplicationStreamer``). See
+docs/replication.md.
+
+Every time this process's position on a stream advances, the streamer turns the facts it
+wrote in ``(prev, new]`` into RDATA lines (``batch`` tokens for multi-row facts), adds
+``POSITION prev new`` when the position moved past the last row (or without rows), and
+publishes them as **one** channel-layer message on the cluster group
+``replication.lines``. Every endpoint relays those messages to its connections.
+
+The rows come from the writer's :class:`~streams.writer.WireJournal` (what it just wrote),
+not from the database. Publishing runs on an event loop of its own thread (or on a given
+loop, for the in-memory layer of an endpoint process), so a writer's commit path only
+records the advance and moves on.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from channels.layers import get_channel_layer
+
+from ..notifier import PositionAdvanced
+from ..registry import get_stream
+from .commands import PositionCommand, RdataCommand
+
+if TYPE_CHECKING:
+    from ..runtime import StreamRuntime
+
+logger = logging.getLogger(__name__)
+
+#: Cluster-wide group of line batches from every writer.
+LINES_GROUP = "replication.lines"
+
+
+def build_lines(stream_name: str, writer: str, prev: int, new: int,
+                facts: list[tuple[int, list[list[Any]]]]) -> list[str]:
+    """RDATA/POSITION lines for ``facts`` (wire tokens, ascending) covering ``(prev, new]``."""
+    lines: list[str] = []
+    last = None
+    for token, rows in facts:
+        for i, row in enumerate(rows):
+            lines.append(RdataCommand(stream_name, writer, token if i == len(rows) - 1 else None, row).to_line())
+        if rows:
+            last = token
+    if last is None:
+        lines.append(PositionCommand(stream_name, writer, prev, new).to_line())
+    elif last < new:
+        lines.append(PositionCommand(stream_name, writer, last, new).to_line())
+    return lines
+
+
+class ReplicationStreamer:
+    def __init__(self, runtime: "StreamRuntime", *, loop: asyncio.AbstractEventLoop | None = None,
+                 layer: Any = None) -> None:
+        self.runtime = runtime
+        self.layer = layer
+        self._lock = threading.Lock()
+        self._queue: list[PositionAdvanced] = []
+        self._busy = False
+        self.published_messages = 0
+        self.published_lines = 0
+        if loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._run_thread, name="replication-streamer", daemon=True).start()
+        else:
+            self._loop = loop
+        self._wake = asyncio.Event()
+        self._task = asyncio.run_coroutine_threadsafe(self._publish_loop(), self._loop)
+        self._unsubscribe = runtime.notifier.subscribe(self._on_advance)
+
+    def _run_thread(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _on_advance(self, advance: PositionAdvanced) -> None:
+        with self._lock:
+            self._queue.append(advance)
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _publish_loop(self) -> None:
+        layer = self.layer or get_channel_layer()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                batch, self._queue = self._queue, []
+                self._busy = bool(batch)
+            try:
+                for message in self._messages(batch):
+                    await self._publish(layer, message)
+            except Exception:
+                logger.exception("replication streamer failed; endpoints will fall back to positions")
+            finally:
+                self._busy = False
+
+    def _messages(self, advances: list[PositionAdvanced]) -> list[dict[str, Any]]:
+        """One message per (stream, writer): consecutive advances merged, in order."""
+        merged: dict[tuple[str, str], list[int]] = {}
+        for adv in advances:
+            factor = -1 if get_stream(adv.stream_name).backwards else 1
+            prev, new = factor * adv.prev_token, factor * adv.new_token
+            span = merged.setdefault((adv.stream_name, adv.instance_name), [prev, new])
+            span[1] = max(span[1], new)
+        messages = []
+        for (stream_name, writer), (prev, new) in merged.items():
+            spec = get_stream(stream_name)
+            factor = -1 if spec.backwards else 1
+            journal = self.runtime.writer(stream_name).journal
+            facts = journal.take(prev, new, factor) if journal is not None else []
+            wire_facts = [(factor * stream_id, rows) for stream_id, rows in facts]
+            lines = build_lines(stream_name, writer, prev, new, wire_facts)
+            messages.append({
+                "type": "replication.lines",
+                "stream": stream_name, "writer": writer, "prev": prev, "new": new,
+                "data": ("\n".join(lines) + "\n").encode(), "count": len(lines),
+            })
+        return messages
+
+    async def _publish(self, layer: Any, message: dict[str, Any]) -> None:
+        for attempt in range(5):
+            try:
+                await layer.group_send(LINES_GROUP, message)
+                self.published_messages += 1
+                self.published_lines += message["count"]
+                return
+            except Exception:
+                # Endpoints also read stream_positions: a lost message delays, never loses.
+                logger.warning("could not publish %s lines (attempt %d)", message["stream"], attempt + 1,
+                               exc_info=True)
+                await asyncio.sleep(0.2 * (attempt + 1))
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until everything recorded so far has been published (for clean exits)."""
+        done = threading.Event()
+
+        async def probe() -> None:
+            while self._queue or self._wake.is_set() or self._busy:
+                await asyncio.sleep(0.005)
+            done.set()
+
+        asyncio.run_coroutine_threadsafe(probe(), self._loop)
+        done.wait(timeout)
+
+    def close(self) -> None:
+        self._unsubscribe()
+        self.flush()
