@@ -79,7 +79,7 @@ class StreamRuntime:
     def db_streams(self) -> list[str]:
         return [name for name, spec in STREAMS.items() if spec.db_backed]
 
-    def stream_replication(self, loop=None, layer=None) -> None:
+    def stream_replication(self, loop=None, layer=None, redis_url=None, server_name=None) -> None:
         """Publish this process's writes to every replication endpoint (channel layer).
 
         ``loop``: the event loop to publish from when the channel layer is in-memory (it
@@ -92,11 +92,15 @@ class StreamRuntime:
                 return
             for writer in self._writers.values():
                 writer.journal = WireJournal()
-            self.streamer = ReplicationStreamer(self, loop=loop, layer=layer)
+            self.streamer = ReplicationStreamer(
+                self, loop=loop, layer=layer, redis_url=redis_url,
+                server_name=server_name or settings.SYNAPSE_REPL["SERVER_NAME"],
+            )
 
     def close(self) -> None:
         if self.streamer is not None:
-            self.streamer.flush()
+            self.streamer.close()
+            self.streamer = None
         with self._lock:
             for gen in self._generators.values():
                 gen.close()
@@ -118,5 +122,5 @@ def runtime() -> StreamRuntime:
             )
             if settings.REDIS_URL:
                 # Endpoints in other processes hear of our writes through Redis.
-                rt.stream_replication()
+                rt.stream_replication(redis_url=settings.REDIS_URL)
         return rt

@@ -130,5 +130,5 @@ class Receipt(FactModel):
             "user_id": f"@user{rng.randrange(500)}:localhost",
             "event_id": f"${rng.getrandbits(128):032x}",
             "thread_id": None,
-            "data": {"ts": 1_700_000_000_000 + n, "pad": _padding(rng, 150)},
+            "data": {"ts": 1_700_000_000_000 + n, "pad": _padding(rng, 190)},
         }

@@ -31,6 +31,7 @@ class Endpoint:
     recent_disconnects: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_DISCONNECTS))
     user_ips: dict[str, Any] = field(default_factory=dict)
     legacy: Any = None
+    bridge: Any = None
 
     def disconnected(self, info: ConnectionInfo, reason: str) -> None:
         self.connections.pop(info.channel_name, None)
@@ -59,5 +60,16 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     if not settings.REDIS_URL:
         # In-memory layer: writes made in this process publish from this loop.
         rt.stream_replication(loop=asyncio.get_running_loop())
+    else:
+        # Answer REPLICATE on the Synapse channel for every writer we know, including
+        # writers that have exited (write_facts) and so cannot answer themselves.
+        from .commands import PositionCommand
+        from .redis import SynapseRedisBridge
+
+        endpoint.bridge = SynapseRedisBridge(
+            settings.REDIS_URL, endpoint.server_name,
+            announce=lambda: [PositionCommand(s, w, t, t) for (s, w), t in sorted(relay.positions().items())],
+        )
+        endpoint.bridge.start()
     server = await serve(endpoint, host, port)
     return endpoint, server

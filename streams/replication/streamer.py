@@ -53,14 +53,19 @@ def build_lines(stream_name: str, writer: str, prev: int, new: int,
 
 class ReplicationStreamer:
     def __init__(self, runtime: "StreamRuntime", *, loop: asyncio.AbstractEventLoop | None = None,
-                 layer: Any = None) -> None:
+                 layer: Any = None, redis_url: str | None = None, server_name: str | None = None) -> None:
         self.runtime = runtime
         self.layer = layer
+        self._redis = (redis_url, server_name) if redis_url else None
+        self.bridge = None
+        #: per (stream, writer): the wire token our published lines reach
+        self.published_upto: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._queue: list[PositionAdvanced] = []
         self._busy = False
         self.published_messages = 0
         self.published_lines = 0
+        self._own_loop = loop is None
         if loop is None:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._run_thread, name="replication-streamer", daemon=True).start()
@@ -81,6 +86,12 @@ class ReplicationStreamer:
 
     async def _publish_loop(self) -> None:
         layer = self.layer or get_channel_layer()
+        if self._redis is not None:
+            from .redis import SynapseRedisBridge
+
+            url, server_name = self._redis
+            self.bridge = SynapseRedisBridge(url, server_name, announce=self._announce)
+            self.bridge.start()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -90,6 +101,9 @@ class ReplicationStreamer:
             try:
                 for message in self._messages(batch):
                     await self._publish(layer, message)
+                    self.published_upto[(message["stream"], message["writer"])] = message["new"]
+                    if self.bridge is not None:
+                        await self.bridge.publish_lines(message["data"].decode().splitlines())
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:
@@ -131,6 +145,11 @@ class ReplicationStreamer:
                                exc_info=True)
                 await asyncio.sleep(0.2 * (attempt + 1))
 
+    def _announce(self) -> list[PositionCommand]:
+        """Answer to REPLICATE: where this writer's published lines reach, per stream."""
+        return [PositionCommand(stream, writer, token, token)
+                for (stream, writer), token in sorted(self.published_upto.items())]
+
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything recorded so far has been published (for clean exits)."""
         done = threading.Event()
@@ -144,5 +163,18 @@ class ReplicationStreamer:
         done.wait(timeout)
 
     def close(self) -> None:
+        """Publish what is pending, then stop (the bridge, and the thread if it is ours)."""
         self._unsubscribe()
         self.flush()
+
+        async def shutdown() -> None:
+            self._task.cancel()
+            if self.bridge is not None:
+                await self.bridge.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=5)
+        except Exception:
+            logger.warning("replication streamer did not stop cleanly", exc_info=True)
+        if self._own_loop:
+            self._loop.call_soon_threadsafe(self._loop.stop)

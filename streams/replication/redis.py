@@ -1,0 +1,130 @@
+"""Synapse's Redis transport (replication spec §5), for interoperating with Synapse-style
+subscribers. See docs/replication.md.
+
+Every command goes out as one PUBLISH on the channel named after the homeserver
+(``<server_name>``; ``USER_IP`` on ``<server_name>/USER_IP``), exactly one line, no newline.
+A process (re)subscribes, waits until the SUBSCRIBE is confirmed, and only then publishes
+``REPLICATE ``; whoever hears a ``REPLICATE`` re-announces its positions with
+``POSITION <stream> <writer> <t> <t>``, so a subscriber that missed lines while Redis was
+away sees how far every writer got and catches up.
+
+Our own endpoints do not need this channel (they relay through the channel layer); writers
+publish their lines here too, and writers and endpoints answer ``REPLICATE``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, Iterable
+
+from .commands import Command, ReplicateCommand, RemoteProtocolError, UserIpCommand, parse_line
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_FIRST_DELAY = 0.2
+#: Synapse caps the subscriber's back-off at 5 s.
+RECONNECT_MAX_DELAY = 5.0
+#: Ping an idle subscription this often, so a dead socket is noticed (Synapse issue #9010).
+IDLE_PING_SECONDS = 5.0
+
+
+def channel_for(server_name: str, line: str) -> str:
+    return f"{server_name}/USER_IP" if line.startswith(UserIpCommand.NAME + " ") else server_name
+
+
+class SynapseRedisBridge:
+    """Publishes lines on the Synapse channels and answers ``REPLICATE`` with ``announce()``.
+
+    Runs on the event loop it is started from. ``send_replicate``: publish ``REPLICATE``
+    after each (re)subscription (processes that follow the streams need the answers).
+    """
+
+    def __init__(self, redis_url: str, server_name: str, *, announce: Callable[[], Iterable[Command]],
+                 send_replicate: bool = False) -> None:
+        import redis.asyncio as aioredis
+
+        self.server_name = server_name
+        self._announce = announce
+        self._send_replicate = send_replicate
+        self._url = redis_url
+        self._publisher = aioredis.from_url(redis_url)
+        self._task: asyncio.Task | None = None
+        self.subscribed = asyncio.Event()
+        self.published = 0
+        self.dropped = 0
+        self.resubscriptions = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._subscribe_forever(), name="synapse-redis-bridge")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._publisher.aclose()
+
+    async def publish_lines(self, lines: Iterable[str]) -> None:
+        """PUBLISH each line (pipelined, in order). Lost while Redis is away: subscribers
+        recover through REPLICATE and POSITION."""
+        lines = list(lines)
+        if not lines:
+            return
+        try:
+            pipe = self._publisher.pipeline(transaction=False)
+            for line in lines:
+                pipe.publish(channel_for(self.server_name, line), line.encode())
+            await pipe.execute()
+            self.published += len(lines)
+        except Exception as e:  # redis.ConnectionError, OSError, TimeoutError...
+            self.dropped += len(lines)
+            logger.warning("could not publish %d line(s) on Redis: %s", len(lines), e)
+
+    async def _subscribe_forever(self) -> None:
+        import redis.asyncio as aioredis
+
+        delay = RECONNECT_FIRST_DELAY
+        while True:
+            client = aioredis.from_url(self._url)
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(self.server_name)
+                # Wait for the confirmation before anything else (spec §5.3).
+                while True:
+                    message = await pubsub.get_message(timeout=10)
+                    if message is not None and message["type"] == "subscribe":
+                        break
+                self.subscribed.set()
+                self.resubscriptions += 1
+                delay = RECONNECT_FIRST_DELAY
+                if self._send_replicate:
+                    await self.publish_lines([ReplicateCommand().to_line()])
+                await self._listen(pubsub)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                logger.warning("Redis subscription to %s lost (%s); retrying in %.1f s", self.server_name, e, delay)
+            finally:
+                self.subscribed.clear()
+                try:
+                    await pubsub.aclose()
+                    await client.aclose()
+                except Exception:
+                    pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_DELAY)
+
+    async def _listen(self, pubsub) -> None:
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=IDLE_PING_SECONDS)
+            if message is None:
+                await pubsub.ping()  # raises if the connection is gone
+                continue
+            if message["type"] != "message":
+                continue
+            try:
+                cmd = parse_line(message["data"].decode())
+            except (RemoteProtocolError, UnicodeDecodeError) as e:
+                logger.warning("dropping malformed line on %s: %s", self.server_name, e)
+                continue
+            if isinstance(cmd, ReplicateCommand):
+                await self.publish_lines([c.to_line() for c in self._announce()])
