@@ -61,14 +61,14 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
         # In-memory layer: writes made in this process publish from this loop.
         rt.stream_replication(loop=asyncio.get_running_loop())
     else:
-        # Answer REPLICATE on the Synapse channel for every writer we know, including
+        # Answer REPLICATE on the Synapse channel for writers that have gone quiet, including
         # writers that have exited (write_facts) and so cannot answer themselves.
         from .commands import PositionCommand
         from .redis import SynapseRedisBridge
 
         endpoint.bridge = SynapseRedisBridge(
             settings.REDIS_URL, endpoint.server_name,
-            announce=lambda: [PositionCommand(s, w, t, t) for (s, w), t in sorted(relay.positions().items())],
+            announce=lambda: [PositionCommand(s, w, t, t) for (s, w), t in sorted(relay.settled_positions().items())],
         )
         endpoint.bridge.start()
     server = await serve(endpoint, host, port)

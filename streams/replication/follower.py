@@ -121,8 +121,9 @@ class StreamFollower:
 
     The *current token* of a writer is the highest token whose facts (and every earlier fact of
     that writer) have been decided: handed out as ``Deliver``/``Advanced``. A stream is
-    *connected* once a POSITION for it has been fully processed on the current connection;
-    until then its RDATA is dropped, because that POSITION triggers a catch-up covering it.
+    *connected* per writer once a POSITION for that writer has been fully processed on the current
+    connection; until then the writer's RDATA is dropped, because that POSITION triggers a
+    catch-up covering it.
 
     ``initial_tokens`` maps (stream, writer) to where the caller already is; writers not listed
     start at ``default_token``. Only ``streams`` are followed; commands for others are ignored.
@@ -142,7 +143,7 @@ class StreamFollower:
         self.default_token = default_token
         self.resettable = frozenset(resettable)
         self._tokens: dict[StreamKey, int] = dict(initial_tokens or {})
-        self._connected: set[str] = set()
+        self._connected: set[StreamKey] = set()
         self._batches: dict[StreamKey, list[Any]] = {}
         self._catch_ups: dict[str, _CatchUp] = {}
         self._queues: dict[str, deque[tuple[int, Command]]] = {}
@@ -159,6 +160,10 @@ class StreamFollower:
 
     @property
     def connected_streams(self) -> frozenset[str]:
+        return frozenset(stream for stream, _ in self._connected)
+
+    @property
+    def connected_writers(self) -> frozenset[StreamKey]:
         return frozenset(self._connected)
 
     def catching_up(self) -> dict[str, FetchCatchUp]:
@@ -180,7 +185,7 @@ class StreamFollower:
         """
         if self._connected:
             logger.info("replication connection lost; streams now disconnected: %s",
-                        ", ".join(sorted(self._connected)))
+                        ", ".join(sorted(self.connected_streams)))
         self._connected.clear()
         self._batches.clear()
         self._epoch += 1
@@ -258,7 +263,7 @@ class StreamFollower:
     def _can_discard(self, cmd: PositionCommand) -> bool:
         """Spec §6.4 ``can_discard_position``, and only for a connected stream."""
         return (
-            cmd.stream_name in self._connected
+            (cmd.stream_name, cmd.instance_name) in self._connected
             and cmd.stream_name not in self.resettable
             and cmd.new_token <= self.current_token(cmd.stream_name, cmd.instance_name)
         )
@@ -279,9 +284,12 @@ class StreamFollower:
 
     def _process_rdata(self, cmd: RdataCommand) -> list[Decision]:
         stream, writer = cmd.stream_name, cmd.instance_name
-        if stream not in self._connected:
-            return []  # the POSITION that must come first will fetch it
         key = (stream, writer)
+        if key not in self._connected:
+            # The POSITION for this writer that must come first will fetch it. Per writer,
+            # not per stream as in Synapse: a POSITION from one writer says nothing about
+            # what we may have missed from another (after a Redis reconnect, say).
+            return []
         if cmd.token is None:
             self._batches.setdefault(key, []).append(cmd.row)
             return []
@@ -298,7 +306,7 @@ class StreamFollower:
         if self._can_discard(cmd):
             return []
         key = (stream, writer)
-        self._connected.discard(stream)
+        self._connected.discard(key)
         self._batches.pop(key, None)
         decisions: list[Decision] = []
         current = self.current_token(stream, writer)
@@ -313,7 +321,7 @@ class StreamFollower:
             if new > current:
                 self._tokens[key] = new
                 decisions.append(Advanced(stream, writer, new))
-            self._connected.add(stream)
+            self._connected.add(key)
             return decisions
         catch_up = _CatchUp(writer, from_token=current, target=new, epoch=self._epoch)
         self._catch_ups[stream] = catch_up
@@ -326,7 +334,7 @@ class StreamFollower:
         self._tokens[key] = token
         decisions: list[Decision] = [Advanced(stream, catch_up.writer, token)]
         if catch_up.epoch == self._epoch:
-            self._connected.add(stream)
+            self._connected.add(key)
         return decisions + self._drain(stream)
 
     def _drain(self, stream: str) -> list[Decision]:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Callable, Iterable
 
-from .commands import Command, ReplicateCommand, RemoteProtocolError, UserIpCommand, parse_line
+from .commands import Command, PositionCommand, ReplicateCommand, RemoteProtocolError, UserIpCommand, parse_line
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ class SynapseRedisBridge:
         self._url = redis_url
         self._publisher = aioredis.from_url(redis_url)
         self._task: asyncio.Task | None = None
+        #: per (stream, writer): the highest token of lines we failed to publish or dropped
+        self._stale: dict[tuple[str, str], int] = {}
         self.subscribed = asyncio.Event()
         self.published = 0
         self.dropped = 0
@@ -63,21 +65,42 @@ class SynapseRedisBridge:
             await asyncio.gather(self._task, return_exceptions=True)
         await self._publisher.aclose()
 
-    async def publish_lines(self, lines: Iterable[str]) -> None:
-        """PUBLISH each line (pipelined, in order). Lost while Redis is away: subscribers
-        recover through REPLICATE and POSITION."""
+    async def publish_batch(self, stream: str, writer: str, prev: int, new: int, lines: list[str]) -> None:
+        """Publish one writer's lines for ``(prev, ...]``, keeping subscribers gap-free.
+
+        While we are not subscribed, lines are dropped ("discard and advance", as Synapse's
+        streamer does): we re-announce our positions when we subscribe again. After a batch
+        of this writer was lost, the next one starts with ``POSITION s w prev prev``, so a
+        subscriber that missed the lost lines notices and catches up before taking these.
+        """
+        key = (stream, writer)
+        if not self.subscribed.is_set():
+            self._stale[key] = max(new, self._stale.get(key, new))
+            self.dropped += len(lines)
+            return
+        if key in self._stale:
+            lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
+        if await self.publish_lines(lines):
+            self._stale.pop(key, None)
+        else:
+            self._stale[key] = max(new, self._stale.get(key, new))
+
+    async def publish_lines(self, lines: Iterable[str]) -> bool:
+        """PUBLISH each line (pipelined, in order); False if Redis could not take them."""
         lines = list(lines)
         if not lines:
-            return
+            return True
         try:
             pipe = self._publisher.pipeline(transaction=False)
             for line in lines:
                 pipe.publish(channel_for(self.server_name, line), line.encode())
             await pipe.execute()
             self.published += len(lines)
+            return True
         except Exception as e:  # redis.ConnectionError, OSError, TimeoutError...
             self.dropped += len(lines)
             logger.warning("could not publish %d line(s) on Redis: %s", len(lines), e)
+            return False
 
     async def _subscribe_forever(self) -> None:
         import redis.asyncio as aioredis
@@ -93,8 +116,19 @@ class SynapseRedisBridge:
                     message = await pubsub.get_message(timeout=10)
                     if message is not None and message["type"] == "subscribe":
                         break
-                self.subscribed.set()
                 self.resubscriptions += 1
+                # Say where we stand before anything else (spec §5.3 step 4): whoever
+                # missed lines while we were away sees it and catches up.
+                announced = list(self._announce())
+                if not await self.publish_lines([c.to_line() for c in announced]):
+                    raise ConnectionError("could not announce positions")
+                # Lines dropped while the announcement was on its way are not covered by it:
+                # those writers stay stale (their next batch starts with a POSITION).
+                for cmd in announced:
+                    key = (cmd.stream_name, cmd.instance_name)
+                    if self._stale.get(key, 0) <= cmd.new_token:
+                        self._stale.pop(key, None)
+                self.subscribed.set()
                 delay = RECONNECT_FIRST_DELAY
                 if self._send_replicate:
                     await self.publish_lines([ReplicateCommand().to_line()])

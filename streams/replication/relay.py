@@ -48,6 +48,9 @@ class ReplicationRelay:
         self.poll_interval = repl_setting("POSITION_POLL_SECONDS") if poll_interval is None else poll_interval
         self.grace = max(1.0, 2 * self.poll_interval) if grace is None else grace
         self.last_sent: dict[tuple[str, str], int] = {}
+        # When last_sent last changed per key, and when a poll last found the database agree.
+        self._changed_at: dict[tuple[str, str], float] = {}
+        self._agreed_at: dict[tuple[str, str], float] = {}
         self._behind_since: dict[tuple[str, str], tuple[int, float]] = {}
         self._tasks: list[asyncio.Task] = []
         self.seq = 0  # number of the last line batch sent to the connections group
@@ -123,6 +126,7 @@ class ReplicationRelay:
         if last is not None and new <= last:
             return  # already covered
         self.last_sent[key] = new
+        self._changed_at[key] = time.monotonic()
         self._behind_since.pop(key, None)
         if last is not None and prev <= last:
             self.relayed_messages += 1
@@ -154,6 +158,7 @@ class ReplicationRelay:
                 key, token = (stream_name, instance_name), self._wire(spec, stream_id)
                 if token <= self.last_sent.get(key, 0):
                     self._behind_since.pop(key, None)
+                    self._agreed_at[key] = now
                     continue
                 seen = self._behind_since.setdefault(key, (token, now))
                 if now - seen[1] >= self.grace:
@@ -161,6 +166,7 @@ class ReplicationRelay:
             if repairs:
                 for key, token in repairs:
                     self.last_sent[key] = token
+                    self._changed_at[key] = now
                     self._behind_since.pop(key, None)
                 self.repairs += len(repairs)
                 await self._send_positions(repairs)
@@ -181,3 +187,15 @@ class ReplicationRelay:
 
     def positions(self) -> dict[tuple[str, str], int]:
         return dict(self.last_sent)
+
+    def settled_positions(self, min_idle: float = 2.0) -> dict[tuple[str, str], int]:
+        """Positions of writers that have been still for ``min_idle`` seconds, confirmed by
+        the database since. Safe to announce on a writer's behalf (to Redis subscribers):
+        a writer that is still publishing announces itself, and a position announced for it
+        must never be below lines it already published."""
+        now = time.monotonic()
+        return {
+            key: token for key, token in self.last_sent.items()
+            if now - self._changed_at.get(key, 0.0) >= min_idle
+            and self._agreed_at.get(key, -1.0) >= self._changed_at.get(key, 0.0)
+        }

@@ -103,7 +103,8 @@ class ReplicationStreamer:
                     await self._publish(layer, message)
                     self.published_upto[(message["stream"], message["writer"])] = message["new"]
                     if self.bridge is not None:
-                        await self.bridge.publish_lines(message["data"].decode().splitlines())
+                        await self.bridge.publish_batch(message["stream"], message["writer"], message["prev"],
+                                                        message["new"], message["data"].decode().splitlines())
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:

@@ -1,9 +1,22 @@
 """The asyncio replication worker: a thin adapter around StreamFollower (docs/replication.md).
 
-It connects to a replication endpoint over TCP (spec §4.2: ``NAME``, ``PING``, ``REPLICATE``,
-then checks ``SERVER``), keeps the connection alive (§4.3: PING after 5 s without sending,
-give up 25 s after the peer's last command once it has sent a PING), feeds RDATA and POSITION
-to a :class:`~streams.replication.follower.StreamFollower` and runs the decisions it returns:
+Two transports, one worker. The follower, the lanes, the catch-up and the caches live in
+:class:`BaseReplicationWorker`; a subclass only runs the *session* (one connection, until it
+drops) and feeds RDATA and POSITION to the follower:
+
+* :class:`ReplicationWorker` (TCP) connects to a replication endpoint (spec §4.2: ``NAME``,
+  ``PING``, ``REPLICATE``, then checks ``SERVER``) and keeps the connection alive (§4.3: PING
+  after 5 s without sending, give up 25 s after the peer's last command once it has sent a
+  PING).
+* :class:`RedisReplicationWorker` follows the cluster through Redis pub/sub directly, as
+  Synapse workers do (spec §5): SUBSCRIBE to the channel named exactly the server name, wait
+  for the confirmation, then PUBLISH ``REPLICATE `` on a second connection (§5.3; the other
+  order could miss the POSITION answers). Each message is one command line: malformed ones
+  are logged and dropped, there are no direction checks (§5.4), RDATA/POSITION of our own
+  instance name are echoes and ignored. The subscriber connection is PINGed every 5 s and
+  dropped after 15 s of silence, so a dead socket is noticed (Synapse issue #9010).
+
+Both feed the follower the same way, and run the decisions it returns:
 
 * ``Deliver``/``Advanced``/``Reset`` go to the stream's *lane*: one asyncio queue, one
   consumer task and one thread (for blocking work) per stream, which applies ``caches`` rows
@@ -15,9 +28,11 @@ to a :class:`~streams.replication.follower.StreamFollower` and runs the decision
 
 The follower guarantees the order of decisions (one catch-up in flight per stream, that
 stream's commands parked behind it); each lane keeps that order to the callback. A lost
-connection is retried forever with exponential back-off (0.5 s doubling, capped at 5 s; reset
-once a server has been accepted); on every new connection the server re-announces its
-positions and the follower catches up whatever was missed in between.
+connection (a TCP connection, or the Redis subscription) is retried forever with exponential
+back-off (0.5 s doubling, capped at 5 s; reset once a session has been established); every
+new session is a new "connection" for the follower, the positions are announced again (the
+TCP server answers REPLICATE; on Redis, writers answer our REPLICATE and announce their own
+positions when they reconnect) and the follower catches up whatever was missed in between.
 """
 from __future__ import annotations
 
@@ -33,8 +48,14 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from redis.asyncio.connection import Connection as RedisConnection
+from redis.asyncio.connection import parse_url as parse_redis_url
+from redis.exceptions import RedisError
 
 from .commands import (
+    Command,
     ErrorCommand,
     NameCommand,
     PingCommand,
@@ -43,6 +64,7 @@ from .commands import (
     RemoteProtocolError,
     ReplicateCommand,
     ServerCommand,
+    parse_line,
 )
 from .connection import CLOSED, NEED_DATA, ReplicationConnection
 from .follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
@@ -61,6 +83,16 @@ CONNECT_TIMEOUT = 10.0
 HTTP_TIMEOUT = 10.0
 #: On stop, deliver what was already decided for at most this long.
 DRAIN_TIMEOUT = 5.0
+#: Redis: PING the subscriber connection this often, and give it up after this long without
+#: hearing anything on it (no message, no PONG), so a dead socket is noticed (Synapse issue
+#: #9010; Synapse itself pings every 30 s). The SUBSCRIBE confirmation and the PUBLISH reply
+#: must come within REDIS_REPLY_TIMEOUT.
+REDIS_PING_INTERVAL = 5.0
+REDIS_PING_TIMEOUT = 15.0
+REDIS_REPLY_TIMEOUT = 10.0
+#: What we publish on (re)subscribing: the current generation's REPLICATE, trailing space
+#: included (spec §5.3 step 3).
+REDIS_REPLICATE = ReplicateCommand().to_line()
 
 FactsCallback = Callable[[str, str, int, list], Awaitable[None] | None]
 
@@ -195,8 +227,8 @@ class _Lane:
     task: asyncio.Task | None = None
 
 
-class ReplicationWorker:
-    """Follows the streams of one replication endpoint for this process.
+class BaseReplicationWorker:
+    """Follows the replication streams for this process, over a transport a subclass provides.
 
     ``on_facts(stream, writer, token, rows)`` is called exactly once per fact, in each writer's
     order. A coroutine function is awaited on the event loop; a plain function runs on its
@@ -206,14 +238,18 @@ class ReplicationWorker:
     ``on_reset(stream, writer)`` (optional, same rules) runs when an in-memory stream's writer
     restarted. ``initial_tokens`` says where this process already is per (stream, writer);
     others start at 0, i.e. from the beginning of the stream.
+
+    Subclasses implement :meth:`_attempt` (one connection, from connect to loss; feed the
+    commands it receives to :meth:`_dispatch`) and :meth:`_interrupt` (make it return soon).
     """
+
+    #: Short name of the transport, for logs.
+    transport = "?"
 
     def __init__(
         self,
         *,
         name: str,
-        host: str,
-        port: int,
         server_name: str,
         catchup_url: str,
         on_facts: FactsCallback | None = None,
@@ -235,7 +271,6 @@ class ReplicationWorker:
 
             streams = list(STREAMS)
         self.name = name
-        self.host, self.port = host, port
         self.server_name = server_name
         self.catchup_url = catchup_url
         self.follower = StreamFollower(name, streams, initial_tokens)
@@ -255,7 +290,6 @@ class ReplicationWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
-        self._transport: asyncio.StreamWriter | None = None
         self.connected = False
 
     # --- public API ------------------------------------------------------------------------
@@ -299,15 +333,18 @@ class ReplicationWorker:
                 task.cancel()
             await asyncio.gather(progress, *self._fetches, return_exceptions=True)
             await self._drain_lanes()
-            logger.info("replication worker %s stopped: %s", self.name, self._summary())
+            logger.info("replication worker %s (%s) stopped: %s", self.name, self.transport,
+                        self._summary())
 
-    # --- connection ------------------------------------------------------------------------
+    # --- connection (shared) ---------------------------------------------------------------
 
     def _wake(self) -> None:
         assert self._stop_event is not None
         self._stop_event.set()
-        if self._transport is not None:
-            self._transport.close()
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """On stop: make the session in progress, if any, return soon."""
 
     async def _sleep(self, delay: float) -> None:
         """Sleep, but wake up at once on stop."""
@@ -321,101 +358,30 @@ class ReplicationWorker:
         delay = self._first_delay
         while not self._stopping:
             self._counters["connection_attempts"] += 1
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT)
-            except (OSError, TimeoutError) as e:
-                logger.warning("cannot connect to replication at %s:%s: %s; retrying in %.1fs",
-                               self.host, self.port, e, delay)
-            else:
-                self._transport = writer
-                try:
-                    if await self._session(reader, writer):
-                        delay = self._first_delay
-                except _WrongRemote:
-                    pass
-                except (OSError, ConnectionError) as e:
-                    logger.warning("replication connection failed: %s", e)
-                finally:
-                    self._transport = None
-                    self.connected = False
-                    self.follower.connection_lost()
-                    writer.close()
-                    try:
-                        await writer.wait_closed()
-                    except (OSError, ConnectionError):
-                        pass
-                if self._stopping:
-                    break
-                logger.info("replication connection to %s:%s closed; reconnecting in %.1fs",
-                            self.host, self.port, delay)
+            if await self._attempt(delay):
+                delay = self._first_delay
+            if self._stopping:
+                break
             await self._sleep(delay)
             delay = min(delay * 2, self._max_delay)
 
-    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """One connection, until it closes. Returns whether the server was accepted."""
-        now = self._clock()
-        conn = ReplicationConnection("client", now=now)
-        writer.write(conn.send_many(
-            [NameCommand(self.name), PingCommand(self._ping_body()), ReplicateCommand()], now))
-        accepted = False
-        while not self._stopping:
-            try:
-                event = conn.next_event(now)
-            except RemoteProtocolError as e:
-                logger.error("replication protocol error from server: %s", e.error_text)
-                await self._send_error(conn, writer, e.error_text)
-                return accepted
-            if event is CLOSED:
-                return accepted
-            if event is NEED_DATA:
-                try:
-                    conn.receive_data(await asyncio.wait_for(reader.read(65536), TICK))
-                except TimeoutError:
-                    pass
-                now = self._clock()
-                if conn.timed_out(now):
-                    logger.warning("replication server sent nothing for too long; reconnecting")
-                    self._counters["ping_timeouts"] += 1
-                    await self._send_error(conn, writer, "ping timeout")
-                    return accepted
-                if conn.ping_due(now):
-                    writer.write(conn.send(PingCommand(self._ping_body()), now))
-                continue
-            if isinstance(event, ServerCommand):
-                if event.data != self.server_name:
-                    logger.error("replication server is %r, expected %r: Wrong remote",
-                                 event.data, self.server_name)
-                    self._counters["wrong_remote"] += 1
-                    await self._send_error(conn, writer, "Wrong remote")
-                    raise _WrongRemote(event.data)
-                accepted = self.connected = True
-                self._counters["connections"] += 1
-                logger.info("replication connected to %s at %s:%s as %s", event.data,
-                            self.host, self.port, self.name)
-            elif isinstance(event, RdataCommand):
-                self._counters["rdata"] += 1
-                self._execute(self.follower.on_rdata(event))
-            elif isinstance(event, PositionCommand):
-                self._counters["position"] += 1
-                self._execute(self.follower.on_position(event))
-            elif isinstance(event, ErrorCommand):
-                logger.warning("replication server reported an error: %s", event.data)
-            elif not isinstance(event, PingCommand):
-                logger.debug("replication command not used by a worker: %r", event)
-        return accepted
+    async def _attempt(self, delay: float) -> bool:
+        """One connection: connect, follow until it is lost, clean up (always calling
+        ``follower.connection_lost()``). Returns whether a session was established (which
+        resets the back-off); ``delay`` is the back-off before the next attempt, for logs.
+        Errors are logged here, never raised."""
+        raise NotImplementedError
 
-    async def _send_error(self, conn: ReplicationConnection, writer: asyncio.StreamWriter,
-                          text: str) -> None:
-        writer.write(conn.send(ErrorCommand(text), self._clock()))
-        try:
-            await asyncio.wait_for(writer.drain(), 1.0)
-        except (OSError, ConnectionError, TimeoutError):
-            pass
-
-    @staticmethod
-    def _ping_body() -> str:
-        return str(int(time.time() * 1000))
+    def _dispatch(self, cmd: Command) -> None:
+        """Feed one received command to the follower (RDATA and POSITION; others ignored)."""
+        if isinstance(cmd, RdataCommand):
+            self._counters["rdata"] += 1
+            self._execute(self.follower.on_rdata(cmd))
+        elif isinstance(cmd, PositionCommand):
+            self._counters["position"] += 1
+            self._execute(self.follower.on_position(cmd))
+        else:
+            logger.debug("replication command not used by a worker: %r", cmd)
 
     # --- decisions -------------------------------------------------------------------------
 
@@ -531,3 +497,279 @@ class ReplicationWorker:
                 logger.info("replication %s: +%s in %.0fs; %s", self.name,
                             ", ".join(f"{s} {n}" for s, n in sorted(new.items())),
                             self._log_interval, "connected" if self.connected else "disconnected")
+
+
+# --- TCP ---------------------------------------------------------------------------------------
+
+
+class ReplicationWorker(BaseReplicationWorker):
+    """Follows the streams of one replication endpoint (``runreplication``) over TCP."""
+
+    transport = "tcp"
+
+    def __init__(self, *, host: str, port: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.host, self.port = host, port
+        self._transport: asyncio.StreamWriter | None = None
+
+    def _interrupt(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _attempt(self, delay: float) -> bool:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as e:
+            logger.warning("cannot connect to replication at %s:%s: %s; retrying in %.1fs",
+                           self.host, self.port, e, delay)
+            return False
+        self._transport = writer
+        accepted = False
+        try:
+            accepted = await self._session(reader, writer)
+        except _WrongRemote:
+            pass
+        except (OSError, ConnectionError) as e:
+            logger.warning("replication connection failed: %s", e)
+        finally:
+            self._transport = None
+            self.connected = False
+            self.follower.connection_lost()
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (OSError, ConnectionError):
+                pass
+        if not self._stopping:
+            logger.info("replication connection to %s:%s closed; reconnecting in %.1fs",
+                        self.host, self.port, self._first_delay if accepted else delay)
+        return accepted
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One connection, until it closes. Returns whether the server was accepted."""
+        now = self._clock()
+        conn = ReplicationConnection("client", now=now)
+        writer.write(conn.send_many(
+            [NameCommand(self.name), PingCommand(self._ping_body()), ReplicateCommand()], now))
+        accepted = False
+        while not self._stopping:
+            try:
+                event = conn.next_event(now)
+            except RemoteProtocolError as e:
+                logger.error("replication protocol error from server: %s", e.error_text)
+                await self._send_error(conn, writer, e.error_text)
+                return accepted
+            if event is CLOSED:
+                return accepted
+            if event is NEED_DATA:
+                try:
+                    conn.receive_data(await asyncio.wait_for(reader.read(65536), TICK))
+                except TimeoutError:
+                    pass
+                now = self._clock()
+                if conn.timed_out(now):
+                    logger.warning("replication server sent nothing for too long; reconnecting")
+                    self._counters["ping_timeouts"] += 1
+                    await self._send_error(conn, writer, "ping timeout")
+                    return accepted
+                if conn.ping_due(now):
+                    writer.write(conn.send(PingCommand(self._ping_body()), now))
+                continue
+            if isinstance(event, ServerCommand):
+                if event.data != self.server_name:
+                    logger.error("replication server is %r, expected %r: Wrong remote",
+                                 event.data, self.server_name)
+                    self._counters["wrong_remote"] += 1
+                    await self._send_error(conn, writer, "Wrong remote")
+                    raise _WrongRemote(event.data)
+                accepted = self.connected = True
+                self._counters["connections"] += 1
+                logger.info("replication connected to %s at %s:%s as %s", event.data,
+                            self.host, self.port, self.name)
+            elif isinstance(event, ErrorCommand):
+                logger.warning("replication server reported an error: %s", event.data)
+            elif not isinstance(event, PingCommand):
+                self._dispatch(event)
+        return accepted
+
+    async def _send_error(self, conn: ReplicationConnection, writer: asyncio.StreamWriter,
+                          text: str) -> None:
+        writer.write(conn.send(ErrorCommand(text), self._clock()))
+        try:
+            await asyncio.wait_for(writer.drain(), 1.0)
+        except (OSError, ConnectionError, TimeoutError):
+            pass
+
+    @staticmethod
+    def _ping_body() -> str:
+        return str(int(time.time() * 1000))
+
+
+# --- Redis -------------------------------------------------------------------------------------
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    user = f"{parts.username}:" if parts.username else ":"
+    return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
+
+
+class RedisReplicationWorker(BaseReplicationWorker):
+    """Follows the cluster through Redis pub/sub (spec §5), as Synapse workers do.
+
+    ``redis_url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL (its database number
+    does not matter: pub/sub channels are server-wide). The channel is ``server_name``
+    exactly. Each session uses two connections of its own: the subscriber and the publisher
+    (Redis allows nothing but (UN)SUBSCRIBE and PING on a subscribed connection). We talk to
+    them through ``redis.asyncio``'s bare ``Connection``, not its ``PubSub``: PubSub silently
+    reconnects and resubscribes inside a read, which would hide from us (and from the
+    follower) that messages were lost, and would not publish REPLICATE again.
+
+    Session, per §5.3: connect, SUBSCRIBE, wait for the confirmation, then PUBLISH
+    ``REPLICATE `` (awaiting its reply) and read messages until the connection is lost, the
+    subscriber has been silent for ``ping_timeout`` seconds (it is PINGed every
+    ``ping_interval``), or :meth:`stop`.
+    """
+
+    transport = "redis"
+
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        ping_interval: float = REDIS_PING_INTERVAL,
+        ping_timeout: float = REDIS_PING_TIMEOUT,
+        reply_timeout: float = REDIS_REPLY_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not self.server_name or any(c in self.server_name for c in "\r\n"):
+            raise ValueError(f"invalid server name (Redis channel) {self.server_name!r}")
+        self.redis_url = redis_url
+        self.channel = self.server_name
+        self._redis_kwargs = dict(parse_redis_url(redis_url))  # ValueError for a bad URL
+        self._ping_interval, self._ping_timeout = ping_interval, ping_timeout
+        self._reply_timeout = reply_timeout
+        self._session_task: asyncio.Task | None = None
+        self._established = False
+
+    def _new_connection(self) -> RedisConnection:
+        kwargs = dict(self._redis_kwargs)
+        connection_class = kwargs.pop("connection_class", RedisConnection)
+        kwargs.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
+        kwargs.setdefault("socket_timeout", self._reply_timeout)
+        # RESP2: pub/sub messages come back as plain replies (RESP3 would make them pushes).
+        # No retry: a lost connection must surface here, not be papered over.
+        return connection_class(**kwargs, protocol=2, retry=None, retry_on_error=[])
+
+    def _interrupt(self) -> None:
+        if self._session_task is not None:
+            self._session_task.cancel()
+
+    async def _attempt(self, delay: float) -> bool:
+        self._established = False
+        task = self._session_task = asyncio.create_task(self._session())
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are cancelled ourselves, not just the session by stop()
+        except (RedisError, OSError, TimeoutError) as e:
+            if self._established:
+                logger.warning("Redis replication connection lost: %s; reconnecting in %.1fs",
+                               e, self._first_delay)
+            else:
+                logger.warning("cannot follow Redis at %s: %s; retrying in %.1fs",
+                               redact_url(self.redis_url), e, delay)
+        except Exception:  # never give up following: log it and start a new session
+            logger.exception("Redis replication session failed; reconnecting")
+        finally:
+            self._session_task = None
+        return self._established
+
+    async def _session(self) -> None:
+        channel = self.channel.encode()
+        subscriber, publisher = self._new_connection(), self._new_connection()
+        try:
+            # 1. SUBSCRIBE and wait for the confirmation.
+            await subscriber.connect()
+            await subscriber.send_command("SUBSCRIBE", channel)
+            reply = await subscriber.read_response(timeout=self._reply_timeout)
+            if reply is None:
+                raise TimeoutError(f"SUBSCRIBE not confirmed within {self._reply_timeout}s")
+            if not (isinstance(reply, list) and reply[:2] == [b"subscribe", channel]):
+                raise RedisError(f"unexpected answer to SUBSCRIBE: {reply!r}")
+            # 2. From here on, everything published on the channel reaches us: a new
+            #    connection for the follower (the last one ended with connection_lost()).
+            self.connected = True
+            self._counters["connections"] += 1
+            # 3. PUBLISH REPLICATE, on the other connection, and wait until Redis took it.
+            await publisher.connect()
+            await publisher.send_command("PUBLISH", channel, REDIS_REPLICATE)
+            receivers = await publisher.read_response(timeout=self._reply_timeout)
+            if receivers is None:
+                raise TimeoutError(f"PUBLISH not answered within {self._reply_timeout}s")
+            self._counters["replicate_sent"] += 1
+            self._established = True  # resets the back-off (not before: a PUBLISH refused
+            # for good, e.g. by an ACL, must not be retried at full speed)
+            logger.info("replication subscribed to %r at %s as %s; REPLICATE reached %s "
+                        "subscriber(s)", self.channel, redact_url(self.redis_url), self.name,
+                        receivers)
+            # The publisher is not needed again this session (a worker sources no stream).
+            await publisher.disconnect(nowait=True)
+            await self._read_messages(subscriber)
+        finally:
+            self.connected = False
+            self.follower.connection_lost()
+            for connection in (subscriber, publisher):
+                try:
+                    await connection.disconnect(nowait=True)
+                except Exception:  # closing a broken socket: nothing more to do
+                    pass
+
+    async def _read_messages(self, subscriber: RedisConnection) -> None:
+        last_heard = last_ping = self._clock()
+        while not self._stopping:
+            now = self._clock()
+            if now - last_heard >= self._ping_timeout:
+                self._counters["ping_timeouts"] += 1
+                raise TimeoutError(f"nothing from Redis for {now - last_heard:.1f}s "
+                                   "(PING unanswered)")
+            if now - last_ping >= self._ping_interval:
+                await subscriber.send_command("PING")
+                last_ping = now
+            reply = await subscriber.read_response(timeout=TICK)
+            if reply is None:
+                continue
+            last_heard = self._clock()
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
+                self._on_message(reply[2])
+            elif not (isinstance(reply, list) and reply and reply[0] == b"pong"):
+                logger.debug("Redis reply ignored: %r", reply)
+
+    def _on_message(self, data: bytes) -> None:
+        """One pub/sub message: one command line, without newline (spec §5.4)."""
+        self._counters["messages"] += 1
+        try:
+            cmd = parse_line(data.decode("utf-8"))
+        except (UnicodeDecodeError, RemoteProtocolError) as e:
+            self._counters["malformed"] += 1
+            text = e.error_text if isinstance(e, RemoteProtocolError) else repr(e)
+            logger.warning("dropping malformed replication message on %r: %s (%r)",
+                           self.channel, text, data[:200])
+            return
+        if isinstance(cmd, (RdataCommand, PositionCommand)) and cmd.instance_name == self.name:
+            self._counters["own_echoes"] += 1  # what we published, echoed back (§3.17)
+            return
+        if isinstance(cmd, ReplicateCommand):
+            # Someone (re)subscribed, maybe us: the writers answer it; a worker sources
+            # no stream, so it has no position to announce.
+            self._counters["replicate_seen"] += 1
+            return
+        self._dispatch(cmd)

@@ -1,7 +1,18 @@
 """``manage.py replication_worker``: follow the replication streams as a worker (docs/replication.md).
 
-Connects to a replication endpoint (``runreplication``), applies ``caches`` rows to the local
-Django cache and, with ``--jsonl``, appends every fact it receives to a file as one JSON line
+Two ways to follow the cluster:
+
+* ``--connect HOST:PORT`` (default: ``REPLICATION_LISTEN``): over TCP, through a replication
+  endpoint (``runreplication``), whose ``SERVER`` must be ``--server-name``.
+* ``--redis [--redis-url URL]`` (default URL: ``settings.REDIS_URL``; ``--redis-url`` alone
+  implies ``--redis``): straight from Redis pub/sub, as Synapse workers do (spec §5): the
+  worker SUBSCRIBEs to the channel named exactly the server name (``--server-name``, default
+  ``SERVER_NAME``), and once subscribed PUBLISHes ``REPLICATE ``; writers answer with their
+  positions and publish their RDATA/POSITION there. ``--connect`` cannot be combined with it.
+
+Either way, gaps are fetched from the catch-up endpoint (``--catchup-url``, default
+``http://WEB_LISTEN``), ``caches`` rows are applied to the local Django cache and, with
+``--jsonl``, every fact received is appended to a file as one JSON line
 ``{"stream", "writer", "token", "rows"}``. That file is also the worker's memory: on start the
 last token per (stream, writer) found in it is where the worker resumes, so restarting with
 the same file neither repeats nor skips a fact. Stops cleanly on SIGTERM/SIGINT.
@@ -15,12 +26,18 @@ import signal
 import threading
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
 from streams.registry import STREAMS
-from streams.replication.worker import ReplicationWorker
+from streams.replication.worker import (
+    BaseReplicationWorker,
+    RedisReplicationWorker,
+    ReplicationWorker,
+    redact_url,
+)
 
 
 class JsonlSink:
@@ -63,23 +80,33 @@ class JsonlSink:
 
 
 class Command(BaseCommand):
-    help = "Follow the replication streams of a replication endpoint (a worker process)."
+    help = ("Follow the replication streams (a worker process), through a replication endpoint "
+            "(--connect) or Redis pub/sub (--redis).")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--name", required=True, help="this worker's instance name")
         parser.add_argument("--connect", default=None, metavar="HOST:PORT",
-                            help="replication endpoint (default: REPLICATION_LISTEN)")
+                            help="replication endpoint (default: REPLICATION_LISTEN); "
+                                 "not with --redis")
+        parser.add_argument("--redis", action="store_true",
+                            help="follow Redis pub/sub directly instead of an endpoint")
+        parser.add_argument("--redis-url", default=None, metavar="URL",
+                            help="Redis to follow (default: REDIS_URL); implies --redis")
         parser.add_argument("--catchup-url", default=None, metavar="URL",
                             help="base URL of the catch-up endpoint (default: http://WEB_LISTEN)")
         parser.add_argument("--server-name", default=None,
-                            help="expected SERVER name (default: SERVER_NAME)")
+                            help="expected SERVER name, and with --redis the channel "
+                                 "(default: SERVER_NAME)")
         parser.add_argument("--streams", default=None, metavar="A,B",
                             help="follow only these streams (default: all)")
         parser.add_argument("--jsonl", default=None, metavar="PATH",
                             help="append each fact to PATH as a JSON line; resume from it")
 
     def handle(self, *args, **options) -> None:
-        host, port = split_listen(options["connect"] or repl_setting("REPLICATION_LISTEN"), "--connect")
+        use_redis = options["redis"] or options["redis_url"] is not None
+        if use_redis and options["connect"]:
+            raise CommandError("--connect cannot be used with --redis: a Redis worker follows "
+                               "the Redis channel, not a replication endpoint")
         catchup_url = options["catchup_url"] or f"http://{repl_setting('WEB_LISTEN')}"
         server_name = options["server_name"] or repl_setting("SERVER_NAME")
         streams = list(STREAMS)
@@ -88,13 +115,29 @@ class Command(BaseCommand):
             unknown = sorted(set(streams) - set(STREAMS))
             if unknown:
                 raise CommandError(f"unknown stream(s) {', '.join(unknown)}; known: {', '.join(STREAMS)}")
+        if use_redis:
+            redis_url = options["redis_url"] or getattr(settings, "REDIS_URL", "")
+            if not redis_url:
+                raise CommandError("--redis needs a Redis: pass --redis-url URL or set REDIS_URL")
+            where = f"redis {redact_url(redis_url)} channel {server_name!r}"
+        else:
+            host, port = split_listen(options["connect"] or repl_setting("REPLICATION_LISTEN"),
+                                      "--connect")
+            where = f"{host}:{port} ({server_name})"
         sink = JsonlSink(options["jsonl"]) if options["jsonl"] else None
-        worker = ReplicationWorker(
-            name=options["name"], host=host, port=port, server_name=server_name,
-            catchup_url=catchup_url, streams=streams, on_facts=sink,
-            initial_tokens=sink.positions if sink else None,
-        )
-        self.stdout.write(f"replication worker {options['name']}: {host}:{port} ({server_name}), "
+        common = dict(name=options["name"], server_name=server_name, catchup_url=catchup_url,
+                      streams=streams, on_facts=sink,
+                      initial_tokens=sink.positions if sink else None)
+        try:
+            if use_redis:
+                worker: BaseReplicationWorker = RedisReplicationWorker(redis_url=redis_url, **common)
+            else:
+                worker = ReplicationWorker(host=host, port=port, **common)
+        except ValueError as e:
+            if sink:
+                sink.close()
+            raise CommandError(str(e)) from e
+        self.stdout.write(f"replication worker {options['name']}: {where}, "
                           f"catch-up {catchup_url}, streams {', '.join(streams)}\n")
         self.stdout.flush()
         try:
@@ -104,7 +147,7 @@ class Command(BaseCommand):
                 sink.close()
 
     @staticmethod
-    async def _run(worker: ReplicationWorker) -> None:
+    async def _run(worker: BaseReplicationWorker) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)

@@ -154,8 +154,19 @@ def test_batches_are_kept_per_writer():
 def test_writers_are_independent():
     f = StreamFollower("me", [S], {(S, W): 10, (S, W2): 3})
     f.on_position(position(10, 10))
+    f.on_position(position(3, 3, writer=W2))
     assert f.on_rdata(rdata(4, ["w2 row"], writer=W2)) == [Deliver(S, W2, 4, (["w2 row"],))]
     assert f.positions() == {(S, W): 10, (S, W2): 4}
+
+
+def test_a_position_connects_only_its_own_writer():
+    """After a reconnect, one writer's POSITION says nothing about what we missed from
+    another: that writer's RDATA waits for its own POSITION (stricter than Synapse, which
+    connects the whole stream and could skip the other writer's lost lines)."""
+    f = StreamFollower("me", [S], {(S, W): 10, (S, W2): 3})
+    f.on_position(position(10, 10))
+    assert f.on_rdata(rdata(9, ["w2 row after lost ones"], writer=W2)) == []
+    assert f.on_position(position(9, 9, writer=W2)) == [FetchCatchUp(S, W2, 3, 9)]
 
 
 # --- catch-up ------------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""A multi-process cluster on Redis pub/sub while Redis is killed and restarted (issue: the
+cluster survives Redis faults). Real PostgreSQL, real Redis, separate OS processes:
+2 writers on ``events`` + 1 on ``account_data``, 2 TCP endpoints, a catch-up web process,
+and 3 workers (two over TCP, one over Redis directly)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from synapse_repl.services import free_port
+
+from .test_cluster import wait_port
+
+ROOT = Path(__file__).resolve().parents[3]
+SERVER_NAME = "faults.example"
+WRITERS = "events=w1,w2;account_data=w3"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+class RedisCluster:
+    def __init__(self, pg_url: str, redis_url: str, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis_url, SERVER_NAME=SERVER_NAME,
+                        STREAM_WRITERS=WRITERS, POSITION_POLL_SECONDS="0.2", PYTHONUNBUFFERED="1")
+        self.procs: list[subprocess.Popen] = []
+        self.web_port = free_port()
+        self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                              "synapse_repl.asgi:application")
+        self.endpoint_ports = []
+        for i in range(2):
+            port = free_port()
+            proc = self.start(f"endpoint{i}", "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}")
+            wait_port(port, proc, tmp / f"endpoint{i}.log")
+            self.endpoint_ports.append(port)
+        wait_port(self.web_port, self.web, tmp / "web.log")
+
+    def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **(env or {})},
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str, *transport: str) -> subprocess.Popen:
+        return self.start(name, "manage.py", "replication_worker", "--name", name, *transport,
+                          "--catchup-url", f"http://127.0.0.1:{self.web_port}", "--server-name", SERVER_NAME,
+                          "--streams", "events,account_data", "--jsonl", str(self.tmp / f"{name}.jsonl"))
+
+    def write(self, instance: str, stream: str, count: int, per_txn: int, rate: float) -> subprocess.Popen:
+        return self.start(f"writer-{instance}", "manage.py", "write_facts", stream, "--count", str(count),
+                          "--per-txn", str(per_txn), "--rate", str(rate), "--no-progress",
+                          env={"INSTANCE_NAME": instance})
+
+    def facts(self, name: str) -> list[tuple[str, str, int]]:
+        path = self.tmp / f"{name}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                f = json.loads(line)
+                out.append((f["stream"], f["writer"], f["token"]))
+        return out
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def database_facts() -> set[tuple[str, str, int]]:
+    with connections["default"].cursor() as cur:
+        cur.execute("SELECT 'events', instance_name, stream_ordering FROM events WHERE stream_ordering > 0 "
+                    "UNION ALL SELECT 'account_data', instance_name, stream_id FROM account_data")
+        return set(cur.fetchall())
+
+
+def test_cluster_survives_redis_restarts(pg_url, redis_server, tmp_path):
+    cluster = RedisCluster(pg_url, redis_server.url, tmp_path)
+    try:
+        workers = {"tcp0": ("--connect", f"127.0.0.1:{cluster.endpoint_ports[0]}"),
+                   "tcp1": ("--connect", f"127.0.0.1:{cluster.endpoint_ports[1]}"),
+                   "redis": ("--redis",)}
+        for name, transport in workers.items():
+            cluster.worker(name, *transport)
+        time.sleep(2)
+        writers = [
+            cluster.write("w1", "events", 10_000, 10, 1500),
+            cluster.write("w2", "events", 10_000, 20, 1500),
+            cluster.write("w3", "account_data", 10_000, 10, 1500),
+        ]
+        # Kill Redis twice while the facts flow, each time for about a second.
+        for _ in range(2):
+            time.sleep(2)
+            redis_server.kill()
+            time.sleep(1)
+            redis_server.start(port=redis_server.port)
+        for w in writers:
+            assert w.wait(timeout=240) == 0, (tmp_path / f"writer-{w.args}.log")
+        expected = database_facts()
+        assert len(expected) == 30_000
+
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if all(len(cluster.facts(n)) >= len(expected) for n in workers):
+                break
+            time.sleep(0.5)
+        for name in workers:
+            got = cluster.facts(name)
+            assert len(got) == len(set(got)), f"{name} received a fact twice"
+            missing = expected - set(got)
+            assert not missing, f"{name} misses {len(missing)} facts, e.g. {sorted(missing)[:3]}:\n" + \
+                (tmp_path / f"{name}.log").read_text()[-2000:]
+            assert set(got) == expected
+            for key in {(s, w) for s, w, _ in got}:
+                tokens = [t for s, w, t in got if (s, w) == key]
+                assert tokens == sorted(tokens), f"{name}: {key} out of order"
+                # The worker's final position for each writer is the writer's last fact.
+                assert tokens[-1] == max(t for s, w, t in expected if (s, w) == key)
+        # The faults really happened and were seen.
+        logs = "".join((tmp_path / f"{n}.log").read_text() for n in ("endpoint0", "endpoint1", "redis"))
+        assert "Redis" in logs or "redis" in logs
+    finally:
+        cluster.stop()
+        if redis_server.proc.poll() is not None:
+            redis_server.start(port=redis_server.port)
