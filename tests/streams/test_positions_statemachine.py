@@ -2,9 +2,11 @@
 
 Model
 -----
-Three writer processes ``w0``, ``w1``, ``w2`` (one :class:`StreamPositions` each) share one
-counter standing for the PostgreSQL sequence; one reader process (a :class:`PositionTracker`)
-only learns positions through replication. Rules:
+One to three writer processes ``w0``, ``w1``, ``w2`` (drawn per run: one writer reaches the
+races inside a writer quickly, three the cross-writer ones; one :class:`StreamPositions` each,
+all writers configured from the start at position 1) share one counter standing for the
+PostgreSQL sequence; one reader process (a :class:`PositionTracker`) only learns positions
+through replication. Rules:
 
 * **reserve**: a writer reserves ``k`` IDs in one go (``begin_allocation``, ``k`` values from
   the counter, ``allocated``);
@@ -14,11 +16,14 @@ only learns positions through replication. Rules:
   before the sequence moved or after it (the values are then burnt: nobody ever writes them);
 * **complete**: a writer completes some of its recorded IDs, by commit or rollback (both are
   ``finish``; the model remembers which, positions must not care);
+* **concurrent_write**: reserve-and-complete by a writer that has an allocation between
+  "fetched" and "recorded" (the in-flight race, made likely rather than left to chance);
 * **announce / broadcast**: a writer's announcement ``for_writer(own name)`` (what Synapse
   sends in RDATA / POSITION) is delivered to one or to every other process;
 * **deliver_stale**: an announcement made earlier is delivered (again, or late) to a process;
 * **settle**: complete everything outstanding, replicate until nothing changes, then check
-  liveness (also run at teardown).
+  liveness. It always runs at teardown; mid-run only in the half of the runs drawn with
+  ``mid_run_settles`` (it empties everything, so the other half reach deeper states).
 
 The reference model is a plain dict: every ID the counter handed out, with its owner and its
 state (``incomplete`` / ``committed`` / ``rolled_back`` / ``lost``).
@@ -44,6 +49,23 @@ equal ``M`` exactly. ``minimal_local()`` (own completed writes, no optimistic mo
 the writer's largest own ID when its last completion happened with nothing else of its own
 outstanding; otherwise (an allocation that was in flight when it completed its IDs later
 failed) Synapse leaves it lagging until the next completion, so only ``<= M`` is claimed.
+
+Known lag (Synapse behaviour, not asserted away silently)
+---------------------------------------------------------
+The optimistic ``for_writer(self)`` is raised in ``_add_persisted`` *before* the gapless-run
+drain, and ending an allocation (``allocated``) recomputes nothing. So with a single writer::
+
+    a = w0.begin_allocation()                  # allocation A in flight (snapshot 1)
+    b = w0.begin_allocation(); w0.allocated(b, [2]); w0.finish([2])
+    # w0.linear() == 2 (drain), w0.for_writer("w0") == 1, minimal_local() == 1
+    w0.allocated(a, None)                      # A's nextval failed; w0 idle, ID 2 complete
+    # w0 announces 1 forever: the reader's linear stays 1 until w0 completes another ID.
+
+Synapse's ``MultiWriterIdGenerator`` does exactly the same (``_add_persisted_position`` and
+``_load_next_mult_id_txn``'s ``finally``), so this is a liveness lag, not a safety bug. With two
+or more writers any announcement received makes the idle writer recompute, so the full liveness
+statement holds; with one writer ``settle`` makes one more write first (catch-up at the next
+completion) and then requires full convergence.
 """
 from __future__ import annotations
 
@@ -91,16 +113,22 @@ class WriterModel:
     # True when the writer's last completion left nothing of its own outstanding (so its
     # minimal_local() must equal its largest own ID); False once anything was begun since.
     clean: bool = True
+    # True when an allocation failed (``allocated(ticket, None)``) since the writer's last
+    # completion: see "Known lag" in the module docstring.
+    failed_since_finish: bool = False
 
 
 class PositionsMachine(RuleBasedStateMachine):
     writers: tuple[str, ...] = ()
 
-    @initialize(n_writers=st.integers(1, len(ALL_WRITERS)))
-    def setup(self, n_writers):
+    @initialize(n_writers=st.integers(1, len(ALL_WRITERS)), mid_run_settles=st.booleans())
+    def setup(self, n_writers, mid_run_settles):
         # Fewer writers make the races inside one writer easier to reach; three give the
         # cross-writer interleavings. Every writer is configured (known to all from the start).
+        # ``settle`` empties everything, so half the runs only settle at teardown and get
+        # deeper states.
         self.writers = ALL_WRITERS[:n_writers]
+        self.mid_run_settles = mid_run_settles
         self.processes = (*self.writers, READER)
         self.clock = FakeClock()
         start = {w: 1 for w in self.writers}
@@ -165,6 +193,7 @@ class PositionsMachine(RuleBasedStateMachine):
             assert self.ids[i].state == "incomplete"
             self.ids[i].state = "committed" if commit else "rolled_back"
         self.procs[w].finish(ids)
+        self.wm[w].failed_since_finish = False
         if not self.wm[w].in_flight and not self._finishable(w):
             self.wm[w].clean = True
 
@@ -180,6 +209,7 @@ class PositionsMachine(RuleBasedStateMachine):
                 self.ids[i] = Reservation(owner=w, state="lost")
         self.wm[w].in_flight.remove(alloc)
         self.procs[w].allocated(alloc.ticket, None)
+        self.wm[w].failed_since_finish = True
 
     def _do_record(self, alloc: Allocation) -> None:
         w = alloc.writer
@@ -204,16 +234,29 @@ class PositionsMachine(RuleBasedStateMachine):
     def _others(self, w: str) -> list[str]:
         return [p for p in self.processes if p != w]
 
-    @rule(i=indices, k=st.integers(1, 3))
-    def reserve(self, i, k):
-        w = self._writer(i)
+    def _do_reserve(self, w: str, k: int) -> list[int]:
         self.wm[w].clean = False
         p = self.procs[w]
         ticket = p.begin_allocation()
         ids = self._take(k)
-        for i in ids:
-            self.ids[i] = Reservation(owner=w, recorded=True)
+        for stream_id in ids:
+            self.ids[stream_id] = Reservation(owner=w, recorded=True)
         p.allocated(ticket, ids)
+        return ids
+
+    def _replicate_to_fixpoint(self) -> None:
+        """Every writer announces to everyone else, round after round, until nothing moves."""
+        for _ in range(10):
+            before = self._observe()
+            for w in self.writers:
+                self._announce(w, self._others(w))
+            if self._observe() == before:
+                return
+        raise AssertionError("replication did not reach a fixpoint in 10 rounds")
+
+    @rule(i=indices, k=st.integers(1, 3))
+    def reserve(self, i, k):
+        self._do_reserve(self._writer(i), k)
 
     @rule(i=indices)
     def begin(self, i):
@@ -236,14 +279,32 @@ class PositionsMachine(RuleBasedStateMachine):
         fetched = [a for m in self.wm.values() for a in m.in_flight if a.ids is not None]
         self._do_record(data.draw(st.sampled_from(fetched), label="allocation"))
 
+    @precondition(lambda self: self._has("fetched"))
+    @rule(data=st.data(), k=st.integers(1, 3), commit=st.booleans())
+    def concurrent_write(self, data, k, commit):
+        """The race of spec §12.5 made likely: while one allocation of a writer has its IDs
+        from the sequence but not yet recorded, another allocation of the same writer gets
+        later IDs and completes (some of) them."""
+        fetched = [a for m in self.wm.values() for a in m.in_flight if a.ids is not None]
+        w = data.draw(st.sampled_from(fetched), label="racing with").writer
+        ids = self._do_reserve(w, k)
+        done = data.draw(
+            st.lists(st.sampled_from(ids), min_size=1, max_size=2, unique=True), label="ids"
+        )
+        self._do_finish(w, done, commit)
+
     @precondition(lambda self: any(self._finishable(w) for w in self.writers))
-    @rule(data=st.data(), commit=st.booleans())
-    def complete(self, data, commit):
+    @rule(data=st.data(), commit=st.booleans(), notify=st.booleans())
+    def complete(self, data, commit, notify):
         w = data.draw(st.sampled_from([w for w in self.writers if self._finishable(w)]), label="writer")
+        # Few IDs at a time, so that holes stay open across other steps.
         ids = data.draw(
-            st.lists(st.sampled_from(self._finishable(w)), min_size=1, unique=True), label="ids"
+            st.lists(st.sampled_from(self._finishable(w)), min_size=1, max_size=2, unique=True),
+            label="ids",
         )
         self._do_finish(w, ids, commit)
+        if notify:  # Synapse pokes replication right after a completion
+            self._announce(w, self._others(w))
 
     @rule(i=indices, j=indices)
     def announce(self, i, j):
@@ -265,6 +326,7 @@ class PositionsMachine(RuleBasedStateMachine):
         r = others[data.draw(indices, label="recipient") % len(others)]
         self.procs[r].advance(w, value)
 
+    @precondition(lambda self: self.mid_run_settles)
     @rule(rnd=st.randoms(use_true_random=False))
     def settle(self, rnd=None):
         # Finish outstanding allocations, then every incomplete ID, in random order.
@@ -281,18 +343,18 @@ class PositionsMachine(RuleBasedStateMachine):
         for w, i in pending:
             self._do_finish(w, [i], commit=not rnd or rnd.random() < 0.5)
         assert not self._incomplete()
-
-        # Replicate until a full round changes nothing.
-        for _ in range(10):
-            before = self._observe()
-            for w in self.writers:
-                self._announce(w, self._others(w))
-            if self._observe() == before:
-                break
-        else:
-            raise AssertionError("replication did not reach a fixpoint in 10 rounds")
-
+        self._replicate_to_fixpoint()
         self.check_safety()
+
+        if len(self.writers) == 1 and self.wm[self.writers[0]].failed_since_finish:
+            # Known lag (module docstring): a lone writer whose in-flight allocation failed
+            # after it completed other IDs may announce less than it could, and nobody else
+            # will ever make it recompute. Safety was checked above; Synapse catches up at the
+            # writer's next completion, so make one and require full convergence after it.
+            w = self.writers[0]
+            self._do_finish(w, self._do_reserve(w, 1), commit=True)
+            self._replicate_to_fixpoint()
+            self.check_safety()
         m = self._max_recorded()
         for name, p in self.procs.items():
             assert p.linear() == m, (name, "linear", p.linear(), m)
@@ -359,7 +421,7 @@ class PositionsMachine(RuleBasedStateMachine):
 
 
 PositionsMachine.TestCase.settings = settings(
-    max_examples=400,
+    max_examples=500,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=list(HealthCheck),  # health checks are about speed, not correctness
