@@ -26,6 +26,7 @@ RECONNECT_FIRST_DELAY = 0.2
 RECONNECT_MAX_DELAY = 5.0
 #: Ping an idle subscription this often, so a dead socket is noticed (Synapse issue #9010).
 IDLE_PING_SECONDS = 5.0
+CONFIRM_TIMEOUT = 5.0
 
 
 def channel_for(server_name: str, line: str) -> str:
@@ -51,6 +52,8 @@ class SynapseRedisBridge:
         self._task: asyncio.Task | None = None
         #: per (stream, writer): the highest token of lines we failed to publish or dropped
         self._stale: dict[tuple[str, str], int] = {}
+        #: writers with a POSITION published on the current subscription
+        self._announced: set[tuple[str, str]] = set()
         self.subscribed = asyncio.Event()
         self.published = 0
         self.dropped = 0
@@ -78,10 +81,13 @@ class SynapseRedisBridge:
             self._stale[key] = max(new, self._stale.get(key, new))
             self.dropped += len(lines)
             return
-        if key in self._stale:
+        if key in self._stale or key not in self._announced:
+            # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
+            # not announced on this subscription (new, or its lines were lost) starts with one.
             lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
         if await self.publish_lines(lines):
             self._stale.pop(key, None)
+            self._announced.add(key)
         else:
             self._stale[key] = max(new, self._stale.get(key, new))
 
@@ -111,9 +117,14 @@ class SynapseRedisBridge:
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(self.server_name)
-                # Wait for the confirmation before anything else (spec §5.3).
+                # Wait for the confirmation before anything else (spec §5.3), but not forever:
+                # a confirmation lost in a reconnect would otherwise leave us never subscribed.
+                deadline = asyncio.get_running_loop().time() + CONFIRM_TIMEOUT
                 while True:
-                    message = await pubsub.get_message(timeout=10)
+                    remaining = deadline - asyncio.get_running_loop().time()
+                    if remaining <= 0:
+                        raise TimeoutError(f"SUBSCRIBE {self.server_name} not confirmed")
+                    message = await pubsub.get_message(timeout=min(remaining, 1.0))
                     if message is not None and message["type"] == "subscribe":
                         break
                 self.resubscriptions += 1
@@ -124,11 +135,15 @@ class SynapseRedisBridge:
                     raise ConnectionError("could not announce positions")
                 # Lines dropped while the announcement was on its way are not covered by it:
                 # those writers stay stale (their next batch starts with a POSITION).
+                self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
                 for cmd in announced:
                     key = (cmd.stream_name, cmd.instance_name)
                     if self._stale.get(key, 0) <= cmd.new_token:
                         self._stale.pop(key, None)
                 self.subscribed.set()
+                if self.resubscriptions > 1:
+                    logger.info("Redis subscription to %s back; announced %d position(s)",
+                                self.server_name, len(announced))
                 delay = RECONNECT_FIRST_DELAY
                 if self._send_replicate:
                     await self.publish_lines([ReplicateCommand().to_line()])

@@ -55,6 +55,8 @@ def read_lines(sub, count: int, timeout: float = 10.0) -> list[bytes]:
 def test_lines_are_byte_exact_synapse_lines(setup):
     rt, _, sub, _ = setup
     rng = random.Random(1)
+    ev_before = rt.generator("events").get_current_token_for_writer("master")
+    r_before = rt.generator("receipts").get_current_token_for_writer("master")
     ev = Event.synthetic(rng, 0) | {"type": "m.room.name", "state_key": "", "sender": "@é:hs"}
     (sid,) = rt.writer("events").append([[
         (Event, ev),
@@ -62,16 +64,20 @@ def test_lines_are_byte_exact_synapse_lines(setup):
     ]])
     receipt = Receipt.synthetic(rng, 1) | {"data": {"ts": 5, "note": "é☃"}}
     (rid,) = rt.writer("receipts").append([[(Receipt, receipt)]])
-    got = read_lines(sub, 3)
+    got = read_lines(sub, 5)
     ev_row = ["ev", [ev["event_id"], ev["room_id"], "m.room.name", "", None, None, None, False, False]]
     state_row = ["state", [ev["room_id"], "m.room.name", "", ev["event_id"]]]
     r_row = [receipt["room_id"], "m.read", receipt["user_id"], receipt["event_id"], None, {"ts": 5, "note": "é☃"}]
     assert got == [
+        # A writer new to this subscription first says where it starts (subscribers accept
+        # a writer's RDATA only after a POSITION for it).
+        f"POSITION events master {ev_before} {ev_before}".encode(),
         f"RDATA events master batch {compact(ev_row)}".encode(),
         f"RDATA events master {sid} {compact(state_row)}".encode(),
+        f"POSITION receipts master {r_before} {r_before}".encode(),
         f"RDATA receipts master {rid} {compact(r_row)}".encode(),
     ]
-    assert b"\\u00e9\\u2603" in got[2]  # Synapse's encoder escapes non-ASCII
+    assert b"\\u00e9\\u2603" in got[4]  # Synapse's encoder escapes non-ASCII
     assert all(b"\n" not in line for line in got)
     for line in got:
         assert parse_line(line.decode()).to_line().encode() == line
@@ -81,7 +87,7 @@ def test_replicate_is_answered_with_positions(setup):
     rt, client, sub, server_name = setup
     rng = random.Random(2)
     ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(3)])
-    read_lines(sub, 3)
+    read_lines(sub, 4)
     client.publish(server_name, b"REPLICATE ")
     lines = read_lines(sub, 2)
     assert lines[0] == b"REPLICATE "
@@ -94,4 +100,5 @@ def test_rolled_back_fact_is_a_position(setup):
     with pytest.raises(RuntimeError):
         with rt.writer("account_data").transaction(1):
             raise RuntimeError("rolled back")
-    assert read_lines(sub, 1) == [f"POSITION account_data master {before} {before + 1}".encode()]
+    assert read_lines(sub, 2) == [f"POSITION account_data master {before} {before}".encode(),
+                                  f"POSITION account_data master {before} {before + 1}".encode()]
