@@ -89,7 +89,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # RESP2: redis-py's RESP3 pub/sub path formats every message into a debug log
+            # string whatever the log level (measured: the endpoint's top cost).
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "protocol": 2}]},
         }
     }
 else:
