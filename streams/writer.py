@@ -119,17 +119,14 @@ class StreamWriter:
         for stream_id, rows in zip(ids, facts):
             for model, values in rows:
                 plan = self._plan(model)
+                params = [stream_id, instance]
                 raw = []
-                for name, default, _ in plan.columns:
+                for name, default, prep in plan.columns:
                     v = values[name] if name in values else default
                     if v is _REQUIRED:
                         raise ValueError(f"{model.__name__}.{name} is required")
                     raw.append(v)
-                params = [stream_id, instance]
-                params.extend(
-                    prep(v) if prep is not None and v is not None else v
-                    for v, (_, _, prep) in zip(raw, plan.columns)
-                )
+                    params.append(prep(v) if prep is not None and v is not None else v)
                 by_model.setdefault(model, []).append(params)
                 if wire is not None:
                     wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
