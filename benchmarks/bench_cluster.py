@@ -803,6 +803,8 @@ def run_e2e(ctx, cluster: Cluster, env: dict, url: str, pids: dict, n: int, fact
 # -- report --------------------------------------------------------------------------------------
 
 def machine_info(pg_url: str, redis_url: str) -> list[str]:
+    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
+
     import django
     import psycopg
     import redis
@@ -813,16 +815,6 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
     r = redis.Redis.from_url(redis_url)
     redis_version = r.info("server")["redis_version"]
     r.close()
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
     try:
         import hiredis  # noqa: F401
 
@@ -831,7 +823,7 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
         hi = "no hiredis"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
-        f"machine: {os.cpu_count()} cores ({usable} usable) {model}; {platform.platform()}; load avg {load}",
+        f"machine: {cpu_description()}; {platform.platform()}; load avg {load}",
         f"python {platform.python_version()}, django {django.__version__}, redis-py {redis.__version__} ({hi}), "
         f"psycopg {psycopg.__version__}",
         f"servers: redis {redis_version} (client-output-buffer-limit pubsub 0 0 0); "

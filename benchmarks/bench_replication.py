@@ -622,6 +622,8 @@ def pct(values: list[float], p: float) -> float:
 # -- machine info ------------------------------------------------------------------------------
 
 def machine_info(pg_url: str, redis_url: str) -> list[str]:
+    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
+
     import channels
     import channels_redis
     import django
@@ -634,16 +636,6 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
     r = redis.Redis.from_url(redis_url)
     redis_version = r.info("server")["redis_version"]
     r.close()
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
     try:
         import hiredis  # noqa: F401
 
@@ -655,7 +647,7 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
     except OSError:
         load = "?"
     return [
-        f"machine: {os.cpu_count()} cores ({usable} usable) {model}; {platform.platform()}; load avg {load}",
+        f"machine: {cpu_description()}; {platform.platform()}; load avg {load}",
         f"python {platform.python_version()}, django {django.__version__}, channels {channels.__version__}, "
         f"channels_redis {channels_redis.__version__}, redis-py {redis.__version__} ({hi}), "
         f"psycopg {psycopg.__version__}",

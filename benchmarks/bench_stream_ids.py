@@ -179,6 +179,8 @@ def run_case(kind: str, url: str, procs: int, per_txn: int, facts_per_proc: int,
 
 
 def machine_info(url: str) -> list[str]:
+    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
+
     import django
     import psycopg
 
@@ -187,18 +189,8 @@ def machine_info(url: str) -> list[str]:
         settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]
                     for name in ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
                                  "shared_buffers")}
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
     return [
-        f"machine: {os.cpu_count()} cores ({usable} usable) {model}; {platform.platform()}",
+        f"machine: {cpu_description()}; {platform.platform()}",
         f"python {platform.python_version()}, django {django.__version__}, psycopg {psycopg.__version__} "
         f"({psycopg.pq.__impl__}, libpq {psycopg.pq.version()})",
         f"server: {version}",
