@@ -90,21 +90,13 @@ def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30)
             time.sleep(0.1)
 
 
-class Cluster:
-    def __init__(self, pg_url: str, tmp: Path, redis_url: str | None) -> None:
+class ProcessGroup:
+    """Processes of one test (``manage.py`` commands, daphne), each logging to ``tmp/<name>.log``."""
+
+    def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, STREAM_WRITERS=WRITERS,
-                        POSITION_POLL_SECONDS="0.05", PYTHONUNBUFFERED="1")
-        self.env.pop("REDIS_URL", None)
-        if redis_url:
-            self.env["REDIS_URL"] = redis_url
+        self.env: dict[str, str] = {}
         self.procs: list[subprocess.Popen] = []
-        self.repl_port, self.web_port = free_port(), free_port()
-        self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}")
-        wait_port(self.repl_port, self.endpoint, tmp / "endpoint.log")
-        self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
-                              "synapse_repl.asgi:application")
-        wait_port(self.web_port, self.web, tmp / "web.log")
 
     def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
@@ -112,6 +104,33 @@ class Cluster:
                                 stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+class Cluster(ProcessGroup):
+    def __init__(self, pg_url: str, tmp: Path, redis_url: str | None) -> None:
+        super().__init__(tmp)
+        self.env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, STREAM_WRITERS=WRITERS,
+                        POSITION_POLL_SECONDS="0.05", PYTHONUNBUFFERED="1")
+        self.env.pop("REDIS_URL", None)
+        if redis_url:
+            self.env["REDIS_URL"] = redis_url
+        self.repl_port, self.web_port = free_port(), free_port()
+        self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}")
+        wait_port(self.repl_port, self.endpoint, tmp / "endpoint.log")
+        self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                              "synapse_repl.asgi:application")
+        wait_port(self.web_port, self.web, tmp / "web.log")
 
     def worker(self, name: str, port: int) -> subprocess.Popen:
         return self.start(name, "manage.py", "replication_worker", "--name", name,
@@ -129,16 +148,6 @@ class Cluster:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 @pytest.fixture(params=["redis", "no-redis"])

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,9 +15,8 @@ from django.db import connections
 
 from synapse_repl.services import free_port
 
-from .test_cluster import wait_port
+from .test_cluster import ProcessGroup, wait_port
 
-ROOT = Path(__file__).resolve().parents[3]
 SERVER_NAME = "faults.example"
 WRITERS = "events=w1,w2;account_data=w3"
 # Not in the default run yet: about 1 run in 5 the Redis-following worker still misses one
@@ -27,12 +24,11 @@ WRITERS = "events=w1,w2;account_data=w3"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.redis_faults]
 
 
-class RedisCluster:
+class RedisCluster(ProcessGroup):
     def __init__(self, pg_url: str, redis_url: str, tmp: Path) -> None:
-        self.tmp = tmp
+        super().__init__(tmp)
         self.env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis_url, SERVER_NAME=SERVER_NAME,
                         STREAM_WRITERS=WRITERS, POSITION_POLL_SECONDS="0.2", PYTHONUNBUFFERED="1")
-        self.procs: list[subprocess.Popen] = []
         self.web_port = free_port()
         self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
                               "synapse_repl.asgi:application")
@@ -43,13 +39,6 @@ class RedisCluster:
             wait_port(port, proc, tmp / f"endpoint{i}.log")
             self.endpoint_ports.append(port)
         wait_port(self.web_port, self.web, tmp / "web.log")
-
-    def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **(env or {})},
-                                stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
 
     def worker(self, name: str, *transport: str) -> subprocess.Popen:
         return self.start(name, "manage.py", "replication_worker", "--name", name, *transport,
@@ -72,15 +61,6 @@ class RedisCluster:
                 out.append((f["stream"], f["writer"], f["token"]))
         return out
 
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def database_facts() -> set[tuple[str, str, int]]:
