@@ -9,6 +9,7 @@ into the SQL text), elsewhere ``executemany`` of one ``INSERT``.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -33,6 +34,9 @@ class _InsertPlan:
     unnest_sql: str | None
     #: per column after the stream ID and writer: (field name, default, converter or None)
     columns: list[tuple[str, Any, Any]]
+    #: PostgreSQL only: per column, the converter of a value into its array element
+    #: (``None``: as it is), for the binary ``unnest`` parameters
+    array_preps: list[Any] | None
     #: the wire row of a written row: positions of the wire fields among ``columns``, and
     #: the table's row format
     wire_index: list[int]
@@ -119,36 +123,41 @@ class StreamWriter:
         for stream_id, rows in zip(ids, facts):
             for model, values in rows:
                 plan = self._plan(model)
-                params = [stream_id, instance]
-                raw = []
-                for name, default, prep in plan.columns:
-                    v = values[name] if name in values else default
-                    if v is _REQUIRED:
-                        raise ValueError(f"{model.__name__}.{name} is required")
-                    raw.append(v)
-                    params.append(prep(v) if prep is not None and v is not None else v)
-                by_model.setdefault(model, []).append(params)
+                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
+                if _REQUIRED in raw:
+                    name = plan.columns[raw.index(_REQUIRED)][0]
+                    raise ValueError(f"{model.__name__}.{name} is required")
+                by_model.setdefault(model, []).append([stream_id, instance, *raw])
                 if wire is not None:
                     wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
         connection = connections[self.using]
         for model, params_list in by_model.items():
             plan = self._plans[model]
             if plan.unnest_sql is not None and len(params_list) > 1:
-                self._insert_unnest(connection, plan.unnest_sql, params_list)
+                self._insert_unnest(connection, plan, params_list)
             else:
+                preps = [None, None, *(prep for _, _, prep in plan.columns)]
+                if any(preps):
+                    params_list = [[v if prep is None or v is None else prep(v) for prep, v in zip(preps, row)]
+                                   for row in params_list]
                 with connection.cursor() as cursor:
                     cursor.executemany(plan.sql, params_list)
 
     @staticmethod
-    def _insert_unnest(connection: Any, sql: str, rows: list[list[Any]]) -> None:
+    def _insert_unnest(connection: Any, plan: _InsertPlan, rows: list[list[Any]]) -> None:
         import psycopg
 
         connection.ensure_connection()
         arrays = [list(column) for column in zip(*rows)]
+        for i, prep in enumerate(plan.array_preps):
+            if prep is not None:
+                arrays[i] = [None if v is None else prep(v) for v in arrays[i]]
         # Django's own cursor binds client-side; a server-binding cursor on the same
-        # connection (and so the same transaction) sends the arrays as parameters.
+        # connection (and so the same transaction) sends the arrays as binary parameters
+        # (text arrays would be escaped element by element with a regex: measured 30% of
+        # the writer's CPU at 100 facts per transaction).
         with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(sql, arrays)
+            cursor.execute(plan.unnest_sql, arrays)
 
     def _plan(self, model: type[FactModel]) -> _InsertPlan:
         plan = self._plans.get(model)
@@ -181,17 +190,32 @@ class StreamWriter:
                 return field.get_default()
             return None if field.null else _REQUIRED
 
-        unnest_sql = None
+        unnest_sql = array_preps = None
         if connection.vendor == "postgresql":
             types = [id_field.db_type(connection), writer_field.db_type(connection),
                      *(f.db_type(connection) for f in fields)]
             unnest_sql = "INSERT INTO {} ({}) SELECT * FROM unnest({})".format(
                 qn(meta.db_table), ", ".join(qn(c) for c in columns),
-                ", ".join(f"%s::{t}[]" for t in types),
+                ", ".join(f"%b::{t}[]" for t in types),
             )
+            # Parameters as built for executemany, but JSON as its text (sent as text[] and
+            # cast to jsonb[] by the server) instead of one Jsonb wrapper per value.
+            array_preps = [None, None, *(_array_prep(f, connection) for f in fields)]
         table = next(t for t in self.spec.tables if t.model is model)
         names = [f.name for f in fields]
         plan = _InsertPlan(sql, unnest_sql, [(f.name, default(f), converter(f)) for f in fields],
-                           [names.index(name) for name in table.fields], table.to_wire)
+                           array_preps, [names.index(name) for name in table.fields], table.to_wire)
         self._plans[model] = plan
         return plan
+
+
+def _array_prep(field: Any, connection: Any) -> Any:
+    """How a value of ``field`` becomes an element of its binary ``unnest`` array."""
+    internal = field.get_internal_type()
+    if internal in ("CharField", "TextField", "BigIntegerField", "IntegerField", "BooleanField",
+                    "BinaryField"):
+        return None
+    if internal == "JSONField":
+        encoder = field.encoder
+        return lambda v: json.dumps(v, cls=encoder)
+    return lambda v: field.get_db_prep_save(v, connection)
