@@ -15,3 +15,4 @@ class DashboardConfig(AppConfig):
         # The admin index carries the live stream-positions panel.
         admin.site.index_template = "admin/live_index.html"
         admin.site.site_header = _("synapse_repl administration")
+        admin.site.site_title = _("synapse_repl admin")

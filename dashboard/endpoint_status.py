@@ -54,15 +54,17 @@ async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERV
 
 
 def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
-    from django.db import close_old_connections
+    from django.db import connection
 
     from .models import EndpointStatus
 
-    close_old_connections()
-    EndpointStatus.objects.update_or_create(endpoint=key, defaults={
-        "server_name": server_name, "pid": os.getpid(),
-        "updated_at": datetime.now(timezone.utc), "snapshot": snapshot,
-    })
+    try:
+        EndpointStatus.objects.update_or_create(endpoint=key, defaults={
+            "server_name": server_name, "pid": os.getpid(),
+            "updated_at": datetime.now(timezone.utc), "snapshot": snapshot,
+        })
+    finally:
+        connection.close()  # a pool thread may not come back to it
 
 
 def endpoint_statuses(now: datetime | None = None) -> list[dict[str, Any]]:

@@ -38,17 +38,24 @@ MIN_PUSH_INTERVAL = 0.2
 
 
 def collect_state(now: float | None = None) -> dict[str, Any]:
-    """Where everything stands, as the database records it (sync: call off the event loop)."""
-    from datetime import datetime, timezone
+    """Where everything stands, as the database records it (sync: call off the event loop;
+    the connection is closed afterwards: the worker thread may never come back to it)."""
+    from django.db import connection
 
-    from django.db import close_old_connections
+    try:
+        return _collect_state(now)
+    finally:
+        connection.close()
+
+
+def _collect_state(now: float | None) -> dict[str, Any]:
+    from datetime import datetime, timezone
 
     from streams.conf import instance_name, repl_setting
     from streams.status import stream_status
 
     from .endpoint_status import endpoint_statuses
 
-    close_old_connections()
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)
     streams = []

@@ -21,13 +21,15 @@ from .models import (
     StreamPosition, StreamReservation,
 )
 
-#: Further panels on an event's admin page: ``(title, render(event) -> safe HTML)``.
-#: Event storage (edges, state groups, state at an event) registers its panels here.
+#: Further panels on an event's admin page: ``(title, render(event) -> HTML)``; build the HTML
+#: with ``format_html`` (a plain string is shown escaped). Event storage (edges, state group,
+#: state at an event) registers its panels here.
 EVENT_DETAIL_PANELS: list[tuple[str, Callable[[Event], str]]] = []
 
 
 def event_detail_panel(title: str) -> Callable[[Callable[[Event], str]], Callable[[Event], str]]:
-    """Decorator: show ``render(event)`` (safe HTML) under ``title`` on every event's page."""
+    """Decorator: show ``render(event)`` (``format_html`` output) under ``title`` on every
+    event's page."""
     def register(render: Callable[[Event], str]) -> Callable[[Event], str]:
         EVENT_DETAIL_PANELS.append((title, render))
         return render
@@ -110,12 +112,12 @@ class FactAdmin(admin.ModelAdmin):
         )
 
     def get_search_results(self, request, queryset, search_term):
-        """A whole number in the search box also finds the fact with that stream ID."""
-        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        """A whole number in the search box finds the fact with that stream ID (IDs, rooms and
+        users are searched by any other text)."""
         term = search_term.strip()
         if term.lstrip("-").isdigit():
-            results = results | queryset.filter(Q(**{self.stream_id_field: int(term)}))
-        return results, may_have_duplicates
+            return queryset.filter(Q(**{self.stream_id_field: int(term)})), False
+        return super().get_search_results(request, queryset, search_term)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
