@@ -121,8 +121,10 @@
       history.forEach(function (p) {
         streams.forEach(function (name) { max = Math.max(max, p.rates[name] || 0); });
       });
-      var step = Math.pow(10, Math.floor(Math.log10(max)));
-      max = Math.ceil(max / step) * step;
+      // Four gridlines at round values: a tick of 1, 2, 2.5 or 5 times a power of ten.
+      var raw = max / 4, power = Math.pow(10, Math.floor(Math.log10(raw)));
+      var tick = [1, 2, 2.5, 5, 10].map(function (f) { return f * power; }).find(function (t) { return t >= raw; });
+      max = tick * 4;
       var x = function (t) { return left + (width - left - right) * (1 - (now - t) / HISTORY_SECONDS); };
       var y = function (v) { return top + (height - top - bottom) * (1 - v / max); };
       ctx.font = "11px system-ui, sans-serif";
@@ -132,7 +134,7 @@
       for (var i = 0; i <= 4; i++) {
         var v = max * i / 4, yy = Math.round(y(v)) + 0.5;
         ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(width - right, yy); ctx.stroke();
-        ctx.fillText(v >= 10 ? v.toFixed(0) : v.toFixed(1), 4, yy + 4);
+        ctx.fillText(Number.isInteger(v) ? String(v) : v.toFixed(1), 4, yy + 4);
       }
       for (var m = 0; m <= HISTORY_SECONDS; m += 60) {
         ctx.fillText(m === 0 ? "now" : "-" + (m / 60) + " min", x(now - m) - (m === 0 ? 20 : 14), height - 6);
