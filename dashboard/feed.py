@@ -33,6 +33,8 @@ LOCAL_LAYER = "dashboard_local"
 LIVE_GROUP = "dashboard.live"
 #: How much facts/s history the chart shows.
 HISTORY_SECONDS = 300
+#: Facts/s are averaged over this trailing window.
+RATE_WINDOW_SECONDS = 5.0
 #: A burst of line batches is coalesced into at most one refresh per this many seconds.
 MIN_PUSH_INTERVAL = 0.2
 
@@ -99,7 +101,7 @@ class LiveFeed:
         self.refreshes = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._baseline: tuple[float, dict[str, int]] | None = None
+        self._window: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
         self._started = asyncio.Event()
 
     # -- life -------------------------------------------------------------------------------
@@ -175,15 +177,19 @@ class LiveFeed:
         await get_channel_layer(LOCAL_LAYER).group_send(LIVE_GROUP, {"type": "dashboard.update", "payload": state})
 
     def _sample(self, state: dict[str, Any]) -> dict[str, Any] | None:
-        """Facts per second per stream since the last sample. A stream's IDs come from one
-        sequence whatever the writer, so the highest completed ID counts its facts."""
+        """Facts per second per stream over the last :data:`RATE_WINDOW_SECONDS` (a trickle
+        of single facts would otherwise draw a comb). A stream's IDs come from one sequence
+        whatever the writer, so the highest completed ID counts its facts."""
         totals = {s["name"]: s["total"] for s in state["streams"] if s["db_backed"]}
         t = state["t"]
-        baseline, self._baseline = self._baseline, (t, totals)
-        if baseline is None or t <= baseline[0]:
+        window = self._window
+        while len(window) > 1 and t - window[1][0] >= RATE_WINDOW_SECONDS:
+            window.popleft()
+        window.append((t, totals))
+        t0, base = window[0]
+        if t <= t0:
             return None
-        dt = t - baseline[0]
-        return {"t": t, "rates": {name: round(max(0, total - baseline[1].get(name, total)) / dt, 2)
+        return {"t": t, "rates": {name: round(max(0, total - base.get(name, total)) / (t - t0), 2)
                                   for name, total in totals.items()}}
 
     def snapshot(self) -> dict[str, Any]:

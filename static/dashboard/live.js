@@ -59,12 +59,16 @@
     var last = history.length ? history[history.length - 1].rates : {};
     $all("streams").forEach(function (tbody) {
       var rows = state.streams.map(function (s) {
+        // Every writer with a recorded position, and configured writers that have none yet.
         var positions = Object.keys(s.positions);
+        (s.writers || []).forEach(function (w) { if (positions.indexOf(w) < 0) positions.push(w); });
         var posCell = el("td", null, positions.length ? positions.map(function (w) {
           var ahead = s.ahead[w];
+          var known = w in s.positions;
           return el("div", null, [
             el("span", {className: "writer", text: w}), ": ",
-            el("span", {className: "position", "data-stream": s.name, "data-writer": w, text: String(s.positions[w])}),
+            el("span", {className: known ? "position" : "position muted", "data-stream": s.name, "data-writer": w,
+                        text: known ? String(s.positions[w]) : "nothing written yet"}),
             ahead ? el("span", {className: "ahead", text: " +" + ahead}) : "",
           ]);
         }) : [el("span", {className: "muted", text: "none"})]);
