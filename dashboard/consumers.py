@@ -25,12 +25,16 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=NOT_STAFF)
             return
         await self.accept()
-        feed = await live_feed()
+        self.feed = await live_feed()
+        self.feed.join()
         await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
-        await self.send_json({"type": "snapshot", **feed.snapshot()})
+        await self.send_json({"type": "snapshot", **self.feed.snapshot()})
 
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+        feed = getattr(self, "feed", None)
+        if feed is not None:
+            feed.leave()
+            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The page has nothing to say; answer a ping so a client can check the socket.

@@ -33,6 +33,8 @@ LOCAL_LAYER = "dashboard_local"
 LIVE_GROUP = "dashboard.live"
 #: How much facts/s history the chart shows.
 HISTORY_SECONDS = 300
+#: A feed with no page open for this long stops (and stops hearing every line batch).
+IDLE_STOP_SECONDS = 600.0
 #: Facts/s are averaged over this trailing window.
 RATE_WINDOW_SECONDS = 5.0
 #: A burst of line batches is coalesced into at most one refresh per this many seconds.
@@ -94,6 +96,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
 class LiveFeed:
     def __init__(self, refresh: float | None = None) -> None:
         self.refresh = settings.DASHBOARD["FEED_REFRESH_SECONDS"] if refresh is None else refresh
+        self.idle_stop = IDLE_STOP_SECONDS
         self.history: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max(1, int(HISTORY_SECONDS / self.refresh)))
         self.state: dict[str, Any] | None = None
@@ -103,6 +106,9 @@ class LiveFeed:
         self._tasks: list[asyncio.Task] = []
         self._window: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
         self._started = asyncio.Event()
+        self.clients = 0
+        self.stopping = False
+        self._idle_since: float | None = None
 
     # -- life -------------------------------------------------------------------------------
 
@@ -122,6 +128,18 @@ class LiveFeed:
 
     async def ready(self) -> None:
         await self._started.wait()
+
+    def join(self) -> None:
+        self.clients += 1
+        self._idle_since = None
+
+    def leave(self) -> None:
+        self.clients -= 1
+        if self.clients <= 0:
+            self._idle_since = asyncio.get_running_loop().time()
+
+    def _idle_too_long(self, now: float) -> bool:
+        return self.clients <= 0 and self._idle_since is not None and now - self._idle_since >= self.idle_stop
 
     # -- input: the replication group -------------------------------------------------------
 
@@ -161,6 +179,15 @@ class LiveFeed:
                 await self.refresh_once(tick)
             except Exception:
                 logger.exception("dashboard feed: refresh failed")
+            if self._idle_too_long(loop.time()):
+                # Nobody watches: stop listening. The next page starts a new feed.
+                self.stopping = True
+                if _feeds.get(loop) is self:
+                    del _feeds[loop]
+                for task in self._tasks:
+                    if task is not asyncio.current_task():
+                        task.cancel()
+                return
             if not tick:
                 await asyncio.sleep(MIN_PUSH_INTERVAL)
 
@@ -201,10 +228,11 @@ _feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveFeed] = weakref
 
 
 async def live_feed() -> LiveFeed:
-    """This event loop's feed, started on first use and kept running (the chart's history)."""
+    """This event loop's feed, started on first use and kept running while pages are open
+    (and :data:`IDLE_STOP_SECONDS` after, so a page reopened soon finds the chart's history)."""
     loop = asyncio.get_running_loop()
     feed = _feeds.get(loop)
-    if feed is not None:
+    if feed is not None and not feed.stopping:
         await feed.ready()
         return feed
     feed = _feeds[loop] = LiveFeed()
@@ -213,7 +241,7 @@ async def live_feed() -> LiveFeed:
 
 
 async def stop_live_feed() -> None:
-    """Stop this loop's feed (tests; daphne keeps it for the life of the process)."""
+    """Stop this loop's feed now (tests)."""
     feed = _feeds.pop(asyncio.get_running_loop(), None)
     if feed is not None:
         await feed.stop()

@@ -225,3 +225,72 @@ def test_endpoint_connections_reach_the_page(staff_cookie, settings):
         await comm.disconnect()
 
     run(scenario)
+
+
+def test_full_mode_a_write_in_another_process_arrives_through_redis(staff_cookie, settings, redis_server, pg_url):
+    """Full mode: ``write_facts`` in its own process publishes its line batch on Redis; the
+    web process's feed hears it on ``replication.lines`` and pushes the new position (its
+    own refresh is an hour away)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    settings.DASHBOARD = {**settings.DASHBOARD, "FEED_REFRESH_SECONDS": 3600.0}
+    settings.CHANNEL_LAYERS = {**settings.CHANNEL_LAYERS, "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [{"address": redis_server.url, "protocol": 2}]},
+    }}
+    env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis_server.url)
+
+    def write_facts() -> str:
+        done = subprocess.run([sys.executable, "manage.py", "write_facts", "account_data", "--count", "3",
+                               "--no-progress"], cwd=Path(__file__).resolve().parents[2], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    async def scenario():
+        comm = communicator(staff_cookie)
+        assert (await comm.connect())[0]
+        snapshot = await next_of_type(comm, "snapshot")
+        assert stream(snapshot, "account_data")["positions"] == {}
+        out = await sync_to_async(write_facts, thread_sensitive=False)()
+        update = await next_of_type(comm, "update", lambda m: stream(m, "account_data")["positions"])
+        position = stream(update, "account_data")["positions"]["master"]
+        assert f"position {position}," in out
+        await comm.disconnect()
+        await stop_live_feed()
+        await get_channel_layer().flush()
+
+    run(scenario)
+
+
+def test_a_feed_nobody_watches_stops(staff_cookie, settings):
+    settings.DASHBOARD = {**settings.DASHBOARD, "FEED_REFRESH_SECONDS": 0.1}
+
+    async def scenario():
+        from dashboard import feed as feed_module
+
+        comm = communicator(staff_cookie)
+        assert (await comm.connect())[0]
+        await next_of_type(comm, "snapshot")
+        loop = asyncio.get_running_loop()
+        feed = feed_module._feeds[loop]
+        feed.idle_stop = 0.3
+        assert feed.clients == 1
+        await comm.disconnect()
+        assert feed.clients == 0
+        deadline = loop.time() + WAIT
+        while loop.time() < deadline and not all(t.done() for t in feed._tasks):
+            await asyncio.sleep(0.05)
+        assert all(t.done() for t in feed._tasks) and feed.stopping
+        assert loop not in feed_module._feeds
+        # The next page gets a new, running feed.
+        again = communicator(staff_cookie)
+        assert (await again.connect())[0]
+        await next_of_type(again, "snapshot")
+        assert feed_module._feeds[loop] is not feed
+        await again.disconnect()
+
+    run(scenario)
