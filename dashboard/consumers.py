@@ -1,7 +1,7 @@
 """The WebSocket behind the live pages (dashboard and admin): ``/ws/live/``.
 
-Staff only: anybody else has the handshake refused (close code 4403) before anything is
-sent. A connected page first gets a ``snapshot`` (the latest state and the facts/s history),
+Staff only: for anybody else the socket is closed with code 4403 right after the handshake,
+before any data is sent. A connected page first gets a ``snapshot`` (the latest state and the facts/s history),
 then an ``update`` for every refresh of this process's :class:`~dashboard.feed.LiveFeed`.
 """
 from __future__ import annotations
@@ -22,6 +22,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         if not is_staff(self.scope.get("user")):
+            # Accept only to close with a code the page can read (a refused handshake reaches
+            # the browser as 1006): it then goes to sign in instead of retrying forever.
+            await self.accept()
             await self.close(code=NOT_STAFF)
             return
         await self.accept()

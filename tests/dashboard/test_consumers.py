@@ -80,24 +80,24 @@ def stream(message: dict, name: str) -> dict:
     return next(s for s in message["streams"] if s["name"] == name)
 
 
-def test_anonymous_is_refused_before_anything_is_sent():
+def test_anonymous_is_closed_before_anything_is_sent():
     async def scenario():
         comm = communicator()
-        connected, code = await comm.connect()
-        assert (connected, code) == (False, 4403)
+        assert (await comm.connect())[0]
+        assert await comm.receive_output(timeout=WAIT) == {"type": "websocket.close", "code": 4403}
         assert await comm.receive_nothing()
 
     run(scenario)
 
 
-def test_non_staff_user_is_refused():
+def test_non_staff_user_is_closed_before_anything_is_sent():
     user = get_user_model().objects.create_user("someone", password="x" * 12)
     cookie = session_cookie(user)
 
     async def scenario():
         comm = communicator(cookie)
-        connected, code = await comm.connect()
-        assert (connected, code) == (False, 4403)
+        assert (await comm.connect())[0]
+        assert await comm.receive_output(timeout=WAIT) == {"type": "websocket.close", "code": 4403}
         assert await comm.receive_nothing()
 
     run(scenario)
