@@ -150,7 +150,15 @@ class LiveFeed:
         listening.set()
         try:
             while True:
-                await layer.receive(channel)
+                try:
+                    await layer.receive(channel)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # Redis away: the periodic refresh still shows everything, a little later.
+                    logger.warning("dashboard feed: replication.lines unavailable", exc_info=True)
+                    await asyncio.sleep(1.0)
+                    continue
                 self.batches_heard += 1
                 self._wake.set()
         finally:
