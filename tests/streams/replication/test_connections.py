@@ -10,9 +10,18 @@ def test_relayed_batches_are_counted_by_command():
     message = {"data": ("\n".join(lines) + "\n").encode(), "count": len(lines)}
     counters = EndpointCounters()
     counters.lines_sent(message)
-    counters.lines_sent(message)  # the same batch to a second connection: counted from the cache
+    counters.lines_sent(message)  # the same batch to a second connection
     assert (counters.rdata_sent, counters.position_sent) == (6, 2)
-    assert message["positions"] == 1
+    rows_only = build_lines("events", "w1", 10, 11, [(11, [["ev", ["$a"]]])])
+    counters.lines_sent({"data": ("\n".join(rows_only) + "\n").encode(), "count": len(rows_only)})
+    assert (counters.rdata_sent, counters.position_sent) == (7, 2)
+
+
+def test_a_rolled_back_fact_is_one_position():
+    lines = build_lines("events", "w1", 10, 12, [])
+    counters = EndpointCounters()
+    counters.lines_sent({"data": ("\n".join(lines) + "\n").encode(), "count": len(lines)})
+    assert (counters.rdata_sent, counters.position_sent) == (0, 1)
 
 
 def test_a_batch_that_starts_with_position():
