@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import time
 import weakref
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -42,14 +42,24 @@ MIN_PUSH_INTERVAL = 0.2
 
 
 def collect_state(now: float | None = None) -> dict[str, Any]:
-    """Where everything stands, as the database records it (sync: call off the event loop;
-    the connection is closed afterwards: the worker thread may never come back to it)."""
+    """Where everything stands, as the database records it (sync: call off the event loop).
+
+    The feed calls it from a thread of its own that keeps its connection (connecting costs
+    more than the reads: docs/benchmarks.md); a failed read drops the connection."""
     from django.db import connection
 
     try:
         return _collect_state(now)
-    finally:
+    except Exception:
         connection.close()
+        raise
+
+
+def _close_connection() -> None:
+    """Close this thread's connection (``connection`` resolves per thread: look it up here)."""
+    from django.db import connection
+
+    connection.close()
 
 
 def _collect_state(now: float | None) -> dict[str, Any]:
@@ -106,6 +116,8 @@ class LiveFeed:
         self._tasks: list[asyncio.Task] = []
         self._window: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
         self._started = asyncio.Event()
+        #: the one thread (and so the one connection) the feed reads the database with
+        self._db = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-feed-db")
         self.clients = 0
         self.stopping = False
         self._idle_since: float | None = None
@@ -125,6 +137,13 @@ class LiveFeed:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._close_db()
+
+    async def _close_db(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._db, _close_connection)
+        finally:
+            self._db.shutdown(wait=False)
 
     async def ready(self) -> None:
         await self._started.wait()
@@ -195,12 +214,13 @@ class LiveFeed:
                 for task in self._tasks:
                     if task is not asyncio.current_task():
                         task.cancel()
+                await self._close_db()
                 return
             if not tick:
                 await asyncio.sleep(MIN_PUSH_INTERVAL)
 
     async def refresh_once(self, sample: bool) -> None:
-        state = await sync_to_async(collect_state, thread_sensitive=False)()
+        state = await asyncio.get_running_loop().run_in_executor(self._db, collect_state)
         if sample:
             point = self._sample(state)
             if point is not None:
