@@ -3,7 +3,8 @@
 ``manage.py runservice`` (what ``make run`` starts) serves the test database; the browser
 signs in as the superuser ``runservice`` ensured (``ADMIN_PASSWORD``), opens the streams
 page, and sees positions change — without a reload — as ``manage.py write_facts`` writes
-from another process. When the server goes away, the page says so.
+from another process; on the connections page it sees a worker connect to the replication
+endpoint (another process) and leave. When the server goes away, the page says so.
 """
 from __future__ import annotations
 
@@ -105,6 +106,23 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             assert page.evaluate("window.liveUpdates") >= 2
             page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
             assert (tmp_path / "streams.png").stat().st_size > 10_000
+
+            # A worker connects to the replication endpoint (runservice's child process): the
+            # connections page shows it, then its disconnect and the reason, live.
+            page.goto(base + "/connections/")
+            expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+            host, _, rport = env["REPLICATION_LISTEN"].rpartition(":")
+            worker = socket.create_connection((host, int(rport)), timeout=10)
+            worker.sendall(b"NAME browser-worker\nPING 1\nREPLICATE \nUSER_SYNC i1 @carol:test DEV start 1\n")
+            row = page.locator(".connections tr", has_text="browser-worker")
+            expect(row).to_contain_text("@carol:test", timeout=WAIT_MS)
+            page.evaluate("window.loadedOnce = 'yes'")
+            worker.close()
+            gone = page.locator(".disconnects tr", has_text="browser-worker")
+            expect(gone).to_contain_text("connection lost", timeout=WAIT_MS)
+            expect(row).to_have_count(0)
+            assert page.evaluate("window.loadedOnce") == "yes"
+            page.screenshot(path=str(tmp_path / "connections.png"), full_page=True)
 
             # The server goes away: the page says so (and keeps trying to reconnect).
             stop(proc)
