@@ -63,6 +63,7 @@ def test_streams_page_shows_positions_and_pending(admin_client, receipts_written
     assert page.status_code == 200
     body = page.content.decode()
     assert f'data-writer="master">{ids[-1]}<' in body
+    assert 'data-stream="events" data-writer="master">nothing written yet<' in body  # configured, no position
     assert 'src="/static/dashboard/live.js"' in body
     assert "Job runs" in body  # the place batch jobs will fill
     receipts = next(s for s in data["streams"] if s["name"] == "receipts")
