@@ -1,9 +1,12 @@
 from django.urls import path
 
 from . import views
+from .metrics import metrics_view
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.streams_page, name="streams"),
+    path("connections/", views.connections_page, name="connections"),
     path("status.json", views.streams_json, name="streams-json"),
+    path("metrics", metrics_view, name="metrics"),
 ]

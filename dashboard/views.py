@@ -1,19 +1,34 @@
+from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from streams.conf import instance_name, repl_setting
 from streams.status import stream_status
 
+from .access import staff_json
+from .endpoint_status import endpoint_statuses
 
-def streams_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/streams.html", {
-        "streams": stream_status(),
+
+def _context(**extra):
+    return {
         "instance_name": instance_name(),
         "server_name": repl_setting("SERVER_NAME"),
         "stuck_after": repl_setting("STUCK_AFTER_SECONDS"),
-    })
+        **extra,
+    }
 
 
+@staff_member_required
+def streams_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/streams.html", _context(streams=stream_status(), page="streams"))
+
+
+@staff_member_required
+def connections_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/connections.html", _context(endpoints=endpoint_statuses(), page="connections"))
+
+
+@staff_json
 def streams_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"streams": [
         {
@@ -28,4 +43,4 @@ def streams_json(request: HttpRequest) -> JsonResponse:
             ],
         }
         for s in stream_status()
-    ]})
+    ], "endpoints": endpoint_statuses()})

@@ -1,10 +1,123 @@
-"""Fact tables in the Django admin: read-only, because facts never change."""
-from django.contrib import admin
+"""Fact tables in the Django admin: read-only, because facts never change.
+
+Every fact table can be searched and filtered by room, sender (or user), type, stream ID
+(from/to, or a number typed in the search box) and writer. An event's page shows its stored
+JSON exactly as received and pretty-printed, and the panels other parts register with
+:func:`event_detail_panel` (edges, state group, state at the event). The stream-positions
+and pending-IDs pages carry the live panel of the dashboard (same WebSocket feed).
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from django.contrib import admin, messages
+from django.db.models import Q
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
 
 from .models import (
     AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, Receipt,
     StreamPosition, StreamReservation,
 )
+
+#: Further panels on an event's admin page: ``(title, render(event) -> HTML)``; build the HTML
+#: with ``format_html`` (a plain string is shown escaped). Event storage (edges, state group,
+#: state at an event) registers its panels here.
+EVENT_DETAIL_PANELS: list[tuple[str, Callable[[Event], str]]] = []
+
+
+def event_detail_panel(title: str) -> Callable[[Callable[[Event], str]], Callable[[Event], str]]:
+    """Decorator: show ``render(event)`` (``format_html`` output) under ``title`` on every
+    event's page."""
+    def register(render: Callable[[Event], str]) -> Callable[[Event], str]:
+        EVENT_DETAIL_PANELS.append((title, render))
+        return render
+    return register
+
+
+class InputFilter(admin.SimpleListFilter):
+    """A sidebar filter with a text box: ``lookup`` = the typed value."""
+
+    template = "admin/input_filter.html"
+    lookup = ""
+    integer = False
+
+    def lookups(self, request, model_admin):
+        return (("", ""),)  # the sidebar shows filters that have choices
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip()
+        if not value:
+            return queryset
+        if self.integer:
+            try:
+                value = int(value)
+            except ValueError:
+                messages.error(request, f"{self.title}: {value!r} is not a whole number")
+                return queryset.none()
+        return queryset.filter(**{self.lookup: value})
+
+    def choices(self, changelist):
+        params = changelist.get_filters_params()
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "hidden": [(k, v) for k, values in params.items() if k != self.parameter_name
+                       for v in (values if isinstance(values, list) else [values])]
+                      + ([("q", changelist.query)] if changelist.query else []),
+            "display": _("All"),
+        }
+
+
+def input_filter(title: str, parameter: str, lookup: str, *, integer: bool = False) -> type[InputFilter]:
+    return type(f"{parameter}_filter", (InputFilter,), {
+        "title": title, "parameter_name": parameter, "lookup": lookup, "integer": integer,
+    })
+
+
+class FactAdmin(admin.ModelAdmin):
+    """Read-only admin of a fact table, with search and filters on its identifying columns."""
+
+    #: (filter title, column) for the text-box filters of this table
+    text_filters: tuple[tuple[str, str], ...] = ()
+    #: columns with few distinct values: ordinary choice filters
+    choice_filters: tuple[str, ...] = ("instance_name",)
+    list_per_page = 50
+    show_full_result_count = False  # COUNT(*) of a large fact table on every page is slow
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @property
+    def stream_id_field(self) -> str:
+        return self.model.STREAM_ID_FIELD
+
+    def get_ordering(self, request):
+        return ("-" + self.stream_id_field,)
+
+    def get_list_filter(self, request):
+        sid = self.stream_id_field
+        return (
+            *self.choice_filters,
+            input_filter(_("stream ID from"), "sid_from", f"{sid}__gte", integer=True),
+            input_filter(_("stream ID to"), "sid_to", f"{sid}__lte", integer=True),
+            *(input_filter(title, f"by_{column}", column) for title, column in self.text_filters),
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        """A whole number in the search box finds the fact with that stream ID (IDs, rooms and
+        users are searched by any other text)."""
+        term = search_term.strip()
+        if term.lstrip("-").isdigit():
+            return queryset.filter(Q(**{self.stream_id_field: int(term)})), False
+        return super().get_search_results(request, queryset, search_term)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -19,56 +132,81 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
+class EventAdmin(FactAdmin):
     list_display = ("stream_ordering", "event_id", "room_id", "type", "sender", "instance_name")
-    list_filter = ("type", "instance_name", "outlier")
-    search_fields = ("event_id", "room_id", "sender")
-    ordering = ("-stream_ordering",)
+    choice_filters = ("type", "instance_name", "outlier", "rejected")
+    text_filters = ((_("room"), "room_id"), (_("sender"), "sender"))
+    search_fields = ("event_id", "room_id", "sender", "type")
+    exclude = ("json",)
+    readonly_fields = ("json_exact", "json_pretty")
+    change_form_template = "admin/streams/event/change_form.html"
+
+    @admin.display(description=_("JSON as stored"))
+    def json_exact(self, obj: Event) -> str:
+        return format_html('<pre class="event-json exact">{}</pre>',
+                           bytes(obj.json).decode("utf-8", errors="backslashreplace"))
+
+    @admin.display(description=_("JSON, pretty"))
+    def json_pretty(self, obj: Event) -> str:
+        try:
+            pretty = json.dumps(json.loads(bytes(obj.json)), indent=2, ensure_ascii=False)
+        except ValueError as e:
+            return format_html('<p class="errornote">not valid JSON: {}</p>', e)
+        return format_html('<pre class="event-json pretty">{}</pre>', pretty)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        obj = self.get_object(request, object_id)
+        panels = [(title, render(obj)) for title, render in EVENT_DETAIL_PANELS] if obj is not None else []
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "event_panels": panels})
 
 
 @admin.register(CurrentStateDelta)
-class CurrentStateDeltaAdmin(ReadOnlyAdmin):
+class CurrentStateDeltaAdmin(FactAdmin):
     list_display = ("stream_id", "room_id", "type", "state_key", "event_id", "instance_name")
-    search_fields = ("room_id", "event_id")
-    ordering = ("-stream_id",)
+    choice_filters = ("type", "instance_name")
+    text_filters = ((_("room"), "room_id"),)
+    search_fields = ("room_id", "event_id", "state_key")
 
 
 @admin.register(Receipt)
-class ReceiptAdmin(ReadOnlyAdmin):
+class ReceiptAdmin(FactAdmin):
     list_display = ("stream_id", "room_id", "receipt_type", "user_id", "event_id", "instance_name")
-    list_filter = ("receipt_type", "instance_name")
+    choice_filters = ("receipt_type", "instance_name")
+    text_filters = ((_("room"), "room_id"), (_("sender"), "user_id"))
     search_fields = ("room_id", "user_id", "event_id")
-    ordering = ("-stream_id",)
 
 
 @admin.register(CacheInvalidation)
-class CacheInvalidationAdmin(ReadOnlyAdmin):
+class CacheInvalidationAdmin(FactAdmin):
     list_display = ("stream_id", "cache_func", "keys", "instance_name")
-    list_filter = ("cache_func", "instance_name")
-    ordering = ("-stream_id",)
+    choice_filters = ("cache_func", "instance_name")
+    search_fields = ("cache_func",)
 
 
 @admin.register(AccountData)
-class AccountDataAdmin(ReadOnlyAdmin):
+class AccountDataAdmin(FactAdmin):
     list_display = ("stream_id", "user_id", "room_id", "account_data_type", "instance_name")
-    search_fields = ("user_id", "room_id")
-    ordering = ("-stream_id",)
+    choice_filters = ("account_data_type", "instance_name")
+    text_filters = ((_("room"), "room_id"), (_("sender"), "user_id"))
+    search_fields = ("user_id", "room_id", "account_data_type")
 
 
 @admin.register(DeviceInbox)
-class DeviceInboxAdmin(ReadOnlyAdmin):
+class DeviceInboxAdmin(FactAdmin):
     list_display = ("stream_id", "user_id", "device_id", "instance_name")
-    search_fields = ("user_id",)
-    ordering = ("-stream_id",)
+    text_filters = ((_("sender"), "user_id"),)
+    search_fields = ("user_id", "device_id")
 
 
 @admin.register(StreamPosition)
 class StreamPositionAdmin(ReadOnlyAdmin):
     list_display = ("stream_name", "instance_name", "stream_id")
-    list_filter = ("stream_name",)
+    list_filter = ("stream_name", "instance_name")
+    change_list_template = "admin/streams/live_change_list.html"
 
 
 @admin.register(StreamReservation)
 class StreamReservationAdmin(ReadOnlyAdmin):
     list_display = ("stream_name", "instance_name", "stream_ids", "reserved_at", "pid")
     list_filter = ("stream_name", "instance_name")
+    change_list_template = "admin/streams/live_change_list.html"

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django; later issues add WebSocket and replication routes."""
+"""ASGI entry point: HTTP through Django; WebSocket for the live dashboard and admin pages
+(session auth, same-origin only)."""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -6,6 +7,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from dashboard.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_asgi_app,
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})

@@ -104,6 +104,10 @@ CHANNEL_LAYERS["replication_local"] = {
     "CONFIG": {"capacity": 100_000, "expiry": 3600},
 }
 
+# The dashboard's live feed reaches this process's WebSocket clients through this layer (each
+# web process runs its own feed; nothing of it needs to leave the process).
+CHANNEL_LAYERS["dashboard_local"] = {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
@@ -124,6 +128,18 @@ SYNAPSE_REPL = {
     "POSITION_POLL_SECONDS": float(os.environ.get("POSITION_POLL_SECONDS", "1.0")),
     # A reserved stream ID pending longer than this many seconds is reported as stuck.
     "STUCK_AFTER_SECONDS": float(os.environ.get("STUCK_AFTER_SECONDS", "30")),
+}
+
+# --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------
+DASHBOARD = {
+    # The superuser `make run` ensures (password: ADMIN_PASSWORD, else generated once).
+    "ADMIN_USER": os.environ.get("ADMIN_USER", "admin"),
+    # Addresses allowed to read /metrics without signing in: "127.0.0.1/32,10.0.0.0/8".
+    "METRICS_ALLOWED_NETWORKS": os.environ.get("METRICS_ALLOWED_NETWORKS", ""),
+    # How often the live feed refreshes (and samples facts/s) while pages are open.
+    "FEED_REFRESH_SECONDS": float(os.environ.get("FEED_REFRESH_SECONDS", "1.0")),
+    # Demo dataset and trickle on the embedded default (never in full mode).
+    "DEMO": _env_bool("DEMO", True),
 }
 
 # --- The rest is standard Django -------------------------------------------------------------

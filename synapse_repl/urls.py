@@ -4,7 +4,11 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
+from dashboard.metrics import counting_catchups
 from streams.replication.catchup import get_repl_stream_updates
+
+# Catch-up requests are counted for /metrics.
+get_repl_stream_updates = counting_catchups(get_repl_stream_updates)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

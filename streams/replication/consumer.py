@@ -59,6 +59,8 @@ class ConnectionInfo:
     federation_acks: dict[str, int] = field(default_factory=dict)
     commands_in: int = 0
     lines_out: int = 0
+    #: the transport side (``pending_commands``: its outbound queue), for operators
+    outbound: Any = field(default=None, repr=False)
 
 
 class ReplicationConsumer(AsyncConsumer):
@@ -77,8 +79,10 @@ class ReplicationConsumer(AsyncConsumer):
         self.endpoint = self.scope["endpoint"]
         now = time.time()
         self.conn = ReplicationConnection("server", now=now)
-        self.info = ConnectionInfo(self.channel_name, event.get("peer", "?"), now)
+        self.info = ConnectionInfo(self.channel_name, event.get("peer", "?"), now,
+                                   outbound=self.scope.get("protocol"))
         self.endpoint.connections[self.channel_name] = self.info
+        self.endpoint.counters.connections += 1
         self.expected_seq: int | None = None
         await self.channel_layer.group_add(CONNECTIONS_GROUP, self.channel_name)
         self.endpoint.relay.attach(self.channel_name, self.replication_lines)
@@ -161,6 +165,8 @@ class ReplicationConsumer(AsyncConsumer):
             return
         self.expected_seq = seq + 1
         data, count = event["data"], event["count"]
+        if count and (self.info.legacy_streams or self.info.replicating):
+            self.endpoint.counters.lines_sent(event, legacy=bool(self.info.legacy_streams))
         if self.info.legacy_streams:
             data, count = to_legacy(data, self.info.legacy_streams)
         elif not self.info.replicating:
@@ -179,6 +185,7 @@ class ReplicationConsumer(AsyncConsumer):
         if cmds:
             data = self.conn.send_many(cmds, time.time())
             self.info.lines_out += len(cmds)
+            self.endpoint.counters.commands_sent(c.NAME for c in cmds)
             await self.send({"type": "replication.send", "bytes": data, "count": len(cmds)})
 
     async def _error_and_close(self, text: str, *, reason: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from ..conf import repl_setting
+from .connections import EndpointCounters, disconnect_reason, endpoint_started
 from .consumer import ConnectionInfo
 from .relay import ReplicationRelay
 
@@ -32,10 +33,12 @@ class Endpoint:
     user_ips: dict[str, Any] = field(default_factory=dict)
     legacy: Any = None
     bridge: Any = None
+    counters: EndpointCounters = field(default_factory=EndpointCounters)
 
     def disconnected(self, info: ConnectionInfo, reason: str) -> None:
         self.connections.pop(info.channel_name, None)
         reason = self.close_reason.pop(info.channel_name, reason)
+        self.counters.disconnects[disconnect_reason(reason)] += 1
         self.recent_disconnects.append((time.time(), info.name, info.peer, reason))
         logger.info("replication %s (%s) disconnected: %s", info.name, info.peer, reason)
 
@@ -72,4 +75,8 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
         )
         endpoint.bridge.start()
     server = await serve(endpoint, host, port)
+    # Operators' tools (the dashboard) publish the endpoint's connections from here.
+    for receiver, error in endpoint_started.send_robust(Endpoint, endpoint=endpoint, host=host, port=port):
+        if error is not None:
+            logger.error("endpoint_started receiver %r failed: %r", receiver, error)
     return endpoint, server

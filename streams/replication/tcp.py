@@ -42,7 +42,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         host, port = transport.get_extra_info("peername")[:2]
-        scope = {"type": "replication", "client": (host, port), "endpoint": self.endpoint}
+        scope = {"type": "replication", "client": (host, port), "endpoint": self.endpoint, "protocol": self}
         self.inbox.put_nowait({"type": "replication.connect", "peer": f"{host}:{port}"})
         self.task = asyncio.create_task(self._run(scope))
 

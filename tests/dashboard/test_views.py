@@ -1,28 +1,145 @@
+"""Dashboard pages, status.json and /metrics: what staff see, and that nobody else sees it."""
 import random
+from datetime import datetime, timezone
 
 import pytest
+from django.contrib.auth import get_user_model
 
+from dashboard.models import EndpointStatus
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+PROTECTED_PAGES = ["/", "/connections/", "/admin/", "/admin/streams/event/", "/admin/streams/streamposition/"]
 
-def test_streams_page_shows_positions_and_pending(client):
+
+@pytest.fixture
+def staff_client(client):
+    user = get_user_model().objects.create_user("operator", password="x" * 12, is_staff=True)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def plain_client(client):
+    user = get_user_model().objects.create_user("someone", password="x" * 12)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def receipts_written():
     rt = StreamRuntime(instance_name="master", writers=stream_writers(""))
     try:
         w = rt.writer("receipts")
-        (sid,) = w.append([[(Receipt, Receipt.synthetic(random.Random(), 0))]])
-        with w.generator.get_next() as pending_id:
-            page = client.get("/")
-            data = client.get("/status.json").json()
+        ids = w.append([[(Receipt, Receipt.synthetic(random.Random(), n))] for n in range(3)])
+        yield rt, w, ids
     finally:
         rt.close()
+
+
+def endpoint_row(**snapshot_overrides):
+    snapshot = {
+        "server_name": "test", "counters": {"started_at": 0, "connections": 4, "rdata_sent": 120,
+                                            "position_sent": 7, "other_sent": 9,
+                                            "disconnects": {"ping timeout": 2, "bad line": 1}},
+        "connections": [{"name": "worker1", "peer": "127.0.0.1:5555", "connected_at": 1.0, "last_ping_at": 2.0,
+                         "outbound_queue": 42, "streams": ["events"], "syncing_users": [],
+                         "syncing_user_count": 0, "commands_in": 3, "lines_out": 9}],
+        "recent_disconnects": [],
+        **snapshot_overrides,
+    }
+    return EndpointStatus.objects.create(endpoint="host 127.0.0.1:9092", server_name="test", pid=1,
+                                         updated_at=datetime.now(timezone.utc), snapshot=snapshot)
+
+
+def test_streams_page_shows_positions_and_pending(admin_client, receipts_written):
+    rt, w, ids = receipts_written
+    with w.generator.get_next() as pending_id:
+        page = admin_client.get("/")
+        data = admin_client.get("/status.json").json()
     assert page.status_code == 200
     body = page.content.decode()
-    assert f"master: {sid}" in body
+    assert f'data-writer="master">{ids[-1]}<' in body
+    assert 'data-stream="events" data-writer="master">nothing written yet<' in body  # configured, no position
+    assert 'src="/static/dashboard/live.js"' in body
+    assert "Job runs" in body  # the place batch jobs will fill
     receipts = next(s for s in data["streams"] if s["name"] == "receipts")
-    assert receipts["positions"] == {"master": sid}
-    assert receipts["linear"] == sid
+    assert receipts["positions"] == {"master": ids[-1]}
+    assert receipts["linear"] == ids[-1]
     assert [(p["writer"], p["stream_ids"], p["stuck"]) for p in receipts["pending"]] == [("master", [pending_id], False)]
+
+
+def test_connections_page_lists_workers(staff_client):
+    endpoint_row(recent_disconnects=[{"at": 3.0, "name": "worker2", "peer": "127.0.0.1:6666",
+                                      "reason": "bad line", "detail": "bad line"}])
+    body = staff_client.get("/connections/").content.decode()
+    assert "worker1" in body and "127.0.0.1:5555" in body and ">42<" in body
+
+
+@pytest.mark.parametrize("path", PROTECTED_PAGES)
+def test_anonymous_gets_the_sign_in_page(client, path, receipts_written):
+    response = client.get(path)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+@pytest.mark.parametrize("path", PROTECTED_PAGES)
+def test_non_staff_gets_the_sign_in_page(plain_client, path, receipts_written):
+    response = plain_client.get(path)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+@pytest.mark.parametrize("path", ["/status.json", "/metrics"])
+def test_data_endpoints_refuse_anonymous_and_non_staff(client, plain_client, path, receipts_written):
+    from django.test import Client
+
+    for c in (Client(), plain_client):
+        response = c.get(path)
+        assert response.status_code == 403
+        assert b"master" not in response.content and b"receipts" not in response.content
+
+
+def test_metrics_in_prometheus_format(staff_client, receipts_written):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rt, w, ids = receipts_written
+    endpoint_row()
+    staff_client.get("/_synapse/replication/get_repl_stream_updates/receipts/?from_token=0&upto_token=1")
+    response = staff_client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(response.content.decode()) for s in family.samples}
+    ep = ("endpoint", "host 127.0.0.1:9092")
+    assert samples[("synapse_repl_stream_position", (("stream", "receipts"), ("writer", "master")))] == ids[-1]
+    assert samples[("synapse_repl_stream_linear_position", (("stream", "receipts"),))] == ids[-1]
+    assert samples[("synapse_repl_stream_facts_total", (("stream", "receipts"),))] == ids[-1]
+    assert samples[("synapse_repl_endpoint_connections", (ep,))] == 1
+    assert samples[("synapse_repl_connection_outbound_queue", (ep, ("name", "worker1"), ("peer", "127.0.0.1:5555")))] == 42
+    assert samples[("synapse_repl_replication_lines_sent_total", (("command", "RDATA"), ep))] == 120
+    assert samples[("synapse_repl_replication_lines_sent_total", (("command", "POSITION"), ep))] == 7
+    assert samples[("synapse_repl_endpoint_disconnects_total", (ep, ("reason", "ping timeout")))] == 2
+    assert samples[("synapse_repl_catchup_requests_total", (("status", "200"), ("stream", "receipts")))] >= 1
+
+
+def test_metrics_open_to_configured_networks(client, settings, receipts_written):
+    settings.DASHBOARD = {**settings.DASHBOARD, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8"}
+    assert client.get("/metrics").status_code == 403  # the test client is 127.0.0.1
+    settings.DASHBOARD = {**settings.DASHBOARD, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8, 127.0.0.0/8"}
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert b'synapse_repl_stream_position{stream="receipts",writer="master"}' in response.content
+    # ...which opens /metrics only, nothing else.
+    assert client.get("/status.json").status_code == 403
+
+
+def test_bad_metrics_network_is_a_clear_error(client, settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.DASHBOARD = {**settings.DASHBOARD, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/33"}
+    with pytest.raises(ImproperlyConfigured, match="10.0.0.0/33"):
+        client.get("/metrics")

@@ -2,15 +2,19 @@
 
 The web UI, the admin and the catch-up endpoint (daphne, ASGI) on ``WEB_LISTEN``, and beside
 it the TCP replication endpoint (``runreplication``) on ``REPLICATION_LISTEN``, as a child
-process that lives and dies with this one.
+process that lives and dies with this one. Before serving it ensures the superuser operators
+sign in with (``ensure_admin``), and on the embedded default starts the demo trickle
+(``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it).
 """
 from __future__ import annotations
 
 import atexit
+import os
 import subprocess
 import sys
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import instance_name, repl_setting
@@ -31,16 +35,23 @@ class Command(BaseCommand):
 
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
+        from dashboard.management.commands.demo import embedded_default
+
         replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)
         atexit.register(replication.terminate)
-        db = settings.DATABASES["default"]
-        mode = "embedded (SQLite)" if db["ENGINE"].endswith("sqlite3") else "full (PostgreSQL)"
+        mode = "embedded (SQLite)" if embedded_default() else "full"
         self.stdout.write(
             f"synapse_repl {instance_name()} on {repl_setting('SERVER_NAME')}, {mode} mode\n"
-            f"  web UI:  http://{host}:{port}/\n"
+            f"  web UI:  http://{host}:{port}/   (connections: /connections/, metrics: /metrics)\n"
             f"  replication (TCP): {rhost}:{rport}\n"
-            f"  admin:   http://{host}:{port}/admin/  (create a user: python manage.py createsuperuser)\n"
+            f"  admin:   http://{host}:{port}/admin/"
         )
+        call_command("ensure_admin", stdout=self.stdout)
+        if embedded_default() and settings.DASHBOARD["DEMO"]:
+            demo = subprocess.Popen([sys.executable, "manage.py", "demo"], cwd=settings.BASE_DIR)
+            atexit.register(demo.terminate)
+            self.stdout.write("  demo:    a small dataset and a trickle of demo facts (DEMO=0 turns it off)")
         self.stdout.flush()
-        CommandLineInterface().run(["-b", host, "-p", str(port), "--proxy-headers",
-                                    "synapse_repl.asgi:application"])
+        # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
+        proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
+        CommandLineInterface().run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])

@@ -1,0 +1,83 @@
+"""Publishing a replication endpoint's connections to the other processes (through the
+database), and reading them back.
+
+The endpoint runs in its own process (``runreplication``); on the embedded default it
+shares no channel layer with the web process, so its snapshot goes to the
+``dashboard_endpoint_status`` table: written when it changes (checked every
+:data:`PUBLISH_INTERVAL`) and at least every :data:`HEARTBEAT_SECONDS`; a row not refreshed
+for :data:`STALE_AFTER_SECONDS` belongs to an endpoint that stopped or hangs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.dispatch import receiver
+
+from streams.replication.connections import endpoint_snapshot, endpoint_started
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_INTERVAL = 0.5
+HEARTBEAT_SECONDS = 5.0
+STALE_AFTER_SECONDS = 15.0
+#: Rows of endpoints silent for longer than this are no longer shown.
+FORGET_AFTER = timedelta(hours=1)
+
+
+@receiver(endpoint_started, dispatch_uid="dashboard.endpoint_status")
+def start_publishing(sender: Any, endpoint: Any, host: str, port: int, **kwargs: Any) -> None:
+    key = f"{socket.gethostname()} {host}:{port}"
+    endpoint.status_publisher = asyncio.get_running_loop().create_task(
+        publish_loop(key, endpoint), name="endpoint-status")
+
+
+async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERVAL) -> None:
+    last: dict[str, Any] | None = None
+    last_at = 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        snapshot = endpoint_snapshot(endpoint)
+        now = loop.time()
+        if snapshot != last or now - last_at >= HEARTBEAT_SECONDS:
+            try:
+                await sync_to_async(save, thread_sensitive=False)(key, endpoint.server_name, snapshot)
+                last, last_at = snapshot, now
+            except Exception:
+                logger.exception("could not record the endpoint status")
+        await asyncio.sleep(interval)
+
+
+def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
+    from django.db import connection
+
+    from .models import EndpointStatus
+
+    try:
+        EndpointStatus.objects.update_or_create(endpoint=key, defaults={
+            "server_name": server_name, "pid": os.getpid(),
+            "updated_at": datetime.now(timezone.utc), "snapshot": snapshot,
+        })
+    finally:
+        connection.close()  # a pool thread may not come back to it
+
+
+def endpoint_statuses(now: datetime | None = None) -> list[dict[str, Any]]:
+    """Every endpoint heard of within the last hour, with its snapshot and whether it is stale."""
+    from .models import EndpointStatus
+
+    now = now or datetime.now(timezone.utc)
+    result = []
+    for row in EndpointStatus.objects.filter(updated_at__gte=now - FORGET_AFTER).order_by("endpoint"):
+        age = (now - row.updated_at).total_seconds()
+        result.append({
+            "endpoint": row.endpoint, "server_name": row.server_name, "pid": row.pid,
+            "updated_at": row.updated_at.timestamp(), "age_seconds": round(age, 1),
+            "stale": age > STALE_AFTER_SECONDS, **row.snapshot,
+        })
+    return result

@@ -1,0 +1,79 @@
+"""``manage.py demo``: a small demo dataset, then a slow trickle of facts, so a newcomer
+opening the dashboard sees positions move (``make run`` starts it; ``DEMO=0`` turns it off).
+
+Embedded default only: it refuses to run on PostgreSQL or with ``REDIS_URL`` (full mode is a
+real cluster; no demo facts there, ever). Facts go through the real writer path, as
+``write_facts`` does; the dataset is written only into empty fact tables.
+"""
+from __future__ import annotations
+
+import random
+import signal
+import threading
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from streams.registry import STREAMS
+from streams.runtime import runtime
+
+#: The first-run dataset: facts per stream.
+DATASET = {"events": 120, "receipts": 60, "account_data": 20, "to_device": 10, "caches": 10}
+#: How the trickle spreads over the streams.
+TRICKLE_WEIGHTS = {"events": 5, "receipts": 3, "account_data": 1, "to_device": 1, "caches": 1}
+
+
+def embedded_default() -> bool:
+    return not settings.REDIS_URL and connections["default"].vendor == "sqlite"
+
+
+class Command(BaseCommand):
+    help = "Write a small demo dataset, then trickle demo facts (embedded default only)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--rate", type=float, default=2.0, help="trickle: facts per second on average (default 2)")
+        parser.add_argument("--seed-only", action="store_true", help="write the dataset (if empty) and stop")
+
+    def handle(self, *args, rate: float, seed_only: bool, **options) -> None:
+        if not embedded_default():
+            raise CommandError("the demo runs only on the embedded default (SQLite, no REDIS_URL); "
+                               "full mode never gets demo facts")
+        if rate <= 0:
+            raise CommandError("--rate must be > 0")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        rt = runtime()
+        rng = random.Random()
+        try:
+            writers = {name: rt.writer(name) for name in TRICKLE_WEIGHTS
+                       if name in STREAMS and rt.writer(name).generator.is_writer}
+            if not writers:
+                raise CommandError(f"{rt.instance_name} writes none of the demo streams")
+            if not any(STREAMS[name].primary_model.objects.exists() for name in writers):
+                for name, count in DATASET.items():
+                    if name in writers:
+                        self._write(writers[name], rng, count, per_txn=10)
+                self.stdout.write(f"demo: wrote a small dataset ({sum(DATASET.values())} facts)")
+            if seed_only:
+                return
+            self.stdout.write(f"demo: trickling about {rate:g} facts/s (DEMO=0 turns this off)")
+            self.stdout.flush()
+            names, weights = zip(*((n, w) for n, w in TRICKLE_WEIGHTS.items() if n in writers))
+            while not stop.is_set():
+                name = rng.choices(names, weights)[0]
+                n = rng.randint(1, 3)
+                self._write(writers[name], rng, n, per_txn=n)
+                stop.wait(n / rate * rng.uniform(0.5, 1.5))
+        finally:
+            rt.close()
+
+    @staticmethod
+    def _write(writer, rng: random.Random, count: int, per_txn: int) -> None:
+        model = writer.spec.primary_model
+        done = 0
+        while done < count:
+            batch = min(per_txn, count - done)
+            writer.append([[(model, model.synthetic(rng, rng.getrandbits(32)))] for _ in range(batch)])
+            done += batch

@@ -1,0 +1,125 @@
+"""``/metrics``: Prometheus text format (prometheus-client).
+
+Cluster-wide figures are read from the database at scrape time, so any web process shows
+them all: every writer's position per stream, the linear position, facts written (a
+stream's highest completed ID: its IDs come from one sequence, rolled-back IDs included),
+pending and stuck IDs, and for every replication endpoint (from its published snapshot,
+see :mod:`dashboard.endpoint_status`) its connections, their outbound queues, RDATA and
+POSITION lines sent and disconnects by reason. Catch-up requests are counted by the process
+that serves them (each web process reports its own).
+
+Readable by staff, or without signing in from ``METRICS_ALLOWED_NETWORKS``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterator
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .access import metrics_allowed
+
+PREFIX = "synapse_repl"
+
+
+class ClusterCollector(Collector):
+    """Streams and endpoints as the database records them, at every scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        from streams.status import stream_status
+
+        from .endpoint_status import endpoint_statuses
+
+        position = GaugeMetricFamily(f"{PREFIX}_stream_position", "A writer's position on a stream",
+                                     labels=["stream", "writer"])
+        linear = GaugeMetricFamily(f"{PREFIX}_stream_linear_position",
+                                   "Position below which every stream ID is complete", labels=["stream"])
+        ahead = GaugeMetricFamily(f"{PREFIX}_stream_writer_ahead",
+                                  "How far a writer's position is ahead of the linear position",
+                                  labels=["stream", "writer"])
+        facts = CounterMetricFamily(f"{PREFIX}_stream_facts",
+                                    "Facts written to a stream (its highest completed stream ID)", labels=["stream"])
+        pending = GaugeMetricFamily(f"{PREFIX}_stream_pending_ids", "Reserved stream IDs not yet complete",
+                                    labels=["stream", "writer"])
+        stuck = GaugeMetricFamily(f"{PREFIX}_stream_stuck_ids",
+                                  "Stream IDs pending longer than STUCK_AFTER_SECONDS", labels=["stream", "writer"])
+        oldest = GaugeMetricFamily(f"{PREFIX}_stream_oldest_pending_seconds",
+                                   "Age of the oldest pending stream ID", labels=["stream"])
+        for s in stream_status():
+            if not s.db_backed:
+                continue
+            for writer, pos in s.positions.items():
+                position.add_metric([s.name, writer], pos)
+                if s.linear is not None:
+                    ahead.add_metric([s.name, writer], abs(pos - s.linear))
+            if s.linear is not None:
+                linear.add_metric([s.name], s.linear)
+            facts.add_metric([s.name], max((abs(p) for p in s.positions.values()), default=0))
+            per_writer: dict[str, list[int]] = {}
+            for p in s.pending:
+                counts = per_writer.setdefault(p.instance_name, [0, 0])
+                counts[0] += len(p.stream_ids)
+                counts[1] += len(p.stream_ids) if p.stuck else 0
+            for writer, (n_pending, n_stuck) in per_writer.items():
+                pending.add_metric([s.name, writer], n_pending)
+                stuck.add_metric([s.name, writer], n_stuck)
+            oldest.add_metric([s.name], max((p.age_seconds for p in s.pending), default=0.0))
+        yield from (position, linear, ahead, facts, pending, stuck, oldest)
+
+        up = GaugeMetricFamily(f"{PREFIX}_endpoint_up", "1 while the endpoint reports (0: silent > 15 s)",
+                               labels=["endpoint"])
+        connections = GaugeMetricFamily(f"{PREFIX}_endpoint_connections", "Connected workers",
+                                        labels=["endpoint"])
+        accepted = CounterMetricFamily(f"{PREFIX}_endpoint_connections_accepted",
+                                       "Connections accepted since the endpoint started", labels=["endpoint"])
+        queue = GaugeMetricFamily(f"{PREFIX}_connection_outbound_queue",
+                                  "Commands waiting to be written to a worker", labels=["endpoint", "name", "peer"])
+        sent = CounterMetricFamily(f"{PREFIX}_replication_lines_sent",
+                                   "Lines sent to workers, by command", labels=["endpoint", "command"])
+        disconnects = CounterMetricFamily(f"{PREFIX}_endpoint_disconnects",
+                                          "Connections closed, by reason", labels=["endpoint", "reason"])
+        for e in endpoint_statuses():
+            key = e["endpoint"]
+            up.add_metric([key], 0 if e["stale"] else 1)
+            if e["stale"]:
+                continue
+            connections.add_metric([key], len(e["connections"]))
+            for c in e["connections"]:
+                queue.add_metric([key, c["name"], c["peer"]], c["outbound_queue"])
+            counters = e["counters"]
+            accepted.add_metric([key], counters["connections"])
+            sent.add_metric([key, "RDATA"], counters["rdata_sent"])
+            sent.add_metric([key, "POSITION"], counters["position_sent"])
+            sent.add_metric([key, "other"], counters["other_sent"])
+            for reason, n in sorted(counters["disconnects"].items()):
+                disconnects.add_metric([key, reason], n)
+        yield from (up, connections, accepted, queue, sent, disconnects)
+
+
+REGISTRY = CollectorRegistry(auto_describe=False)
+REGISTRY.register(ClusterCollector())
+CATCHUP_REQUESTS = Counter(f"{PREFIX}_catchup_requests", "Catch-up requests served by this process",
+                           ["stream", "status"], registry=REGISTRY)
+
+
+def counting_catchups(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Wrap the catch-up view so this process counts its requests (by stream and answer)."""
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, stream_name: str, *args, **kwargs) -> HttpResponse:
+        response = view(request, stream_name, *args, **kwargs)
+        from streams.registry import STREAMS
+
+        CATCHUP_REQUESTS.labels(stream_name if stream_name in STREAMS else "unknown",
+                                str(response.status_code)).inc()
+        return response
+    return wrapper
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not metrics_allowed(request):
+        return HttpResponse("forbidden: sign in as staff, or scrape from METRICS_ALLOWED_NETWORKS\n",
+                            status=403, content_type="text/plain")
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

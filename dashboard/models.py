@@ -1,0 +1,23 @@
+"""What the dashboard needs to remember across processes."""
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class EndpointStatus(models.Model):
+    """The latest snapshot of one replication endpoint's connections, written by that
+    endpoint (``runreplication``, another process) and read by the web process's live feed
+    and /metrics. One row per endpoint (host and listen address); a restart replaces it."""
+
+    endpoint = models.CharField(_("endpoint"), max_length=255, primary_key=True)
+    server_name = models.CharField(_("server name"), max_length=255)
+    pid = models.IntegerField(_("process ID"))
+    updated_at = models.DateTimeField(_("updated at"))
+    snapshot = models.JSONField(_("snapshot"))
+
+    class Meta:
+        db_table = "dashboard_endpoint_status"
+        verbose_name = _("replication endpoint")
+        verbose_name_plural = _("replication endpoints")
+
+    def __str__(self) -> str:
+        return self.endpoint

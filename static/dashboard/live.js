@@ -1,0 +1,268 @@
+// Live pages (dashboard and admin): one WebSocket to /ws/live/, no polling.
+// The server pushes a "snapshot" on connect and an "update" on every refresh of its feed;
+// this script redraws whatever [data-live=...] elements the page has. When the socket drops,
+// the page says so and reconnects (1 s, doubling to 10 s).
+(function () {
+  "use strict";
+
+  var COLORS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#9c36b5", "#e67700", "#0b7285", "#c2255c", "#5c940d"];
+  var HISTORY_SECONDS = 300;
+  var history = [];          // [{t, rates: {stream: facts/s}}]
+  var streamColors = {};
+  var retryDelay = 1000;
+  var socket = null;
+
+  function $all(name) { return document.querySelectorAll('[data-live="' + name + '"]'); }
+
+  function el(tag, attrs, children) {
+    var node = document.createElement(tag);
+    if (attrs) {
+      for (var key in attrs) {
+        if (key === "text") node.textContent = attrs[key];
+        else if (key === "className") node.className = attrs[key];
+        else node.setAttribute(key, attrs[key]);
+      }
+    }
+    (children || []).forEach(function (child) {
+      node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+    });
+    return node;
+  }
+
+  function setStatus(state, text) {
+    document.querySelectorAll(".live-status").forEach(function (node) {
+      node.dataset.state = state;
+      node.textContent = text;
+    });
+  }
+
+  function clock(t) { return new Date(t * 1000).toLocaleTimeString(); }
+
+  function ago(t, now) {
+    if (t === null || t === undefined) return "never";
+    var s = Math.max(0, Math.round(now - t));
+    if (s < 90) return s + " s ago";
+    if (s < 5400) return Math.round(s / 60) + " min ago";
+    return clock(t);
+  }
+
+  function colorOf(stream) {
+    if (!(stream in streamColors)) {
+      streamColors[stream] = COLORS[Object.keys(streamColors).length % COLORS.length];
+    }
+    return streamColors[stream];
+  }
+
+  // -- streams table -----------------------------------------------------------------------
+
+  function renderStreams(state) {
+    var last = history.length ? history[history.length - 1].rates : {};
+    $all("streams").forEach(function (tbody) {
+      var rows = state.streams.map(function (s) {
+        // Every writer with a recorded position, and configured writers that have none yet.
+        var positions = Object.keys(s.positions);
+        (s.writers || []).forEach(function (w) { if (positions.indexOf(w) < 0) positions.push(w); });
+        var posCell = el("td", null, positions.length ? positions.map(function (w) {
+          var ahead = s.ahead[w];
+          var known = w in s.positions;
+          return el("div", null, [
+            el("span", {className: "writer", text: w}), ": ",
+            el("span", {className: known ? "position" : "position muted", "data-stream": s.name, "data-writer": w,
+                        text: known ? String(s.positions[w]) : "nothing written yet"}),
+            ahead ? el("span", {className: "ahead", text: " +" + ahead}) : "",
+          ]);
+        }) : [el("span", {className: "muted", text: "none"})]);
+        var pendingCell = el("td", null, s.pending.length ? s.pending.map(function (p) {
+          return el("div", {className: p.stuck ? "pending stuck" : "pending"}, [
+            p.stuck ? el("strong", {className: "warn", text: "STUCK "}) : "",
+            p.writer + ": " + p.stream_ids.join(", ") + " (" + p.age_seconds.toFixed(1) + " s)",
+          ]);
+        }) : [el("span", {className: "muted", text: "none"})]);
+        var rate = s.db_backed && (s.name in last) ? last[s.name].toFixed(1) : "";
+        return el("tr", {"data-stream": s.name, className: s.stuck ? "stuck" : ""}, [
+          el("td", null, [s.name, s.db_backed ? "" : el("span", {className: "muted", text: " (in memory)"})]),
+          posCell,
+          el("td", {className: "linear", "data-stream": s.name, text: s.linear === null ? "" : String(s.linear)}),
+          pendingCell,
+          el("td", {className: "rate", text: rate}),
+        ]);
+      });
+      tbody.replaceChildren.apply(tbody, rows);
+    });
+    $all("stuck").forEach(function (box) {
+      var warnings = [];
+      state.streams.forEach(function (s) {
+        s.pending.forEach(function (p) {
+          if (p.stuck) {
+            warnings.push(el("p", {className: "stuck-warning"}, [
+              el("strong", {text: "STUCK"}),
+              " " + s.name + ": " + p.writer + " has held " + p.stream_ids.join(", ") + " for " +
+                Math.round(p.age_seconds) + " s (pid " + p.pid + "); its transaction never completed, " +
+                "so the linear position cannot pass it.",
+            ]));
+          }
+        });
+      });
+      box.replaceChildren.apply(box, warnings);
+    });
+  }
+
+  // -- facts/s chart (canvas) --------------------------------------------------------------
+
+  function renderChart(state) {
+    var now = state.t;
+    $all("chart").forEach(function (canvas) {
+      var ratio = window.devicePixelRatio || 1;
+      var width = canvas.clientWidth || canvas.width, height = canvas.clientHeight || canvas.height;
+      canvas.width = width * ratio;
+      canvas.height = height * ratio;
+      var ctx = canvas.getContext("2d");
+      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+      ctx.clearRect(0, 0, width, height);
+      var left = 48, right = 8, top = 8, bottom = 22;
+      var streams = state.streams.filter(function (s) { return s.db_backed; }).map(function (s) { return s.name; });
+      var max = 1;
+      history.forEach(function (p) {
+        streams.forEach(function (name) { max = Math.max(max, p.rates[name] || 0); });
+      });
+      // Four gridlines at round values: a tick of 1, 2, 2.5 or 5 times a power of ten.
+      var raw = max / 4, power = Math.pow(10, Math.floor(Math.log10(raw)));
+      var tick = [1, 2, 2.5, 5, 10].map(function (f) { return f * power; }).find(function (t) { return t >= raw; });
+      max = tick * 4;
+      var x = function (t) { return left + (width - left - right) * (1 - (now - t) / HISTORY_SECONDS); };
+      var y = function (v) { return top + (height - top - bottom) * (1 - v / max); };
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.strokeStyle = "#dde2ea";
+      ctx.fillStyle = "#6b7385";
+      ctx.lineWidth = 1;
+      for (var i = 0; i <= 4; i++) {
+        var v = max * i / 4, yy = Math.round(y(v)) + 0.5;
+        ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(width - right, yy); ctx.stroke();
+        ctx.fillText(Number.isInteger(v) ? String(v) : v.toFixed(1), 4, yy + 4);
+      }
+      for (var m = 0; m <= HISTORY_SECONDS; m += 60) {
+        ctx.fillText(m === 0 ? "now" : "-" + (m / 60) + " min", x(now - m) - (m === 0 ? 20 : 14), height - 6);
+      }
+      streams.forEach(function (name) {
+        ctx.strokeStyle = colorOf(name);
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        var started = false;
+        history.forEach(function (p) {
+          if (now - p.t > HISTORY_SECONDS) return;
+          var px = x(p.t), py = y(p.rates[name] || 0);
+          if (started) ctx.lineTo(px, py); else { ctx.moveTo(px, py); started = true; }
+        });
+        ctx.stroke();
+      });
+    });
+    $all("legend").forEach(function (legend) {
+      var last = history.length ? history[history.length - 1].rates : {};
+      legend.replaceChildren.apply(legend, state.streams.filter(function (s) { return s.db_backed; }).map(function (s) {
+        return el("span", {className: "legend-item"}, [
+          el("span", {className: "swatch", style: "background:" + colorOf(s.name)}),
+          s.name + (s.name in last ? " " + last[s.name].toFixed(1) + "/s" : ""),
+        ]);
+      }));
+    });
+  }
+
+  // -- connections -------------------------------------------------------------------------
+
+  function renderEndpoints(state) {
+    var now = state.t;
+    $all("endpoints").forEach(function (box) {
+      if (!state.endpoints.length) {
+        box.replaceChildren(el("p", {className: "muted", text: "No replication endpoint has reported yet."}));
+        return;
+      }
+      box.replaceChildren.apply(box, state.endpoints.map(function (e) {
+        var c = e.counters;
+        var connected = e.connections.map(function (conn) {
+          return el("tr", {"data-peer": conn.peer}, [
+            el("td", {className: "conn-name", text: conn.name}),
+            el("td", {text: conn.peer}),
+            el("td", {text: clock(conn.connected_at) + " (" + ago(conn.connected_at, now) + ")"}),
+            el("td", {text: ago(conn.last_ping_at, now)}),
+            el("td", {className: conn.outbound_queue > 1000 ? "warn" : "", text: String(conn.outbound_queue)}),
+            el("td", {text: conn.streams.length ? conn.streams.join(", ") : "none yet"}),
+            el("td", {title: conn.syncing_users.join("\n"),
+                      text: conn.syncing_user_count ? conn.syncing_user_count + ": " + conn.syncing_users.slice(0, 5).join(", ") +
+                        (conn.syncing_user_count > 5 ? ", …" : "") : "none"}),
+          ]);
+        });
+        if (!connected.length) connected = [el("tr", null, [el("td", {colspan: "7", className: "muted", text: "no worker connected"})])];
+        var gone = e.recent_disconnects.slice(0, 20).map(function (d) {
+          return el("tr", {className: "reason-" + d.reason.replace(/ /g, "-")}, [
+            el("td", {text: clock(d.at)}), el("td", {text: d.name}), el("td", {text: d.peer}),
+            el("td", {className: d.reason === "connection lost" ? "" : "warn", text: d.reason}),
+            el("td", {className: "muted", text: d.detail === d.reason ? "" : d.detail}),
+          ]);
+        });
+        if (!gone.length) gone = [el("tr", null, [el("td", {colspan: "5", className: "muted", text: "none"})])];
+        var reasons = Object.keys(c.disconnects).map(function (r) { return r + ": " + c.disconnects[r]; }).join(", ");
+        return el("section", {className: "endpoint", "data-endpoint": e.endpoint}, [
+          el("h2", null, [e.endpoint, e.stale ? el("span", {className: "warn", text: " (silent for " + e.age_seconds + " s)"}) : ""]),
+          el("p", {className: "muted", text: "since " + clock(c.started_at) + ": " + c.connections + " connection" +
+            (c.connections === 1 ? "" : "s") + " accepted · sent " +
+            c.rdata_sent + " RDATA, " + c.position_sent + " POSITION" + (reasons ? " · disconnects: " + reasons : "")}),
+          el("table", {className: "connections"}, [
+            el("thead", null, [el("tr", null, ["Name", "Address", "Connected since", "Last PING", "Outbound queue",
+              "Streams", "Syncing users"].map(function (h) { return el("th", {text: h}); }))]),
+            el("tbody", null, connected),
+          ]),
+          el("h3", {text: "Recent disconnects"}),
+          el("table", {className: "disconnects"}, [
+            el("thead", null, [el("tr", null, ["At", "Name", "Address", "Reason", "Detail"].map(function (h) { return el("th", {text: h}); }))]),
+            el("tbody", null, gone),
+          ]),
+        ]);
+      }));
+    });
+  }
+
+  // -- jobs: a later issue (batch jobs) fills state.jobs ------------------------------------
+
+  function renderJobs(state) {
+    if (!state.jobs) return;  // not built yet: the page keeps its placeholder
+  }
+
+  function render(state) {
+    if (state.type === "snapshot") history = (state.history || []).slice();
+    else if (state.sample) history.push(state.sample);
+    while (history.length && state.t - history[0].t > HISTORY_SECONDS) history.shift();
+    renderStreams(state);
+    renderChart(state);
+    renderEndpoints(state);
+    renderJobs(state);
+    $all("updated").forEach(function (node) { node.textContent = "updated " + clock(state.t); });
+    window.liveUpdates = (window.liveUpdates || 0) + 1;
+  }
+
+  // -- the socket --------------------------------------------------------------------------
+
+  function connect() {
+    var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/live/";
+    socket = new WebSocket(url);
+    socket.onopen = function () { retryDelay = 1000; };
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.type === "snapshot" || message.type === "update") {
+        setStatus("live", "Live");
+        render(message);
+      }
+    };
+    socket.onclose = function (event) {
+      if (event.code === 4403) {  // not (or no longer) signed in as staff
+        setStatus("disconnected", "Signed out — sign in again to see live data.");
+        location.href = "/admin/login/?next=" + encodeURIComponent(location.pathname);
+        return;
+      }
+      setStatus("disconnected", "Disconnected — reconnecting in " + Math.round(retryDelay / 1000) + " s…");
+      setTimeout(connect, retryDelay);
+      retryDelay = Math.min(retryDelay * 2, 10000);
+    };
+  }
+
+  if (document.querySelector("[data-live]")) connect();
+})();

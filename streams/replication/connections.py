@@ -1,0 +1,125 @@
+"""What an endpoint can tell operators about its connections: who is connected (NAME,
+address, since when, last PING, outbound queue, streams followed, syncing users), who left
+and why, and how many RDATA/POSITION lines it sent. Pure bookkeeping, no I/O.
+
+The consumer records here (a connection's outbound queue is read from the TCP adapter,
+``scope["protocol"]``); :func:`endpoint_snapshot` turns an endpoint's state into plain data. Other processes learn it from whoever handles :data:`endpoint_started`
+(the dashboard app stores snapshots in a table, see ``dashboard/endpoint_status.py``): the
+endpoint is a process of its own (``runreplication``), and on the embedded default it shares
+no channel layer with the web process.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+from django.dispatch import Signal
+
+from ..registry import STREAMS
+
+if TYPE_CHECKING:
+    from .consumer import ConnectionInfo
+    from .endpoint import Endpoint
+
+#: Sent by ``start_endpoint`` once it listens: ``endpoint=Endpoint, host=str, port=int``.
+#: Receivers run on the endpoint's event loop (they may start tasks there).
+endpoint_started = Signal()
+
+#: The reasons a connection ends, as operators see them (and as /metrics labels them).
+DISCONNECT_REASONS = ("ping timeout", "failed to keep up", "bad line", "connection lost")
+
+#: Syncing users listed per connection in a snapshot (the count is always exact).
+MAX_USERS_LISTED = 50
+
+
+def disconnect_reason(text: str) -> str:
+    """``"connection lost: [Errno 104] ..."`` -> ``"connection lost"``; known reasons as is."""
+    for reason in DISCONNECT_REASONS:
+        if text.startswith(reason):
+            return reason
+    return text
+
+
+@dataclass
+class EndpointCounters:
+    """Totals since the endpoint started (closed connections included)."""
+
+    started_at: float = field(default_factory=time.time)
+    connections: int = 0
+    rdata_sent: int = 0
+    position_sent: int = 0
+    other_sent: int = 0
+    disconnects: collections.Counter = field(default_factory=collections.Counter)
+
+    def lines_sent(self, message: dict[str, Any], legacy: bool = False) -> None:
+        """A relayed batch went out to one connection.
+
+        Batches have one of two shapes: a writer's (``build_lines``: RDATA lines, then at
+        most one POSITION, last) or a relay repair (POSITION lines only). So only the first
+        and the last line are looked at: scanning a 1,000-line batch for POSITION costs
+        ~100 µs, 16% of a core at the endpoint's measured rate (docs/benchmarks.md)."""
+        count = message["count"]
+        if legacy:
+            self.other_sent += count
+            return
+        data = message["data"]
+        if data.startswith(b"POSITION "):
+            positions = count
+        else:
+            last_line = data.rfind(b"\n", 0, len(data) - 1) + 1
+            positions = 1 if data.startswith(b"POSITION ", last_line) else 0
+        self.position_sent += positions
+        self.rdata_sent += count - positions
+
+    def commands_sent(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name == "RDATA":
+                self.rdata_sent += 1
+            elif name == "POSITION":
+                self.position_sent += 1
+            else:
+                self.other_sent += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "started_at": self.started_at, "connections": self.connections,
+            "rdata_sent": self.rdata_sent, "position_sent": self.position_sent,
+            "other_sent": self.other_sent, "disconnects": dict(self.disconnects),
+        }
+
+
+def connection_snapshot(info: ConnectionInfo) -> dict[str, Any]:
+    users = sorted({user for per_instance in info.syncing_users.values() for user, _ in per_instance})
+    if info.replicating:
+        streams = sorted(STREAMS)
+    else:
+        streams = sorted(info.legacy_streams)
+    outbound = getattr(info, "outbound", None)
+    return {
+        "name": info.name,
+        "peer": info.peer,
+        "connected_at": info.connected_at,
+        "last_ping_at": info.last_ping_at,
+        "outbound_queue": getattr(outbound, "pending_commands", 0),
+        "streams": streams,
+        "syncing_users": users[:MAX_USERS_LISTED],
+        "syncing_user_count": len(users),
+        "commands_in": info.commands_in,
+        "lines_out": info.lines_out,
+    }
+
+
+def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
+    """Everything operators see of one endpoint, as JSON-able data."""
+    return {
+        "server_name": endpoint.server_name,
+        "connections": sorted((connection_snapshot(i) for i in list(endpoint.connections.values())),
+                              key=lambda c: (c["connected_at"], c["peer"])),
+        "recent_disconnects": [
+            {"at": at, "name": name, "peer": peer, "reason": disconnect_reason(reason), "detail": reason}
+            for at, name, peer, reason in reversed(endpoint.recent_disconnects)
+        ],
+        "counters": endpoint.counters.as_dict(),
+    }

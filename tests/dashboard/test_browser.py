@@ -1,0 +1,133 @@
+"""The streams page in a real browser: Debian's headless Chromium driven by Playwright.
+
+``manage.py runservice`` (what ``make run`` starts) serves the test database; the browser
+signs in as the superuser ``runservice`` ensured (``ADMIN_PASSWORD``), opens the streams
+page, and sees positions change — without a reload — as ``manage.py write_facts`` writes
+from another process; on the connections page it sees a worker connect to the replication
+endpoint (another process) and leave. When the server goes away, the page says so.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse_repl.services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PASSWORD = "browser-test-password"
+WAIT_MS = 30_000  # upper bound for what should happen within about a second
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the service and the children it started (its own process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def service(pg_url, tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(DATABASE_URL=pg_url, WEB_LISTEN=f"127.0.0.1:{port}", REPLICATION_LISTEN=f"127.0.0.1:{free_port()}",
+               STATE_DIR=str(tmp_path / "state"), ADMIN_PASSWORD=PASSWORD, DEMO="0", PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "service.log", "w+")
+    proc = subprocess.Popen([sys.executable, "manage.py", "runservice"], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop(proc)
+                log.seek(0)
+                pytest.fail(f"runservice did not start: {log.read()}")
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}", proc, env
+    stop(proc)
+    log.close()
+
+
+def write_facts(env: dict, stream: str, count: int) -> int:
+    done = subprocess.run([sys.executable, "manage.py", "write_facts", stream, "--count", str(count), "--no-progress"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # (Playwright's sync API runs an event loop here: no Django ORM in this thread.)
+    return int(re.search(r"position (\d+), linear", done.stdout).group(1))
+
+
+def test_positions_change_live_in_a_real_browser(service, tmp_path):
+    if not os.path.exists(CHROMIUM):  # fail, never skip: CI must run this
+        pytest.fail(f"{CHROMIUM} not found: apt-get install chromium (.ci/run installs it)", pytrace=False)
+    from playwright.sync_api import expect, sync_playwright
+
+    base, proc, env = service
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(base + "/")
+            assert "/admin/login/" in page.url  # nothing without signing in
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            page.wait_for_url(base + "/")
+            status = page.locator("#live-status")
+            expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+            page.evaluate("window.loadedOnce = 'yes'")  # gone if the page were reloaded
+
+            position = page.locator('.position[data-stream="receipts"][data-writer="master"]')
+            first = write_facts(env, "receipts", 5)
+            expect(position).to_have_text(str(first), timeout=WAIT_MS)
+            second = write_facts(env, "receipts", 7)
+            assert second > first
+            expect(position).to_have_text(str(second), timeout=WAIT_MS)
+            expect(page.locator('.linear[data-stream="receipts"]')).to_have_text(str(second), timeout=WAIT_MS)
+            assert page.evaluate("window.loadedOnce") == "yes"
+            assert page.evaluate("window.liveUpdates") >= 2
+            page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
+            assert (tmp_path / "streams.png").stat().st_size > 10_000
+
+            # A worker connects to the replication endpoint (runservice's child process): the
+            # connections page shows it, then its disconnect and the reason, live.
+            page.goto(base + "/connections/")
+            expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+            host, _, rport = env["REPLICATION_LISTEN"].rpartition(":")
+            worker = socket.create_connection((host, int(rport)), timeout=10)
+            worker.sendall(b"NAME browser-worker\nPING 1\nREPLICATE \nUSER_SYNC i1 @carol:test DEV start 1\n")
+            row = page.locator(".connections tr", has_text="browser-worker")
+            expect(row).to_contain_text("@carol:test", timeout=WAIT_MS)
+            page.evaluate("window.loadedOnce = 'yes'")
+            worker.close()
+            gone = page.locator(".disconnects tr", has_text="browser-worker")
+            expect(gone).to_contain_text("connection lost", timeout=WAIT_MS)
+            expect(row).to_have_count(0)
+            assert page.evaluate("window.loadedOnce") == "yes"
+            page.screenshot(path=str(tmp_path / "connections.png"), full_page=True)
+
+            # The server goes away: the page says so (and keeps trying to reconnect).
+            stop(proc)
+            expect(status).to_have_attribute("data-state", "disconnected", timeout=WAIT_MS)
+            expect(status).to_contain_text("reconnecting")
+            page.screenshot(path=str(tmp_path / "disconnected.png"))
+        finally:
+            browser.close()
