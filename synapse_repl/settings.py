@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -106,9 +107,17 @@ CHANNEL_LAYERS["replication_local"] = {
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
-CELERY_RESULT_BACKEND = None
+CELERY_RESULT_BACKEND = REDIS_URL or None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Batch jobs (streams/jobs): nightly recomputation, hourly consistency checks. Each schedule is
+# a crontab "minute hour day-of-month month day-of-week"; an empty value turns it off.
+JOB_SCHEDULES = {
+    "nightly topological ordering": (os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *"), "topological_ordering"),
+    "hourly ordering check": (os.environ.get("JOBS_CHECK_CRON", "17 * * * *"), "check_topological_ordering"),
+}
+CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 
 # --- This process and its cluster -----------------------------------------------------------
 SYNAPSE_REPL = {

@@ -2,6 +2,7 @@
 from .base import FactModel, FactsAreAppendOnly
 from .events import CurrentStateDelta, Event
 from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
+from .jobs import JobRun
 from .positions import StreamPosition, StreamReservation, StreamSequence
 
 __all__ = (
@@ -12,6 +13,7 @@ __all__ = (
     "Event",
     "FactModel",
     "FactsAreAppendOnly",
+    "JobRun",
     "Receipt",
     "StreamPosition",
     "StreamReservation",
