@@ -3,8 +3,25 @@ from .base import FactModel, FactsAreAppendOnly
 from .events import CurrentStateDelta, Event
 from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
 from .positions import StreamPosition, StreamReservation, StreamSequence
+from .storage import (
+    BackwardExtremity, CurrentStateEvent, EventEdge, EventToStateGroup, ForwardExtremity, Redaction,
+    Rejection, Room, RoomMembership, StateGroup, StateGroupEdge, StateGroupState, VisibilityRange,
+)
 
 __all__ = (
+    "BackwardExtremity",
+    "CurrentStateEvent",
+    "EventEdge",
+    "EventToStateGroup",
+    "ForwardExtremity",
+    "Redaction",
+    "Rejection",
+    "Room",
+    "RoomMembership",
+    "StateGroup",
+    "StateGroupEdge",
+    "StateGroupState",
+    "VisibilityRange",
     "AccountData",
     "CacheInvalidation",
     "CurrentStateDelta",
