@@ -287,6 +287,8 @@ class _Batch:
             wanted.update(ev.prev_events)
             if ev.redacts:
                 wanted.add(ev.redacts)
+            if ev.state_before:
+                wanted.update(ev.state_before.values())
         self.cur.execute(
             "SELECT e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.outlier, e.rejected, "
             "g.state_group FROM events e LEFT JOIN event_to_state_groups g USING (event_id) "
@@ -296,6 +298,12 @@ class _Batch:
         for eid in self.by_id:
             if eid in self.known:
                 raise BadEvent(eid, "an event with this event_id is already stored")
+        for ev in self.events:
+            if ev.state_before:
+                unknown = sorted(e for e in ev.state_before.values() if e not in self.known and e not in self.by_id)
+                if unknown:
+                    raise BadEvent(ev.event_id, f"state_before names events we do not have {unknown[:5]} "
+                                                f"(persist them first, as outliers)")
         # redactions that arrived before their targets
         self.cur.execute(
             "SELECT r.redacts, e.room_id FROM redactions r JOIN events e ON e.event_id = r.event_id "

@@ -122,16 +122,19 @@ def test_backfill_negative_orderings_and_backward_extremities(store):
            b.message("@a:localhost", "old2")]
     state = {("m.room.create", ""): old[0][0], ("m.room.member", "@a:localhost"): old[1][0]}
     new_id, new = b.message("@a:localhost", "new")
+    with pytest.raises(BadEvent, match="state_before names events we do not have"):
+        store.persist(IncomingEvent(new, state_before=state))
+    # the state arrives with the join as outliers
+    store.persist(*[IncomingEvent(raw, outlier=True) for _, raw in old[:2]])
     store.persist(IncomingEvent(new, state_before=state))
     assert rows("SELECT event_id FROM event_backward_extremities") == [(old[3][0],)]
     # backfill the older history, newest first as backfill delivers it
     p = store.persist(IncomingEvent(old[3][1], state_before=state), backfill=True)
     assert p[0].stream_ordering < 0
-    p2 = store.persist(*[IncomingEvent(raw, state_before=None) for _, raw in old[:3]], backfill=True)
-    assert all(x.stream_ordering < 0 for x in p2)
-    assert p2[0].stream_ordering < p[0].stream_ordering or p2[0].stream_ordering > p[0].stream_ordering
-    assert rows("SELECT count(*) FROM event_backward_extremities") == [(0,)]
+    p2 = store.persist(IncomingEvent(old[2][1], state_before=state), backfill=True)
+    assert p2[0].stream_ordering < p[0].stream_ordering < 0  # negative and decreasing
+    assert rows("SELECT event_id FROM event_backward_extremities") == [(old[1][0],)]  # an outlier: still a gap
     # backfill changed neither the forward extremities nor the current state
     assert rows("SELECT event_id FROM event_forward_extremities") == [(new_id,)]
-    ordered = rows("SELECT event_id FROM events ORDER BY topological_ordering, stream_ordering")
-    assert [r[0] for r in ordered] == [e for e, _ in old] + [new_id]
+    ordered = rows("SELECT event_id FROM events WHERE NOT outlier ORDER BY topological_ordering, stream_ordering")
+    assert [r[0] for r in ordered] == [e for e, _ in old[2:]] + [new_id]
