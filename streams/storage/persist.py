@@ -153,6 +153,7 @@ class EventPersister:
             except BaseException:
                 for room_id in touched_rooms:  # in-memory changes went with the rollback
                     self._rooms.pop(room_id, None)
+                self.state.discard_pending()
                 raise
         room_changes = [(r, s) for r, s in batch.room_changes.items()]
         member_changes = [(u, s) for u, s in batch.member_changes.items()]
@@ -651,7 +652,7 @@ class _Batch:
                       self.redaction_rows)
         insert_unnest(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"],
                       [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
-        StateGroupStore.write(cur, self.groups)
+        self.p.state.write(cur, self.groups)
         insert_unnest(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
                       [(ev.event_id, ev.state_group_after) for ev in self.events
                        if not ev.outlier and ev.state_group_after is not None])

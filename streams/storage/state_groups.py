@@ -88,6 +88,8 @@ class StateGroupStore:
         self._states = _LRU(cache_size)
         self._chain_lengths = _LRU(200_000)
         self._id_pool: list[int] = []
+        #: groups planned in the open transaction, not yet in the database
+        self._pending: dict[int, NewGroup] = {}
         self.hits = 0
         self.misses = 0
 
@@ -100,6 +102,12 @@ class StateGroupStore:
             self.hits += 1
             return state
         self.misses += 1
+        pending = self._pending.get(group)
+        if pending is not None:
+            state = dict(self.get_state(cursor, pending.parent)) if pending.parent is not None else {}
+            state.update(pending.rows)
+            self._states.put(group, state)
+            return state
         cursor.execute(_STATE_OF_GROUP, [group])
         state = {(t, k): e for t, k, e in cursor.fetchall()}
         self._states.put(group, state)
@@ -138,14 +146,20 @@ class StateGroupStore:
         else:
             group = NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
         self._chain_lengths.put(gid, group.chain_length)
+        self._pending[gid] = group
         return group
+
+    def discard_pending(self) -> None:
+        """The transaction rolled back: its groups never existed."""
+        self._pending.clear()
 
     def remember(self, group: int, state: StateMap) -> None:
         """Cache a state the caller will not change any more."""
         self._states.put(group, state)
 
-    @staticmethod
-    def write(cursor: Any, groups: Sequence[NewGroup]) -> None:
+    def write(self, cursor: Any, groups: Sequence[NewGroup]) -> None:
+        for g in groups:
+            self._pending.pop(g.id, None)
         insert_unnest(cursor, "state_groups", ["id", "room_id", "event_id", "chain_length"],
                       ["bigint", "text", "text", "integer"],
                       [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
