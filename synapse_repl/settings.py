@@ -111,6 +111,9 @@ CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 
 # --- This process and its cluster -----------------------------------------------------------
+# Bearer token for the read-only /api/ endpoints (empty: staff sessions only).
+API_TOKEN = os.environ.get("API_TOKEN", "")
+
 SYNAPSE_REPL = {
     # The writer name of this process (Synapse's worker_name / instance_name).
     "INSTANCE_NAME": os.environ.get("INSTANCE_NAME", "master"),
