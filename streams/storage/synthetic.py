@@ -10,8 +10,11 @@ _COUNTER = itertools.count(1)
 
 
 class RoomBuilder:
-    def __init__(self, room_id: str, *, server: str = "localhost", ts: int = 1_700_000_000_000) -> None:
+    def __init__(self, room_id: str, *, server: str = "localhost", ts: int = 1_700_000_000_000,
+                 id_prefix: str = "", counter: Any = None) -> None:
         self.room_id = room_id
+        self.id_prefix = id_prefix
+        self.counter = counter if counter is not None else _COUNTER
         self.server = server
         self.ts = ts
         self.last: str | None = None
@@ -22,7 +25,7 @@ class RoomBuilder:
               prev: list[str] | None = None, depth: int | None = None, extra: dict[str, Any] | None = None,
               advance: bool = True) -> tuple[str, bytes]:
         """(event_id, JSON bytes) of a new event; by default on top of the last one."""
-        event_id = f"${next(_COUNTER)}:{self.server}"
+        event_id = f"${self.id_prefix}{next(self.counter)}:{self.server}"
         if prev is None:
             prev = [self.last] if self.last else []
         if depth is None:
