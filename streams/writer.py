@@ -187,7 +187,7 @@ class StreamWriter:
                      *(f.db_type(connection) for f in fields)]
             unnest_sql = "INSERT INTO {} ({}) SELECT * FROM unnest({})".format(
                 qn(meta.db_table), ", ".join(qn(c) for c in columns),
-                ", ".join(f"%s::{t}[]" for t in types),
+                ", ".join(f"%b::{t}[]" for t in types),
             )
         table = next(t for t in self.spec.tables if t.model is model)
         names = [f.name for f in fields]

@@ -280,7 +280,9 @@ class _Batch:
                 if not ev.outlier:
                     self._state_and_visibility(ev)
             self._redactions()
-            self._write()
+            # nothing below reads a result: send it all in one pipeline (one network wait)
+            with cur.connection.pipeline():
+                self._write()
 
     def _load_known(self) -> None:
         wanted = set(self.by_id)
