@@ -170,7 +170,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     from streams.storage.sql import pg_cursor
     from streams.storage.state_groups import StateGroupStore
 
-    store = StateGroupStore(cache_size=10)
+    store = StateGroupStore(cache_keys=10)
     with pg_cursor() as cur:
         sizes = [len(store.get_state(cur, g)) for g in sample_groups]
     mean_size = statistics.fmean(sizes) if sizes else 0

@@ -108,7 +108,7 @@ class ChangeCaches:
 
 
 _CACHES: dict[str, ChangeCaches] = {}
-_STATE = StateGroupStore(cache_size=5000)
+_STATE = StateGroupStore(cache_keys=2_000_000)
 _EVENT_GROUP = _LRU(50_000)
 
 

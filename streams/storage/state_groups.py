@@ -57,9 +57,14 @@ def resolve(candidates: Sequence[tuple[tuple[int, int], Mapping[StateKey, str]]]
 
 
 class _LRU:
-    def __init__(self, size: int) -> None:
+    """Least-recently-used cache bounded by total weight (``weigh``: 1 per entry by default;
+    state maps weigh their number of keys, so a few huge rooms cannot exhaust memory)."""
+
+    def __init__(self, size: int, weigh: Any = None) -> None:
         self.size = size
-        self._d: OrderedDict[int, Any] = OrderedDict()
+        self._weigh = weigh or (lambda v: 1)
+        self._weight = 0
+        self._d: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: int) -> Any:
@@ -69,23 +74,28 @@ class _LRU:
                 self._d.move_to_end(key)
             return v
 
-    def put(self, key: int, value: Any) -> None:
+    def put(self, key: Any, value: Any) -> None:
         with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._weight -= self._weigh(old)
             self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self.size:
-                self._d.popitem(last=False)
+            self._weight += self._weigh(value)
+            while self._weight > self.size and len(self._d) > 1:
+                _, evicted = self._d.popitem(last=False)
+                self._weight -= self._weigh(evicted)
 
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
+            self._weight = 0
 
 
 class StateGroupStore:
     """Reads group states (cached) and plans new groups for the persist path."""
 
-    def __init__(self, cache_size: int = 2000) -> None:
-        self._states = _LRU(cache_size)
+    def __init__(self, cache_keys: int = 1_000_000) -> None:
+        self._states = _LRU(cache_keys, weigh=lambda state: len(state) + 1)
         self._chain_lengths = _LRU(200_000)
         self._id_pool: list[int] = []
         #: groups planned in the open transaction, not yet in the database
