@@ -138,3 +138,19 @@ def test_backfill_negative_orderings_and_backward_extremities(store):
     assert rows("SELECT event_id FROM event_forward_extremities") == [(new_id,)]
     ordered = rows("SELECT event_id FROM events WHERE NOT outlier ORDER BY topological_ordering, stream_ordering")
     assert [r[0] for r in ordered] == [e for e, _ in old[2:]] + [new_id]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_sqlite_is_refused_with_a_clear_error():
+    from streams.conf import stream_writers
+    from streams.runtime import StreamRuntime
+    from streams.storage import StorageNeedsPostgres, persist_events
+
+    rt = StreamRuntime(instance_name="master", writers=stream_writers("", vendor="sqlite"), using="sqlite")
+    try:
+        b = RoomBuilder("!lite:localhost")
+        with pytest.raises(StorageNeedsPostgres, match="needs PostgreSQL"):
+            persist_events([b.create("@a:localhost")[1]], runtime=rt)
+        assert Event.objects.using("sqlite").count() == 0
+    finally:
+        rt.close()
