@@ -120,6 +120,9 @@ JOB_SCHEDULES = {
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 
 # --- This process and its cluster -----------------------------------------------------------
+# Bearer token for the read-only /api/ endpoints (empty: staff sessions only).
+API_TOKEN = os.environ.get("API_TOKEN", "")
+
 SYNAPSE_REPL = {
     # The writer name of this process (Synapse's worker_name / instance_name).
     "INSTANCE_NAME": os.environ.get("INSTANCE_NAME", "master"),
