@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('streams', '0001_initial'),
+        ('streams', '0002_room_event_storage'),
     ]
 
     operations = [
