@@ -44,7 +44,7 @@ def jdbc_url(using: str = "default") -> tuple[str, dict[str, str]]:
     return url, props
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
     """An SQL string literal (standard quoting: PostgreSQL with standard_conforming_strings, SQLite)."""
     if "\x00" in value:
         raise ValueError("room IDs cannot contain NUL")
@@ -57,7 +57,7 @@ def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str 
     connection = connections[using]
     if connection.vendor == "postgresql":
         url, props = jdbc_url(using)
-        sql = query.sql(rooms, _quote)
+        sql = query.sql(rooms, quote)
         reader = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
         for k, v in props.items():
             reader = reader.option(k, v)
@@ -74,7 +74,7 @@ def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str 
         df = reader.option("dbtable", f"({sql}) AS job_input").load()
         return df.select(*query.columns).to(spark.createDataFrame([], query.schema).schema)
     with connection.cursor() as cursor:
-        cursor.execute(query.sql(rooms, _quote))
+        cursor.execute(query.sql(rooms, quote))
         rows = cursor.fetchall()
     return spark.createDataFrame(rows, query.schema)
 

@@ -274,6 +274,13 @@ class _Batch:
             self.cur = cur
             self._load_known()
             self.rooms = self.p.load_rooms(cur, sorted({ev.room_id for ev in self.events}))
+            # What each state event of the batch says (membership, visibility value), outliers
+            # included: a later event of the same batch may have them in its state, and they
+            # are not in the database yet for the facts cache to load.
+            for ev in self.events:
+                if ev.is_state and (ev.type == MEMBER or (ev.type, ev.state_key) == HV_KEY):
+                    self.p.facts.put(ev.event_id, ev.membership, normalise_visibility(
+                        ev.body["content"].get("history_visibility")) if ev.type != MEMBER else None)
             for ev, sid in zip(self.events, self.ids):
                 ev.stream_ordering = sid
                 self._order(ev)
