@@ -113,9 +113,14 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Batch jobs (streams/jobs): nightly recomputation, hourly consistency checks. Each schedule is
 # a crontab "minute hour day-of-month month day-of-week"; an empty value turns it off.
+_RECOMPUTE_CRON = os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *")
+_CHECK_CRON = os.environ.get("JOBS_CHECK_CRON", "17 * * * *")
 JOB_SCHEDULES = {
-    "nightly topological ordering": (os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *"), "topological_ordering"),
-    "hourly ordering check": (os.environ.get("JOBS_CHECK_CRON", "17 * * * *"), "check_topological_ordering"),
+    "nightly topological ordering": (_RECOMPUTE_CRON, "topological_ordering"),
+    "nightly visibility": (" ".join(["30", *_RECOMPUTE_CRON.split()[1:]]) if _RECOMPUTE_CRON.strip() else "",
+                           "visibility"),  # half an hour after the orderings it ranges over
+    "hourly ordering check": (_CHECK_CRON, "check_topological_ordering"),
+    "hourly visibility check": (_CHECK_CRON, "check_visibility"),
 }
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 
