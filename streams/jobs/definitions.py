@@ -47,21 +47,30 @@ def _orderings(spark: Any, rooms: Sequence[str] | None):
     return events, topological_ordering(events, edges)
 
 
+ORDERING_COLUMNS = [("event_id", "text"), ("topological_ordering", "bigint")]
+
+
+def apply_orderings(stage: io.Staging) -> int:
+    """Swap staged orderings in (one transaction); the number of events that changed."""
+    changed, _ = io.swap_in([
+        (f"UPDATE events SET topological_ordering = s.topological_ordering, depth = s.topological_ordering "
+         f"FROM {stage.name} AS s WHERE events.event_id = s.event_id "
+         f"AND events.topological_ordering <> s.topological_ordering", ()),
+        (f"UPDATE room_memberships SET topological_ordering = s.topological_ordering "
+         f"FROM {stage.name} AS s WHERE room_memberships.event_id = s.event_id "
+         f"AND room_memberships.topological_ordering <> s.topological_ordering", ()),
+    ])
+    return changed
+
+
 @register("topological_ordering")
 def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute every event's topological ordering and swap the changed ones in."""
     events, result = _orderings(spark, rooms)
-    stage = io.Staging.create("topo", [("event_id", "text"), ("topological_ordering", "bigint")])
+    stage = io.Staging.create("topo", ORDERING_COLUMNS)
     try:
-        written = stage.write(result)
-        changed, _ = io.swap_in([
-            (f"UPDATE events SET topological_ordering = s.topological_ordering, depth = s.topological_ordering "
-             f"FROM {stage.name} AS s WHERE events.event_id = s.event_id "
-             f"AND events.topological_ordering <> s.topological_ordering", ()),
-            (f"UPDATE room_memberships SET topological_ordering = s.topological_ordering "
-             f"FROM {stage.name} AS s WHERE room_memberships.event_id = s.event_id "
-             f"AND room_memberships.topological_ordering <> s.topological_ordering", ()),
-        ])
+        stage.write(result)
+        changed = apply_orderings(stage)
     finally:
         stage.drop()
     rows_in = events.count()
@@ -152,6 +161,27 @@ def _stream_bounds(rooms: Sequence[str] | None) -> tuple[int, int]:
         return cursor.fetchone()
 
 
+def apply_ranges(stage: io.Staging, rooms: Sequence[str] | None, low: int, high: int) -> tuple[int, int]:
+    """Swap staged ranges in for ``rooms`` (all if None) in one transaction, except rooms with
+    events outside ``[low, high]`` (persisted after the job read them); (skipped, inserted)."""
+    cols = ", ".join(n for n, _ in RANGE_COLUMNS)
+    keep = "room_id NOT IN (SELECT room_id FROM job_vis_skipped)"
+    target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
+    statements = []
+    if _vendor() == "postgresql":
+        # a persisting transaction that writes ranges waits for the swap, or the swap for it
+        statements.append(("LOCK TABLE room_visibility_ranges IN SHARE ROW EXCLUSIVE MODE", ()))
+    statements += [
+        ("CREATE TEMPORARY TABLE job_vis_skipped AS SELECT DISTINCT room_id FROM events "
+         "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
+        (f"DELETE FROM room_visibility_ranges WHERE {target}", ()),
+        (f"INSERT INTO room_visibility_ranges ({cols}) SELECT {cols} FROM {stage.name} WHERE {keep}", ()),
+        ("DROP TABLE job_vis_skipped", ()),
+    ]
+    *_, skipped, _, inserted, _ = io.swap_in(statements)
+    return skipped, inserted
+
+
 @register("visibility")
 def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute the visibility ranges and swap them in, room by room. A room that gained
@@ -161,26 +191,9 @@ def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     stage = io.Staging.create("vis", RANGE_COLUMNS)
     try:
         stage.write(ranges)
-        cols = ", ".join(n for n, _ in RANGE_COLUMNS)
-        keep = "room_id NOT IN (SELECT room_id FROM job_vis_skipped)"
-        target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
-        statements = []
-        if _vendor() == "postgresql":
-            # a persisting transaction that writes ranges waits for the swap, or the swap for it
-            statements.append(("LOCK TABLE room_visibility_ranges IN SHARE ROW EXCLUSIVE MODE", ()))
-        statements += [
-            ("CREATE TEMPORARY TABLE job_vis_skipped AS SELECT DISTINCT room_id FROM events "
-             "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
-            (f"DELETE FROM room_visibility_ranges WHERE {target}", ()),
-            (f"INSERT INTO room_visibility_ranges ({cols}) SELECT {cols} FROM {stage.name} WHERE {keep}", ()),
-        ]
-        *_, skipped, _, inserted = io.swap_in(statements)
+        skipped, inserted = apply_ranges(stage, rooms, low, high)
     finally:
         stage.drop()
-        from django.db import connection
-
-        with connection.cursor() as cursor:
-            cursor.execute("DROP TABLE IF EXISTS job_vis_skipped")
     rows_in = events.count()
     events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=max(inserted, 0), differences=None,
