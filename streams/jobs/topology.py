@@ -5,7 +5,7 @@ An event's ordering is ``1 + max(ordering of its prev_events)``; an event none o
 prev_events we have (a room's create event, the far edge of backfilled history) keeps the
 depth it declares, or 1. Ties are broken by stream ordering wherever the ordering is used,
 so the output is only the ordering itself. Rooms are independent: the work is one
-``cogroup`` per room, and within a room an iterative walk (no recursion, no per-hop Spark
+``cogroup`` by room (``rooms.cogroup_rooms``), and within a room an iterative walk (no recursion, no per-hop Spark
 join), so a room of a million events is one pass over its rows.
 """
 from __future__ import annotations
@@ -65,20 +65,16 @@ def room_orderings(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
                          "topological_ordering": pd.Series(order, dtype="int64")})
 
 
-def _cogrouped(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
-    if events.empty:
-        return pd.DataFrame({"room_id": [], "event_id": [], "topological_ordering": pd.Series([], dtype="int64")})
-    return room_orderings(events, edges)
+def _per_room(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
+    return room_orderings(events, edges) if len(events) else events.iloc[0:0]
 
 
 def topological_ordering(events, edges):
     """``events`` (room_id, event_id, stream_ordering, depth) and ``edges`` (room_id,
     event_id, prev_event_id) -> (room_id, event_id, topological_ordering), one row per event."""
-    return (
-        events.select(*EVENTS_COLUMNS).groupBy("room_id")
-        .cogroup(edges.select(*EDGES_COLUMNS).groupBy("room_id"))
-        .applyInPandas(_cogrouped, schema=RESULT_SCHEMA)
-    )
+    from .rooms import cogroup_rooms
+
+    return cogroup_rooms(events.select(*EVENTS_COLUMNS), edges.select(*EDGES_COLUMNS), _per_room, RESULT_SCHEMA)
 
 
 def orderings_in_python(events: Iterable[tuple], edges: Iterable[tuple]) -> dict[str, int]:

@@ -235,9 +235,10 @@ def ranges_of_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
             end = None if (e == n - 1 and still_open.get(user)) else keys[e]
             rows.append((room, user, keys[s][0], keys[s][1], None if end is None else end[0],
                          None if end is None else end[1]))
+    # open ends stay None in object columns: Arrow reads them as nullable int64 (pandas'
+    # nullable Int64 arrives as a chunked array that applyInPandas cannot take)
     return pd.DataFrame(rows, columns=["room_id", "user_id", "start_topological", "start_stream",
-                                       "end_topological", "end_stream"]).astype(
-        {"start_topological": "int64", "start_stream": "int64", "end_topological": "Int64", "end_stream": "Int64"})
+                                       "end_topological", "end_stream"], dtype=object)
 
 
 def canonical_runs(keys: list[tuple], ranges: Iterable[tuple]) -> tuple[list[list], bool]:
@@ -288,31 +289,28 @@ def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFr
 
 # -- Spark ------------------------------------------------------------------------------------
 
-def _ranges_cogrouped(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
-    if events.empty:
-        return pd.DataFrame(columns=["room_id", "user_id", "start_topological", "start_stream",
-                                     "end_topological", "end_stream"])
-    return ranges_of_room(events, groups)
+def _ranges_per_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
+    return ranges_of_room(events, groups) if len(events) else pd.DataFrame()
 
 
-def _diffs_cogrouped(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
-    if events.empty and ranges.empty:
-        return pd.DataFrame(columns=["room_id", "event_id", "user_id", "expected", "found"])
+def _diffs_per_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     return differences_of_room(events, ranges)
 
 
 def visibility_ranges(events, groups):
     """events (EVENTS_SCHEMA) and state groups (GROUPS_SCHEMA) -> ranges (RANGES_SCHEMA)."""
-    return (events.groupBy("room_id").cogroup(groups.groupBy("room_id"))
-            .applyInPandas(_ranges_cogrouped, schema=RANGES_SCHEMA))
+    from .rooms import cogroup_rooms
+
+    return cogroup_rooms(events, groups, _ranges_per_room, RANGES_SCHEMA)
 
 
 def visibility_differences(events, expected, found):
     """Per-event differences between two range tables of the same rooms (DIFF_SCHEMA)."""
     from pyspark.sql import functions as F
 
+    from .rooms import cogroup_rooms
+
     cols = ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"]
     both = (expected.select(*cols).withColumn("side", F.lit("expected"))
             .unionByName(found.select(*cols).withColumn("side", F.lit("found"))))
-    return (events.groupBy("room_id").cogroup(both.groupBy("room_id"))
-            .applyInPandas(_diffs_cogrouped, schema=DIFF_SCHEMA))
+    return cogroup_rooms(events, both, _diffs_per_room, DIFF_SCHEMA)
