@@ -21,6 +21,8 @@ from typing import Any, Iterable, Sequence
 
 from django.db import connections, transaction
 
+from .pg import dedicated_connection
+
 logger = logging.getLogger(__name__)
 
 POSITIONS = "stream_positions"
@@ -209,21 +211,8 @@ class PostgresIdStore(IdStore):
         self._complete_sql = f"WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s) {self._upsert_sql}"
 
     def _connection(self) -> Any:
-        import psycopg
-
         if self._conn is None or self._conn.closed or self._conn_pid != os.getpid():
-            params = connections[self.using].settings_dict
-            kwargs = {
-                "dbname": params.get("NAME"),
-                "user": params.get("USER") or None,
-                "password": params.get("PASSWORD") or None,
-                "host": params.get("HOST") or None,
-                "port": params.get("PORT") or None,
-            }
-            self._conn = psycopg.connect(
-                **{k: v for k, v in kwargs.items() if v}, autocommit=True,
-                application_name=f"synapse_repl ids {self.instance_name}",
-            )
+            self._conn = dedicated_connection(f"synapse_repl ids {self.instance_name}", self.using)
             # A reservation lost in a database crash costs nothing: the writer's own
             # transaction is lost too. Don't wait for the WAL flush.
             self._conn.execute("SET synchronous_commit TO off")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -110,11 +111,27 @@ CHANNEL_LAYERS["dashboard_local"] = {"BACKEND": "channels.layers.InMemoryChannel
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
-CELERY_RESULT_BACKEND = None
+CELERY_RESULT_BACKEND = REDIS_URL or None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Batch jobs (streams/jobs): nightly recomputation, hourly consistency checks. Each schedule is
+# a crontab "minute hour day-of-month month day-of-week"; an empty value turns it off.
+_RECOMPUTE_CRON = os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *")
+_CHECK_CRON = os.environ.get("JOBS_CHECK_CRON", "17 * * * *")
+JOB_SCHEDULES = {
+    "nightly topological ordering": (_RECOMPUTE_CRON, "topological_ordering"),
+    "nightly visibility": (" ".join(["30", *_RECOMPUTE_CRON.split()[1:]]) if _RECOMPUTE_CRON.strip() else "",
+                           "visibility"),  # half an hour after the orderings it ranges over
+    "hourly ordering check": (_CHECK_CRON, "check_topological_ordering"),
+    "hourly visibility check": (_CHECK_CRON, "check_visibility"),
+}
+CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 
 # --- This process and its cluster -----------------------------------------------------------
+# Bearer token for the read-only /api/ endpoints (empty: staff sessions only).
+API_TOKEN = os.environ.get("API_TOKEN", "")
+
 SYNAPSE_REPL = {
     # The writer name of this process (Synapse's worker_name / instance_name).
     "INSTANCE_NAME": os.environ.get("INSTANCE_NAME", "master"),

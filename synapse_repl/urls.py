@@ -12,6 +12,7 @@ get_repl_stream_updates = counting_catchups(get_repl_stream_updates)
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", include("streams.api.urls")),
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/",
          get_repl_stream_updates, name="repl-stream-updates"),
     # Synapse's own form carries a transaction ID as the last segment.

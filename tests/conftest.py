@@ -70,3 +70,24 @@ def pg_url(transactional_db):
 
     d = connections["default"].settings_dict
     return f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark (2 cores) for the whole run, with the PostgreSQL JDBC driver loaded.
+
+    Created through the jobs' own session builder, so the tests run what production runs.
+    A missing Java or JDBC driver fails the run with what to install.
+    """
+    import shutil
+
+    from streams.jobs.session import SparkUnavailable, spark_session, stop_spark
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("java not found: install the Debian package openjdk-17-jre-headless", pytrace=False)
+    try:
+        session = spark_session("local[2]")
+    except SparkUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    yield session
+    stop_spark()

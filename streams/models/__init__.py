@@ -2,9 +2,27 @@
 from .base import FactModel, FactsAreAppendOnly
 from .events import CurrentStateDelta, Event
 from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
+from .jobs import JobRun
 from .positions import StreamPosition, StreamReservation, StreamSequence
+from .storage import (
+    BackwardExtremity, CurrentStateEvent, EventEdge, EventToStateGroup, ForwardExtremity, Redaction,
+    Rejection, Room, RoomMembership, StateGroup, StateGroupEdge, StateGroupState, VisibilityRange,
+)
 
 __all__ = (
+    "BackwardExtremity",
+    "CurrentStateEvent",
+    "EventEdge",
+    "EventToStateGroup",
+    "ForwardExtremity",
+    "Redaction",
+    "Rejection",
+    "Room",
+    "RoomMembership",
+    "StateGroup",
+    "StateGroupEdge",
+    "StateGroupState",
+    "VisibilityRange",
     "AccountData",
     "CacheInvalidation",
     "CurrentStateDelta",
@@ -12,6 +30,7 @@ __all__ = (
     "Event",
     "FactModel",
     "FactsAreAppendOnly",
+    "JobRun",
     "Receipt",
     "StreamPosition",
     "StreamReservation",

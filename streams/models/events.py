@@ -37,12 +37,19 @@ class Event(FactModel):
     outlier = models.BooleanField(_("outlier"), default=False)
     received_ts = models.BigIntegerField(_("received at (ms)"), default=0)
     json = models.BinaryField(_("event JSON, exactly as received"))
+    #: The one column of a fact that may change: set when a redaction of the event is
+    #: persisted (streams.storage.redactions, the only writer). The JSON is kept; reads prune.
+    redacted = models.BooleanField(_("redacted"), default=False)
 
     class Meta:
         db_table = "events"
         verbose_name = _("event")
         verbose_name_plural = _("events")
-        indexes = [models.Index(fields=["instance_name", "stream_ordering"], name="events_writer_order")]
+        indexes = [
+            models.Index(fields=["instance_name", "stream_ordering"], name="events_writer_order"),
+            models.Index(fields=["room_id", "topological_ordering", "stream_ordering"], name="events_order_room"),
+            models.Index(fields=["room_id", "stream_ordering"], name="events_room_stream"),
+        ]
 
     def __str__(self) -> str:
         return self.event_id

@@ -39,11 +39,13 @@ class Command(BaseCommand):
 
         replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)
         atexit.register(replication.terminate)
+        jobs = start_job_worker()
         mode = "embedded (SQLite)" if embedded_default() else "full"
         self.stdout.write(
             f"synapse_repl {instance_name()} on {repl_setting('SERVER_NAME')}, {mode} mode\n"
             f"  web UI:  http://{host}:{port}/   (connections: /connections/, metrics: /metrics)\n"
             f"  replication (TCP): {rhost}:{rport}\n"
+            f"  batch jobs: {jobs}\n"
             f"  admin:   http://{host}:{port}/admin/"
         )
         call_command("ensure_admin", stdout=self.stdout)
@@ -55,3 +57,21 @@ class Command(BaseCommand):
         # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
         proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
         CommandLineInterface().run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
+
+
+def start_job_worker() -> str:
+    """With Redis, a Celery worker with beat (nightly/hourly jobs) beside the service, unless
+    ``JOBS_WORKER=0``; without Redis, Celery runs jobs eagerly in the calling process."""
+    import os
+
+    if not settings.REDIS_URL:
+        return "in process (Celery eager; manage.py run_job JOB)"
+    if os.environ.get("JOBS_WORKER", "1") == "0":
+        return "JOBS_WORKER=0: run `celery -A synapse_repl worker -B` elsewhere"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
+         "--loglevel", "INFO", "--schedule", str(settings.STATE_DIR / "celerybeat-schedule")],
+        cwd=settings.BASE_DIR,
+    )
+    atexit.register(worker.terminate)
+    return f"Celery worker + beat (pid {worker.pid}) on {settings.REDIS_URL}"

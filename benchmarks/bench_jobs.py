@@ -1,0 +1,192 @@
+"""Batch jobs end to end on PostgreSQL, against a single-process Python run of the same work.
+
+    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick]
+
+Starts a throwaway PostgreSQL (fsync on), generates ``--events`` events in ``--rooms`` rooms
+through the real persist path (``generate_rooms``: big churny rooms, many small ones, every
+history visibility, backfilled history), then measures, on that one database:
+
+* **spark**: wall time of each job through the runner, as ``run_job`` runs it with
+  ``SPARK_MASTER=local[2]``: JDBC reads split in partitions, the pure per-room functions in
+  Spark, results written over JDBC to a staging table and swapped in (one transaction).
+  Spark's own start-up (JVM, session) is reported apart.
+* **python**: the same computation in this one process without Spark: the same SQL read with
+  psycopg, the same per-room functions (``topology.room_orderings``, ``visibility.ranges_of_room``)
+  in a loop, the result copied into a staging table and swapped in with the same statements.
+* the visibility table's size (rows) against one row per visible (event, user) pair.
+
+Goals: each job <= 120 s end to end with local[2]; the range encoding >= 10x smaller.
+Exit status 0 whether or not the goals are met.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _fetch(cursor, sql: str) -> "pd.DataFrame":
+    import pandas as pd
+
+    cursor.execute(sql)
+    return pd.DataFrame(cursor.fetchall(), columns=[d.name for d in cursor.description])
+
+
+def python_topological_ordering() -> tuple[float, int]:
+    """Single-process twin of the ``topological_ordering`` job; (seconds, rows read)."""
+    from django.db import connection
+
+    from streams.jobs import definitions, io
+    from streams.jobs.topology import orderings_in_python
+
+    t0 = time.monotonic()
+    with connection.cursor() as cursor:
+        events = _fetch(cursor, definitions._events_query("postgresql").sql(None, io.quote))
+        edges = _fetch(cursor, definitions.EDGES.sql(None, io.quote))
+    result = orderings_in_python(events[["room_id", "event_id", "stream_ordering", "depth"]].itertuples(index=False),
+                                 edges[["room_id", "event_id", "prev_event_id"]].itertuples(index=False))
+    stage = io.Staging.create("bench_topo", definitions.ORDERING_COLUMNS)
+    try:
+        _copy(stage, list(result.items()))
+        definitions.apply_orderings(stage)
+    finally:
+        stage.drop()
+    return time.monotonic() - t0, len(events)
+
+
+def python_visibility() -> tuple[float, int, int, int]:
+    """Single-process twin of the ``visibility`` job; (seconds, rows read, range rows,
+    visible (event, user) pairs)."""
+    import pandas as pd
+    from django.db import connection
+
+    from streams.jobs import definitions, io
+    from streams.jobs.visibility import ANYONE, SHARED_ERAS, ranges_of_room, room_visibility
+
+    t0 = time.monotonic()
+    low, high = definitions._stream_bounds(None)
+    with connection.cursor() as cursor:
+        events = _fetch(cursor, definitions.VIS_EVENTS.sql(None, io.quote))
+        edges = _fetch(cursor, definitions.EDGES.sql(None, io.quote))
+        groups = _fetch(cursor, definitions._groups_query("postgresql").sql(None, io.quote))
+    prevs = edges.groupby("event_id")["prev_event_id"].agg(list)
+    events["prev_events"] = events["event_id"].map(prevs)
+    groups_by_room = dict(tuple(groups.groupby("room_id", sort=False)))
+    empty = groups.iloc[0:0]
+    frames, pairs = [], 0
+    for room, ev in events.groupby("room_id", sort=False):
+        g = groups_by_room.get(room, empty)
+        frames.append(ranges_of_room(ev, g))
+    rows = pd.concat(frames, ignore_index=True)
+    stage = io.Staging.create("bench_vis", definitions.RANGE_COLUMNS)
+    try:
+        _copy(stage, list(rows.itertuples(index=False, name=None)))
+        definitions.apply_ranges(stage, None, low, high)
+    finally:
+        stage.drop()
+    seconds = time.monotonic() - t0
+    # one row per (event, user): every real user's covered events, world-readable ones included
+    for room, ev in events.groupby("room_id", sort=False):
+        keys, runs, _ = room_visibility(ev, groups_by_room.get(room, empty))
+        anyone = {i for s, e in runs.get(ANYONE, []) for i in range(s, e + 1)}
+        for user, user_runs in runs.items():
+            if user in (ANYONE, SHARED_ERAS):
+                continue
+            covered = {i for s, e in user_runs for i in range(s, e + 1)}
+            pairs += len(covered | anyone)
+    return seconds, len(events), len(rows), pairs
+
+
+def _copy(stage, rows: list[tuple]) -> None:
+    import pandas as pd
+    from django.db import connection
+
+    connection.ensure_connection()
+    names = ", ".join(n for n, _ in stage.columns)
+    with connection.connection.cursor() as cursor:
+        with cursor.copy(f"COPY {stage.name} ({names}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([None if pd.isna(v) else v for v in row])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=None, help="events to generate (default 1,000,000; --quick 100,000)")
+    parser.add_argument("--rooms", type=int, default=None, help="rooms (default 10,000; --quick 1,000)")
+    parser.add_argument("--users", type=int, default=None, help="users (default rooms x 2)")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    events = args.events or (100_000 if args.quick else 1_000_000)
+    rooms = args.rooms or (1_000 if args.quick else 10_000)
+    users = args.users or rooms * 2
+
+    from _machine import cpu_description
+    from synapse_repl.services import PostgresServer
+
+    t_begin = time.monotonic()
+    server = PostgresServer(fast=False).start()
+    try:
+        url = server.create_database("bench_jobs")
+        env = {**os.environ, "DATABASE_URL": url, "SPARK_MASTER": "local[2]", "STATE_DIR": server.directory}
+        os.environ.update({k: env[k] for k in ("DATABASE_URL", "SPARK_MASTER", "STATE_DIR")})
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], check=True, cwd=ROOT, env=env)
+        print(f"machine: {cpu_description()}; {platform.platform()}; python {platform.python_version()}")
+        print(f"generating {events:,} events in {rooms:,} rooms for {users:,} users through persist_events ...",
+              flush=True)
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "manage.py", "generate_rooms", "--rooms", str(rooms), "--users", str(users),
+                        "--events", str(events), "--seed", "1", "--batch", "1000"], check=True, cwd=ROOT, env=env)
+        print(f"generated in {time.monotonic() - t0:.0f} s", flush=True)
+        subprocess.run(["psql", "-q", url, "-c", "VACUUM ANALYZE"], check=False)
+
+        import django
+
+        django.setup()
+        from pyspark import __version__ as spark_version
+
+        from streams.jobs.runner import run_job
+        from streams.jobs.session import spark_session
+
+        t0 = time.monotonic()
+        spark_session()
+        startup = time.monotonic() - t0
+        print(f"spark {spark_version} local[2] session start-up: {startup:.1f} s")
+        results = {}
+        for job in ("topological_ordering", "visibility"):
+            t0 = time.monotonic()
+            run = run_job(job, trigger="bench")
+            results[job] = (time.monotonic() - t0, run.rows_in, run.rows_out)
+            print(f"  spark  {job:22s} {results[job][0]:7.1f} s  (rows in {run.rows_in:,}, rows out {run.rows_out:,})",
+                  flush=True)
+        py_topo, n_topo = python_topological_ordering()
+        print(f"  python {'topological_ordering':22s} {py_topo:7.1f} s  (rows in {n_topo:,})", flush=True)
+        py_vis, n_vis, range_rows, pairs = python_visibility()
+        print(f"  python {'visibility':22s} {py_vis:7.1f} s  (rows in {n_vis:,}, range rows {range_rows:,})", flush=True)
+        check = run_job("check_visibility", trigger="bench")
+        print(f"  check_visibility after both: {check.differences} differences")
+
+        print()
+        print(f"{'job':24s} {'spark local[2] s':>17s} {'python 1 process s':>19s} {'spark/python':>13s}  goal <= 120 s")
+        print("-" * 90)
+        for job, py in (("topological_ordering", py_topo), ("visibility", py_vis)):
+            s = results[job][0]
+            print(f"{job:24s} {s:17.1f} {py:19.1f} {s / py:13.2f}  {'met' if s <= 120 else 'NOT met'}")
+        ratio = pairs / range_rows if range_rows else float("inf")
+        print(f"\nvisibility: {range_rows:,} range rows vs {pairs:,} (event, user) rows: {ratio:.1f}x smaller "
+              f"(goal >= 10x: {'met' if ratio >= 10 else 'NOT met'})")
+        print(f"total time {time.monotonic() - t_begin:.0f} s")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Room event storage: persist rate, state-at-event, state storage, syncs and pagination.
+
+    .venv/bin/python benchmarks/bench_storage.py [--events N] [--rooms R] [--users U] [--quick]
+
+Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
+migrates a fresh database, then on that one server:
+
+* **persist**: ``generate_rooms``' dataset (streams.storage.generator: big churny rooms,
+  small rooms, four visibilities, invites, redactions, backfill) through ``persist_events``
+  in batches; events/s counts only the time inside ``persist_events``. **Baseline**, same
+  run: the same number of bare ``events`` rows written with ``StreamWriter.append`` (what
+  ``write_facts events`` does: no DAG, state or visibility), at the same batch size.
+* **state at event**: p50/p99 of ``state_at_event`` for random events, cold (caches dropped
+  before each call: a delta-chain walk in PostgreSQL) and warm; **state storage**: bytes of
+  the three state-group tables against the same groups stored as full snapshots (the sum of
+  every group's state size, estimated from a random sample of groups, times the measured
+  bytes per row).
+* **initial sync** (20 events x 100 rooms) for the users in the most rooms, **incremental
+  sync** after more live traffic, **back-pagination** (20 events from a random point),
+  p50/p99 each, visibility filtered.
+
+Prints the goals (initial sync p99 <= 50 ms, state storage <= 0.1 of snapshots, persist >=
+2,000 events/s) beside the figures; exit status 0 either way.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._machine import cpu_description  # noqa: E402
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def fmt(ms: list[float]) -> str:
+    return f"p50 {pct(ms, 50):7.2f} ms   p99 {pct(ms, 99):7.2f} ms   (n={len(ms)})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=None, help="default 1,000,000 (--quick 30,000)")
+    parser.add_argument("--rooms", type=int, default=None, help="default 10,000 (--quick 300)")
+    parser.add_argument("--users", type=int, default=None, help="default 20,000 (--quick 1,000)")
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--samples", type=int, default=None, help="timed calls per read (default 500, --quick 200)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    events = args.events or (30_000 if args.quick else 1_000_000)
+    rooms = args.rooms or (300 if args.quick else 10_000)
+    users = args.users or (1_000 if args.quick else 20_000)
+    samples = args.samples or (200 if args.quick else 500)
+
+    from synapse_repl.services import PostgresServer
+
+    server = PostgresServer(fast=False).start()
+    try:
+        url = server.create_database("bench_storage")
+        env = {**os.environ, "DATABASE_URL": url}
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
+                       check=True, cwd=ROOT, env=env)
+        os.environ["DATABASE_URL"] = url
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
+        import django
+
+        django.setup()
+        return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed)
+    finally:
+        server.stop()
+
+
+def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int) -> int:
+    from django.db import connection
+
+    from streams.models import Event
+    from streams.runtime import runtime
+    from streams.storage import persist_events, reads
+    from streams.storage.generator import RoomGenerator
+    from streams.storage.tokens import RoomStreamToken
+
+    print(f"machine: {cpu_description()}; load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"{os.getloadavg()[2]:.2f}")
+    print(f"dataset: {events:,} events, {rooms:,} rooms, {users:,} users, {batch} events per persist_events call")
+    rt = runtime()
+    rng = random.Random(seed)
+
+    # -- persist ------------------------------------------------------------------------------
+    gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)
+    in_persist = 0.0
+    written = 0
+    started = time.monotonic()
+    next_report = 50_000
+    for b in gen.batches():
+        t = time.perf_counter()
+        persist_events(b.items, backfill=b.backfill, runtime=rt)
+        in_persist += time.perf_counter() - t
+        written += len(b.items)
+        if written >= next_report:
+            print(f"  ... {written:,} events, {written / in_persist:,.0f} events/s so far "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+            next_report += 50_000
+    persist_rate = written / in_persist
+    print(f"persist: {written:,} events in {in_persist:.1f} s inside persist_events -> {persist_rate:,.0f} events/s "
+          f"(goal >= 2,000)")
+
+    baseline_n = min(written, 50_000)
+    writer = rt.writer("events")
+    brng = random.Random(seed)
+    facts = [[(Event, Event.synthetic(brng, i) | {"room_id": f"!baseline{i % 50}:bench"})] for i in range(baseline_n)]
+    t = time.perf_counter()
+    for i in range(0, baseline_n, batch):
+        writer.append(facts[i:i + batch])
+    base_s = time.perf_counter() - t
+    print(f"baseline: {baseline_n:,} bare events rows with StreamWriter.append -> {baseline_n / base_s:,.0f} rows/s; "
+          f"persist_events runs at {persist_rate / (baseline_n / base_s):.2f} of it")
+
+    with connection.cursor() as c:
+        c.execute("ANALYZE")
+
+    # -- state at event -----------------------------------------------------------------------
+    with connection.cursor() as c:
+        c.execute("SELECT event_id FROM event_to_state_groups TABLESAMPLE SYSTEM (5) LIMIT %s", [samples * 4])
+        sample_events = [r[0] for r in c.fetchall()]
+    rng.shuffle(sample_events)
+    sample_events = sample_events[:samples]
+
+    def cold(i: int) -> None:
+        reads.forget_caches()
+        reads.state_at_event(sample_events[i])
+
+    cold_ms = timed(cold, len(sample_events))
+    for e in sample_events:
+        reads.state_at_event(e)
+    warm_ms = timed(lambda i: reads.state_at_event(sample_events[i]), len(sample_events))
+    print(f"state at event, cold: {fmt(cold_ms)}")
+    print(f"state at event, warm: {fmt(warm_ms)}")
+
+    with connection.cursor() as c:
+        c.execute("SELECT count(*), count(*) FILTER (WHERE chain_length = 1) FROM state_groups")
+        n_groups, n_snapshots = c.fetchone()
+        c.execute("SELECT count(*) FROM state_groups_state")
+        n_rows = c.fetchone()[0]
+        c.execute("SELECT pg_total_relation_size('state_groups_state'), pg_total_relation_size('state_groups'), "
+                  "pg_total_relation_size('state_group_edges')")
+        rows_bytes, groups_bytes, edges_bytes = c.fetchone()
+        c.execute("SELECT id FROM state_groups TABLESAMPLE SYSTEM (10) LIMIT 2000")
+        sample_groups = [r[0] for r in c.fetchall()]
+    from streams.storage.sql import pg_cursor
+    from streams.storage.state_groups import StateGroupStore
+
+    store = StateGroupStore(cache_keys=10)
+    with pg_cursor() as cur:
+        sizes = [len(store.get_state(cur, g)) for g in sample_groups]
+    mean_size = statistics.fmean(sizes) if sizes else 0
+    full_rows = n_groups * mean_size
+    bytes_per_row = rows_bytes / n_rows if n_rows else 0
+    ours = rows_bytes + groups_bytes + edges_bytes
+    full_bytes = full_rows * bytes_per_row + groups_bytes
+    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
+          f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
+          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} (goal <= 0.1)")
+
+    # -- initial sync ---------------------------------------------------------------------------
+    with connection.cursor() as c:
+        c.execute("SELECT state_key, count(*) FROM current_state_events WHERE type = 'm.room.member' "
+                  "AND membership = 'join' GROUP BY state_key ORDER BY count(*) DESC LIMIT %s", [samples])
+        top = c.fetchall()
+    sync_users = [u for u, _ in top]
+    print(f"sync users: the {len(sync_users)} in the most rooms: {statistics.fmean(n for _, n in top):.0f} joined rooms "
+          f"on average (max {top[0][1]})")
+    initial_ms = timed(lambda i: reads.initial_sync(sync_users[i % len(sync_users)], limit=20, rooms=100), samples)
+    print(f"initial sync (20 events x 100 rooms): {fmt(initial_ms)} (goal p99 <= 50 ms)")
+
+    # -- incremental sync: more live traffic after a token ----------------------------------------
+    with pg_cursor() as cur:
+        since = RoomStreamToken(reads.current_token(cur))
+    more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
+                         batch=batch)
+    for b in more.batches():
+        persist_events(b.items, backfill=b.backfill, runtime=rt)
+    reads.incremental_sync(sync_users[0], since)  # the change caches catch up once
+    inc_ms = timed(lambda i: reads.incremental_sync(sync_users[i % len(sync_users)], since, limit=10), samples)
+    print(f"incremental sync (after {more.emitted:,} more events): {fmt(inc_ms)}")
+
+    # -- back-pagination ----------------------------------------------------------------------
+    with connection.cursor() as c:
+        c.execute("SELECT e.room_id, e.topological_ordering, e.stream_ordering, m.state_key FROM events e "
+                  "TABLESAMPLE SYSTEM (5) JOIN current_state_events m ON m.room_id = e.room_id "
+                  "AND m.type = 'm.room.member' AND m.membership = 'join' "
+                  "WHERE NOT e.outlier LIMIT %s", [samples * 20])
+        points = c.fetchall()
+    rng.shuffle(points)
+    points = points[:samples]
+    pages: list[int] = []
+
+    def paginate(i: int) -> None:
+        room_id, topo, stream, user = points[i]
+        page = reads.room_messages(room_id, user, from_token=RoomStreamToken(stream, topo), limit=20)
+        pages.append(len(page["chunk"]))
+
+    back_ms = timed(paginate, len(points))
+    print(f"back-pagination (20 events from a random point, t-token): {fmt(back_ms)}; "
+          f"{statistics.fmean(pages):.1f} events per page on average")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    rt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

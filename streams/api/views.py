@@ -1,0 +1,107 @@
+"""GET endpoints over streams.storage.reads; every parameter is checked, bad ones get a 400."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from django.http import HttpRequest, JsonResponse
+
+from streams.storage import reads
+from streams.storage.sql import StorageNeedsPostgres
+from streams.storage.tokens import BadToken, RoomStreamToken
+
+from .auth import api_view
+from .render import json_response
+
+
+class BadParam(ValueError):
+    pass
+
+
+def _int(request: HttpRequest, name: str, default: int, lo: int = 1, hi: int = reads.MAX_LIMIT) -> int:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParam(f"{name} must be an integer, not {raw!r}") from None
+    if not lo <= value <= hi:
+        raise BadParam(f"{name} must be between {lo} and {hi}")
+    return value
+
+
+def _token(request: HttpRequest, name: str) -> RoomStreamToken | None:
+    raw = request.GET.get(name)
+    if not raw:
+        return None
+    try:
+        return RoomStreamToken.parse(raw)
+    except BadToken as e:
+        raise BadParam(f"{name}: {e}") from None
+
+
+def _user(request: HttpRequest, required: bool = True) -> str | None:
+    user = request.GET.get("user_id") or None
+    if user is None and required:
+        raise BadParam("user_id is required")
+    if user is not None and not (user.startswith("@") and ":" in user):
+        raise BadParam(f"user_id must look like @name:server, not {user!r}")
+    return user
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @api_view
+    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(request, *args, **kwargs)
+        except BadParam as e:
+            return JsonResponse({"error": str(e)}, status=400)
+        except reads.NotFound as e:
+            return JsonResponse({"error": str(e)}, status=404)
+        except StorageNeedsPostgres as e:
+            return JsonResponse({"error": str(e)}, status=501)
+
+    view.__name__ = fn.__name__
+    return view
+
+
+@_guarded
+def room_state(request: HttpRequest, room_id: str) -> Any:
+    at = request.GET.get("at")
+    if not at:
+        raise BadParam("at=<event_id> is required")
+    event = reads.get_event(at, user_id=_user(request, required=False))
+    if event.room_id != room_id:
+        raise reads.NotFound(f"event {at} is not in {room_id}")
+    state = reads.state_at_event(at)
+    return json_response({"room_id": room_id, "at": at, "state": [
+        {"type": t, "state_key": k, "event_id": e} for (t, k), e in sorted(state.items())]})
+
+
+@_guarded
+def room_messages(request: HttpRequest, room_id: str) -> Any:
+    direction = request.GET.get("dir", "b")
+    if direction not in ("b", "f"):
+        raise BadParam("dir must be 'b' or 'f'")
+    page = reads.room_messages(room_id, _user(request), from_token=_token(request, "from"), direction=direction,
+                               limit=_int(request, "limit", 10))
+    return json_response(page)
+
+
+@_guarded
+def room_topological(request: HttpRequest, room_id: str) -> Any:
+    page = reads.topological_events(room_id, user_id=_user(request, required=False),
+                                    from_token=_token(request, "from"), limit=_int(request, "limit", 100))
+    return json_response(page)
+
+
+@_guarded
+def event(request: HttpRequest, event_id: str) -> Any:
+    row = reads.get_event(event_id, user_id=_user(request, required=False))
+    return json_response({"event": row, "token": row.token, "stream_ordering": row.stream_ordering})
+
+
+@_guarded
+def sync(request: HttpRequest) -> Any:
+    return json_response(reads.sync(_user(request), since=_token(request, "since"), limit=_int(request, "limit", 10),
+                                    rooms=_int(request, "rooms", 100)))

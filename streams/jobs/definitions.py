@@ -1,0 +1,217 @@
+"""The jobs the runner knows, each: read (io) -> compute (pure) -> write or compare."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pyspark.sql import functions as F
+
+from . import io
+from .consistency import ordering_differences
+from .runner import Outcome, SAMPLE_LIMIT, register
+from .topology import topological_ordering
+
+#: the event's own declared depth, read from the stored JSON by the database
+_DECLARED_DEPTH = {
+    "postgresql": "(convert_from(json, 'UTF8')::jsonb ->> 'depth')::bigint",
+    "sqlite": "CAST(json_extract(CAST(json AS TEXT), '$.depth') AS INTEGER)",
+}
+
+
+def _events_query(vendor: str) -> io.Query:
+    return io.Query(
+        columns=("room_id", "event_id", "stream_ordering", "depth", "topological_ordering"),
+        source=f"(SELECT room_id, event_id, stream_ordering, topological_ordering, "
+               f"{_DECLARED_DEPTH[vendor]} AS depth FROM events) AS ev",
+        schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
+        partition_column="stream_ordering",
+    )
+
+
+EDGES = io.Query(
+    columns=("room_id", "event_id", "prev_event_id", "id"),
+    source="event_edges",
+    schema="room_id string, event_id string, prev_event_id string, id long",
+    partition_column="id",
+)
+
+
+def _vendor() -> str:
+    from django.db import connection
+
+    return connection.vendor
+
+
+def _orderings(spark: Any, rooms: Sequence[str] | None):
+    events = io.read(spark, _events_query(_vendor()), rooms).cache()
+    edges = io.read(spark, EDGES, rooms)
+    return events, topological_ordering(events, edges)
+
+
+ORDERING_COLUMNS = [("event_id", "text"), ("topological_ordering", "bigint")]
+
+
+def apply_orderings(stage: io.Staging) -> int:
+    """Swap staged orderings in (one transaction); the number of events that changed."""
+    changed, _ = io.swap_in([
+        (f"UPDATE events SET topological_ordering = s.topological_ordering, depth = s.topological_ordering "
+         f"FROM {stage.name} AS s WHERE events.event_id = s.event_id "
+         f"AND events.topological_ordering <> s.topological_ordering", ()),
+        (f"UPDATE room_memberships SET topological_ordering = s.topological_ordering "
+         f"FROM {stage.name} AS s WHERE room_memberships.event_id = s.event_id "
+         f"AND room_memberships.topological_ordering <> s.topological_ordering", ()),
+    ])
+    return changed
+
+
+@register("topological_ordering")
+def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
+    """Recompute every event's topological ordering and swap the changed ones in."""
+    events, result = _orderings(spark, rooms)
+    stage = io.Staging.create("topo", ORDERING_COLUMNS)
+    try:
+        stage.write(result)
+        changed = apply_orderings(stage)
+    finally:
+        stage.drop()
+    rows_in = events.count()
+    events.unpersist()
+    return Outcome(rows_in=rows_in, rows_out=max(changed, 0), differences=None)
+
+
+@register("check_topological_ordering")
+def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
+    """Compare recomputed orderings with the stored ones; write nothing."""
+    events, result = _orderings(spark, rooms)
+    stored = events.select("room_id", "event_id", "topological_ordering")
+    diffs = ordering_differences(result, stored).cache()
+    n = diffs.count()
+    sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id").limit(SAMPLE_LIMIT).collect()]
+    rows_in = events.count()
+    diffs.unpersist()
+    events.unpersist()
+    return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)
+
+
+# -- visibility ---------------------------------------------------------------------------------
+
+_HV_VALUE = {
+    "postgresql": "convert_from(ev.json, 'UTF8')::jsonb -> 'content' ->> 'history_visibility'",
+    "sqlite": "json_extract(CAST(ev.json AS TEXT), '$.content.history_visibility')",
+}
+
+VIS_EVENTS = io.Query(
+    columns=("room_id", "event_id", "topological_ordering", "stream_ordering", "type", "state_key",
+             "membership", "outlier", "rejected", "state_group"),
+    source="(SELECT e.room_id, e.event_id, e.topological_ordering, e.stream_ordering, e.type, e.state_key, "
+           "e.membership, e.outlier, e.rejected, s.state_group FROM events e "
+           "LEFT JOIN event_to_state_groups s ON s.event_id = e.event_id) AS ev",
+    schema="room_id string, event_id string, topological_ordering long, stream_ordering long, type string, "
+           "state_key string, membership string, outlier boolean, rejected boolean, state_group long",
+    partition_column="stream_ordering",
+)
+
+
+def _groups_query(vendor: str) -> io.Query:
+    return io.Query(
+        columns=("room_id", "state_group", "prev_state_group", "type", "state_key", "membership",
+                 "history_visibility"),
+        source="(SELECT g.room_id, g.id AS state_group, eg.prev_state_group, s.type, s.state_key, "
+               "ev.membership, CASE WHEN s.type = 'm.room.history_visibility' THEN "
+               f"{_HV_VALUE[vendor]} END AS history_visibility "
+               "FROM state_groups g LEFT JOIN state_group_edges eg ON eg.state_group = g.id "
+               "LEFT JOIN state_groups_state s ON s.state_group = g.id AND (s.type = 'm.room.member' "
+               "OR (s.type = 'm.room.history_visibility' AND s.state_key = '')) "
+               "LEFT JOIN events ev ON ev.event_id = s.event_id) AS sg",
+        schema="room_id string, state_group long, prev_state_group long, type string, state_key string, "
+               "membership string, history_visibility string",
+        partition_column="state_group",
+    )
+
+
+RANGES = io.Query(
+    columns=("room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream", "id"),
+    source="room_visibility_ranges",
+    schema="room_id string, user_id string, start_topological long, start_stream long, end_topological long, "
+           "end_stream long, id long",
+    partition_column="id",
+)
+
+RANGE_COLUMNS = [("room_id", "text"), ("user_id", "text"), ("start_topological", "bigint"),
+                 ("start_stream", "bigint"), ("end_topological", "bigint"), ("end_stream", "bigint")]
+
+
+def _visibility(spark: Any, rooms: Sequence[str] | None):
+    from .visibility import visibility_ranges
+
+    events = io.read(spark, VIS_EVENTS, rooms)
+    prevs = (io.read(spark, EDGES, rooms).groupBy("event_id")
+             .agg(F.collect_list("prev_event_id").alias("prev_events")))
+    events = events.join(prevs, on="event_id", how="left").cache()
+    groups = io.read(spark, _groups_query(_vendor()), rooms)
+    return events, visibility_ranges(events, groups)
+
+
+def _stream_bounds(rooms: Sequence[str] | None) -> tuple[int, int]:
+    from django.db import connection
+
+    where, params = ("WHERE room_id = ANY(%s)", [list(rooms)]) if rooms and connection.vendor == "postgresql" else ("", [])
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT coalesce(min(stream_ordering), 0), coalesce(max(stream_ordering), 0) FROM events {where}",
+                       params)
+        return cursor.fetchone()
+
+
+def apply_ranges(stage: io.Staging, rooms: Sequence[str] | None, low: int, high: int) -> tuple[int, int]:
+    """Swap staged ranges in for ``rooms`` (all if None) in one transaction, except rooms with
+    events outside ``[low, high]`` (persisted after the job read them); (skipped, inserted)."""
+    cols = ", ".join(n for n, _ in RANGE_COLUMNS)
+    keep = "room_id NOT IN (SELECT room_id FROM job_vis_skipped)"
+    target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
+    statements = []
+    if _vendor() == "postgresql":
+        # a persisting transaction that writes ranges waits for the swap, or the swap for it
+        statements.append(("LOCK TABLE room_visibility_ranges IN SHARE ROW EXCLUSIVE MODE", ()))
+    statements += [
+        ("CREATE TEMPORARY TABLE job_vis_skipped AS SELECT DISTINCT room_id FROM events "
+         "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
+        (f"DELETE FROM room_visibility_ranges WHERE {target}", ()),
+        (f"INSERT INTO room_visibility_ranges ({cols}) SELECT {cols} FROM {stage.name} WHERE {keep}", ()),
+        ("DROP TABLE job_vis_skipped", ()),
+    ]
+    *_, skipped, _, inserted, _ = io.swap_in(statements)
+    return skipped, inserted
+
+
+@register("visibility")
+def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
+    """Recompute the visibility ranges and swap them in, room by room. A room that gained
+    events while the job ran keeps its incrementally maintained rows (reported as skipped)."""
+    low, high = _stream_bounds(rooms)  # before reading: whatever is newer was not seen
+    events, ranges = _visibility(spark, rooms)
+    stage = io.Staging.create("vis", RANGE_COLUMNS)
+    try:
+        stage.write(ranges)
+        skipped, inserted = apply_ranges(stage, rooms, low, high)
+    finally:
+        stage.drop()
+    rows_in = events.count()
+    events.unpersist()
+    return Outcome(rows_in=rows_in, rows_out=max(inserted, 0), differences=None,
+                   sample=[{"note": f"{skipped} room(s) gained events while the job ran and kept their "
+                                    f"incrementally maintained ranges"}] if skipped > 0 else [])
+
+
+@register("check_visibility")
+def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
+    """Compare recomputed visibility with the stored ranges, event by event; write nothing."""
+    from .visibility import visibility_differences
+
+    events, expected = _visibility(spark, rooms)
+    found = io.read(spark, RANGES, rooms)
+    diffs = visibility_differences(events, expected, found).cache()
+    n = diffs.count()
+    sample = [r.asDict() for r in diffs.orderBy("room_id", "user_id", "event_id").limit(SAMPLE_LIMIT).collect()]
+    rows_in = events.count()
+    diffs.unpersist()
+    events.unpersist()
+    return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)

@@ -1,0 +1,85 @@
+"""Runs a job by name: takes its lock, records a :class:`JobRun`, and never lets a failure
+escape unrecorded. Celery tasks and ``manage.py run_job`` both come through here."""
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from django.utils import timezone
+
+from ..models import JobRun
+from .lock import JobLock
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What a job reports back: rows read and written, and any differences it found."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    differences: int | None = None
+    sample: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: name -> function(spark, rooms) -> Outcome; filled by the job modules (see ``jobs``)
+JOBS: dict[str, Callable[[Any, Sequence[str] | None], Outcome]] = {}
+
+SAMPLE_LIMIT = 1000
+
+
+class UnknownJob(ValueError):
+    pass
+
+
+def register(name: str):
+    def deco(fn):
+        JOBS[name] = fn
+        return fn
+    return deco
+
+
+def load_jobs() -> None:
+    """Import the job definitions (they need pyspark, so not at Django start-up)."""
+    from . import definitions  # noqa: F401
+
+
+def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "manual") -> JobRun:
+    """Run job ``name`` (on ``rooms`` only, if given) and return its finished record."""
+    load_jobs()
+    if name not in JOBS:
+        raise UnknownJob(f"unknown job {name!r}; known: {', '.join(sorted(JOBS))}")
+    params = {"rooms": list(rooms)} if rooms else {}
+    run = JobRun.objects.create(job=name, parameters=params, trigger=trigger, started_at=timezone.now())
+    lock = JobLock(name)
+    try:
+        if not lock.acquire():
+            holder = JobRun.objects.filter(job=name, status=JobRun.Status.RUNNING).exclude(pk=run.pk).first()
+            run.status = JobRun.Status.REFUSED
+            run.error = f"another run of {name} holds the lock" + (f" (run #{holder.pk})" if holder else "")
+            return run
+        # Holding the lock proves no other run is alive: a run still marked running died
+        # with its process (the lock went with it). Say so instead of leaving it "running".
+        JobRun.objects.filter(job=name, status=JobRun.Status.RUNNING).exclude(pk=run.pk).update(
+            status=JobRun.Status.FAILED, ended_at=timezone.now(),
+            error="the process running this job ended before it finished (found by a later run)")
+        from .session import spark_session
+
+        outcome = JOBS[name](spark_session(), list(rooms) if rooms else None)
+        run.rows_in, run.rows_out = outcome.rows_in, outcome.rows_out
+        run.differences = outcome.differences
+        run.difference_sample = outcome.sample[:SAMPLE_LIMIT]
+        run.status = JobRun.Status.SUCCEEDED
+    except Exception as e:  # recorded, then re-raised for the caller (Celery marks it failed)
+        logger.exception("job %s failed", name)
+        run.status = JobRun.Status.FAILED
+        run.error = "".join(traceback.format_exception(e))[-20000:]
+        raise
+    finally:
+        lock.release()
+        run.ended_at = timezone.now()
+        run.save()
+    return run

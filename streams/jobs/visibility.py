@@ -1,0 +1,316 @@
+"""Visibility recomputed from stored state: per (room, user), the ranges of the room's ordering
+the user may see. The batch twin of ``streams.storage.visibility`` (rules: docs/storage.md,
+"Visibility"), written independently from the spec so the consistency check cross-checks them.
+
+Per room, one pass over the accepted, non-outlier events in ``(topological, stream)`` order:
+
+* the state after each event comes from its state group (``state(g) = state(parent) + rows``,
+  only history-visibility and member keys kept), so forks are seen as the persist path saw them;
+* the users the state *grants* each new event (``join``, or ``invite`` under ``invited``) change
+  only where the state group changes, so a message costs nothing and only the keys that changed
+  are re-examined (the whole map only across a fork);
+* boundary events add points: a history-visibility event is also seen under the value before it;
+  a user's own member event follows Synapse's own-membership rule;
+* ``'*'`` gets the world-readable events, ``'*shared'`` the shared-era ones, and each user also
+  the shared-era events before their last join ("joined at any point after it").
+
+Runs are kept as event indices and turned into key ranges at the end; a user still granted
+after the last event keeps an open range (null end), as the persist path leaves it.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Iterable
+
+import pandas as pd
+
+ANYONE, SHARED_ERAS = "*", "*shared"
+HV, MEMBER = "m.room.history_visibility", "m.room.member"
+_KNOWN_VIS = ("world_readable", "shared", "invited", "joined")
+_PRIORITY = ("join", "invite", "knock", "leave", "ban")
+
+EVENTS_SCHEMA = ("room_id string, event_id string, topological_ordering long, stream_ordering long, "
+                 "type string, state_key string, membership string, outlier boolean, rejected boolean, "
+                 "state_group long, prev_events array<string>")
+GROUPS_SCHEMA = ("room_id string, state_group long, prev_state_group long, type string, state_key string, "
+                 "membership string, history_visibility string")
+RANGES_SCHEMA = ("room_id string, user_id string, start_topological long, start_stream long, "
+                 "end_topological long, end_stream long")
+DIFF_SCHEMA = "room_id string, event_id string, user_id string, expected string, found string"
+
+
+def _vis(value: Any) -> str:
+    return value if isinstance(value, str) and value in _KNOWN_VIS else "shared"
+
+
+def _grants(membership: str | None, vis: str) -> bool:
+    return membership == "join" or (membership == "invite" and vis == "invited")
+
+
+def _rank(m: str | None) -> int:
+    return _PRIORITY.index(m) if m in _PRIORITY else len(_PRIORITY)
+
+
+def _none(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
+
+class _States:
+    """The (visibility, members) state of each group of one room, built parent first."""
+
+    def __init__(self, groups: pd.DataFrame) -> None:
+        self.parent: dict[int, int | None] = {}
+        self.rows: dict[int, dict] = {}
+        for g, p, t, k, m, hv in zip(groups["state_group"], groups["prev_state_group"], groups["type"],
+                                     groups["state_key"], groups["membership"], groups["history_visibility"]):
+            g = int(g)
+            self.parent[g] = None if _none(p) is None else int(p)
+            rows = self.rows.setdefault(g, {})
+            if t == HV:
+                rows[("v",)] = _vis(_none(hv))
+            elif t == MEMBER:
+                rows[("m", k)] = _none(m) or "leave"
+        self._state: dict[int, dict] = {}
+
+    def state(self, g: int | None) -> dict:
+        if g is None:
+            return {}
+        got = self._state.get(g)
+        if got is not None:
+            return got
+        chain = []
+        while g is not None and g not in self._state:
+            chain.append(g)
+            g = self.parent.get(g)
+        base = self._state[g] if g is not None else {}
+        for h in reversed(chain):  # ids grow along chains: parents first
+            base = {**base, **self.rows.get(h, {})}
+            self._state[h] = base
+        return base
+
+
+def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tuple], dict[str, list[list]], dict[str, bool]]:
+    """One room: the ordered event keys, each user's visible runs of event indices, and
+    whether each user's last run stays open for events after the last one."""
+    states = _States(groups)
+    ev = events[(~events["outlier"].astype(bool)) & (~events["rejected"].astype(bool))]
+    ev = ev.sort_values(["topological_ordering", "stream_ordering"], kind="stable")
+    keys = list(zip(ev["topological_ordering"].tolist(), ev["stream_ordering"].tolist()))
+    group_of = {e: (None if _none(g) is None else int(g)) for e, g in zip(events["event_id"], events["state_group"])}
+    usable = events[~events["outlier"].astype(bool)]
+    key_of = dict(zip(usable["event_id"], zip(usable["topological_ordering"], usable["stream_ordering"])))
+    runs: dict[str, list[list]] = {}
+    open_from: dict[str, int] = {}  # user -> index where their current grant began
+    last_join: dict[str, int] = {}
+
+    def point(user: str, i: int) -> None:
+        if user in open_from:
+            return
+        r = runs.setdefault(user, [])
+        if r and r[-1][1] >= i - 1:
+            r[-1][1] = max(r[-1][1], i)
+        else:
+            r.append([i, i])
+
+    def close(user: str, i: int) -> None:  # granted up to i - 1
+        start = open_from.pop(user)
+        if start <= i - 1:
+            r = runs.setdefault(user, [])
+            if r and r[-1][1] >= start - 1:
+                r[-1][1] = max(r[-1][1], i - 1)
+            else:
+                r.append([start, i - 1])
+
+    cur_state: dict | None = None
+    cur_group: int | None = -1
+    for i, (eid, etype, skey, membership, prevs) in enumerate(zip(
+            ev["event_id"], ev["type"], ev["state_key"], ev["membership"], ev["prev_events"])):
+        g = group_of.get(eid)
+        state = states.state(g)
+        vis = _vis(state.get(("v",)))
+        if g != cur_group:
+            old = cur_state or {}
+            if cur_state is not None and states.parent.get(g) == cur_group and g is not None:
+                changed = [k[1] for k in states.rows.get(g, {}) if k[0] == "m"]
+                if old.get(("v",)) != state.get(("v",)):
+                    changed = None
+            else:
+                changed = None
+            users = ({k[1] for k in state if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
+                     if changed is None else changed)
+            for u in users:
+                now = _grants(state.get(("m", u)), vis)
+                if now and u not in open_from:
+                    open_from[u] = i
+                elif not now and u in open_from:
+                    close(u, i)
+            cur_state, cur_group = state, g
+        # the state before this event, for the boundary rules of state events: the parent of
+        # its own one-row delta group, else resolved from the states after its prev_events
+        before = None
+        if etype in (HV, MEMBER) and skey is not None:
+            parent = states.parent.get(g) if g is not None else None
+            if parent is not None and len(states.rows.get(g, {})) <= 1:
+                before = states.state(parent)
+            else:
+                before = _resolve_before(prevs, group_of, key_of, states)
+        values = [vis]
+        if etype == HV and skey == "" and before is not None:
+            values.append(_vis(before.get(("v",))))
+        if "world_readable" in values:
+            point(ANYONE, i)
+        if any(v in ("shared", "world_readable") for v in values):
+            point(SHARED_ERAS, i)
+        if etype == HV and skey == "" and before is not None:
+            for k, m in state.items():
+                if k[0] == "m" and any(_grants(m, v) for v in values):
+                    point(k[1], i)
+        if etype == MEMBER and skey is not None:
+            new = _none(membership) or "leave"
+            prev = (before or {}).get(("m", skey)) or "leave"
+            if new == "leave" and prev in ("join", "invite"):
+                point(skey, i)
+            else:
+                m = min((new, prev), key=_rank)
+                if any(_grants(m, v) for v in values):
+                    point(skey, i)
+            if new == "join":
+                last_join[skey] = i
+    n = len(keys)
+    still_open = {u: True for u in open_from}
+    for u in list(open_from):
+        close(u, n)
+    # shared-era history up to each user's last join
+    eras = runs.get(SHARED_ERAS, [])
+    for u, j in last_join.items():
+        r = runs.setdefault(u, [])
+        for start, end in eras:
+            if start >= j:
+                break
+            r.append([start, min(end, j - 1)])
+    for u, r in runs.items():
+        runs[u] = _merge(r)
+    # '*' and '*shared' stay open while the current state keeps new events in their era
+    final_vis = _vis((cur_state or {}).get(("v",)))
+    if n:
+        if final_vis == "world_readable":
+            still_open[ANYONE] = True
+        if final_vis in ("shared", "world_readable"):
+            still_open[SHARED_ERAS] = True
+    return keys, runs, still_open
+
+
+def _resolve_before(prevs, group_of, key_of, states) -> dict:
+    """The state before an event from the states after its prev_events: the latest prev's,
+    plus keys only the others have (the persist path's resolution)."""
+    cands = sorted(((key_of[p], states.state(group_of.get(p))) for p in (prevs if prevs is not None else [])
+                    if p in key_of), key=lambda c: c[0], reverse=True)
+    if not cands:
+        return {}
+    result = dict(cands[0][1])
+    for _, s in cands[1:]:
+        for k, v in s.items():
+            result.setdefault(k, v)
+    return result
+
+
+def _merge(runs: list[list]) -> list[list]:
+    out: list[list] = []
+    for s, e in sorted(runs):
+        if out and s <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def ranges_of_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
+    """One room's visibility as table rows (what ``room_visibility_ranges`` holds)."""
+    keys, runs, still_open = room_visibility(events, groups)
+    room = events["room_id"].iloc[0]
+    rows = []
+    n = len(keys)
+    for user, user_runs in runs.items():
+        for s, e in user_runs:
+            end = None if (e == n - 1 and still_open.get(user)) else keys[e]
+            rows.append((room, user, keys[s][0], keys[s][1], None if end is None else end[0],
+                         None if end is None else end[1]))
+    # open ends stay None in object columns: Arrow reads them as nullable int64 (pandas'
+    # nullable Int64 arrives as a chunked array that applyInPandas cannot take)
+    return pd.DataFrame(rows, columns=["room_id", "user_id", "start_topological", "start_stream",
+                                       "end_topological", "end_stream"], dtype=object)
+
+
+def canonical_runs(keys: list[tuple], ranges: Iterable[tuple]) -> tuple[list[list], bool]:
+    """Ranges of keys -> the runs of event indices they cover, and whether they stay open.
+
+    Two range sets that cover the same events (with different bounds) give the same runs."""
+    runs, is_open, n = [], False, len(keys)
+    for st, ss, et, es in ranges:
+        s = bisect.bisect_left(keys, (st, ss))
+        if _none(et) is None:
+            e, is_open = n - 1, True
+        else:
+            e = bisect.bisect_right(keys, (et, es)) - 1
+        if s <= e:
+            runs.append([s, e])
+    return _merge(runs), is_open
+
+
+def _expand(runs: list[list]) -> set[int]:
+    return {i for s, e in runs for i in range(s, e + 1)}
+
+
+def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """``ranges`` has a ``side`` column (``expected``/``found``): one row per event a user sees
+    on one side only, and one (event null) per user whose open end differs."""
+    ev = events[(~events["outlier"].astype(bool)) & (~events["rejected"].astype(bool))]
+    ev = ev.sort_values(["topological_ordering", "stream_ordering"], kind="stable")
+    keys = list(zip(ev["topological_ordering"].tolist(), ev["stream_ordering"].tolist()))
+    ids = ev["event_id"].tolist()
+    room = events["room_id"].iloc[0] if len(events) else ranges["room_id"].iloc[0]
+    sides: dict[tuple[str, str], list] = {}
+    for side, user, st, ss, et, es in zip(ranges["side"], ranges["user_id"], ranges["start_topological"],
+                                          ranges["start_stream"], ranges["end_topological"], ranges["end_stream"]):
+        sides.setdefault((side, user), []).append((int(st), int(ss), _none(et), _none(es)))
+    out = []
+    for user in sorted({u for _, u in sides}):
+        exp_runs, exp_open = canonical_runs(keys, sides.get(("expected", user), []))
+        got_runs, got_open = canonical_runs(keys, sides.get(("found", user), []))
+        if exp_runs != got_runs:
+            exp, got = _expand(exp_runs), _expand(got_runs)
+            for i in sorted(exp ^ got):
+                out.append((room, ids[i], user, "visible" if i in exp else "hidden",
+                            "visible" if i in got else "hidden"))
+        if exp_open != got_open:
+            out.append((room, None, user, "open" if exp_open else "closed", "open" if got_open else "closed"))
+    return pd.DataFrame(out, columns=["room_id", "event_id", "user_id", "expected", "found"])
+
+
+# -- Spark ------------------------------------------------------------------------------------
+
+def _ranges_per_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
+    return ranges_of_room(events, groups) if len(events) else pd.DataFrame()
+
+
+def _diffs_per_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    return differences_of_room(events, ranges)
+
+
+def visibility_ranges(events, groups):
+    """events (EVENTS_SCHEMA) and state groups (GROUPS_SCHEMA) -> ranges (RANGES_SCHEMA)."""
+    from .rooms import cogroup_rooms
+
+    return cogroup_rooms(events, groups, _ranges_per_room, RANGES_SCHEMA)
+
+
+def visibility_differences(events, expected, found):
+    """Per-event differences between two range tables of the same rooms (DIFF_SCHEMA)."""
+    from pyspark.sql import functions as F
+
+    from .rooms import cogroup_rooms
+
+    cols = ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"]
+    both = (expected.select(*cols).withColumn("side", F.lit("expected"))
+            .unionByName(found.select(*cols).withColumn("side", F.lit("found"))))
+    return cogroup_rooms(events, both, _diffs_per_room, DIFF_SCHEMA)

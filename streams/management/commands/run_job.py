@@ -1,0 +1,42 @@
+"""``manage.py run_job JOB [--rooms ROOM ...]``: run a batch job here and now."""
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Run a batch job (topological_ordering, check_topological_ordering, ...) in this process."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("job")
+        parser.add_argument("--rooms", nargs="+", metavar="ROOM_ID", help="only these rooms")
+        parser.add_argument("--via-celery", action="store_true",
+                            help="send it to the Celery workers instead and wait for the result")
+
+    def handle(self, *args, job: str, rooms, via_celery: bool, **options) -> None:
+        from streams.jobs.runner import JOBS, load_jobs, run_job
+        from streams.models import JobRun
+
+        load_jobs()
+        if job not in JOBS:
+            raise CommandError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
+        if via_celery:
+            from streams.tasks import run_job_task
+
+            result = run_job_task.delay(job, rooms, trigger="run_job --via-celery").get()
+            run = JobRun.objects.get(pk=result["run"])
+        else:
+            try:
+                run = run_job(job, rooms, trigger="run_job")
+            except Exception as e:
+                run = JobRun.objects.filter(job=job).first()
+                raise CommandError(f"{job} failed (run #{run.pk if run else '?'}): {e}") from e
+        self.stdout.write(
+            f"{run.job} run #{run.pk}: {run.status} in {run.duration_seconds or 0:.1f} s; "
+            f"rows in {run.rows_in}, rows out {run.rows_out}"
+            + (f", differences {run.differences}" if run.differences is not None else "")
+        )
+        for d in run.difference_sample[:20]:
+            self.stdout.write(f"  {d}")
+        if run.status == JobRun.Status.REFUSED:
+            raise CommandError(run.error)

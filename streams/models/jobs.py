@@ -1,0 +1,44 @@
+"""The record of each batch-job run (streams/jobs): what ran, on what, how it ended."""
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class JobRun(models.Model):
+    """One run of a batch job, written by the runner, never by the job itself."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", _("running")
+        SUCCEEDED = "succeeded", _("succeeded")
+        FAILED = "failed", _("failed")
+        #: another run of the same job held its lock: nothing was done
+        REFUSED = "refused", _("refused (already running)")
+
+    job = models.CharField(_("job"), max_length=64, db_index=True)
+    parameters = models.JSONField(_("parameters"), default=dict)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.RUNNING)
+    trigger = models.CharField(_("started by"), max_length=64, default="manual")
+    started_at = models.DateTimeField(_("started at"))
+    ended_at = models.DateTimeField(_("ended at"), null=True, blank=True)
+    rows_in = models.BigIntegerField(_("rows read"), null=True, blank=True)
+    rows_out = models.BigIntegerField(_("rows written"), null=True, blank=True)
+    #: consistency checks: how many differences, and the first of them
+    differences = models.BigIntegerField(_("differences found"), null=True, blank=True)
+    difference_sample = models.JSONField(_("first differences"), default=list, blank=True)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        db_table = "job_runs"
+        ordering = ["-started_at", "-id"]
+        verbose_name = _("job run")
+        verbose_name_plural = _("job runs")
+
+    def __str__(self) -> str:
+        return f"{self.job} #{self.pk} ({self.status})"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()

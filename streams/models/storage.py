@@ -1,0 +1,205 @@
+"""Tables of the room event store that sit beside the ``events`` fact table.
+
+Names and columns follow Synapse (``shared/specs/storage.md`` §1-§2) where Synapse has the
+table, so Synapse tools and SQL read them unchanged. These are derived tables, written only by
+``streams.storage.persist`` (and, for visibility, by the batch jobs of issue 6); they are not
+facts of a stream, so they are plain models.
+"""
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class Room(models.Model):
+    """Per-room bookkeeping of the persist path: where the room's history ends, its current
+    state group (null while the room has several forward extremities), and its last change."""
+
+    room_id = models.CharField(_("room ID"), max_length=255, primary_key=True)
+    #: the highest (topological, stream) key of an accepted event in the room
+    head_topological = models.BigIntegerField(_("head topological ordering"), default=0)
+    head_stream = models.BigIntegerField(_("head stream ordering"), default=0)
+    #: the highest positive stream ordering of the room (the "last change", for syncs)
+    last_stream = models.BigIntegerField(_("last live stream ordering"), default=0, db_index=True)
+    current_state_group = models.BigIntegerField(_("current state group"), null=True)
+    min_depth = models.BigIntegerField(_("minimum depth"), null=True)
+
+    class Meta:
+        db_table = "rooms"
+        verbose_name = _("room")
+        verbose_name_plural = _("rooms")
+
+    def __str__(self) -> str:
+        return self.room_id
+
+
+class EventEdge(models.Model):
+    """One ``prev_events`` link of the room DAG (event -> an event before it)."""
+
+    event_id = models.CharField(_("event ID"), max_length=255)
+    prev_event_id = models.CharField(_("previous event ID"), max_length=255, db_index=True)
+    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+
+    class Meta:
+        db_table = "event_edges"
+        constraints = [models.UniqueConstraint(fields=["event_id", "prev_event_id"], name="event_edges_event_prev")]
+
+
+class ForwardExtremity(models.Model):
+    """The newest accepted events of a room that no accepted event references yet."""
+
+    event_id = models.CharField(_("event ID"), max_length=255)
+    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+
+    class Meta:
+        db_table = "event_forward_extremities"
+        constraints = [models.UniqueConstraint(fields=["event_id", "room_id"], name="event_fwd_ext_event_room")]
+
+
+class BackwardExtremity(models.Model):
+    """Events referenced as prev_events that we do not have: where backfill continues."""
+
+    event_id = models.CharField(_("event ID"), max_length=255)
+    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+
+    class Meta:
+        db_table = "event_backward_extremities"
+        constraints = [models.UniqueConstraint(fields=["event_id", "room_id"], name="event_bwd_ext_event_room")]
+
+
+class StateGroup(models.Model):
+    """A room state: a full snapshot (no edge) or a delta against one earlier group.
+
+    ``chain_length`` counts the groups from this one to its snapshot, inclusive (1 for a
+    snapshot), so the persist path knows when to write the next snapshot without a walk.
+    """
+
+    id = models.BigIntegerField(primary_key=True)
+    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    event_id = models.CharField(_("computed for event"), max_length=255)
+    chain_length = models.IntegerField(_("groups to the snapshot"), default=1)
+
+    class Meta:
+        db_table = "state_groups"
+
+
+class StateGroupEdge(models.Model):
+    """A delta group's parent; ids grow along every chain (reads rely on it)."""
+
+    state_group = models.BigIntegerField()
+    prev_state_group = models.BigIntegerField(db_index=True)
+
+    class Meta:
+        db_table = "state_group_edges"
+        constraints = [models.UniqueConstraint(fields=["state_group", "prev_state_group"],
+                                               name="state_group_edges_unique_idx")]
+
+
+class StateGroupState(models.Model):
+    """One (type, state_key) -> event row of a group: all of a snapshot, the added or
+    overwritten keys of a delta."""
+
+    state_group = models.BigIntegerField()
+    room_id = models.CharField(max_length=255)
+    type = models.CharField(max_length=255)
+    state_key = models.CharField(max_length=255)
+    event_id = models.CharField(max_length=255)
+
+    class Meta:
+        db_table = "state_groups_state"
+        indexes = [models.Index(fields=["state_group", "type", "state_key"], name="state_groups_state_type_idx")]
+
+
+class EventToStateGroup(models.Model):
+    """The state after an event (before it, for a rejected event); outliers have no row."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    state_group = models.BigIntegerField(db_index=True)
+
+    class Meta:
+        db_table = "event_to_state_groups"
+
+
+class CurrentStateEvent(models.Model):
+    """A room's current state, one row per key; for members also the membership, which makes
+    it the current-membership table too (``rooms for user``)."""
+
+    room_id = models.CharField(max_length=255)
+    type = models.CharField(max_length=255)
+    state_key = models.CharField(max_length=255)
+    event_id = models.CharField(max_length=255)
+    membership = models.CharField(max_length=32, null=True)
+    event_stream_ordering = models.BigIntegerField()
+
+    class Meta:
+        db_table = "current_state_events"
+        constraints = [models.UniqueConstraint(fields=["room_id", "type", "state_key"],
+                                               name="current_state_events_room_type_key")]
+        indexes = [
+            models.Index(fields=["state_key", "membership"], name="current_state_members_user",
+                         condition=models.Q(type="m.room.member")),
+        ]
+
+
+class RoomMembership(models.Model):
+    """Every accepted ``m.room.member`` event: the membership history of a room."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    user_id = models.CharField(max_length=255)
+    sender = models.CharField(max_length=255)
+    room_id = models.CharField(max_length=255)
+    membership = models.CharField(max_length=32)
+    event_stream_ordering = models.BigIntegerField()
+    topological_ordering = models.BigIntegerField()
+
+    class Meta:
+        db_table = "room_memberships"
+        indexes = [
+            models.Index(fields=["user_id", "event_stream_ordering"], name="room_memberships_user_stream"),
+            models.Index(fields=["room_id", "user_id"], name="room_memberships_room_user"),
+        ]
+
+
+class Redaction(models.Model):
+    """An ``m.room.redaction``: ``redacts`` is its target (which may arrive later)."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    redacts = models.CharField(max_length=255, db_index=True)
+    received_ts = models.BigIntegerField()
+
+    class Meta:
+        db_table = "redactions"
+
+
+class Rejection(models.Model):
+    """Why an event was rejected (it is stored, never shown, and changes no state)."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    reason = models.TextField()
+    last_check = models.CharField(max_length=32)
+
+    class Meta:
+        db_table = "rejections"
+
+
+class VisibilityRange(models.Model):
+    """Who may see which events of a room: a range of the room's ordering
+    ``(topological_ordering, stream_ordering)``, bounds inclusive, an open end (null) while the
+    user still sees each new event. ``user_id`` ``*`` is anyone (world_readable history);
+    ``*shared`` holds the shared-history eras a user gains on joining. Written by the persist
+    path and by the visibility batch job alike; read by every read (docs/storage.md)."""
+
+    room_id = models.CharField(max_length=255)
+    user_id = models.CharField(max_length=255)
+    start_topological = models.BigIntegerField()
+    start_stream = models.BigIntegerField()
+    end_topological = models.BigIntegerField(null=True)
+    end_stream = models.BigIntegerField(null=True)
+
+    class Meta:
+        db_table = "room_visibility_ranges"
+        indexes = [
+            models.Index(fields=["room_id", "user_id", "start_topological", "start_stream"],
+                         name="visibility_room_user_start"),
+            models.Index(fields=["user_id"], name="visibility_user"),
+        ]

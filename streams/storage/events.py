@@ -1,0 +1,164 @@
+"""Incoming events: the exact bytes received, checked and parsed once.
+
+The bytes are what is stored (``events.json``), so signatures stay valid; the parsed dict is
+only used to fill the indexed columns. Anything the persist path cannot store correctly is a
+:class:`BadEvent`, raised before a single row is written.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+#: Synapse refuses depths outside [0, 2^53 - 1] (storage spec §3.2).
+MAX_DEPTH = 2**53 - 1
+
+MEMBER = "m.room.member"
+HISTORY_VISIBILITY = "m.room.history_visibility"
+REDACTION = "m.room.redaction"
+CREATE = "m.room.create"
+
+StateKey = tuple[str, str]
+StateMap = dict[StateKey, str]
+
+
+class BadEvent(ValueError):
+    """An event the store refuses; the whole ``persist_events`` call writes nothing."""
+
+    def __init__(self, event_id: str | None, reason: str) -> None:
+        self.event_id = event_id
+        self.reason = reason
+        super().__init__(f"event {event_id or '(no event_id)'}: {reason}")
+
+
+@dataclass
+class IncomingEvent:
+    """An event to persist and how it arrived.
+
+    ``state_before``: the room state before the event as sent by the remote server (a join
+    over federation, backfill past the history we have); the event's prev_events then need not
+    be known and a full snapshot is stored.
+    """
+
+    json: bytes | str
+    outlier: bool = False
+    rejected_reason: str | None = None
+    state_before: Mapping[StateKey, str] | None = None
+
+
+@dataclass
+class ParsedEvent:
+    raw: bytes
+    body: dict[str, Any]
+    event_id: str
+    room_id: str
+    type: str
+    sender: str
+    state_key: str | None
+    prev_events: list[str]
+    depth: int | None
+    membership: str | None
+    redacts: str | None
+    relates_to: str | None
+    outlier: bool
+    rejected_reason: str | None
+    state_before: StateMap | None
+    # filled by the persist path
+    stream_ordering: int = 0
+    topological_ordering: int = 0
+    state_group_before: int | None = None
+    state_group_after: int | None = None
+    redacted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_state(self) -> bool:
+        return self.state_key is not None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The event's place in the room's history order."""
+        return (self.topological_ordering, self.stream_ordering)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_event(item: IncomingEvent | bytes | str) -> ParsedEvent:
+    """Check one incoming event and pull out its indexed fields."""
+    if not isinstance(item, IncomingEvent):
+        item = IncomingEvent(item)
+    raw = item.json.encode("utf-8") if isinstance(item.json, str) else bytes(item.json)
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadEvent(None, f"invalid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadEvent(None, "event JSON must be an object")
+    event_id = body.get("event_id")
+    if not isinstance(event_id, str) or not event_id:
+        raise BadEvent(None, "missing or non-string 'event_id'")
+    for name in ("room_id", "type", "sender"):
+        if not isinstance(body.get(name), str) or not body[name]:
+            raise BadEvent(event_id, f"missing or non-string {name!r}")
+    content = body.get("content")
+    if not isinstance(content, dict):
+        raise BadEvent(event_id, "missing or non-object 'content'")
+    state_key = body.get("state_key")
+    if state_key is not None and not isinstance(state_key, str):
+        raise BadEvent(event_id, "'state_key' must be a string")
+    prev_raw = body.get("prev_events")
+    if prev_raw is None:
+        if not item.outlier:
+            raise BadEvent(event_id, "missing 'prev_events'")
+        prev_raw = []
+    if not isinstance(prev_raw, list):
+        raise BadEvent(event_id, "'prev_events' must be a list")
+    prev_events = []
+    for p in prev_raw:
+        # room v1/v2 use [event_id, hashes] pairs, later versions bare IDs
+        pid = p[0] if isinstance(p, list) and p else p
+        if not isinstance(pid, str):
+            raise BadEvent(event_id, f"bad prev_events entry {p!r}")
+        prev_events.append(pid)
+    if not prev_events and body["type"] != CREATE and not item.outlier and item.state_before is None:
+        raise BadEvent(event_id, "only m.room.create may have no prev_events")
+    depth = body.get("depth")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH):
+        raise BadEvent(event_id, f"'depth' must be an integer in [0, 2^53-1], not {depth!r}")
+    membership = None
+    if body["type"] == MEMBER:
+        if state_key is None:
+            raise BadEvent(event_id, "m.room.member needs a state_key")
+        membership = content.get("membership")
+        if not isinstance(membership, str):
+            raise BadEvent(event_id, "m.room.member needs a string content.membership")
+    redacts = None
+    if body["type"] == REDACTION:
+        redacts = body.get("redacts", content.get("redacts"))
+        if not isinstance(redacts, str):
+            raise BadEvent(event_id, "m.room.redaction needs 'redacts'")
+    relates = content.get("m.relates_to")
+    relates_to = relates.get("event_id") if isinstance(relates, dict) else None
+    state_before = None
+    if item.state_before is not None:
+        state_before = {(str(t), str(k)): str(v) for (t, k), v in item.state_before.items()}
+    return ParsedEvent(
+        raw=raw, body=body, event_id=event_id, room_id=body["room_id"], type=body["type"],
+        sender=body["sender"], state_key=state_key, prev_events=prev_events, depth=depth,
+        membership=membership, redacts=redacts,
+        relates_to=relates_to if isinstance(relates_to, str) else None,
+        outlier=item.outlier, rejected_reason=item.rejected_reason, state_before=state_before,
+    )
+
+
+def parse_events(items: Sequence[IncomingEvent | bytes | str]) -> list[ParsedEvent]:
+    """Parse a batch; duplicate event IDs inside it are an error."""
+    parsed = [parse_event(i) for i in items]
+    seen: set[str] = set()
+    for ev in parsed:
+        if ev.event_id in seen:
+            raise BadEvent(ev.event_id, "duplicate event_id in the batch")
+        seen.add(ev.event_id)
+    return parsed

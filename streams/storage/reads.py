@@ -1,0 +1,317 @@
+"""The reads of the room event store, each filtered by visibility for the requesting user.
+
+Visibility is one ``EXISTS`` on ``room_visibility_ranges`` (the user's ranges or ``*``'s
+covering the event's (topological, stream) key), inside the query, so limits count visible
+events only. Outliers and rejected events are never returned; redacted events come back
+pruned. Events are returned as their stored JSON bytes (lossless), in :class:`EventRow`.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .change_cache import StreamChangeCache
+from .events import StateMap
+from .redactions import client_json
+from .sql import pg_cursor
+from .state_groups import StateGroupStore, _LRU
+from .tokens import RoomStreamToken
+
+MAX_LIMIT = 1000
+
+#: the event row ``e`` is visible to %(user)s
+VISIBLE = """EXISTS (
+    SELECT 1 FROM room_visibility_ranges v
+    WHERE v.room_id = e.room_id AND v.user_id IN (%(user)s, '*')
+      AND (v.start_topological, v.start_stream) <= (e.topological_ordering, e.stream_ordering)
+      AND (v.end_topological IS NULL
+           OR (e.topological_ordering, e.stream_ordering) <= (v.end_topological, v.end_stream)))"""
+
+_COLUMNS = "e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, e.redacted"
+
+
+class NotFound(LookupError):
+    """No such event or room for this user (unknown, or not visible to them)."""
+
+
+@dataclass
+class EventRow:
+    event_id: str
+    room_id: str
+    topological_ordering: int
+    stream_ordering: int
+    json: bytes
+
+    @property
+    def token(self) -> RoomStreamToken:
+        return RoomStreamToken(self.stream_ordering, self.topological_ordering)
+
+
+def _row(r: Sequence[Any]) -> EventRow:
+    return EventRow(r[0], r[1], r[2], r[3], client_json(bytes(r[4]), r[5]))
+
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_LIMIT}")
+    return limit
+
+
+def current_token(cursor: Any) -> int:
+    """The highest stream position below which every event has committed (never look past it)."""
+    cursor.execute("SELECT coalesce(max(stream_ordering), 0) FROM events")
+    top = cursor.fetchone()[0]
+    cursor.execute("SELECT stream_ids FROM stream_reservations WHERE stream_name = 'events'")
+    pending = [i for (ids,) in cursor.fetchall() for i in ids]
+    return min([top] + [i - 1 for i in pending]) if pending else top
+
+
+# -- caches -----------------------------------------------------------------------------------
+
+class ChangeCaches:
+    """Per-room and per-user "last change" positions of one database, kept current from the
+    tables (so events written by other processes are seen) and by this process's writes."""
+
+    PREFILL = 100_000
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.rooms: StreamChangeCache | None = None
+        self.members: StreamChangeCache | None = None
+        self._fed_upto = 0
+        self._lock = threading.Lock()
+
+    def record(self, room_changes: list[tuple[str, int]], member_changes: list[tuple[str, int]]) -> None:
+        if self.rooms is not None and self.members is not None:
+            self.rooms.entities_have_changed(room_changes)
+            self.members.entities_have_changed(member_changes)
+
+    def refresh(self, cursor: Any, now: int) -> None:
+        with self._lock:
+            if self.rooms is None or self.members is None:
+                start = max(0, now - self.PREFILL)
+                self.rooms = StreamChangeCache("rooms", start)
+                self.members = StreamChangeCache("members", start)
+                self._fed_upto = start
+            if now <= self._fed_upto:
+                return
+            cursor.execute(
+                "SELECT room_id, max(stream_ordering) FROM events WHERE stream_ordering > %s "
+                "AND stream_ordering <= %s AND NOT outlier GROUP BY room_id", [self._fed_upto, now])
+            self.rooms.entities_have_changed(cursor.fetchall())
+            cursor.execute(
+                "SELECT user_id, max(event_stream_ordering) FROM room_memberships WHERE event_stream_ordering > %s "
+                "AND event_stream_ordering <= %s GROUP BY user_id", [self._fed_upto, now])
+            self.members.entities_have_changed(cursor.fetchall())
+            self._fed_upto = now
+
+
+_CACHES: dict[str, ChangeCaches] = {}
+_STATE = StateGroupStore(cache_keys=2_000_000)
+_EVENT_GROUP = _LRU(50_000)
+
+
+def change_caches_for(using: str) -> ChangeCaches:
+    caches = _CACHES.get(using)
+    if caches is None:
+        caches = _CACHES[using] = ChangeCaches(using)
+    return caches
+
+
+def forget_caches() -> None:
+    """Drop every read cache (tests that recreate the database)."""
+    _CACHES.clear()
+    _STATE.forget()
+    _EVENT_GROUP.clear()
+
+
+# -- single events and state ------------------------------------------------------------------
+
+def _visible(cursor: Any, event_id: str, user_id: str) -> bool:
+    cursor.execute(f"SELECT 1 FROM events e WHERE e.event_id = %(event)s AND NOT e.outlier AND NOT e.rejected "
+                   f"AND {VISIBLE}", {"event": event_id, "user": user_id})
+    return cursor.fetchone() is not None
+
+
+def get_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> EventRow:
+    with pg_cursor(using) as cur:
+        cur.execute(f"SELECT {_COLUMNS} FROM events e WHERE e.event_id = %s AND NOT e.outlier AND NOT e.rejected",
+                    [event_id])
+        row = cur.fetchone()
+        if row is None or (user_id is not None and not _visible(cur, event_id, user_id)):
+            raise NotFound(f"event {event_id} not found")
+        return _row(row)
+
+
+def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> StateMap:
+    """The room state after ``event_id`` (before it, for a rejected event), walking the delta
+    chain of its state group; groups and event->group are cached (they never change)."""
+    with pg_cursor(using) as cur:
+        if user_id is not None and not _visible(cur, event_id, user_id):
+            raise NotFound(f"event {event_id} not found")
+        group = _EVENT_GROUP.get(event_id)
+        if group is None:
+            cur.execute("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", [event_id])
+            row = cur.fetchone()
+            if row is None:
+                raise NotFound(f"no state known at {event_id} (unknown event or outlier)")
+            group = row[0]
+            _EVENT_GROUP.put(event_id, group)
+        return _STATE.get_state(cur, group)
+
+
+# -- room history -----------------------------------------------------------------------------
+
+def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | None = None,
+                  direction: str = "b", limit: int = 10, using: str = "default") -> dict[str, Any]:
+    """A page of the room's history in (topological, stream) order, from a token.
+
+    Backwards the next token is ``t{last.topo}-{last.stream - 1}``, forwards
+    ``t{last.topo}-{last.stream}``; ``end`` is None when the history is exhausted.
+    """
+    if direction not in ("b", "f"):
+        raise ValueError("dir must be 'b' or 'f'")
+    limit = _limit(limit)
+    params: dict[str, Any] = {"room": room_id, "user": user_id, "limit": limit + 1}
+    bound = ""
+    if from_token is not None:
+        params["s"] = from_token.stream
+        params["t"] = from_token.topological
+        if direction == "b":
+            bound = ("AND (e.topological_ordering, e.stream_ordering) <= (%(t)s, %(s)s)"
+                     if from_token.topological is not None else "AND e.stream_ordering <= %(s)s")
+        else:
+            bound = ("AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
+                     if from_token.topological is not None else "AND e.stream_ordering > %(s)s")
+    order = "DESC" if direction == "b" else "ASC"
+    with pg_cursor(using) as cur:
+        cur.execute(
+            f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
+            f"{bound} AND {VISIBLE} ORDER BY e.topological_ordering {order}, e.stream_ordering {order} "
+            f"LIMIT %(limit)s", params)
+        rows = [_row(r) for r in cur.fetchall()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    end = None
+    if rows and more:
+        last = rows[-1]
+        end = RoomStreamToken(last.stream_ordering - 1 if direction == "b" else last.stream_ordering,
+                              last.topological_ordering)
+    start = from_token
+    if start is None and rows:
+        first = rows[0]
+        start = RoomStreamToken(first.stream_ordering, first.topological_ordering)
+    return {"chunk": rows, "start": start, "end": end}
+
+
+def topological_events(room_id: str, *, user_id: str | None = None, from_token: RoomStreamToken | None = None,
+                       limit: int = 100, using: str = "default") -> dict[str, Any]:
+    """The room's events oldest first in (topological, stream) order -- the order federation
+    needs. Without ``user_id`` it is the server's view (every accepted event)."""
+    if user_id is not None:
+        return room_messages(room_id, user_id, from_token=from_token, direction="f", limit=limit, using=using)
+    limit = _limit(limit)
+    params: dict[str, Any] = {"room": room_id, "limit": limit + 1}
+    bound = ""
+    if from_token is not None:
+        params.update(t=from_token.topological if from_token.topological is not None else -1, s=from_token.stream)
+        bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
+    with pg_cursor(using) as cur:
+        cur.execute(
+            f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
+            f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
+        rows = [_row(r) for r in cur.fetchall()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    end = rows[-1].token if rows and more else None
+    return {"chunk": rows, "start": from_token, "end": end}
+
+
+# -- sync -------------------------------------------------------------------------------------
+
+def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str = "default") -> dict[str, Any]:
+    """The latest ``limit`` visible events of each of the user's ``rooms`` most recently active
+    joined rooms: one query (rooms chosen and events fetched with a LATERAL join)."""
+    limit, rooms = _limit(limit), _limit(rooms)
+    with pg_cursor(using) as cur:
+        now = current_token(cur)
+        cur.execute(
+            f"""WITH my_rooms AS (
+                    SELECT c.room_id, r.last_stream FROM current_state_events c JOIN rooms r USING (room_id)
+                    WHERE c.type = 'm.room.member' AND c.state_key = %(user)s AND c.membership = 'join'
+                    ORDER BY r.last_stream DESC, c.room_id LIMIT %(rooms)s)
+                SELECT m.last_stream, {_COLUMNS.replace('e.', 'x.')} FROM my_rooms m CROSS JOIN LATERAL (
+                    SELECT e.* FROM events e
+                    WHERE e.room_id = m.room_id AND NOT e.outlier AND NOT e.rejected
+                      AND e.stream_ordering <= %(now)s AND {VISIBLE}
+                    ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT %(limit)s) x
+                ORDER BY m.last_stream DESC, m.room_id""",
+            {"user": user_id, "rooms": rooms, "now": now, "limit": limit + 1})
+        out = _group_timelines(cur.fetchall(), limit, historic=True)
+    return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
+
+
+def _group_timelines(rows: Sequence[Sequence[Any]], limit: int, *, historic: bool) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        room = out.setdefault(r[2], {"events": []})
+        room["events"].append(_row(r[1:]))
+    for room in out.values():
+        events = room["events"]
+        room["limited"] = len(events) > limit
+        events = events[:limit]
+        events.reverse()  # oldest first, as clients expect
+        room["events"] = events
+        first = events[0]
+        room["prev_batch"] = (RoomStreamToken(first.stream_ordering - 1, first.topological_ordering) if historic
+                              else RoomStreamToken(first.stream_ordering - 1))
+    return out
+
+
+def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
+                     using: str = "default") -> dict[str, Any]:
+    """What is new for the user after ``since``: visible events in rooms they are in (rooms
+    with no change since then are skipped by the room change cache without a query) and their
+    membership changes in any room (invites included)."""
+    limit = _limit(limit)
+    caches = change_caches_for(using)
+    with pg_cursor(using) as cur:
+        now = current_token(cur)
+        caches.refresh(cur, now)
+        assert caches.rooms is not None and caches.members is not None
+        cur.execute("SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s "
+                    "AND membership = 'join'", [user_id])
+        joined = {r[0] for r in cur.fetchall()}
+        memberships = []
+        if caches.members.has_entity_changed(user_id, since.stream):
+            cur.execute(
+                "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, e.redacted "
+                "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
+                "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s ORDER BY m.event_stream_ordering",
+                [user_id, since.stream, now])
+            for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
+                memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
+                                    "stream_ordering": stream, "event": client_json(bytes(raw), redacted)})
+                joined.add(room_id)  # left or invited since: the events up to then may be visible
+        changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
+        out: dict[str, dict[str, Any]] = {}
+        if changed and since.stream < now:
+            cur.execute(
+                f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'x.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                    CROSS JOIN LATERAL (
+                        SELECT e.* FROM events e
+                        WHERE e.room_id = m.room_id AND NOT e.outlier AND NOT e.rejected
+                          AND e.stream_ordering > %(since)s AND e.stream_ordering <= %(now)s AND {VISIBLE}
+                        ORDER BY e.stream_ordering DESC LIMIT %(limit)s) x""",
+                {"rooms": changed, "user": user_id, "since": since.stream, "now": now, "limit": limit + 1})
+            out = _group_timelines(cur.fetchall(), limit, historic=False)
+    return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
+            "rooms_checked": len(changed)}
+
+
+def sync(user_id: str, *, since: RoomStreamToken | None = None, limit: int = 10, rooms: int = 100,
+         using: str = "default") -> dict[str, Any]:
+    if since is None:
+        return initial_sync(user_id, limit=limit, rooms=rooms, using=using)
+    return incremental_sync(user_id, since, limit=limit, using=using)

@@ -1,0 +1,180 @@
+"""State groups: room states stored as deltas, with a full snapshot every 100 hops.
+
+The state of group G is the union of the rows along G -> parent -> ... -> snapshot, the row
+of the numerically largest group winning per (type, state_key) (storage spec §2.2); ids grow
+along every chain because a room is written by one process, which takes ids in order from
+``state_group_id_seq``. Groups never change, so what is read is cached.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .events import StateKey, StateMap
+from .sql import insert_unnest
+
+#: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
+MAX_STATE_DELTA_HOPS = 100
+
+_STATE_OF_GROUP = """
+WITH RECURSIVE sgs(state_group) AS (
+    VALUES (%s::bigint)
+  UNION ALL
+    SELECT e.prev_state_group FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
+)
+SELECT DISTINCT ON (type, state_key) type, state_key, event_id
+FROM state_groups_state
+WHERE state_group IN (SELECT state_group FROM sgs)
+ORDER BY type, state_key, state_group DESC
+"""
+
+
+@dataclass
+class NewGroup:
+    id: int
+    room_id: str
+    event_id: str
+    parent: int | None
+    rows: StateMap
+    chain_length: int
+
+
+def resolve(candidates: Sequence[tuple[tuple[int, int], Mapping[StateKey, str]]]) -> StateMap:
+    """The state before an event whose prev_events carry different states.
+
+    A deliberately simple, deterministic stand-in for Matrix state resolution: start from the
+    state after the latest prev (by (topological, stream) key) and add the keys only the others
+    have. It never drops a key, so the result is always a delta of the latest prev's group.
+    """
+    ordered = sorted(candidates, key=lambda c: c[0], reverse=True)
+    result = dict(ordered[0][1])
+    for _, state in ordered[1:]:
+        for k, v in state.items():
+            result.setdefault(k, v)
+    return result
+
+
+class _LRU:
+    """Least-recently-used cache bounded by total weight (``weigh``: 1 per entry by default;
+    state maps weigh their number of keys, so a few huge rooms cannot exhaust memory)."""
+
+    def __init__(self, size: int, weigh: Any = None) -> None:
+        self.size = size
+        self._weigh = weigh or (lambda v: 1)
+        self._weight = 0
+        self._d: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: int) -> Any:
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._weight -= self._weigh(old)
+            self._d[key] = value
+            self._weight += self._weigh(value)
+            while self._weight > self.size and len(self._d) > 1:
+                _, evicted = self._d.popitem(last=False)
+                self._weight -= self._weigh(evicted)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._weight = 0
+
+
+class StateGroupStore:
+    """Reads group states (cached) and plans new groups for the persist path."""
+
+    def __init__(self, cache_keys: int = 1_000_000) -> None:
+        self._states = _LRU(cache_keys, weigh=lambda state: len(state) + 1)
+        self._chain_lengths = _LRU(200_000)
+        self._id_pool: list[int] = []
+        #: groups planned in the open transaction, not yet in the database
+        self._pending: dict[int, NewGroup] = {}
+        self.hits = 0
+        self.misses = 0
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get_state(self, cursor: Any, group: int) -> StateMap:
+        """The full state of ``group``. The returned map is shared: do not change it."""
+        state = self._states.get(group)
+        if state is not None:
+            self.hits += 1
+            return state
+        self.misses += 1
+        pending = self._pending.get(group)
+        if pending is not None:
+            state = dict(self.get_state(cursor, pending.parent)) if pending.parent is not None else {}
+            state.update(pending.rows)
+            self._states.put(group, state)
+            return state
+        cursor.execute(_STATE_OF_GROUP, [group])
+        state = {(t, k): e for t, k, e in cursor.fetchall()}
+        self._states.put(group, state)
+        return state
+
+    def chain_length(self, cursor: Any, group: int) -> int:
+        n = self._chain_lengths.get(group)
+        if n is None:
+            cursor.execute("SELECT chain_length FROM state_groups WHERE id = %s", [group])
+            row = cursor.fetchone()
+            n = row[0] if row else MAX_STATE_DELTA_HOPS
+            self._chain_lengths.put(group, n)
+        return n
+
+    def forget(self) -> None:
+        self._states.clear()
+        self._chain_lengths.clear()
+
+    # -- planning new groups ----------------------------------------------------------------
+
+    def _next_id(self, cursor: Any, hint: int) -> int:
+        if not self._id_pool:
+            cursor.execute("SELECT nextval('state_group_id_seq') FROM generate_series(1, %s)", [max(hint, 64)])
+            self._id_pool = sorted(r[0] for r in cursor.fetchall())
+            self._id_pool.reverse()
+        return self._id_pool.pop()
+
+    def new_group(self, cursor: Any, *, room_id: str, event_id: str, parent: int | None,
+                  parent_chain_length: int | None, delta: StateMap, full_state: Any,
+                  hint: int = 64) -> NewGroup:
+        """A group for ``parent`` + ``delta``: a delta row set, or a full snapshot when there is
+        no parent or the chain is full (``full_state()`` is then called for the whole map)."""
+        gid = self._next_id(cursor, hint)
+        if parent is None or parent_chain_length is None or parent_chain_length >= MAX_STATE_DELTA_HOPS:
+            group = NewGroup(gid, room_id, event_id, None, dict(full_state()), 1)
+        else:
+            group = NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
+        self._chain_lengths.put(gid, group.chain_length)
+        self._pending[gid] = group
+        return group
+
+    def discard_pending(self) -> None:
+        """The transaction rolled back: its groups never existed."""
+        self._pending.clear()
+
+    def remember(self, group: int, state: StateMap) -> None:
+        """Cache a state the caller will not change any more."""
+        self._states.put(group, state)
+
+    def write(self, cursor: Any, groups: Sequence[NewGroup]) -> None:
+        for g in groups:
+            self._pending.pop(g.id, None)
+        insert_unnest(cursor, "state_groups", ["id", "room_id", "event_id", "chain_length"],
+                      ["bigint", "text", "text", "integer"],
+                      [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
+        insert_unnest(cursor, "state_group_edges", ["state_group", "prev_state_group"], ["bigint", "bigint"],
+                      [(g.id, g.parent) for g in groups if g.parent is not None])
+        insert_unnest(cursor, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
+                      ["bigint", "text", "text", "text", "text"],
+                      [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])

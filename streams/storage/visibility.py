@@ -1,0 +1,177 @@
+"""History visibility, computed once when an event is persisted and stored as ranges.
+
+Who may see event E (key ``k = (topological_ordering, stream_ordering)``) is decided from the
+state after E (``shared/specs/storage.md`` §4.1, boundary rules included):
+
+* ``world_readable``: anyone -> E is in the ranges of the pseudo-user ``*``;
+* user u with membership ``join`` after E, or ``invite`` under ``invited``;
+* ``shared`` (also an unknown or missing value, and ``world_readable`` for members): u if u
+  joins at any point after E -> E is in the ``*shared`` eras, copied into u's ranges when
+  u's join is persisted (or checked against later joins for an event persisted late);
+* u's own member event: Synapse's rule (a leave right after join/invite is seen; otherwise
+  the more permissive of old and new membership decides);
+* an ``m.room.history_visibility`` event: if the value before *or* after allows it.
+
+A user's ranges are kept per room as sorted inclusive key ranges; the last one is open
+(end ``None``) while the current state lets the user see each new event, so a new message
+costs no visibility write at all. Everything here is pure; ``persist`` loads and saves.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+Key = tuple[int, int]
+Range = tuple[Key, Optional[Key]]
+
+ANYONE = "*"
+SHARED_ERAS = "*shared"
+
+WORLD_READABLE = "world_readable"
+SHARED = "shared"
+INVITED = "invited"
+JOINED = "joined"
+_KNOWN = (WORLD_READABLE, SHARED, INVITED, JOINED)
+#: most permissive first (Synapse's MEMBERSHIP_PRIORITY)
+_MEMBERSHIP_PRIORITY = ("join", "invite", "knock", "leave", "ban")
+
+
+def normalise_visibility(value: object) -> str:
+    """A missing or unknown history_visibility means ``shared``."""
+    return value if isinstance(value, str) and value in _KNOWN else SHARED
+
+
+def shared_era(vis: str) -> bool:
+    return vis in (SHARED, WORLD_READABLE)
+
+
+def grants(membership: str | None, vis: str) -> bool:
+    """Whether state with this membership and visibility shows the user each new event."""
+    return membership == "join" or (membership == "invite" and vis == INVITED)
+
+
+def _more_permissive(a: str | None, b: str | None) -> str:
+    def rank(m: str | None) -> int:
+        return _MEMBERSHIP_PRIORITY.index(m) if m in _MEMBERSHIP_PRIORITY else len(_MEMBERSHIP_PRIORITY)
+
+    return min((a or "leave", b or "leave"), key=rank)
+
+
+def visible_to_member(
+    *,
+    vis_values: Iterable[str],
+    membership_after: str | None,
+    own_change: tuple[str | None, str | None] | None = None,
+    joins_later: bool = False,
+) -> bool:
+    """Whether a user may see an event through their membership (``*`` aside).
+
+    ``vis_values``: the visibility after the event, and also the one before it for a
+    history_visibility event. ``own_change``: (new, previous) membership when the event is the
+    user's own member event. ``joins_later``: the user joins after the event.
+    """
+    for vis in vis_values:
+        if own_change is not None:
+            new, prev = own_change
+            if (new or "leave") == "leave" and prev in ("join", "invite"):
+                return True
+            membership = _more_permissive(new, prev)
+        else:
+            membership = membership_after
+        if grants(membership, vis):
+            return True
+        if shared_era(vis) and joins_later:
+            return True
+    return False
+
+
+def _succ(k: Key) -> Key:
+    return (k[0], k[1] + 1)
+
+
+def _pred(k: Key) -> Key:
+    return (k[0], k[1] - 1)
+
+
+@dataclass
+class RangeSet:
+    """Sorted, disjoint, inclusive key ranges; at most the last is open-ended."""
+
+    ranges: list[list] = field(default_factory=list)  # [start, end|None]
+
+    def copy(self) -> "RangeSet":
+        return RangeSet([list(r) for r in self.ranges])
+
+    def as_tuples(self) -> list[Range]:
+        return [(r[0], r[1]) for r in self.ranges]
+
+    def covers(self, k: Key) -> bool:
+        i = bisect.bisect_right(self.ranges, k, key=lambda r: r[0]) - 1
+        if i < 0:
+            return False
+        end = self.ranges[i][1]
+        return end is None or k <= end
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self.ranges) and self.ranges[-1][1] is None
+
+    def add(self, start: Key, end: Key | None) -> None:
+        """Union with [start, end]; touching ranges (same depth, next stream) are merged."""
+        out: list[list] = []
+        new = [start, end]
+        placed = False
+        for r in self.ranges:
+            if placed:
+                out.append(r)
+                continue
+            # r entirely before new (and not touching)
+            if r[1] is not None and _succ(r[1]) < new[0]:
+                out.append(r)
+                continue
+            # r entirely after new (and not touching)
+            if new[1] is not None and _succ(new[1]) < r[0]:
+                out.append(new)
+                out.append(r)
+                placed = True
+                continue
+            new = [min(r[0], new[0]), None if r[1] is None or new[1] is None else max(r[1], new[1])]
+        if not placed:
+            out.append(new)
+        self.ranges = out
+
+    def remove_point(self, k: Key) -> None:
+        i = bisect.bisect_right(self.ranges, k, key=lambda r: r[0]) - 1
+        if i < 0:
+            return
+        start, end = self.ranges[i]
+        if end is not None and k > end:
+            return
+        parts = []
+        if start < k:
+            parts.append([start, _pred(k)])
+        if end is None or k < end:
+            parts.append([_succ(k), end])
+        self.ranges[i:i + 1] = parts
+
+    def close_at(self, k: Key) -> None:
+        """The user stops seeing new events after ``k`` (``k`` included)."""
+        if self.is_open:
+            if self.ranges[-1][0] <= k:
+                self.ranges[-1][1] = k
+            else:  # opened after k: nothing of it was visible
+                self.ranges.pop()
+
+    def clipped_before(self, k: Key) -> list[Range]:
+        """The parts strictly before ``k``."""
+        out: list[Range] = []
+        for start, end in self.ranges:
+            if start >= k:
+                break
+            out.append((start, end if end is not None and end < k else _pred(k)))
+        return out
+
+
+def merge_count(ranges: dict[str, RangeSet]) -> int:
+    return sum(len(r.ranges) for r in ranges.values())

@@ -1,0 +1,77 @@
+"""The runner: every run recorded (success, failure, refusal), one run per job at a time."""
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from streams.jobs.lock import JobLock
+from streams.jobs.runner import JOBS, Outcome, UnknownJob, run_job
+from streams.models import JobRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def test_jobs(spark):
+    """Two jobs of this test's own: one that counts rows with Spark, one that fails."""
+    def count_job(spark_, rooms):
+        df = spark_.createDataFrame([(r,) for r in (rooms or ["!a", "!b", "!c"])], "room_id string")
+        return Outcome(rows_in=df.count(), rows_out=0, differences=1, sample=[{"room_id": "!a"}])
+
+    def failing_job(spark_, rooms):
+        raise RuntimeError("the database went away")
+
+    JOBS["test_count"], JOBS["test_fail"] = count_job, failing_job
+    yield
+    JOBS.pop("test_count"), JOBS.pop("test_fail")
+
+
+def test_success_is_recorded(test_jobs):
+    run = run_job("test_count", ["!x", "!y"], trigger="test")
+    stored = JobRun.objects.get(pk=run.pk)
+    assert stored.status == JobRun.Status.SUCCEEDED
+    assert stored.parameters == {"rooms": ["!x", "!y"]}
+    assert (stored.rows_in, stored.rows_out, stored.differences) == (2, 0, 1)
+    assert stored.difference_sample == [{"room_id": "!a"}]
+    assert stored.trigger == "test" and stored.ended_at >= stored.started_at
+
+
+def test_failure_is_recorded_with_its_error(test_jobs):
+    with pytest.raises(RuntimeError):
+        run_job("test_fail")
+    run = JobRun.objects.get(job="test_fail")
+    assert run.status == JobRun.Status.FAILED
+    assert "the database went away" in run.error and run.ended_at is not None
+
+
+def test_two_runs_never_overlap(test_jobs):
+    with JobLock("test_count") as held:  # another process's run, as far as the runner can tell
+        assert held
+        refused = run_job("test_count")
+        assert refused.status == JobRun.Status.REFUSED and "holds the lock" in refused.error
+        assert refused.rows_in is None
+    assert run_job("test_count").status == JobRun.Status.SUCCEEDED  # free again
+
+
+@pytest.mark.parametrize("using", ["default", "sqlite"])
+def test_lock_is_exclusive_and_released(using, settings, tmp_path):
+    settings.STATE_DIR = tmp_path
+    first, second = JobLock("j", using), JobLock("j", using)
+    assert first.acquire()
+    assert not second.acquire()
+    assert JobLock("other job", using).acquire()
+    first.release()
+    assert second.acquire()
+    second.release()
+
+
+def test_run_left_running_by_a_dead_process_is_marked_failed(test_jobs):
+    dead = JobRun.objects.create(job="test_count", started_at=timezone.now())  # its process died
+    run_job("test_count")
+    dead.refresh_from_db()
+    assert dead.status == JobRun.Status.FAILED and "ended before it finished" in dead.error
+
+
+def test_unknown_job():
+    with pytest.raises(UnknownJob, match="topological_ordering"):
+        run_job("no_such_job")

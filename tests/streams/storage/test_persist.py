@@ -1,0 +1,156 @@
+"""The persist path on PostgreSQL: orderings, DAG, extremities, state, stream rows, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+
+from streams.models import CurrentStateDelta, Event
+from streams.storage import BadEvent, IncomingEvent
+from streams.storage.synthetic import RoomBuilder
+
+from .helpers import store  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def rows(sql, *params):
+    with connection.cursor() as c:
+        c.execute(sql, params)
+        return c.fetchall()
+
+
+def simple_room(room_id="!r:localhost"):
+    b = RoomBuilder(room_id)
+    evs = [b.create("@alice:localhost"), b.member("@alice:localhost", "join"),
+           b.message("@alice:localhost", "hi"), b.member("@bob:localhost", "join"), b.message("@bob:localhost", "yo")]
+    return b, evs
+
+
+def test_persist_orders_links_and_maps_state(store):
+    b, evs = simple_room()
+    persisted = store.persist(*[raw for _, raw in evs])
+    streams = [p.stream_ordering for p in persisted]
+    assert streams == sorted(streams) and streams[0] > 0
+    assert [p.topological_ordering for p in persisted] == [1, 2, 3, 4, 5]
+    ids = [e for e, _ in evs]
+    assert rows("SELECT event_id, prev_event_id FROM event_edges ORDER BY id") == list(zip(ids[1:], ids[:-1]))
+    assert rows("SELECT event_id FROM event_forward_extremities") == [(ids[-1],)]
+    assert rows("SELECT count(*) FROM event_backward_extremities") == [(0,)]
+    # a state event makes a new group; a message keeps the group of the event before it
+    groups = [p.state_group for p in persisted]
+    assert groups[2] == groups[1] and groups[0] != groups[1] != groups[3] and groups[4] == groups[3]
+    assert sorted(rows("SELECT type, state_key, event_id, membership FROM current_state_events")) == [
+        ("m.room.create", "", ids[0], None), ("m.room.member", "@alice:localhost", ids[1], "join"),
+        ("m.room.member", "@bob:localhost", ids[3], "join")]
+    # the events stream got the ev rows and one state row per current-state change
+    assert Event.objects.count() == 5
+    assert sorted(CurrentStateDelta.objects.values_list("event_id", flat=True)) == sorted([ids[0], ids[1], ids[3]])
+    assert rows("SELECT user_id, membership FROM room_memberships ORDER BY event_stream_ordering") == [
+        ("@alice:localhost", "join"), ("@bob:localhost", "join")]
+
+
+def test_event_bytes_are_stored_exactly(store):
+    b = RoomBuilder("!odd:localhost")
+    create_id, create = b.create("@a:localhost")
+    raw = ('{"type":"m.room.message",  "room_id":"!odd:localhost","sender":"@a:localhost",'
+           '"event_id":"$odd:localhost","prev_events":["%s"],"depth":2,'
+           '"content":{"body":"\\u00e9\\ud83d\\ude00 caf\u00e9","n":123456789012345678901234567890,'
+           '"z":1,"a":2.50}, "x": [ ]}' % create_id).encode()
+    store.persist(create, raw)
+    assert bytes(Event.objects.get(event_id="$odd:localhost").json) == raw
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.pop("room_id"), "room_id"),
+    (lambda d: d.pop("sender"), "sender"),
+    (lambda d: d.update(prev_events=["$nope:x"]), "unknown prev_events"),
+    (lambda d: d.update(depth=-1), "depth"),
+    (lambda d: d.update(content="x"), "content"),
+])
+def test_bad_event_writes_nothing(store, mutate, message):
+    b, evs = simple_room()
+    store.persist(*[raw for _, raw in evs])
+    before = rows("SELECT count(*) FROM events")[0][0], rows("SELECT count(*) FROM state_groups")[0][0]
+    good_id, good = b.message("@alice:localhost", "fine")
+    _, bad = b.message("@alice:localhost", "bad")
+    d = json.loads(bad)
+    mutate(d)
+    with pytest.raises(BadEvent, match=message):
+        store.persist(good, json.dumps(d).encode())
+    after = rows("SELECT count(*) FROM events")[0][0], rows("SELECT count(*) FROM state_groups")[0][0]
+    assert after == before
+    # the room still works: the good event persists on its own afterwards
+    store.persist(good)
+    assert rows("SELECT event_id FROM event_forward_extremities") == [(good_id,)]
+
+
+def test_invalid_json_and_duplicates_rejected(store):
+    b, evs = simple_room()
+    with pytest.raises(BadEvent, match="invalid JSON"):
+        store.persist(evs[0][1], b"{not json")
+    with pytest.raises(BadEvent, match="invalid JSON"):
+        store.persist(b'{"event_id": "$x", "depth": NaN}')
+    assert rows("SELECT count(*) FROM events") == [(0,)]
+    store.persist(evs[0][1])
+    with pytest.raises(BadEvent, match="already stored"):
+        store.persist(evs[0][1])
+    with pytest.raises(BadEvent, match="duplicate event_id in the batch"):
+        store.persist(evs[1][1], evs[1][1])
+    assert rows("SELECT count(*) FROM events") == [(1,)]
+
+
+def test_fork_and_merge_extremities(store):
+    b, evs = simple_room()
+    store.persist(*[raw for _, raw in evs])
+    tip = evs[-1][0]
+    a_id, a = b.event("m.room.message", "@alice:localhost", {"body": "a"}, prev=[tip])
+    c_id, c = b.event("m.room.name", "@bob:localhost", {"name": "N"}, state_key="", prev=[tip])
+    store.persist(a, c)
+    assert sorted(rows("SELECT event_id FROM event_forward_extremities")) == sorted([(a_id,), (c_id,)])
+    m_id, m = b.event("m.room.message", "@alice:localhost", {"body": "merge"}, prev=[a_id, c_id])
+    store.persist(m)
+    assert rows("SELECT event_id FROM event_forward_extremities") == [(m_id,)]
+    assert rows("SELECT event_id FROM current_state_events WHERE type = 'm.room.name'") == [(c_id,)]
+
+
+def test_backfill_negative_orderings_and_backward_extremities(store):
+    # the room as we joined it: state given, prev events unknown
+    b = RoomBuilder("!bf:localhost")
+    old = [b.create("@a:localhost"), b.member("@a:localhost", "join"), b.message("@a:localhost", "old1"),
+           b.message("@a:localhost", "old2")]
+    state = {("m.room.create", ""): old[0][0], ("m.room.member", "@a:localhost"): old[1][0]}
+    new_id, new = b.message("@a:localhost", "new")
+    with pytest.raises(BadEvent, match="state_before names events we do not have"):
+        store.persist(IncomingEvent(new, state_before=state))
+    # the state arrives with the join as outliers
+    store.persist(*[IncomingEvent(raw, outlier=True) for _, raw in old[:2]])
+    store.persist(IncomingEvent(new, state_before=state))
+    assert rows("SELECT event_id FROM event_backward_extremities") == [(old[3][0],)]
+    # backfill the older history, newest first as backfill delivers it
+    p = store.persist(IncomingEvent(old[3][1], state_before=state), backfill=True)
+    assert p[0].stream_ordering < 0
+    p2 = store.persist(IncomingEvent(old[2][1], state_before=state), backfill=True)
+    assert p2[0].stream_ordering < p[0].stream_ordering < 0  # negative and decreasing
+    assert rows("SELECT event_id FROM event_backward_extremities") == [(old[1][0],)]  # an outlier: still a gap
+    # backfill changed neither the forward extremities nor the current state
+    assert rows("SELECT event_id FROM event_forward_extremities") == [(new_id,)]
+    ordered = rows("SELECT event_id FROM events WHERE NOT outlier ORDER BY topological_ordering, stream_ordering")
+    assert [r[0] for r in ordered] == [e for e, _ in old[2:]] + [new_id]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_sqlite_is_refused_with_a_clear_error():
+    from streams.conf import stream_writers
+    from streams.runtime import StreamRuntime
+    from streams.storage import StorageNeedsPostgres, persist_events
+
+    rt = StreamRuntime(instance_name="master", writers=stream_writers("", vendor="sqlite"), using="sqlite")
+    try:
+        b = RoomBuilder("!lite:localhost")
+        with pytest.raises(StorageNeedsPostgres, match="needs PostgreSQL"):
+            persist_events([b.create("@a:localhost")[1]], runtime=rt)
+        assert Event.objects.using("sqlite").count() == 0
+    finally:
+        rt.close()

@@ -1,0 +1,166 @@
+"""Every read on PostgreSQL: state at event, topological traversal, back-pagination with both
+token forms, initial and incremental sync, redactions, and the stream change cache."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streams.storage import RoomStreamToken
+from streams.storage.change_cache import StreamChangeCache
+from streams.storage.reads import (
+    NotFound, get_event, incremental_sync, initial_sync, room_messages, state_at_event, topological_events,
+)
+from streams.storage.synthetic import RoomBuilder
+from streams.storage.tokens import BadToken
+
+from .helpers import store  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+A, B, C = "@alice:hs", "@bob:hs", "@carol:hs"
+
+
+def room(store, room_id, n_messages, *, members=(A,), vis=None):
+    b = RoomBuilder(room_id, server="hs")
+    evs = [b.create(A)] + [b.member(m, "join") for m in members]
+    if vis:
+        evs.append(b.visibility(A, vis))
+    msgs = [b.message(A, f"{room_id} m{i}") for i in range(n_messages)]
+    store.persist(*[raw for _, raw in evs + msgs])
+    return b, [e for e, _ in evs], [e for e, _ in msgs]
+
+
+def bodies(rows):
+    return [json.loads(r.json)["content"].get("body") for r in rows]
+
+
+def test_back_pagination_tokens(store):
+    b, setup, msgs = room(store, "!p:hs", 25)
+    page = room_messages("!p:hs", A, direction="b", limit=10)
+    assert [e.event_id for e in page["chunk"]] == msgs[::-1][:10]
+    last = page["chunk"][-1]
+    assert str(page["end"]) == f"t{last.topological_ordering}-{last.stream_ordering - 1}"
+    seen = [e.event_id for e in page["chunk"]]
+    while page["end"] is not None:
+        page = room_messages("!p:hs", A, from_token=RoomStreamToken.parse(str(page["end"])), limit=10)
+        seen += [e.event_id for e in page["chunk"]]
+    assert seen == (setup + msgs)[::-1]
+    # a live token bounds the stream ordering only
+    mid = get_event(msgs[9])
+    page = room_messages("!p:hs", A, from_token=RoomStreamToken(mid.stream_ordering), limit=3)
+    assert [e.event_id for e in page["chunk"]] == [msgs[9], msgs[8], msgs[7]]
+    # forwards from a historic token
+    page = room_messages("!p:hs", A, from_token=mid.token, direction="f", limit=3)
+    assert [e.event_id for e in page["chunk"]] == msgs[10:13]
+
+
+def test_tokens_parse_and_reject():
+    assert RoomStreamToken.parse("s42") == RoomStreamToken(42)
+    assert RoomStreamToken.parse("t5964--1980434") == RoomStreamToken(-1980434, 5964)
+    assert str(RoomStreamToken(-3, 7)) == "t7--3"
+    for bad in ("", "x1", "t5", "s", "t-1-2", "m5~1.6"):
+        with pytest.raises(BadToken):
+            RoomStreamToken.parse(bad)
+
+
+def test_topological_traversal_and_state_at_event(store):
+    b, setup, msgs = room(store, "!t:hs", 5, members=(A, B))
+    page = topological_events("!t:hs", limit=4)
+    assert [e.event_id for e in page["chunk"]] == (setup + msgs)[:4]
+    page2 = topological_events("!t:hs", from_token=page["end"], limit=100)
+    assert [e.event_id for e in page2["chunk"]] == (setup + msgs)[4:] and page2["end"] is None
+    state = state_at_event(msgs[0])
+    assert state == {("m.room.create", ""): setup[0], ("m.room.member", A): setup[1], ("m.room.member", B): setup[2]}
+    assert state_at_event(msgs[0]) is state  # cached
+    with pytest.raises(NotFound):
+        state_at_event("$nope:hs")
+
+
+def test_reads_respect_visibility(store):
+    b, setup, msgs = room(store, "!v:hs", 3, vis="joined")
+    assert room_messages("!v:hs", C)["chunk"] == []
+    with pytest.raises(NotFound):
+        get_event(msgs[0], user_id=C)
+    with pytest.raises(NotFound):
+        state_at_event(msgs[0], user_id=C)
+    assert get_event(msgs[0], user_id=A).event_id == msgs[0]
+
+
+def test_redaction_prunes_on_read_keeps_stored_json(store):
+    b, setup, msgs = room(store, "!r:hs", 2)
+    rid, raw = b.redact(A, msgs[0])
+    store.persist(raw)
+    got = json.loads(get_event(msgs[0]).json)
+    assert "body" not in got["content"] and got["unsigned"]["redacted"] is True
+    assert bodies(room_messages("!r:hs", A, limit=10)["chunk"])[1:3] == [f"!r:hs m1", None]
+    from streams.models import Event
+    assert b"m0" in bytes(Event.objects.get(event_id=msgs[0]).json)  # original kept
+
+
+def test_redaction_before_its_target(store):
+    b, setup, msgs = room(store, "!r2:hs", 0)
+    target_id, target = b.message(A, "secret")
+    rid, redaction = b.event("m.room.redaction", A, {}, extra={"redacts": target_id}, prev=[setup[-1]])
+    # the redaction arrives first (it only needs the room), then its target
+    b2 = json.loads(target)
+    b2["prev_events"] = [rid]
+    store.persist(redaction)
+    store.persist(json.dumps(b2).encode())
+    assert "body" not in json.loads(get_event(target_id).json)["content"]
+
+
+def test_initial_sync_recent_rooms_and_events(store):
+    for i in range(5):
+        room(store, f"!s{i}:hs", 4 + i, members=(A, B) if i % 2 == 0 else (A,))
+    sync = initial_sync(B, limit=3, rooms=2)
+    assert list(sync["rooms"]) == ["!s4:hs", "!s2:hs"]  # most recently active first
+    timeline = sync["rooms"]["!s4:hs"]
+    assert bodies(timeline["events"]) == ["!s4:hs m5", "!s4:hs m6", "!s4:hs m7"] and timeline["limited"]
+    all_rooms = initial_sync(B, limit=50, rooms=100)
+    assert set(all_rooms["rooms"]) == {"!s0:hs", "!s2:hs", "!s4:hs"}
+    assert not all_rooms["rooms"]["!s0:hs"]["limited"]
+
+
+def test_incremental_sync(store):
+    b1, _, _ = room(store, "!i1:hs", 2, members=(A, B))
+    b2, _, _ = room(store, "!i2:hs", 2, members=(A, B))
+    b3, _, _ = room(store, "!i3:hs", 2, members=(A,))
+    since = initial_sync(B)["next_batch"]
+    nothing = incremental_sync(B, since)
+    assert nothing["rooms"] == {} and nothing["rooms_checked"] == 0
+    store.persist(b1.message(A, "new in 1")[1])
+    store.persist(b3.member(B, "invite", sender=A)[1])
+    store.persist(b3.message(A, "not for bob yet")[1])
+    sync = incremental_sync(B, since, limit=5)
+    assert list(sync["rooms"]) == ["!i1:hs"] and bodies(sync["rooms"]["!i1:hs"]["events"]) == ["new in 1"]
+    assert sync["rooms_checked"] == 2  # !i1 and !i3 (membership change); the change cache skipped !i2
+    assert [(m["room_id"], m["membership"]) for m in sync["membership_changes"]] == [("!i3:hs", "invite")]
+    again = incremental_sync(B, sync["next_batch"])
+    assert again["rooms"] == {} and again["membership_changes"] == []
+
+
+# Synapse's tests/util/test_stream_change_cache.py vectors (storage spec §3.7)
+def test_change_cache_vectors():
+    cache = StreamChangeCache("t", 3)
+    for e, p in (("user@foo.com", 6), ("bar@baz.net", 7), ("user2@foo.com", 8), ("bar2@baz.net", 8)):
+        cache.entity_has_changed(e, p)
+    assert all(cache.has_entity_changed(e, 4) for e in ("user@foo.com", "bar@baz.net", "user2@foo.com", "bar2@baz.net"))
+    assert not cache.has_entity_changed("user@foo.com", 6)
+    assert not cache.has_entity_changed("user2@foo.com", 8)
+    assert not cache.has_entity_changed("user@foo.com", 7)
+    assert not cache.has_entity_changed("user2@foo.com", 9)
+    assert not cache.has_entity_changed("not@here.website", 9)
+    assert cache.has_entity_changed("user@foo.com", 0) and cache.has_entity_changed("not@here.website", 2)
+
+    small = StreamChangeCache("t", 1, max_size=2)
+    small.entity_has_changed("user@foo.com", 2)
+    small.entity_has_changed("bar@baz.net", 3)
+    small.entity_has_changed("user@elsewhere.org", 4)
+    assert small.get_all_entities_changed(1) is None
+    assert small.get_all_entities_changed(2) == ["bar@baz.net", "user@elsewhere.org"]
+    small.entity_has_changed("bar@baz.net", 5)
+    assert small.get_all_entities_changed(2) == ["user@elsewhere.org", "bar@baz.net"]
+
+    pre = StreamChangeCache("t", 1, prefilled={"user@foo.com": 2})
+    assert pre.has_entity_changed("user@foo.com", 1)
+    assert pre.get_entities_changed(["user@foo.com", "x"], 1) == {"user@foo.com"}

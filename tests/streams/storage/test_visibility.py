@@ -1,0 +1,151 @@
+"""History visibility (shared/specs/storage.md §4.1, §4.3 #8, §4.4) through the real persist
+path and the reads, table-driven: each case builds a room step by step and lists, by label,
+which of the labelled events a user sees."""
+from __future__ import annotations
+
+import pytest
+
+from streams.storage import IncomingEvent
+from streams.storage.reads import room_messages
+from streams.storage.synthetic import RoomBuilder
+from streams.storage.visibility import RangeSet
+
+from .helpers import store  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A, J, O = "@resident:hs", "@joiner:hs", "@outsider:hs"
+
+# (step, args..., label or None)
+SETUP = [("create", A), ("member", A, "join", A, None)]
+
+CASES = {
+    # §4.3 #8 test_joined_history_visibility
+    "joined: joiner sees join..leave": (
+        [("vis", A, "joined", None), ("msg", A, "before"), ("member", J, "join", J, "join"),
+         ("msg", A, "during"), ("member", J, "leave", J, "leave"), ("msg", A, "after")],
+        {J: ["join", "during", "leave"], A: ["before", "join", "during", "leave", "after"], O: []}),
+    "world_readable: anyone": (
+        [("vis", A, "world_readable", None), ("msg", A, "m")], {O: ["m"], J: ["m"]}),
+    "shared: pre-join history after joining": (
+        [("vis", A, "shared", None), ("msg", A, "early"), ("member", J, "join", J, "join"), ("msg", A, "late")],
+        {J: ["early", "join", "late"], O: []}),
+    "shared (unset): same as shared": (
+        [("msg", A, "early"), ("member", J, "join", J, "join")], {J: ["early", "join"], O: []}),
+    "shared: nothing after leaving": (
+        [("member", J, "join", J, "join"), ("msg", A, "in"), ("member", J, "leave", J, "leave"),
+         ("msg", A, "out")], {J: ["join", "in", "leave"]}),
+    "shared: rejoin shows the time away": (
+        [("member", J, "join", J, "j1"), ("member", J, "leave", J, "l1"), ("msg", A, "away"),
+         ("member", J, "join", J, "j2"), ("msg", A, "back")], {J: ["j1", "l1", "away", "j2", "back"]}),
+    "invited: from the invite on": (
+        [("vis", A, "invited", None), ("msg", A, "before"), ("member", J, "invite", A, "invite"),
+         ("msg", A, "after")], {J: ["invite", "after"]}),
+    "invited: knock is not enough": (
+        [("vis", A, "invited", None), ("member", J, "knock", J, None), ("msg", A, "m")], {J: []}),
+    "joined: invite is not enough": (
+        [("vis", A, "joined", None), ("member", J, "invite", A, None), ("msg", A, "m")], {J: []}),
+    "joined: own join visible": (
+        [("vis", A, "joined", None), ("member", J, "join", J, "join")], {J: ["join"]}),
+    "joined: own ban while joined visible (priority picks join)": (
+        [("vis", A, "joined", None), ("member", J, "join", J, "join"), ("member", J, "ban", A, "ban"),
+         ("msg", A, "after")], {J: ["join", "ban"]}),
+    "joined: invite then leave (rejection) visible": (
+        [("vis", A, "joined", None), ("member", J, "invite", A, None), ("member", J, "leave", J, "reject")],
+        {J: ["reject"]}),
+    "world_readable -> joined: the change itself visible to outsiders": (
+        [("vis", A, "world_readable", None), ("msg", A, "open"), ("vis", A, "joined", "change"),
+         ("msg", A, "closed")], {O: ["open", "change"], A: ["open", "change", "closed"]}),
+    "joined -> world_readable: outsiders from the change on": (
+        [("vis", A, "joined", None), ("msg", A, "closed"), ("vis", A, "world_readable", "change"),
+         ("msg", A, "open")], {O: ["change", "open"]}),
+    "invited -> joined: invitee stops at the change": (
+        [("vis", A, "invited", None), ("member", J, "invite", A, "invite"), ("msg", A, "m1"),
+         ("vis", A, "joined", "change"), ("msg", A, "m2")], {J: ["invite", "m1", "change"]}),
+}
+
+
+def build(store, steps):
+    b = RoomBuilder("!vis:hs", server="hs")
+    labels = {}
+    for step in SETUP + steps:
+        kind, args = step[0], step[1:]
+        if kind == "create":
+            eid, raw = b.create(args[0])
+        elif kind == "member":
+            user, membership, sender = args[0], args[1], args[2]
+            eid, raw = b.member(user, membership, sender=sender)
+        elif kind == "vis":
+            eid, raw = b.visibility(args[0], args[1])
+        elif kind == "msg":
+            eid, raw = b.message(args[0], args[1])
+        label = args[-1] if kind != "create" else None
+        if label is not None:
+            labels[eid] = label
+        store.persist(raw)
+    return labels
+
+
+def seen(room_id, user, labels):
+    page = room_messages(room_id, user, direction="f", limit=1000)
+    return [labels[e.event_id] for e in page["chunk"] if e.event_id in labels]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_visibility_case(store, name):
+    steps, expected = CASES[name]
+    labels = build(store, steps)
+    for user, want in expected.items():
+        assert seen("!vis:hs", user, labels) == want, user
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_same_result_in_one_batch(store, name):
+    """The ranges do not depend on how events were batched."""
+    steps, expected = CASES[name]
+    b_store = []
+
+    class Collect:
+        def persist(self, raw):
+            b_store.append(raw)
+
+    labels = build(Collect(), steps)
+    store.persist(*b_store)
+    for user, want in expected.items():
+        assert seen("!vis:hs", user, labels) == want, user
+
+
+def test_backfilled_history_follows_the_rules(store):
+    """Events persisted long after (backfill, negative stream orderings) are decided from the
+    state at them, and a later join still opens shared history."""
+    b = RoomBuilder("!bfv:hs", server="hs")
+    create, join_a = b.create(A), b.member(A, "join")
+    shared_msg = b.message(A, "shared-era")
+    vis = b.visibility(A, "joined")
+    joined_msg = b.message(A, "joined-era")
+    join_j = b.member(J, "join")
+    state = {("m.room.create", ""): create[0], ("m.room.member", A): join_a[0],
+             ("m.room.history_visibility", ""): vis[0]}
+    # we join over federation at join_j: the state arrives as outliers; then we backfill
+    store.persist(*[IncomingEvent(raw, outlier=True) for _, raw in (create, join_a, vis)])
+    store.persist(IncomingEvent(join_j[1], state_before=state))
+    store.persist(IncomingEvent(joined_msg[1], state_before=state), backfill=True)
+    store.persist(IncomingEvent(shared_msg[1], state_before={k: v for k, v in state.items()
+                                                               if k[0] != "m.room.history_visibility"}),
+                  backfill=True)
+    labels = {shared_msg[0]: "shared-era", joined_msg[0]: "joined-era", join_j[0]: "join"}
+    assert seen("!bfv:hs", J, labels) == ["shared-era", "join"]
+    assert seen("!bfv:hs", A, labels) == ["shared-era", "joined-era", "join"]
+
+
+def test_range_set_operations():
+    rs = RangeSet()
+    rs.add((1, 1), None)
+    rs.close_at((5, 5))
+    assert rs.covers((3, 9)) and not rs.covers((5, 6)) and not rs.is_open
+    rs.remove_point((3, 3))
+    assert rs.as_tuples() == [((1, 1), (3, 2)), ((3, 4), (5, 5))]
+    rs.add((3, 3), (3, 3))
+    assert rs.as_tuples() == [((1, 1), (5, 5))]
+    rs.add((7, 7), None)
+    assert rs.clipped_before((8, 0)) == [((1, 1), (5, 5)), ((7, 7), (8, -1))]
