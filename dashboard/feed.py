@@ -69,6 +69,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
     from streams.status import stream_status
 
     from .endpoint_status import endpoint_statuses
+    from .jobs import recent_job_runs
 
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)
@@ -98,8 +99,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
         "stuck_after": repl_setting("STUCK_AFTER_SECONDS"),
         "streams": streams,
         "endpoints": endpoint_statuses(now=when),
-        # Batch jobs are not built yet; their runs will be listed here (see docs/dashboard.md).
-        "jobs": None,
+        "jobs": recent_job_runs(),
     }
 
 

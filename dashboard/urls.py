@@ -1,6 +1,7 @@
 from django.urls import path
 
 from . import views
+from .jobs import start_job
 from .metrics import metrics_view
 
 app_name = "dashboard"
@@ -9,4 +10,5 @@ urlpatterns = [
     path("connections/", views.connections_page, name="connections"),
     path("status.json", views.streams_json, name="streams-json"),
     path("metrics", metrics_view, name="metrics"),
+    path("jobs/start", start_job, name="start-job"),
 ]

@@ -20,7 +20,10 @@ def _context(**extra):
 
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/streams.html", _context(streams=stream_status(), page="streams"))
+    from .jobs import job_names, recent_job_runs
+
+    return render(request, "dashboard/streams.html", _context(
+        streams=stream_status(), page="streams", jobs=recent_job_runs(), job_names=job_names()))
 
 
 @staff_member_required

@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from .models import (
-    AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, Receipt,
+    AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, JobRun, Receipt,
     StreamPosition, StreamReservation,
 )
 
@@ -210,3 +210,17 @@ class StreamReservationAdmin(ReadOnlyAdmin):
     list_display = ("stream_name", "instance_name", "stream_ids", "reserved_at", "pid")
     list_filter = ("stream_name", "instance_name")
     change_list_template = "admin/streams/live_change_list.html"
+
+
+@admin.register(JobRun)
+class JobRunAdmin(ReadOnlyAdmin):
+    """Batch-job runs, as the runner recorded them (start one from the dashboard)."""
+
+    list_display = ("id", "job", "status", "trigger", "started_at", "duration", "rows_in", "rows_out", "differences")
+    list_filter = ("job", "status", "trigger")
+    readonly_fields = ("job", "parameters", "status", "trigger", "started_at", "ended_at", "rows_in", "rows_out",
+                       "differences", "difference_sample", "error")
+
+    @admin.display(description=_("duration (s)"))
+    def duration(self, run: JobRun):
+        return None if run.duration_seconds is None else round(run.duration_seconds, 1)

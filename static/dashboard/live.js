@@ -221,10 +221,27 @@
     });
   }
 
-  // -- jobs: a later issue (batch jobs) fills state.jobs ------------------------------------
+  // -- jobs ---------------------------------------------------------------------------------
 
   function renderJobs(state) {
-    if (!state.jobs) return;  // not built yet: the page keeps its placeholder
+    if (!state.jobs) return;
+    $all("jobs").forEach(function (body) {
+      var rows = state.jobs.map(function (r) {
+        return el("tr", {"data-status": r.status}, [
+          el("td", {text: "#" + r.id}),
+          el("td", {text: r.job + (r.rooms ? " (" + r.rooms + " rooms)" : "")}),
+          el("td", {className: "status-" + r.status, text: r.status}),
+          el("td", {text: clock(r.started_at)}),
+          el("td", {text: r.duration_seconds === null ? "running…" : r.duration_seconds + " s"}),
+          el("td", {text: (r.rows_in === null ? "" : r.rows_in) + " / " + (r.rows_out === null ? "" : r.rows_out)}),
+          el("td", {text: r.differences === null ? "" : String(r.differences)}),
+          el("td", {text: r.trigger}),
+          el("td", {className: "error", text: r.error}),
+        ]);
+      });
+      if (!rows.length) rows = [el("tr", null, [el("td", {colspan: "9", className: "muted", text: "no runs yet"})])];
+      body.replaceChildren.apply(body, rows);
+    });
   }
 
   function render(state) {

@@ -143,3 +143,40 @@ def test_bad_metrics_network_is_a_clear_error(client, settings):
     settings.DASHBOARD = {**settings.DASHBOARD, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/33"}
     with pytest.raises(ImproperlyConfigured, match="10.0.0.0/33"):
         client.get("/metrics")
+
+
+def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
+    """The streams page lists job runs; its form starts one (eager Celery: beside the request)."""
+    import time
+
+    from django.utils import timezone
+
+    from streams.models import JobRun
+
+    JobRun.objects.create(job="check_visibility", status=JobRun.Status.FAILED, started_at=timezone.now(),
+                          ended_at=timezone.now(), error="Traceback...\nRuntimeError: the database went away")
+    page = staff_client.get("/").content.decode()
+    assert "check_visibility" in page and "RuntimeError: the database went away" in page
+    assert '<option>topological_ordering</option>' in page
+
+    assert staff_client.post("/jobs/start", {"job": "no_such_job"}).status_code == 400
+    answer = staff_client.post("/jobs/start", {"job": "check_topological_ordering", "rooms": "!nowhere:hs"})
+    assert answer.status_code == 302
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        run = JobRun.objects.filter(job="check_topological_ordering").first()
+        if run is not None and run.status != JobRun.Status.RUNNING:
+            break
+        time.sleep(0.5)
+    assert run.status == JobRun.Status.SUCCEEDED, run.error
+    assert run.trigger.startswith("dashboard (") and run.parameters == {"rooms": ["!nowhere:hs"]}
+    assert run.rows_in == 0 and run.differences == 0
+
+
+def test_job_start_refuses_anonymous(client):
+    answer = client.post("/jobs/start", {"job": "visibility"})
+    assert answer.status_code == 302 and "/login/" in answer["Location"]
+
+
+def test_job_start_refuses_get(staff_client):
+    assert staff_client.get("/jobs/start").status_code == 405
