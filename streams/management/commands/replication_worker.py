@@ -38,6 +38,7 @@ from streams.replication.worker import (
     ReplicationWorker,
     redact_url,
 )
+from streams.replication.tls import client_context_from_settings
 
 
 class JsonlSink:
@@ -125,14 +126,19 @@ class Command(BaseCommand):
                                       "--connect")
             where = f"{host}:{port} ({server_name})"
         sink = JsonlSink(options["jsonl"]) if options["jsonl"] else None
+        # The same REPLICATION_SECRET as the web process (on the embedded default: the one
+        # generated into STATE_DIR), and its catch-up range cap (docs/security.md).
         common = dict(name=options["name"], server_name=server_name, catchup_url=catchup_url,
                       streams=streams, on_facts=sink,
-                      initial_tokens=sink.positions if sink else None)
+                      initial_tokens=sink.positions if sink else None,
+                      replication_secret=settings.REPLICATION_SECRET,
+                      catchup_max_range=int(repl_setting("REPLICATION_CATCHUP_MAX_RANGE")))
         try:
             if use_redis:
                 worker: BaseReplicationWorker = RedisReplicationWorker(redis_url=redis_url, **common)
             else:
-                worker = ReplicationWorker(host=host, port=port, **common)
+                worker = ReplicationWorker(host=host, port=port, ssl=client_context_from_settings(),
+                                           **common)
         except ValueError as e:
             if sink:
                 sink.close()
