@@ -215,3 +215,107 @@ def test_worker_tls_settings(settings):
     settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_TLS": True}
     context = client_context_from_settings()
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
+# --- memory: workers that never read -----------------------------------------------------------
+
+
+class Readers:
+    """Reads many connections in one thread; per connection, the receipts tokens seen."""
+
+    PREFIX = b"RDATA receipts master "
+
+    def __init__(self, clients: list[LineClient]) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.tokens: dict[int, set[int]] = {}
+        self.closed: set[int] = set()
+        self.buffers: dict[int, bytes] = {}
+        for index, client in enumerate(clients):
+            client.sock.setblocking(False)
+            self.selector.register(client.sock, selectors.EVENT_READ, index)
+            self.tokens[index], self.buffers[index] = set(), client.buf
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            for key, _ in self.selector.select(0.1):
+                index = key.data
+                try:
+                    chunk = key.fileobj.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self.selector.unregister(key.fileobj)
+                    self.closed.add(index)
+                    continue
+                *lines, self.buffers[index] = (self.buffers[index] + chunk).split(b"\n")
+                self.tokens[index].update(int(line.split(b" ", 4)[3]) for line in lines
+                                          if line.startswith(self.PREFIX))
+
+    def lowest(self) -> int:
+        return min((max(t) if t else 0) for t in self.tokens.values())
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join(10)
+
+
+def test_workers_that_never_read_are_dropped_the_others_get_everything(pg_url, tmp_path, redis_server):
+    """50 workers, 10 of which never read (the issue's 200/50, scaled down): the 10 are
+    disconnected for failing to keep up, so the endpoint's memory stays bounded; the 40 others
+    receive every fact."""
+    readers_n, idle_n = 40, 10
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REDIS_URL=redis_server.url,
+                          STREAM_WRITERS="receipts=master", REPLICATION_MAX_PENDING_COMMANDS="500",
+                          REPLICATION_MAX_CONNECTIONS_PER_ADDRESS="100") as (port, read_log):
+        idle = []
+        for i in range(idle_n):
+            c = LineClient.__new__(LineClient)
+            c.sock = socket.socket()
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.sock.settimeout(10)
+            c.sock.connect(("127.0.0.1", port))
+            c.buf, c.closed = b"", False
+            assert c.read_line() == f"SERVER {SERVER_NAME}"
+            c.send(f"NAME idle{i}", "REPLICATE ")
+            idle.append(c)
+        busy = [handshake(port) for _ in range(readers_n)]
+        for c in busy:
+            c.read_until(lambda line: line.startswith("POSITION to_device"))
+        readers = Readers(busy)
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+
+        rt = StreamRuntime(instance_name="master", writers=stream_writers("receipts=master"))
+        rt.stream_replication(layer=RedisPubSubChannelLayer(hosts=[redis_server.url]))
+        written: list[int] = []
+        rng = random.Random(7)
+        try:
+            # Chunks of 100 facts, each read by every reader before the next is written:
+            # readers are never far behind (well under 500 commands), the idle ones fall
+            # behind by everything.
+            for chunk in range(300):
+                written += rt.writer("receipts").append(
+                    [[(Receipt, Receipt.synthetic(rng, chunk * 100 + i))] for i in range(100)])
+                deadline = time.monotonic() + 60
+                while readers.lowest() < written[-1]:
+                    assert not readers.closed, f"a reader was disconnected:\n{read_log()[-3000:]}"
+                    assert time.monotonic() < deadline, "readers stopped receiving"
+                    time.sleep(0.01)
+                if read_log().count("disconnected: failed to keep up") >= idle_n:
+                    break
+        finally:
+            rt.close()
+            readers.stop()
+        log = read_log()
+        dropped = set(re.findall(r"replication (idle\d+) \(\S+\) disconnected: failed to keep up", log))
+        assert dropped == {f"idle{i}" for i in range(idle_n)}, log[-3000:]
+        assert not readers.closed
+        for index, tokens in readers.tokens.items():
+            assert tokens == set(written), f"reader {index} missed {len(set(written) - tokens)} facts"
+        print(f"{len(written)} facts written until the {idle_n} idle workers were dropped")
+        for c in idle + busy:
+            c.close()
