@@ -4,12 +4,15 @@
   default, generated once into ``STATE_DIR`` (like the secret key), so that ``make run``, its
   ``runreplication`` child and a ``replication_worker`` started from the same checkout share
   it without anybody choosing one.
+* :func:`celery_redis_ssl`: certificate checks for Celery on ``rediss://``.
 * :func:`check_replication_secret`: ``manage.py check --deploy`` warns when a full-mode
   cluster leaves the replication HTTP endpoints open.
 """
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from django.core import checks
 
@@ -36,6 +39,23 @@ def replication_secret(environ: dict[str, str], state_dir: Path) -> str:
     if environ.get("DATABASE_URL"):
         return ""
     return load_or_create_secret_key(state_dir / REPLICATION_SECRET_FILE)
+
+
+def celery_redis_ssl(redis_url: str) -> dict | None:
+    """Celery's ``broker_use_ssl`` for a ``rediss://`` URL (``None`` otherwise).
+
+    redis-py (the channel layer, our bridge and workers) verifies a ``rediss://`` server by
+    itself, with ``?ssl_ca_certs=/path`` for a private CA; kombu would *not* verify it unless
+    told to, so we tell it, with the same CA.
+    """
+    parts = urlsplit(redis_url)
+    if parts.scheme != "rediss":
+        return None
+    options: dict = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    ca = parse_qs(parts.query).get("ssl_ca_certs")
+    if ca:
+        options["ssl_ca_certs"] = ca[0]
+    return options
 
 
 @checks.register(checks.Tags.security, deploy=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 
 from .secret import load_or_create_secret_key
-from .security import replication_secret
+from .security import celery_redis_ssl, replication_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
@@ -113,6 +113,7 @@ CHANNEL_LAYERS["replication_local"] = {
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_BROKER_USE_SSL = celery_redis_ssl(REDIS_URL)  # rediss://: verify the server
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
