@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import repl_setting
@@ -139,7 +140,7 @@ class Command(BaseCommand):
             else:
                 worker = ReplicationWorker(host=host, port=port, ssl=client_context_from_settings(),
                                            **common)
-        except ValueError as e:
+        except (ValueError, ImproperlyConfigured) as e:
             if sink:
                 sink.close()
             raise CommandError(str(e)) from e
