@@ -32,7 +32,8 @@ def running_endpoint(pg_url: str, log_path: Path, **env_extra: str):
     port = free_port()
     log = open(log_path, "w+")
     env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, POSITION_POLL_SECONDS="0.05",
-               PYTHONUNBUFFERED="1", **env_extra)
+               PYTHONUNBUFFERED="1")
+    env.update(env_extra)
     proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -27,10 +27,8 @@ def test_server_really_requires_the_password(redis_server_with_password):
 @pytest.mark.django_db(transaction=True)
 def test_endpoint_writer_and_bridge_with_a_password(pg_url, tmp_path, redis_server_with_password):
     url = redis_server_with_password.url
-    subscriber = redis.Redis.from_url(url).pubsub()
-    subscriber.subscribe(SERVER_NAME)
-    assert subscriber.get_message(timeout=10)["type"] == "subscribe"
-    with running_endpoint(pg_url, tmp_path / "endpoint.log", REDIS_URL=url,
+    # No position polling within the test: RDATA can only come through the channel layer.
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REDIS_URL=url, POSITION_POLL_SECONDS="600",
                           STREAM_WRITERS="receipts=master") as (port, read_log):
         client = handshake(port)
         client.read_until(lambda line: line.startswith("POSITION to_device"))
@@ -46,12 +44,35 @@ def test_endpoint_writer_and_bridge_with_a_password(pg_url, tmp_path, redis_serv
                 tokens.add(cmd.token)
         client.close()
         assert "AUTH" not in read_log() and "Authentication" not in read_log()
-    # The writer's Synapse bridge published its lines on the Synapse channel, too.
+
+
+def test_synapse_channel_bridge_with_a_password(redis_server_with_password):
+    """The bridge (writers' and endpoints' Synapse-channel publisher) authenticates for its
+    subscription and its PUBLISHes."""
+    import asyncio
+
+    from streams.replication.redis import SynapseRedisBridge
+
+    url, channel = redis_server_with_password.url, "pw.example"
+    subscriber = redis.Redis.from_url(url).pubsub()
+    subscriber.subscribe(channel)
+    assert subscriber.get_message(timeout=10)["type"] == "subscribe"
+
+    async def publish() -> None:
+        bridge = SynapseRedisBridge(url, channel, announce=lambda: [])
+        bridge.start()
+        try:
+            await asyncio.wait_for(bridge.subscribed.wait(), 60)
+            await bridge.publish_batch("receipts", "master", 0, 1, ['RDATA receipts master 1 ["x"]'])
+        finally:
+            await bridge.stop()
+
+    asyncio.run(publish())
     published = []
     while (message := subscriber.get_message(timeout=5)) is not None:
         if message["type"] == "message":
             published.append(message["data"].decode())
-    assert sum(line.startswith("RDATA receipts master ") for line in published) == 20
+    assert 'RDATA receipts master 1 ["x"]' in published
 
 
 def _celery_ping(redis_url: str) -> subprocess.CompletedProcess:
