@@ -73,12 +73,28 @@ def connect_from(source: str, port: int) -> LineClient:
     return client
 
 
-def test_peer_outside_allowed_networks_gets_not_one_byte(pg_url, tmp_path):
-    with running_endpoint(pg_url, tmp_path / "endpoint.log",
-                          REPLICATION_ALLOWED_NETWORKS="10.0.0.0/8,::1/128") as (port, read_log):
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_peer_outside_allowed_networks_gets_not_one_byte(pg_url, tmp_path, tls):
+    """Closed before anything is written: no SERVER line, and with TLS not even a handshake."""
+    extra = {}
+    if tls:
+        cert, key = self_signed(tmp_path, "endpoint")
+        extra = {"REPLICATION_TLS_CERT": str(cert), "REPLICATION_TLS_KEY": str(key)}
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_ALLOWED_NETWORKS="10.0.0.0/8,::1/128",
+                          **extra) as (port, read_log):
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        hello = b"NAME intruder\nREPLICATE \n"
+        if tls:  # a real ClientHello: a TLS server that admitted us would answer it
+            import ssl
+
+            incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            client = ssl.create_default_context(cafile=str(cert)).wrap_bio(
+                incoming, outgoing, server_hostname="localhost")
+            with pytest.raises(ssl.SSLWantReadError):
+                client.do_handshake()
+            hello = outgoing.read()
         try:
-            sock.sendall(b"NAME intruder\nREPLICATE \n")
+            sock.sendall(hello)
         except OSError:
             pass  # already closed by the server: fine
         received = b""
