@@ -139,10 +139,17 @@ class PostgresServer:
 
 @dataclass
 class RedisServer:
-    """A ``redis-server`` with no persistence on a free port."""
+    """A ``redis-server`` with no persistence on a free port.
+
+    ``password``: required of clients (``requirepass``). ``tls_cert``/``tls_key``: the port
+    speaks TLS only (``rediss://``; clients verify against ``tls_cert``, self-signed).
+    """
 
     port: int = 0
     directory: str = ""
+    password: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self, port: int | None = None) -> "RedisServer":
@@ -154,8 +161,15 @@ class RedisServer:
         if not self.directory:
             self.directory = tempfile.mkdtemp(prefix="synapse_repl_redis_")
         self.port = port or self.port or free_port()
+        options = ["--port", str(self.port)]
+        if self.password:
+            options += ["--requirepass", self.password]
+        if self.tls_cert:
+            options = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls_cert,
+                       "--tls-key-file", self.tls_key, "--tls-ca-cert-file", self.tls_cert,
+                       "--tls-auth-clients", "no", *options[2:]]
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [binary, *options, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.directory],
             stdout=open(os.path.join(self.directory, "redis.log"), "ab"), stderr=subprocess.STDOUT,
         )
@@ -164,7 +178,10 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        if self.tls_cert:
+            return f"rediss://{auth}localhost:{self.port}/0?ssl_ca_certs={self.tls_cert}"
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def kill(self) -> None:
         """Stop the server abruptly (it can be started again on the same port)."""

@@ -12,6 +12,7 @@ import dj_database_url
 
 from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
+from .security import celery_redis_ssl, replication_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
@@ -22,6 +23,11 @@ def _env_bool(name: str, default: bool) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_number(name: str, default: float, kind: type = int):
+    value = os.environ.get(name, "")
+    return kind(value) if value.strip() else default
 
 
 SECRET_KEY = os.environ.get("SECRET_KEY") or load_or_create_secret_key(STATE_DIR / "secret_key")
@@ -43,6 +49,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "streams.replication.auth.ReplicationSecretMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -111,6 +118,7 @@ CHANNEL_LAYERS["dashboard_local"] = {"BACKEND": "channels.layers.InMemoryChannel
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_BROKER_USE_SSL = celery_redis_ssl(REDIS_URL)  # rediss://: verify the server
 CELERY_RESULT_BACKEND = REDIS_URL or None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
@@ -145,6 +153,20 @@ SYNAPSE_REPL = {
     "POSITION_POLL_SECONDS": float(os.environ.get("POSITION_POLL_SECONDS", "1.0")),
     # A reserved stream ID pending longer than this many seconds is reported as stuck.
     "STUCK_AFTER_SECONDS": float(os.environ.get("STUCK_AFTER_SECONDS", "30")),
+    # -- hardening: who may connect, and how much (docs/security.md) ------------------------
+    # TCP peers outside these networks are closed before any byte is sent.
+    "REPLICATION_ALLOWED_NETWORKS": os.environ.get("REPLICATION_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128"),
+    "REPLICATION_TLS_CERT": os.environ.get("REPLICATION_TLS_CERT", ""),
+    "REPLICATION_TLS_KEY": os.environ.get("REPLICATION_TLS_KEY", ""),
+    "REPLICATION_TLS_CA": os.environ.get("REPLICATION_TLS_CA", ""),
+    "REPLICATION_TLS": _env_bool("REPLICATION_TLS", False),
+    "REPLICATION_MAX_CONNECTIONS": _env_number("REPLICATION_MAX_CONNECTIONS", 1000),
+    "REPLICATION_MAX_CONNECTIONS_PER_ADDRESS": _env_number("REPLICATION_MAX_CONNECTIONS_PER_ADDRESS", 200),
+    "REPLICATION_COMMAND_RATE": _env_number("REPLICATION_COMMAND_RATE", 1000.0, float),
+    "REPLICATION_COMMAND_BURST": _env_number("REPLICATION_COMMAND_BURST", 5000),
+    "REPLICATION_MAX_PENDING_COMMANDS": _env_number("REPLICATION_MAX_PENDING_COMMANDS", 10_000),
+    "REPLICATION_CATCHUP_MAX_RANGE": _env_number("REPLICATION_CATCHUP_MAX_RANGE", 1_000_000),
+    "REPLICATION_CATCHUP_MAX_LIMIT": _env_number("REPLICATION_CATCHUP_MAX_LIMIT", 1000),
 }
 
 # --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------
@@ -158,6 +180,30 @@ DASHBOARD = {
     # Demo dataset and trickle on the embedded default (never in full mode).
     "DEMO": _env_bool("DEMO", True),
 }
+
+# --- Security (docs/security.md) -------------------------------------------------------------
+# Required as "Authorization: Bearer <secret>" on /_synapse/replication/ ("" = not required).
+REPLICATION_SECRET = replication_secret(os.environ, STATE_DIR)
+# The /api/ app caps its page sizes (?limit=) at this many items.
+API_MAX_LIMIT = _env_number("API_MAX_LIMIT", 1000)
+AUTHENTICATION_BACKENDS = ["synapse_repl.login_throttle.ThrottledModelBackend"]
+LOGIN_MAX_FAILURES = _env_number("LOGIN_MAX_FAILURES", 5)
+LOGIN_FAILURE_WINDOW_SECONDS = _env_number("LOGIN_FAILURE_WINDOW_SECONDS", 300)
+# DJANGO_PROFILE=production: served over HTTPS (directly or behind a proxy that sets
+# X-Forwarded-Proto, with SECURE_PROXY_SSL_HEADER=on): secure cookies, HSTS, redirect to HTTPS.
+# Each knob can be set on its own too. `manage.py check --deploy` is clean in this profile.
+PRODUCTION = os.environ.get("DJANGO_PROFILE", "").strip().lower() == "production"
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES", PRODUCTION)
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
+# Workers reach the catch-up endpoint on a private network, perhaps in plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^_synapse/replication/"]
+SECURE_HSTS_SECONDS = _env_number("SECURE_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
+if _env_bool("SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
 
 # --- The rest is standard Django -------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

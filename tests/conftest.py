@@ -37,6 +37,16 @@ def redis_server():
 
 
 @pytest.fixture(scope="session")
+def redis_server_with_password():
+    """A Redis that refuses clients without its password (REDIS_URL redis://:pw@...)."""
+    import secrets
+
+    server = _started(RedisServer(password=secrets.token_urlsafe(16)))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def django_db_modify_db_settings(postgres_server, django_db_modify_db_settings_parallel_suffix):
     """Point Django at the throwaway PostgreSQL (and a throwaway SQLite file as ``sqlite``)
     before the test databases are created."""

@@ -2,7 +2,10 @@
 worker that missed updates (replication spec §10.2). See docs/replication.md.
 
 Query: ``from_token``, ``upto_token`` (integers, required), ``instance_name`` (the writer;
-default this process's ``INSTANCE_NAME``). Answer: ``{"updates": [[token, row], ...],
+default this process's ``INSTANCE_NAME``), ``limit`` (rows per page, default 100, at most
+``REPLICATION_CATCHUP_MAX_LIMIT``). ``upto_token - from_token`` may be at most
+``REPLICATION_CATCHUP_MAX_RANGE`` (the worker asks for longer ranges piece by piece); beyond
+either cap the answer is 400 with a message. Answer: ``{"updates": [[token, row], ...],
 "upto_token": N, "limited": bool}``; a limited answer covers every row up to ``upto_token``
 (rows sharing a token are never split) and the caller continues from there.
 """
@@ -12,6 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from ..conf import instance_name as this_instance
+from ..conf import repl_setting
 from ..registry import STREAMS
 from ..updates import TARGET_ROW_COUNT, get_updates_since
 
@@ -34,8 +38,19 @@ def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str 
         return _error("from_token and upto_token must be integers")
     if from_token < 0 or upto_token < 0:
         return _error("tokens must not be negative")
+    max_range = repl_setting("REPLICATION_CATCHUP_MAX_RANGE")
+    if upto_token - from_token > max_range:
+        return _error(f"upto_token - from_token is {upto_token - from_token}, more than the "
+                      f"allowed {max_range} (REPLICATION_CATCHUP_MAX_RANGE): ask in pieces")
+    try:
+        limit = int(request.GET.get("limit", TARGET_ROW_COUNT))
+    except ValueError:
+        return _error("limit must be an integer")
+    max_limit = repl_setting("REPLICATION_CATCHUP_MAX_LIMIT")
+    if not 0 < limit <= max_limit:
+        return _error(f"limit must be between 1 and {max_limit} (REPLICATION_CATCHUP_MAX_LIMIT)")
     writer = request.GET.get("instance_name") or this_instance()
-    result = get_updates_since(spec, writer, from_token, upto_token, limit=TARGET_ROW_COUNT)
+    result = get_updates_since(spec, writer, from_token, upto_token, limit=limit)
     return JsonResponse({
         "updates": [[token, row] for token, row in result.updates],
         "upto_token": result.upto_token,

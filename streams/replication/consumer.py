@@ -16,6 +16,7 @@ from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
 
+from ..conf import repl_setting
 from .commands import (
     ClearUserSyncCommand,
     Command,
@@ -35,6 +36,7 @@ from .commands import (
 )
 from .connection import CLOSED, NEED_DATA, ReplicationConnection
 from .legacy import to_legacy
+from .ratelimit import TokenBucket
 from .relay import CONNECTIONS_GROUP, LOCAL_LAYER
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,10 @@ class ReplicationConsumer(AsyncConsumer):
         self.endpoint = self.scope["endpoint"]
         now = time.time()
         self.conn = ReplicationConnection("server", now=now)
+        # Inbound command rate limit (docs/security.md); past it: ERROR and close.
+        self.bucket = TokenBucket(repl_setting("REPLICATION_COMMAND_RATE"),
+                                  int(repl_setting("REPLICATION_COMMAND_BURST")), time.monotonic())
+        self.rate_exceeded = False
         self.info = ConnectionInfo(self.channel_name, event.get("peer", "?"), now,
                                    outbound=self.scope.get("protocol"))
         self.endpoint.connections[self.channel_name] = self.info
@@ -90,6 +96,8 @@ class ReplicationConsumer(AsyncConsumer):
         self.ticker = asyncio.create_task(self._tick())
 
     async def replication_receive(self, event: dict[str, Any]) -> None:
+        if self.rate_exceeded:
+            return  # closing: read nothing more from a flooding peer
         now = time.time()
         self.conn.receive_data(event["bytes"])
         while True:
@@ -100,6 +108,12 @@ class ReplicationConsumer(AsyncConsumer):
                 await self._error_and_close(e.error_text, reason="bad line")
                 return
             if cmd is NEED_DATA or cmd is CLOSED:
+                return
+            if not self.bucket.take(time.monotonic()):
+                self.rate_exceeded = True
+                logger.warning("replication %s (%s): more than %s commands/s, disconnecting",
+                               self.info.name, self.info.peer, self.bucket.rate)
+                await self._error_and_close("Too many commands", reason="command rate exceeded")
                 return
             self.info.commands_in += 1
             await self._handle(cmd, now)

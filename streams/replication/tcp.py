@@ -102,9 +102,22 @@ class ReplicationServerProtocol(asyncio.Protocol):
 
 
 async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractServer:
-    """Start listening; connections are served until the returned server is closed."""
+    """Start listening; connections are served until the returned server is closed.
+
+    Each socket is first admitted (allowed networks, connection caps) and upgraded to TLS if
+    configured: :mod:`streams.replication.admission`.
+    """
+    from ..conf import repl_setting
+    from .admission import AdmissionProtocol, PeerPolicy
+    from .tls import server_context_from_settings
+
     app = ReplicationConsumer.as_asgi()
+    policy, ssl_context = PeerPolicy.from_settings(), server_context_from_settings()
+    max_pending = int(repl_setting("REPLICATION_MAX_PENDING_COMMANDS"))
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: ReplicationServerProtocol(endpoint, app), host, port)
+    server = await loop.create_server(
+        lambda: AdmissionProtocol(policy, lambda: ReplicationServerProtocol(endpoint, app, max_pending),
+                                  ssl_context),
+        host, port)
     logger.info("replication endpoint %s listening on %s:%d", endpoint.server_name, host, port)
     return server

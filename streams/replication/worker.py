@@ -54,6 +54,7 @@ from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.exceptions import RedisError
 
+from .auth import bearer_header
 from .commands import (
     Command,
     ErrorCommand,
@@ -114,20 +115,33 @@ class CatchUpError(Exception):
 
 
 def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int,
-                        upto_token: int, *, timeout: float = HTTP_TIMEOUT) -> CatchUpPage:
-    """GET one page of ``(from_token, upto_token]`` of ``writer`` on ``stream`` (blocking)."""
+                        upto_token: int, *, timeout: float = HTTP_TIMEOUT, secret: str = "",
+                        max_range: int | None = None, ssl_context: Any = None) -> CatchUpPage:
+    """GET one page of ``(from_token, upto_token]`` of ``writer`` on ``stream`` (blocking).
+
+    ``secret``: sent as ``Authorization: Bearer`` (``REPLICATION_SECRET``). ``max_range``: the
+    server's ``REPLICATION_CATCHUP_MAX_RANGE``; a longer range is asked for in pieces (the
+    page says ``limited`` until the last piece, so the follower keeps asking).
+    """
+    asked_upto = upto_token
+    if max_range is not None and upto_token - from_token > max_range:
+        upto_token = from_token + max_range
     query = urllib.parse.urlencode(
         {"instance_name": writer, "from_token": from_token, "upto_token": upto_token})
     url = (f"{base_url.rstrip('/')}/_synapse/replication/get_repl_stream_updates/"
            f"{urllib.parse.quote(stream, safe='')}/?{query}")
+    request = urllib.request.Request(url, headers=bearer_header(secret))
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=ssl_context) as response:
             body = json.loads(response.read())
-        return CatchUpPage(list(body["updates"]), int(body["upto_token"]), bool(body["limited"]))
+        page = CatchUpPage(list(body["updates"]), int(body["upto_token"]), bool(body["limited"]))
     except urllib.error.HTTPError as e:
         raise CatchUpError(f"GET {url}: HTTP {e.code} {e.read()[:200]!r}") from e
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CatchUpError(f"GET {url}: {e!r}") from e
+    if upto_token < asked_upto and not page.limited:
+        return CatchUpPage(page.updates, upto_token, True)
+    return page
 
 
 # --- the caches stream -----------------------------------------------------------------------
@@ -259,6 +273,8 @@ class BaseReplicationWorker:
         apply_caches: bool = True,
         cache: Any = None,
         fetch_page: Callable[[str, str, int, int], CatchUpPage] | None = None,
+        replication_secret: str = "",
+        catchup_max_range: int | None = None,
         reconnect_first_delay: float = RECONNECT_FIRST_DELAY,
         reconnect_max_delay: float = RECONNECT_MAX_DELAY,
         log_interval: float = 5.0,
@@ -278,7 +294,9 @@ class BaseReplicationWorker:
         self._on_facts = on_facts
         self._on_reset = on_reset
         self._fetch_page = fetch_page or (
-            lambda s, w, f, u: fetch_catch_up_page(self.catchup_url, s, w, f, u))
+            lambda s, w, f, u: fetch_catch_up_page(self.catchup_url, s, w, f, u,
+                                                   secret=replication_secret,
+                                                   max_range=catchup_max_range))
         self._first_delay, self._max_delay = reconnect_first_delay, reconnect_max_delay
         self._log_interval = log_interval
         self._clock = clock
@@ -507,9 +525,11 @@ class ReplicationWorker(BaseReplicationWorker):
 
     transport = "tcp"
 
-    def __init__(self, *, host: str, port: int, **kwargs: Any) -> None:
+    def __init__(self, *, host: str, port: int, ssl: Any = None, **kwargs: Any) -> None:
+        """``ssl``: an ``ssl.SSLContext`` to speak TLS, verifying the server (``tls.py``)."""
         super().__init__(**kwargs)
         self.host, self.port = host, port
+        self.ssl = ssl
         self._transport: asyncio.StreamWriter | None = None
 
     def _interrupt(self) -> None:
@@ -519,7 +539,7 @@ class ReplicationWorker(BaseReplicationWorker):
     async def _attempt(self, delay: float) -> bool:
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT)
+                asyncio.open_connection(self.host, self.port, ssl=self.ssl), CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as e:
             logger.warning("cannot connect to replication at %s:%s: %s; retrying in %.1fs",
                            self.host, self.port, e, delay)

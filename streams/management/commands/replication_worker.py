@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import repl_setting
@@ -38,6 +39,7 @@ from streams.replication.worker import (
     ReplicationWorker,
     redact_url,
 )
+from streams.replication.tls import client_context_from_settings
 
 
 class JsonlSink:
@@ -125,15 +127,20 @@ class Command(BaseCommand):
                                       "--connect")
             where = f"{host}:{port} ({server_name})"
         sink = JsonlSink(options["jsonl"]) if options["jsonl"] else None
+        # The same REPLICATION_SECRET as the web process (on the embedded default: the one
+        # generated into STATE_DIR), and its catch-up range cap (docs/security.md).
         common = dict(name=options["name"], server_name=server_name, catchup_url=catchup_url,
                       streams=streams, on_facts=sink,
-                      initial_tokens=sink.positions if sink else None)
+                      initial_tokens=sink.positions if sink else None,
+                      replication_secret=settings.REPLICATION_SECRET,
+                      catchup_max_range=int(repl_setting("REPLICATION_CATCHUP_MAX_RANGE")))
         try:
             if use_redis:
                 worker: BaseReplicationWorker = RedisReplicationWorker(redis_url=redis_url, **common)
             else:
-                worker = ReplicationWorker(host=host, port=port, **common)
-        except ValueError as e:
+                worker = ReplicationWorker(host=host, port=port, ssl=client_context_from_settings(),
+                                           **common)
+        except (ValueError, ImproperlyConfigured) as e:
             if sink:
                 sink.close()
             raise CommandError(str(e)) from e

@@ -6,11 +6,21 @@ import pytest
 from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.registry import get_stream
+from streams.replication.auth import bearer_header
 from streams.runtime import StreamRuntime
 from streams.updates import get_updates_since
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/_synapse/replication/get_repl_stream_updates/{}/"
+
+
+@pytest.fixture
+def client(settings):
+    """A client that carries REPLICATION_SECRET (here: the one generated into STATE_DIR)."""
+    from django.test import Client
+
+    assert settings.REPLICATION_SECRET
+    return Client(headers=bearer_header(settings.REPLICATION_SECRET))
 
 
 @pytest.fixture
@@ -88,6 +98,8 @@ def test_backfill_tokens_are_positive(rt, client):
     ("events", {"from_token": "x", "upto_token": 1}, 400, "integers"),
     ("events", {"upto_token": 1}, 400, "from_token"),
     ("events", {"from_token": -5, "upto_token": 1}, 400, "negative"),
+    ("events", {"from_token": 0, "upto_token": 1, "limit": "x"}, 400, "limit"),
+    ("events", {"from_token": 0, "upto_token": 1, "limit": 0}, 400, "limit"),
 ])
 def test_bad_requests(client, stream, params, status, message):
     response = client.get(URL.format(stream), params)
@@ -97,3 +109,39 @@ def test_bad_requests(client, stream, params, status, message):
 
 def test_post_not_allowed(client):
     assert client.post(URL.format("events")).status_code == 405
+
+
+def test_range_and_page_size_caps(rt, client, settings):
+    """REPLICATION_CATCHUP_MAX_RANGE / _MAX_LIMIT: beyond them a 400 that says which cap."""
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_CATCHUP_MAX_RANGE": 50,
+                             "REPLICATION_CATCHUP_MAX_LIMIT": 20}
+    ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(5), i))]
+                                        for i in range(30)])
+    too_long = client.get(URL.format("receipts"), {"from_token": 0, "upto_token": 51})
+    assert too_long.status_code == 400
+    assert "REPLICATION_CATCHUP_MAX_RANGE" in too_long.json()["error"]
+    too_big = client.get(URL.format("receipts"), {"from_token": 0, "upto_token": 50, "limit": 21})
+    assert too_big.status_code == 400
+    assert "REPLICATION_CATCHUP_MAX_LIMIT" in too_big.json()["error"]
+    page = client.get(URL.format("receipts"), {"from_token": 0, "upto_token": ids[-1], "limit": 20}).json()
+    assert [t for t, _ in page["updates"]] == ids[:20] and page["limited"]
+
+
+def test_worker_asks_for_a_long_range_in_pieces(rt, live_server, settings):
+    """fetch_catch_up_page splits a range longer than the cap: the follower keeps asking."""
+    from streams.replication.worker import fetch_catch_up_page
+
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_CATCHUP_MAX_RANGE": 10}
+    ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(6), i))]
+                                        for i in range(25)])
+    start, seen, pages = ids[0] - 1, [], 0
+    while True:
+        page = fetch_catch_up_page(live_server.url, "receipts", "master", start, ids[-1],
+                                   secret=settings.REPLICATION_SECRET, max_range=10)
+        pages += 1
+        assert page.upto_token - start <= 10
+        seen += [t for t, _ in page.updates]
+        start = page.upto_token
+        if not page.limited:
+            break
+    assert seen == ids and pages >= 3

@@ -221,7 +221,12 @@ def test_three_workers_two_writers_one_cut_off(cluster):
 @pytest.mark.parametrize("cluster", ["redis"], indirect=True)  # only live lines can congest
 def test_worker_that_stops_reading_is_dropped_and_catches_up(cluster):
     worker = cluster.worker("slow", cluster.repl_port)
-    time.sleep(2)
+    # Connected first (a fixed sleep lost that race on a loaded machine: the worker was
+    # stopped before it connected, so nothing could congest).
+    deadline = time.monotonic() + 120
+    while "replication connected" not in (cluster.tmp / "slow.log").read_text():
+        assert worker.poll() is None and time.monotonic() < deadline, "worker did not connect"
+        time.sleep(0.1)
     worker.send_signal(signal.SIGSTOP)  # stops reading: its socket buffers fill up
     try:
         writer = cluster.write("w1", 60_000, 1000)

@@ -1,0 +1,338 @@
+"""Who may connect to the TCP endpoint, and how much (streams/replication/admission.py,
+ratelimit.py, tcp.py back-pressure): ``runreplication`` as a real process on a real socket."""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.conf import stream_writers
+from streams.models import Receipt
+from streams.runtime import StreamRuntime
+from synapse_repl.services import free_port
+from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
+
+ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextlib.contextmanager
+def running_endpoint(pg_url: str, log_path: Path, **env_extra: str):
+    """``runreplication`` with extra settings; yields (port, read_log)."""
+    port = free_port()
+    log = open(log_path, "w+")
+    env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, POSITION_POLL_SECONDS="0.05",
+               PYTHONUNBUFFERED="1")
+    env.update(env_extra)
+    proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def read_log() -> str:
+        return log_path.read_text()
+
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on" not in read_log():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"endpoint did not start: {read_log()}")
+            time.sleep(0.1)
+        yield port, read_log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def wait_for_log(read_log, text: str, count: int = 1, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while (log := read_log()).count(text) < count:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{text!r} not logged {count} times:\n{log[-3000:]}")
+        time.sleep(0.1)
+    return log
+
+
+def connect_from(source: str, port: int) -> LineClient:
+    """A LineClient whose socket comes from ``source`` (any 127.x.y.z is local on Linux)."""
+    client = LineClient.__new__(LineClient)
+    client.sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    client.buf, client.closed = b"", False
+    return client
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_peer_outside_allowed_networks_gets_not_one_byte(pg_url, tmp_path, tls):
+    """Closed before anything is written: no SERVER line, and with TLS not even a handshake."""
+    extra = {}
+    if tls:
+        cert, key = self_signed(tmp_path, "endpoint")
+        extra = {"REPLICATION_TLS_CERT": str(cert), "REPLICATION_TLS_KEY": str(key)}
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_ALLOWED_NETWORKS="10.0.0.0/8,::1/128",
+                          **extra) as (port, read_log):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        hello = b"NAME intruder\nREPLICATE \n"
+        if tls:  # a real ClientHello: a TLS server that admitted us would answer it
+            import ssl
+
+            incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            client = ssl.create_default_context(cafile=str(cert)).wrap_bio(
+                incoming, outgoing, server_hostname="localhost")
+            with pytest.raises(ssl.SSLWantReadError):
+                client.do_handshake()
+            hello = outgoing.read()
+        try:
+            sock.sendall(hello)
+        except OSError:
+            pass  # already closed by the server: fine
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+        sock.close()
+        assert received == b""  # EOF (or reset) before a single byte: no SERVER line
+        assert "refused 127.0.0.1: address not allowed" in wait_for_log(read_log, "refused 127.0.0.1")
+
+
+def test_global_and_per_address_connection_caps(pg_url, tmp_path):
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_MAX_CONNECTIONS="5",
+                          REPLICATION_MAX_CONNECTIONS_PER_ADDRESS="3") as (port, read_log):
+        first = [connect_from("127.0.0.1", port) for _ in range(3)]
+        for c in first:
+            assert c.read_line() == f"SERVER {SERVER_NAME}"
+        over_address = connect_from("127.0.0.1", port)
+        assert over_address.read_line() == "ERROR Too many connections"
+        assert over_address.read_line() is None  # closed
+        others = [connect_from("127.0.0.2", port) for _ in range(2)]  # 5 in all
+        for c in others:
+            assert c.read_line() == f"SERVER {SERVER_NAME}"
+        over_total = connect_from("127.0.0.3", port)
+        assert over_total.read_line() == "ERROR Too many connections"
+        assert over_total.read_line() is None
+        log = read_log()
+        assert "refused 127.0.0.1: too many connections from this address" in log
+        assert "refused 127.0.0.3: too many connections" in log
+        # A slot freed is a slot given again (the count follows closed connections).
+        first[0].close()
+        wait_for_log(read_log, "disconnected: connection lost")
+        again = connect_from("127.0.0.3", port)
+        assert again.read_line() == f"SERVER {SERVER_NAME}"
+        for c in first[1:] + others + [again]:
+            c.close()
+
+
+@pytest.mark.parametrize("flood_line", ["PING 1", "USER_SYNC abcde @u:hs DEV start 1"])
+def test_command_flood_gets_error_and_is_disconnected(pg_url, tmp_path, flood_line):
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_COMMAND_RATE="20",
+                          REPLICATION_COMMAND_BURST="50") as (port, read_log):
+        polite = handshake(port)  # 3 commands
+        flooder = handshake(port)
+        flooder.sock.sendall((flood_line + "\n").encode() * 2000)
+        lines = []
+        while (line := flooder.read_line()) is not None:
+            lines.append(line)
+        assert lines[-1] == "ERROR Too many commands"
+        assert "disconnected: command rate exceeded" in wait_for_log(read_log, "command rate exceeded")
+        # Within the burst, the polite worker is unaffected: it is still served.
+        polite.send("PING 2", "PING 3", "REPLICATE ")
+        polite.read_until(lambda line: line.startswith("POSITION to_device"))
+        polite.read_until(lambda line: line.startswith("POSITION to_device"))
+        polite.close()
+
+
+# --- TLS ---------------------------------------------------------------------------------------
+
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1 (openssl CLI, Debian's)."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def tls_client(port: int, ca: Path, hostname: str) -> LineClient:
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca))
+    client = LineClient.__new__(LineClient)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client.sock = context.wrap_socket(raw, server_hostname=hostname)
+    client.buf, client.closed = b"", False
+    return client
+
+
+def test_tls_endpoint_and_verifying_worker(pg_url, tmp_path):
+    import asyncio
+    import ssl
+
+    from streams.replication.tls import client_context
+    from streams.replication.worker import ReplicationWorker
+
+    cert, key = self_signed(tmp_path, "endpoint")
+    other_cert, _ = self_signed(tmp_path, "other")
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_TLS_CERT=str(cert),
+                          REPLICATION_TLS_KEY=str(key)) as (port, read_log):
+        c = tls_client(port, cert, "localhost")
+        assert c.read_line() == f"SERVER {SERVER_NAME}"
+        c.close()
+        # The client verifies: another CA, or another name, and the handshake fails.
+        with pytest.raises(ssl.SSLCertVerificationError):
+            tls_client(port, other_cert, "localhost")
+        with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
+            tls_client(port, cert, "replication.example")
+        # A plain-text client gets no replication line out of a TLS endpoint.
+        plain = LineClient(port)
+        plain.send("NAME plain", "REPLICATE ")
+        try:
+            line = plain.read_line()
+        except (ConnectionResetError, TimeoutError):
+            line = None
+        assert line is None or not line.startswith("SERVER")
+        plain.close()
+
+        # The worker: TLS, verifying the certificate against REPLICATION_TLS_CA and 127.0.0.1.
+        async def follow() -> ReplicationWorker:
+            worker = ReplicationWorker(host="127.0.0.1", port=port, ssl=client_context(str(cert)),
+                                       name="tls-worker", server_name=SERVER_NAME,
+                                       catchup_url="http://127.0.0.1:1", streams=["receipts"])
+            task = asyncio.create_task(worker.run())
+            while worker.counters.get("connections", 0) < 1:
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+            return worker
+
+        worker = asyncio.run(asyncio.wait_for(follow(), 60))
+        assert worker.counters["connections"] == 1
+        assert "tls-worker" in wait_for_log(read_log, "replication tls-worker")
+
+
+def test_worker_tls_settings(settings):
+    import ssl
+
+    from streams.replication.tls import client_context_from_settings
+
+    assert client_context_from_settings() is None  # default: plain TCP on loopback
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_TLS": True}
+    context = client_context_from_settings()
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
+# --- memory: workers that never read -----------------------------------------------------------
+
+
+class Readers:
+    """Reads many connections in one thread; per connection, the receipts tokens seen."""
+
+    PREFIX = b"RDATA receipts master "
+
+    def __init__(self, clients: list[LineClient]) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.tokens: dict[int, set[int]] = {}
+        self.closed: set[int] = set()
+        self.buffers: dict[int, bytes] = {}
+        for index, client in enumerate(clients):
+            client.sock.setblocking(False)
+            self.selector.register(client.sock, selectors.EVENT_READ, index)
+            self.tokens[index], self.buffers[index] = set(), client.buf
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            for key, _ in self.selector.select(0.1):
+                index = key.data
+                try:
+                    chunk = key.fileobj.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self.selector.unregister(key.fileobj)
+                    self.closed.add(index)
+                    continue
+                *lines, self.buffers[index] = (self.buffers[index] + chunk).split(b"\n")
+                self.tokens[index].update(int(line.split(b" ", 4)[3]) for line in lines
+                                          if line.startswith(self.PREFIX))
+
+    def lowest(self) -> int:
+        return min((max(t) if t else 0) for t in self.tokens.values())
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join(10)
+
+
+def test_workers_that_never_read_are_dropped_the_others_get_everything(pg_url, tmp_path, redis_server):
+    """50 workers, 10 of which never read (the issue's 200/50, scaled down): the 10 are
+    disconnected for failing to keep up, so the endpoint's memory stays bounded; the 40 others
+    receive every fact."""
+    readers_n, idle_n = 40, 10
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REDIS_URL=redis_server.url,
+                          STREAM_WRITERS="receipts=master", REPLICATION_MAX_PENDING_COMMANDS="500",
+                          REPLICATION_MAX_CONNECTIONS_PER_ADDRESS="100") as (port, read_log):
+        idle = []
+        for i in range(idle_n):
+            c = LineClient.__new__(LineClient)
+            c.sock = socket.socket()
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.sock.settimeout(10)
+            c.sock.connect(("127.0.0.1", port))
+            c.buf, c.closed = b"", False
+            assert c.read_line() == f"SERVER {SERVER_NAME}"
+            c.send(f"NAME idle{i}", "REPLICATE ")
+            idle.append(c)
+        busy = [handshake(port) for _ in range(readers_n)]
+        for c in busy:
+            c.read_until(lambda line: line.startswith("POSITION to_device"))
+        readers = Readers(busy)
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+
+        rt = StreamRuntime(instance_name="master", writers=stream_writers("receipts=master"))
+        rt.stream_replication(layer=RedisPubSubChannelLayer(hosts=[redis_server.url]))
+        written: list[int] = []
+        rng = random.Random(7)
+        try:
+            # Chunks of 100 facts, each read by every reader before the next is written:
+            # readers are never far behind (well under 500 commands), the idle ones fall
+            # behind by everything.
+            for chunk in range(300):
+                written += rt.writer("receipts").append(
+                    [[(Receipt, Receipt.synthetic(rng, chunk * 100 + i))] for i in range(100)])
+                deadline = time.monotonic() + 60
+                while readers.lowest() < written[-1]:
+                    assert not readers.closed, f"a reader was disconnected:\n{read_log()[-3000:]}"
+                    assert time.monotonic() < deadline, "readers stopped receiving"
+                    time.sleep(0.01)
+                if read_log().count("disconnected: failed to keep up") >= idle_n:
+                    break
+        finally:
+            rt.close()
+            readers.stop()
+        log = read_log()
+        dropped = set(re.findall(r"replication (idle\d+) \(\S+\) disconnected: failed to keep up", log))
+        assert dropped == {f"idle{i}" for i in range(idle_n)}, log[-3000:]
+        assert not readers.closed
+        for index, tokens in readers.tokens.items():
+            assert tokens == set(written), f"reader {index} missed {len(set(written) - tokens)} facts"
+        print(f"{len(written)} facts written until the {idle_n} idle workers were dropped")
+        for c in idle + busy:
+            c.close()

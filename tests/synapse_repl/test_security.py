@@ -1,0 +1,240 @@
+"""Security settings (synapse_repl/security.py, login_throttle.py, the production profile)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from synapse_repl.services import free_port
+from tests.synapse_repl.test_settings import settings_in_subprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- REPLICATION_SECRET --------------------------------------------------------------------------
+
+
+def test_replication_secret_generated_on_the_embedded_default_and_shared(tmp_path):
+    first = settings_in_subprocess({"STATE_DIR": str(tmp_path)}, "settings.REPLICATION_SECRET")
+    secret_file = tmp_path / "replication_secret"
+    assert first == repr(secret_file.read_text()) and len(secret_file.read_text()) >= 50
+    assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
+    # Every later process from this checkout (same STATE_DIR) reads the same one.
+    assert settings_in_subprocess({"STATE_DIR": str(tmp_path)}, "settings.REPLICATION_SECRET") == first
+
+
+def test_replication_secret_from_the_environment_or_none_in_full_mode(tmp_path):
+    assert settings_in_subprocess({"STATE_DIR": str(tmp_path), "REPLICATION_SECRET": "abc"},
+                                  "settings.REPLICATION_SECRET") == "'abc'"
+    assert settings_in_subprocess({"STATE_DIR": str(tmp_path), "DATABASE_URL": "postgres://u@h/db"},
+                                  "settings.REPLICATION_SECRET") == "''"
+    assert not (tmp_path / "replication_secret").exists()
+
+
+def test_secret_with_a_comma_is_refused(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        settings_in_subprocess({"STATE_DIR": str(tmp_path), "REPLICATION_SECRET": "a,b"}, "1")
+    assert "REPLICATION_SECRET must not contain commas" in e.value.stderr
+
+
+def _wait_for(predicate, what: str, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+    return result
+
+
+def test_make_run_processes_share_the_generated_secret(tmp_path):
+    """The embedded default as `make run` starts it: runservice (web + its runreplication
+    child) and a replication_worker from the same checkout, all with no REPLICATION_SECRET
+    in the environment. The catch-up endpoint refuses an anonymous GET; the worker, reading
+    the generated secret, catches up facts written before it started."""
+    web, repl = free_port(), free_port()
+    env = {"PATH": os.environ["PATH"], "STATE_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1",
+           "WEB_LISTEN": f"127.0.0.1:{web}", "REPLICATION_LISTEN": f"127.0.0.1:{repl}",
+           "POSITION_POLL_SECONDS": "0.1"}
+    run = lambda *args: subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,  # noqa: E731
+                                       check=True, capture_output=True, timeout=300)
+    run("migrate", "--noinput")
+    run("write_facts", "receipts", "--count", "5", "--no-progress")
+    service_log, worker_log = open(tmp_path / "service.log", "w"), open(tmp_path / "worker.log", "w")
+    service = subprocess.Popen([sys.executable, "manage.py", "runservice"], cwd=ROOT, env=env,
+                               stdout=service_log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = None
+    try:
+        def web_up():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{web}/status.json", timeout=2)
+                return True
+            except OSError:
+                return False
+
+        _wait_for(web_up, "runservice's web listener")
+        url = (f"http://127.0.0.1:{web}/_synapse/replication/get_repl_stream_updates/receipts/"
+               "?from_token=0&upto_token=5")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401
+        jsonl = tmp_path / "worker.jsonl"
+        worker = subprocess.Popen([sys.executable, "manage.py", "replication_worker", "--name", "w1",
+                                   "--jsonl", str(jsonl), "--streams", "receipts"], cwd=ROOT, env=env,
+                                  stdout=worker_log, stderr=subprocess.STDOUT)
+
+        def facts():
+            if not jsonl.exists():
+                return None
+            lines = [json.loads(line) for line in jsonl.read_text().splitlines() if line]
+            return lines if len(lines) >= 5 else None
+
+        got = _wait_for(facts, "the worker to catch up")
+        tokens = [f["token"] for f in got]
+        assert len(tokens) == 5 and tokens == sorted(set(tokens))
+        assert "HTTP 40" not in (tmp_path / "worker.log").read_text()
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=20)
+        os.killpg(service.pid, signal.SIGTERM)
+        service.wait(timeout=20)
+        service_log.close()
+        worker_log.close()
+
+
+# --- the web: production profile, login throttling, CSRF -----------------------------------------
+
+
+def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], **env}, timeout=120)
+
+
+def test_check_deploy_is_clean_in_the_production_profile(tmp_path):
+    prod = _manage({"STATE_DIR": str(tmp_path), "DJANGO_PROFILE": "production"},
+                   "check", "--deploy", "--fail-level", "WARNING")
+    assert prod.returncode == 0, prod.stdout + prod.stderr
+    assert "no issues" in prod.stdout
+    # Without the profile the same check is not clean (so the test above can fail) ...
+    dev = _manage({"STATE_DIR": str(tmp_path)}, "check", "--deploy", "--fail-level", "WARNING")
+    assert dev.returncode != 0 and "SESSION_COOKIE_SECURE" in dev.stderr
+    # ... nor is a full-mode cluster that leaves the replication endpoints open.
+    open_cluster = _manage({"STATE_DIR": str(tmp_path), "DJANGO_PROFILE": "production",
+                            "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"},
+                           "check", "--deploy", "--fail-level", "WARNING")
+    assert open_cluster.returncode != 0 and "synapse_repl.W001" in open_cluster.stderr
+
+
+PRODUCTION_REQUESTS = """
+import django, os, json
+os.environ['DJANGO_SETTINGS_MODULE'] = 'synapse_repl.settings'
+django.setup()
+from django.test import Client
+c = Client()
+plain = c.get('/admin/login/')
+secure = c.get('/admin/login/', secure=True)
+replication = c.get('/_synapse/replication/get_repl_stream_updates/events/')
+print(json.dumps({
+    'plain': [plain.status_code, plain.get('Location')],
+    'secure_status': secure.status_code,
+    'headers': {k: secure.get(k) for k in ('Strict-Transport-Security', 'X-Content-Type-Options',
+                'Referrer-Policy', 'X-Frame-Options', 'Cross-Origin-Opener-Policy')},
+    'csrf_cookie_secure': bool(secure.cookies['csrftoken']['secure']),
+    'replication': replication.status_code,
+}))
+"""
+
+
+def test_production_profile_redirects_to_https_and_sends_security_headers(tmp_path):
+    out = subprocess.run([sys.executable, "-c", PRODUCTION_REQUESTS], cwd=ROOT, capture_output=True,
+                         text=True, check=True, timeout=120,
+                         env={"PATH": os.environ["PATH"], "STATE_DIR": str(tmp_path),
+                              "DJANGO_PROFILE": "production", "ALLOWED_HOSTS": "testserver"})
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["plain"] == [301, "https://testserver/admin/login/"]
+    assert got["secure_status"] == 200
+    assert got["headers"] == {
+        "Strict-Transport-Security": "max-age=31536000; includeSubDomains; preload",
+        "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
+        "X-Frame-Options": "DENY", "Cross-Origin-Opener-Policy": "same-origin",
+    }
+    assert got["csrf_cookie_secure"]
+    # Workers may use plain HTTP to the catch-up endpoint: not redirected (the secret still holds).
+    assert got["replication"] == 401
+
+
+@pytest.fixture
+def users(db):
+    from django.contrib.auth.models import User
+    from django.core.cache import cache
+
+    cache.clear()
+    User.objects.create_superuser("alice", password="right-password-a")
+    User.objects.create_superuser("bob", password="right-password-b")
+    yield
+    cache.clear()
+
+
+def _login(client, username: str, password: str, address: str) -> bool:
+    response = client.post("/admin/login/", {"username": username, "password": password,
+                                              "next": "/admin/"}, REMOTE_ADDR=address)
+    return response.status_code == 302 and "_auth_user_id" in client.session
+
+
+def test_login_throttled_per_address_and_per_username(users, settings):
+    from django.test import Client
+
+    settings.LOGIN_MAX_FAILURES = 3
+    attacker = Client()
+    for _ in range(3):
+        assert not _login(attacker, "alice", "guess", "10.0.0.1")
+    # Throttled: even the right password fails now, from that address ...
+    assert not _login(attacker, "bob", "right-password-b", "10.0.0.1")
+    # ... and for that username, from anywhere.
+    assert not _login(Client(), "alice", "right-password-a", "10.0.0.2")
+    # Others are unaffected.
+    assert _login(Client(), "bob", "right-password-b", "10.0.0.3")
+
+
+def test_login_counts_expire_with_the_window(users, settings):
+    from django.test import Client
+
+    from synapse_repl.login_throttle import LoginThrottle
+
+    settings.LOGIN_MAX_FAILURES = 2
+    for _ in range(2):
+        assert not _login(Client(), "alice", "guess", "10.0.0.1")
+    assert not _login(Client(), "alice", "right-password-a", "10.0.0.4")
+    # The window passing is the cache entries expiring: drop them as the cache would.
+    from django.core.cache import cache
+
+    cache.delete_many(LoginThrottle.keys(None, "alice"))
+    assert _login(Client(), "alice", "right-password-a", "10.0.0.4")
+
+
+def test_admin_login_requires_csrf(users):
+    from django.test import Client
+
+    response = Client(enforce_csrf_checks=True).post(
+        "/admin/login/", {"username": "alice", "password": "right-password-a"})
+    assert response.status_code == 403
+
+
+def test_limits_come_from_the_environment(tmp_path):
+    out = settings_in_subprocess(
+        {"STATE_DIR": str(tmp_path), "API_MAX_LIMIT": "250", "REPLICATION_MAX_CONNECTIONS": "7",
+         "REPLICATION_COMMAND_RATE": "2.5", "REPLICATION_CATCHUP_MAX_LIMIT": "30",
+         "LOGIN_MAX_FAILURES": "9"},
+        "settings.API_MAX_LIMIT, settings.SYNAPSE_REPL['REPLICATION_MAX_CONNECTIONS'], "
+        "settings.SYNAPSE_REPL['REPLICATION_COMMAND_RATE'], "
+        "settings.SYNAPSE_REPL['REPLICATION_CATCHUP_MAX_LIMIT'], settings.LOGIN_MAX_FAILURES, "
+        "settings.SYNAPSE_REPL['REPLICATION_ALLOWED_NETWORKS']")
+    assert out == "(250, 7, 2.5, 30, 9, '127.0.0.0/8,::1/128')"
