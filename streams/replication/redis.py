@@ -49,6 +49,12 @@ class SynapseRedisBridge:
         self._send_replicate = send_replicate
         self._url = redis_url
         self._publisher = aioredis.from_url(redis_url)
+        #: Everything we publish goes out under this lock, one PUBLISH batch after the other,
+        #: and an announcement is computed under it too. Otherwise a REPLICATE answer computed
+        #: before a batch could reach Redis after it (each takes its own pooled connection):
+        #: ``POSITION t t`` after lines above ``t`` connects a subscriber that dropped those
+        #: lines (it was waiting for a POSITION) past them, and they are never fetched.
+        self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         #: per (stream, writer): the highest token of lines we failed to publish or dropped
         self._stale: dict[tuple[str, str], int] = {}
@@ -77,22 +83,27 @@ class SynapseRedisBridge:
         subscriber that missed the lost lines notices and catches up before taking these.
         """
         key = (stream, writer)
-        if not self.subscribed.is_set():
-            self._stale[key] = max(new, self._stale.get(key, new))
-            self.dropped += len(lines)
-            return
-        if key in self._stale or key not in self._announced:
-            # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
-            # not announced on this subscription (new, or its lines were lost) starts with one.
-            lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
-        if await self.publish_lines(lines):
-            self._stale.pop(key, None)
-            self._announced.add(key)
-        else:
-            self._stale[key] = max(new, self._stale.get(key, new))
+        async with self._lock:
+            if not self.subscribed.is_set():
+                self._stale[key] = max(new, self._stale.get(key, new))
+                self.dropped += len(lines)
+                return
+            if key in self._stale or key not in self._announced:
+                # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
+                # not announced on this subscription (new, or its lines were lost) starts with one.
+                lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
+            if await self.publish_lines(lines):
+                self._stale.pop(key, None)
+                self._announced.add(key)
+            else:
+                self._stale[key] = max(new, self._stale.get(key, new))
 
     async def publish_lines(self, lines: Iterable[str]) -> bool:
-        """PUBLISH each line (pipelined, in order); False if Redis could not take them."""
+        """PUBLISH each line (pipelined, in order); False if Redis could not take them.
+
+        Callers in this class hold ``_lock``; others must not interleave with a writer's
+        batches (use it for lines that do not depend on what was published, e.g. USER_IP).
+        """
         lines = list(lines)
         if not lines:
             return True
@@ -110,10 +121,15 @@ class SynapseRedisBridge:
 
     async def _subscribe_forever(self) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
         delay = RECONNECT_FIRST_DELAY
         while True:
-            client = aioredis.from_url(self._url)
+            # No retries: redis-py would otherwise reconnect and SUBSCRIBE again inside a read,
+            # silently; we would neither announce our positions again nor know that a
+            # REPLICATE published meanwhile went unanswered.
+            client = aioredis.from_url(self._url, retry=Retry(NoBackoff(), 0))
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(self.server_name)
@@ -130,17 +146,18 @@ class SynapseRedisBridge:
                 self.resubscriptions += 1
                 # Say where we stand before anything else (spec §5.3 step 4): whoever
                 # missed lines while we were away sees it and catches up.
-                announced = list(self._announce())
-                if not await self.publish_lines([c.to_line() for c in announced]):
-                    raise ConnectionError("could not announce positions")
-                # Lines dropped while the announcement was on its way are not covered by it:
-                # those writers stay stale (their next batch starts with a POSITION).
-                self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
-                for cmd in announced:
-                    key = (cmd.stream_name, cmd.instance_name)
-                    if self._stale.get(key, 0) <= cmd.new_token:
-                        self._stale.pop(key, None)
-                self.subscribed.set()
+                async with self._lock:
+                    announced = list(self._announce())
+                    if not await self.publish_lines([c.to_line() for c in announced]):
+                        raise ConnectionError("could not announce positions")
+                    # A writer's lines dropped beyond what was announced are not covered:
+                    # it stays stale (its next batch starts with a POSITION).
+                    self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
+                    for cmd in announced:
+                        key = (cmd.stream_name, cmd.instance_name)
+                        if self._stale.get(key, 0) <= cmd.new_token:
+                            self._stale.pop(key, None)
+                    self.subscribed.set()
                 if self.resubscriptions > 1:
                     logger.info("Redis subscription to %s back; announced %d position(s)",
                                 self.server_name, len(announced))
@@ -168,12 +185,16 @@ class SynapseRedisBridge:
             if message is None:
                 await pubsub.ping()  # raises if the connection is gone
                 continue
-            if message["type"] != "message":
-                continue
-            try:
-                cmd = parse_line(message["data"].decode())
-            except (RemoteProtocolError, UnicodeDecodeError) as e:
-                logger.warning("dropping malformed line on %s: %s", self.server_name, e)
-                continue
-            if isinstance(cmd, ReplicateCommand):
+            if message["type"] == "message":
+                await self._on_command(message["data"])
+
+    async def _on_command(self, data: bytes) -> None:
+        """One line heard on the channel: answer ``REPLICATE``, ignore the rest."""
+        try:
+            cmd = parse_line(data.decode())
+        except (RemoteProtocolError, UnicodeDecodeError) as e:
+            logger.warning("dropping malformed line on %s: %s", self.server_name, e)
+            return
+        if isinstance(cmd, ReplicateCommand):
+            async with self._lock:
                 await self.publish_lines([c.to_line() for c in self._announce()])

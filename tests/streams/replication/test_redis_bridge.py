@@ -102,3 +102,107 @@ def test_rolled_back_fact_is_a_position(setup):
             raise RuntimeError("rolled back")
     assert read_lines(sub, 2) == [f"POSITION account_data master {before} {before}".encode(),
                                   f"POSITION account_data master {before} {before + 1}".encode()]
+
+
+# --- ordering of answers and batches ---------------------------------------------------------
+
+
+def _ordering_violations(lines: list[bytes]) -> list[str]:
+    """Positions announced below an RDATA of the same writer that came earlier.
+
+    A subscriber that is not yet connected for a writer drops its RDATA until a POSITION for
+    it; a later ``POSITION t t`` with ``t`` below those lines connects it *after* them, so they
+    are never fetched: a lost batch.
+    """
+    seen: dict[tuple[str, str], int] = {}
+    bad = []
+    for raw in lines:
+        cmd = parse_line(raw.decode())
+        key = (getattr(cmd, "stream_name", None), getattr(cmd, "instance_name", None))
+        if cmd.NAME == "RDATA" and cmd.token is not None:
+            seen[key] = max(seen.get(key, 0), cmd.token)
+        elif cmd.NAME == "POSITION" and cmd.new_token < seen.get(key, 0):
+            bad.append(f"{raw.decode()} after RDATA up to {seen[key]}")
+    return bad
+
+
+def test_replicate_answers_never_fall_behind_published_lines(redis_server):
+    """REPLICATE answers and line batches race inside a writer (one is the reading task, the
+    other the streamer). An answer must never say ``POSITION t t`` after lines above ``t``
+    went out: Redis restarts make both need a fresh connection at the same moment."""
+    import asyncio
+
+    from streams.replication.commands import RdataCommand
+    from streams.replication.redis import SynapseRedisBridge
+
+    server_name = f"race{random.getrandbits(32):x}.example"
+    upto = {("events", "w1"): 0}
+    client = redis.Redis.from_url(redis_server.url)
+    sub = client.pubsub()
+    sub.subscribe(server_name)
+    assert sub.get_message(timeout=5)["type"] == "subscribe"
+
+    async def scenario() -> None:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=lambda: [
+            PositionCommand(s, w, t, t) for (s, w), t in upto.items()])
+        bridge.start()
+        await asyncio.wait_for(bridge.subscribed.wait(), 10)
+        answer = bridge._on_command  # what the reading task does with a line it hears
+        for round_ in range(40):
+            # Each round: the publisher's connections are gone (as after a Redis restart),
+            # then a REPLICATE arrives while the streamer publishes its next batch.
+            await bridge._publisher.connection_pool.disconnect()
+            prev = upto[("events", "w1")]
+            new = prev + 3
+            lines = [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(prev + 1, new + 1)]
+
+            async def streamer() -> None:
+                upto[("events", "w1")] = new
+                await bridge.publish_batch("events", "w1", prev, new, lines)
+
+            await asyncio.gather(answer(b"REPLICATE "), streamer())
+        await bridge.stop()
+
+    asyncio.run(scenario())
+    got = read_lines(sub, 10_000, timeout=3)  # everything (the bridge has stopped)
+    sub.close()
+    client.close()
+    assert sum(1 for line in got if line.startswith(b"RDATA")) == 120
+    assert _ordering_violations(got) == []
+
+
+def test_bridge_notices_a_redis_restart_and_announces_again(redis_server):
+    """The bridge's subscription must not be silently restored by the client library: a
+    REPLICATE published while it was away would go unanswered and nothing would announce the
+    writer's position again."""
+    import asyncio
+
+    from streams.replication.redis import SynapseRedisBridge
+
+    server_name = f"restart{random.getrandbits(32):x}.example"
+
+    async def scenario() -> list[bytes]:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=lambda: [
+            PositionCommand("events", "w1", 7, 7)])
+        bridge.start()
+        await asyncio.wait_for(bridge.subscribed.wait(), 10)
+        assert bridge.resubscriptions == 1
+        await asyncio.to_thread(redis_server.kill)
+        await asyncio.to_thread(redis_server.start, port=redis_server.port)
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        sub = client.pubsub()
+        await sub.subscribe(server_name)
+        heard = []
+        deadline = asyncio.get_running_loop().time() + 20
+        while not heard and asyncio.get_running_loop().time() < deadline:
+            message = await sub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            if message is not None:
+                heard.append(message["data"])
+        assert bridge.resubscriptions >= 2
+        await sub.aclose()
+        await client.aclose()
+        await bridge.stop()
+        return heard
+
+    # Without our REPLICATE, the first thing heard is the bridge's own announcement.
+    assert asyncio.run(scenario()) == [b"POSITION events w1 7 7"]

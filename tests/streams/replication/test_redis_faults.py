@@ -19,9 +19,7 @@ from .test_cluster import ProcessGroup, wait_port
 
 SERVER_NAME = "faults.example"
 WRITERS = "events=w1,w2;account_data=w3"
-# Not in the default run yet: about 1 run in 5 the Redis-following worker still misses one
-# writer's batch across a Redis restart (issue 4 stays open). `make test-faults` runs it.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.redis_faults]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.faults]
 
 
 class RedisCluster(ProcessGroup):
