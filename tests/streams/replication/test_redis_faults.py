@@ -23,15 +23,17 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.
 
 
 class RedisCluster(ProcessGroup):
-    def __init__(self, pg_url: str, redis_url: str, tmp: Path) -> None:
+    def __init__(self, pg_url: str, redis_url: str, tmp: Path, *, writers: str = WRITERS,
+                 streams: str = "events,account_data", endpoints: int = 2) -> None:
         super().__init__(tmp)
+        self.streams = streams
         self.env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis_url, SERVER_NAME=SERVER_NAME,
-                        STREAM_WRITERS=WRITERS, POSITION_POLL_SECONDS="0.2", PYTHONUNBUFFERED="1")
+                        STREAM_WRITERS=writers, POSITION_POLL_SECONDS="0.2", PYTHONUNBUFFERED="1")
         self.web_port = free_port()
         self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
                               "synapse_repl.asgi:application")
         self.endpoint_ports = []
-        for i in range(2):
+        for i in range(endpoints):
             port = free_port()
             proc = self.start(f"endpoint{i}", "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}")
             wait_port(port, proc, tmp / f"endpoint{i}.log")
@@ -41,7 +43,7 @@ class RedisCluster(ProcessGroup):
     def worker(self, name: str, *transport: str) -> subprocess.Popen:
         return self.start(name, "manage.py", "replication_worker", "--name", name, *transport,
                           "--catchup-url", f"http://127.0.0.1:{self.web_port}", "--server-name", SERVER_NAME,
-                          "--streams", "events,account_data", "--jsonl", str(self.tmp / f"{name}.jsonl"))
+                          "--streams", self.streams, "--jsonl", str(self.tmp / f"{name}.jsonl"))
 
     def write(self, instance: str, stream: str, count: int, per_txn: int, rate: float) -> subprocess.Popen:
         return self.start(f"writer-{instance}", "manage.py", "write_facts", stream, "--count", str(count),
