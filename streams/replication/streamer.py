@@ -104,7 +104,7 @@ class ReplicationStreamer:
                     self.published_upto[(message["stream"], message["writer"])] = message["new"]
                     if self.bridge is not None:
                         await self.bridge.publish_batch(message["stream"], message["writer"], message["prev"],
-                                                        message["new"], message["data"].decode().splitlines())
+                                                        message["new"], message["data"].splitlines())
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:

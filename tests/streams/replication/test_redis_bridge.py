@@ -147,11 +147,12 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
             PositionCommand(s, w, t, t) for (s, w), t in upto.items()])
         bridge.start()
         await asyncio.wait_for(bridge.subscribed.wait(), 10)
-        answer = bridge._on_command  # what the reading task does with a line it hears
         for round_ in range(40):
             # Each round: the publisher's connections are gone (as after a Redis restart),
             # then a REPLICATE arrives while the streamer publishes its next batch.
-            await bridge._publisher.connection_pool.disconnect()
+            if bridge._publisher is not None:
+                await bridge._publisher.close()
+                bridge._publisher = None
             prev = upto[("events", "w1")]
             new = prev + 3
             lines = [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(prev + 1, new + 1)]
@@ -160,7 +161,8 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
                 upto[("events", "w1")] = new
                 await bridge.publish_batch("events", "w1", prev, new, lines)
 
-            await asyncio.gather(answer(b"REPLICATE "), streamer())
+            # What the reading task does when it hears a REPLICATE, racing the streamer.
+            await asyncio.gather(bridge.answer_replicate(), streamer())
         await bridge.stop()
 
     asyncio.run(scenario())
@@ -172,37 +174,50 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
 
 
 def test_bridge_notices_a_redis_restart_and_announces_again(redis_server):
-    """The bridge's subscription must not be silently restored by the client library: a
+    """The bridge's subscription must not be silently restored by a client library: a
     REPLICATE published while it was away would go unanswered and nothing would announce the
-    writer's position again."""
+    writer's position again. After a restart it announces (unasked) and answers again."""
     import asyncio
 
     from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.resp import RespConnection, parse_messages
 
     server_name = f"restart{random.getrandbits(32):x}.example"
+    announced = []
+
+    def announce():
+        announced.append(time.monotonic())
+        return [PositionCommand("events", "w1", 7, 7)]
+
+    async def wait(predicate, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
 
     async def scenario() -> list[bytes]:
-        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=lambda: [
-            PositionCommand("events", "w1", 7, 7)])
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=announce)
         bridge.start()
-        await asyncio.wait_for(bridge.subscribed.wait(), 10)
-        assert bridge.resubscriptions == 1
+        await wait(bridge.subscribed.is_set, "the first subscription")
+        assert (bridge.resubscriptions, len(announced)) == (1, 1)
         await asyncio.to_thread(redis_server.kill)
         await asyncio.to_thread(redis_server.start, port=redis_server.port)
-        client = redis.asyncio.Redis.from_url(redis_server.url)
-        sub = client.pubsub()
-        await sub.subscribe(server_name)
-        heard = []
-        deadline = asyncio.get_running_loop().time() + 20
-        while not heard and asyncio.get_running_loop().time() < deadline:
-            message = await sub.get_message(ignore_subscribe_messages=True, timeout=0.5)
-            if message is not None:
-                heard.append(message["data"])
-        assert bridge.resubscriptions >= 2
-        await sub.aclose()
-        await client.aclose()
+        await wait(lambda: bridge.subscribed.is_set() and bridge.resubscriptions >= 2, "a resubscription")
+        assert len(announced) >= 2  # announced again, unasked
+        # ... and it hears the channel again: a REPLICATE is answered.
+        sub = await RespConnection.open(redis_server.url)
+        assert await sub.command("SUBSCRIBE", server_name) == [b"subscribe", server_name.encode(), 1]
+        pub = await RespConnection.open(redis_server.url)
+        await pub.publish([(server_name.encode(), b"REPLICATE ")])
+        heard, buf = [], b""
+        while len(heard) < 2:
+            buf += await sub.read_chunk(10)
+            messages, end = parse_messages(buf)
+            heard += messages
+            buf = buf[end:]
+        for conn in (sub, pub):
+            await conn.close()
         await bridge.stop()
         return heard
 
-    # Without our REPLICATE, the first thing heard is the bridge's own announcement.
-    assert asyncio.run(scenario()) == [b"POSITION events w1 7 7"]
+    assert asyncio.run(scenario()) == [b"REPLICATE ", b"POSITION events w1 7 7"]
