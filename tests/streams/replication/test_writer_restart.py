@@ -23,7 +23,7 @@ from streams.runtime import StreamRuntime
 from streams.status import stream_status
 
 from .test_cluster import ROOT
-from .test_redis_faults import RedisCluster
+from .test_redis_faults import CONNECTED, RedisCluster
 
 WRITERS = "receipts=w1,w2"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.faults]
@@ -54,6 +54,8 @@ def test_writer_killed_and_restarted_with_workers_attached(pg_url, redis_server,
     try:
         for name, transport in workers.items():
             cluster.worker(name, *transport)
+        for name in workers:
+            wait_for(lambda: cluster.log_count(name, CONNECTED[name[:3]]) >= 1, f"{name} to connect")
         w2 = cluster.write("w2", "receipts", 3000, 10, 600)
         # w1 writes 400 facts, then dies holding a reserved ID with its row inserted but
         # not committed.
