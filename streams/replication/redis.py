@@ -137,6 +137,33 @@ class SynapseRedisBridge:
             logger.warning("could not publish %d line(s) on Redis: %s", len(items), e)
             return False
 
+    async def settle(self, timeout: float) -> bool:
+        """Before the process exits: wait until every line we dropped or failed to publish is
+        covered by an announcement on a live subscription (at most ``timeout`` seconds).
+
+        A writer that exits right after a Redis restart would otherwise leave subscribers
+        that missed its last lines with nobody to tell them (endpoints answer for writers
+        that are gone, but only to a later ``REPLICATE``). Returns False on timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self.subscribed.is_set() and self._stale:
+                async with self._lock:
+                    announced = list(self._announce())
+                    if await self.publish_lines([c.to_line() for c in announced]):
+                        for cmd in announced:
+                            key = (cmd.stream_name, cmd.instance_name)
+                            if self._stale.get(key, 0) <= cmd.new_token:
+                                self._stale.pop(key, None)
+            if self.subscribed.is_set() and not self._stale:
+                return True
+            if loop.time() >= deadline:
+                logger.warning("exiting with positions of %s unannounced on Redis",
+                               ", ".join(f"{s}/{w}" for s, w in sorted(self._stale)) or "this writer")
+                return False
+            await asyncio.sleep(0.05)
+
     async def answer_replicate(self) -> None:
         """Someone (re)subscribed: say where every writer we speak for stands."""
         async with self._lock:

@@ -221,3 +221,33 @@ def test_bridge_notices_a_redis_restart_and_announces_again(redis_server):
         return heard
 
     assert asyncio.run(scenario()) == [b"REPLICATE ", b"POSITION events w1 7 7"]
+
+
+def test_settle_waits_until_dropped_lines_are_announced(redis_server):
+    """A writer about to exit after Redis came back must first announce the lines it had
+    to drop, or subscribers that missed them would have nobody to tell them."""
+    import asyncio
+
+    from streams.replication.commands import RdataCommand
+    from streams.replication.redis import SynapseRedisBridge
+
+    server_name = f"settle{random.getrandbits(32):x}.example"
+    upto = {("events", "w1"): 0}
+
+    async def scenario() -> None:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=lambda: [
+            PositionCommand(s, w, t, t) for (s, w), t in upto.items()])
+        bridge.start()
+        assert await bridge.settle(10)  # nothing dropped: settled once subscribed
+        await asyncio.to_thread(redis_server.kill)
+        upto[("events", "w1")] = 5
+        await bridge.publish_batch("events", "w1", 0, 5,
+                                   [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(1, 6)])
+        assert bridge._stale == {("events", "w1"): 5}
+        assert not await bridge.settle(0.5)  # Redis is still down
+        await asyncio.to_thread(redis_server.start, port=redis_server.port)
+        assert await bridge.settle(15)
+        assert bridge._stale == {} and bridge.subscribed.is_set()
+        await bridge.stop()
+
+    asyncio.run(scenario())
