@@ -47,10 +47,14 @@ class SynapseRedisBridge:
 
     Runs on the event loop it is started from. ``send_replicate``: publish ``REPLICATE``
     after each (re)subscription (processes that follow the streams need the answers).
+    ``volunteer_every``: also publish, this often, every position of ``announce()`` that
+    changed since it was last published (endpoints, for writers that went still: a writer
+    that exits right after its last lines reached Redis cannot answer a subscriber that
+    missed them and sends ``REPLICATE`` a moment later).
     """
 
     def __init__(self, redis_url: str, server_name: str, *, announce: Callable[[], Iterable[Command]],
-                 send_replicate: bool = False) -> None:
+                 send_replicate: bool = False, volunteer_every: float | None = None) -> None:
         self.server_name = server_name
         self._channel = server_name.encode()
         self._user_ip_channel = f"{server_name}/USER_IP".encode()
@@ -69,6 +73,9 @@ class SynapseRedisBridge:
         self._stale: dict[tuple[str, str], int] = {}
         #: writers with a POSITION published on the current subscription
         self._announced: set[tuple[str, str]] = set()
+        self._volunteer_every = volunteer_every
+        #: per (stream, writer): the token last published for it on the current subscription
+        self._told: dict[tuple[str, str], int] = {}
         self.subscribed = asyncio.Event()
         self.published = 0
         self.dropped = 0
@@ -77,11 +84,15 @@ class SynapseRedisBridge:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._subscribe_forever(), name="synapse-redis-bridge")
+        self._volunteer_task = None
+        if self._volunteer_every:
+            self._volunteer_task = asyncio.create_task(self._volunteer_forever(), name="synapse-redis-volunteer")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, getattr(self, "_volunteer_task", None)):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._publisher is not None:
             await self._publisher.close()
             self._publisher = None
@@ -168,7 +179,20 @@ class SynapseRedisBridge:
         """Someone (re)subscribed: say where every writer we speak for stands."""
         async with self._lock:
             self.replicates_answered += 1
-            await self.publish_lines([c.to_line() for c in self._announce()])
+            announced = list(self._announce())
+            if await self.publish_lines([c.to_line() for c in announced]):
+                self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in announced)
+
+    async def _volunteer_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._volunteer_every)
+            if not self.subscribed.is_set():
+                continue
+            async with self._lock:
+                changed = [c for c in self._announce()
+                           if self._told.get((c.stream_name, c.instance_name)) != c.new_token]
+                if changed and await self.publish_lines([c.to_line() for c in changed]):
+                    self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in changed)
 
     async def _subscribe_forever(self) -> None:
         delay = RECONNECT_FIRST_DELAY
@@ -191,6 +215,7 @@ class SynapseRedisBridge:
                     # A writer's lines dropped beyond what was announced are not covered:
                     # it stays stale (its next batch starts with a POSITION).
                     self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
+                    self._told = {(cmd.stream_name, cmd.instance_name): cmd.new_token for cmd in announced}
                     for cmd in announced:
                         key = (cmd.stream_name, cmd.instance_name)
                         if self._stale.get(key, 0) <= cmd.new_token:

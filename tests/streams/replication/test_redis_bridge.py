@@ -251,3 +251,40 @@ def test_settle_waits_until_dropped_lines_are_announced(redis_server):
         await bridge.stop()
 
     asyncio.run(scenario())
+
+
+def test_endpoint_bridge_volunteers_changed_positions(redis_server):
+    """Endpoints publish a (settled) position when it changes, unasked: a subscriber whose
+    REPLICATE came before a writer went still still learns where the writer stopped."""
+    import asyncio
+
+    from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.resp import RespConnection, parse_messages
+
+    server_name = f"volunteer{random.getrandbits(32):x}.example"
+    settled = {("events", "w0"): 3}
+
+    async def scenario() -> list[bytes]:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, volunteer_every=0.05, announce=lambda: [
+            PositionCommand(s, w, t, t) for (s, w), t in sorted(settled.items())])
+        bridge.start()
+        assert await bridge.settle(10)
+        sub = await RespConnection.open(redis_server.url)
+        assert await sub.command("SUBSCRIBE", server_name) == [b"subscribe", server_name.encode(), 1]
+        await asyncio.sleep(0.3)  # unchanged positions are not repeated
+        settled[("events", "w1")] = 9
+        heard, buf = [], b""
+        deadline = time.monotonic() + 10
+        while not heard and time.monotonic() < deadline:
+            buf += await sub.read_chunk(1)
+            messages, end = parse_messages(buf)
+            heard += messages
+            buf = buf[end:]
+        await asyncio.sleep(0.3)
+        buf += await sub.read_chunk(0.1)
+        heard += parse_messages(buf)[0]
+        await sub.close()
+        await bridge.stop()
+        return heard
+
+    assert asyncio.run(scenario()) == [b"POSITION events w1 9 9"]
