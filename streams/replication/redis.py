@@ -38,10 +38,6 @@ REPLICATE_LINE = ReplicateCommand().to_line().encode()
 _USER_IP_PREFIX = (UserIpCommand.NAME + " ").encode()
 
 
-def channel_for(server_name: str, line: str) -> str:
-    return f"{server_name}/USER_IP" if line.startswith(UserIpCommand.NAME + " ") else server_name
-
-
 class SynapseRedisBridge:
     """Publishes lines on the Synapse channels and answers ``REPLICATE`` with ``announce()``.
 
@@ -69,6 +65,7 @@ class SynapseRedisBridge:
         #: past them, and they are never fetched.
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._volunteer_task: asyncio.Task | None = None
         #: per (stream, writer): the highest token of lines we failed to publish or dropped
         self._stale: dict[tuple[str, str], int] = {}
         #: writers with a POSITION published on the current subscription
@@ -84,12 +81,11 @@ class SynapseRedisBridge:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._subscribe_forever(), name="synapse-redis-bridge")
-        self._volunteer_task = None
         if self._volunteer_every:
             self._volunteer_task = asyncio.create_task(self._volunteer_forever(), name="synapse-redis-volunteer")
 
     async def stop(self) -> None:
-        for task in (self._task, getattr(self, "_volunteer_task", None)):
+        for task in (self._task, self._volunteer_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
