@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 test-faults: $(STAMP)
-	$(PY) -m pytest -m redis_faults
+	$(PY) -m pytest -m faults
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stream_ids.py

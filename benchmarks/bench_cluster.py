@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_cluster.py [--quick] [--facts F] [--writers 1,2,4]
                      [--sink count|jsonl] [--synthetic-in-loop] [--no-dbonly] [--repeat R]
-                     [--profile DIR] [--keep]
+                     [--profile DIR] [--keep] [--per-txn N]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on) and a throwaway Redis,
 migrates a fresh database, then runs a whole cluster as separate OS processes, the way
@@ -38,7 +38,7 @@ rebuilt from the database exactly as the writers publish them), on a channel the
 not listen to:
 
 * (a) per fact: N publisher processes (redis-py, one PUBLISH per line, pipelined 100 at a
-  time, as the writers publish on the Synapse channel) to 3 subscriber processes (plain
+  time; the writers send each batch as one write of raw RESP) to 3 subscriber processes (plain
   redis-py ``PubSub``, counting messages). Facts/s = N x F / (first publish until the last
   subscriber has them all). **The headline ratio is end-to-end / (a). Goal: >= 0.5.**
 * (b) per batch: the same lines as the channel layer carries them, one msgpack'd
@@ -221,7 +221,8 @@ def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: 
         out = io.StringIO()
         if profiles:
             profiles[0].enable()
-        call_command("write_facts", STREAM, count=count, per_txn=PER_TXN, seed=seed, no_progress=True, stdout=out)
+        per_txn = int(env.get("BENCH_PER_TXN", PER_TXN))
+        call_command("write_facts", STREAM, count=count, per_txn=per_txn, seed=seed, no_progress=True, stdout=out)
         t1 = time.monotonic()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         if profiles:
@@ -860,8 +861,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="end-to-end and raw runs per writer count, the best of each reported "
                              "(default 2, --quick 1)")
+    parser.add_argument("--per-txn", type=int, default=PER_TXN,
+                        help=f"facts per writer transaction (default {PER_TXN}); also the raw publishers' "
+                             "pipeline and the raw (b) batch size")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.per_txn < 1:
+        parser.error("--per-txn must be >= 1")
+    globals()["PER_TXN"] = args.per_txn
+    os.environ["BENCH_PER_TXN"] = str(args.per_txn)  # for the (spawned) writer processes
     facts = args.facts or (3000 if args.quick else 25000)
     writer_counts = _ints(args.writers)
     if not writer_counts or max(writer_counts) > len(WRITER_NAMES) or min(writer_counts) < 1:

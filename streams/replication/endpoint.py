@@ -72,6 +72,9 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
         endpoint.bridge = SynapseRedisBridge(
             settings.REDIS_URL, endpoint.server_name,
             announce=lambda: [PositionCommand(s, w, t, t) for (s, w), t in sorted(relay.settled_positions().items())],
+            # ... and tell when one goes still: a subscriber whose REPLICATE came too early
+            # for an answer (the writer had just exited) learns where it stopped.
+            volunteer_every=1.0,
         )
         endpoint.bridge.start()
     server = await serve(endpoint, host, port)

@@ -9,7 +9,10 @@ A process (re)subscribes, waits until the SUBSCRIBE is confirmed, and only then 
 away sees how far every writer got and catches up.
 
 Our own endpoints do not need this channel (they relay through the channel layer); writers
-publish their lines here too, and writers and endpoints answer ``REPLICATE``.
+publish their lines here too, and writers and endpoints answer ``REPLICATE``. Both hear every
+line of every writer for that; they talk RESP through :mod:`.resp` (raw bytes searched for
+the one message that matters; batches of PUBLISH in one write), not redis-py, which costs
+more per line than the rest of the cluster (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -17,20 +20,22 @@ import asyncio
 import logging
 from typing import Callable, Iterable
 
-from .commands import Command, PositionCommand, ReplicateCommand, RemoteProtocolError, UserIpCommand, parse_line
+from .commands import Command, PositionCommand, ReplicateCommand, UserIpCommand
+from .resp import MessageSniffer, RespConnection, RespError, pack_command
 
 logger = logging.getLogger(__name__)
 
 RECONNECT_FIRST_DELAY = 0.2
 #: Synapse caps the subscriber's back-off at 5 s.
 RECONNECT_MAX_DELAY = 5.0
-#: Ping an idle subscription this often, so a dead socket is noticed (Synapse issue #9010).
+#: Ping an idle subscription this often, and give it up after as long again without an
+#: answer, so a dead socket is noticed (Synapse issue #9010).
 IDLE_PING_SECONDS = 5.0
 CONFIRM_TIMEOUT = 5.0
-
-
-def channel_for(server_name: str, line: str) -> str:
-    return f"{server_name}/USER_IP" if line.startswith(UserIpCommand.NAME + " ") else server_name
+#: Connecting, and each batch of PUBLISH replies, must take no longer than this.
+REPLY_TIMEOUT = 10.0
+REPLICATE_LINE = ReplicateCommand().to_line().encode()
+_USER_IP_PREFIX = (UserIpCommand.NAME + " ").encode()
 
 
 class SynapseRedisBridge:
@@ -38,37 +43,58 @@ class SynapseRedisBridge:
 
     Runs on the event loop it is started from. ``send_replicate``: publish ``REPLICATE``
     after each (re)subscription (processes that follow the streams need the answers).
+    ``volunteer_every``: also publish, this often, every position of ``announce()`` that
+    changed since it was last published (endpoints, for writers that went still: a writer
+    that exits right after its last lines reached Redis cannot answer a subscriber that
+    missed them and sends ``REPLICATE`` a moment later).
     """
 
     def __init__(self, redis_url: str, server_name: str, *, announce: Callable[[], Iterable[Command]],
-                 send_replicate: bool = False) -> None:
-        import redis.asyncio as aioredis
-
+                 send_replicate: bool = False, volunteer_every: float | None = None) -> None:
         self.server_name = server_name
+        self._channel = server_name.encode()
+        self._user_ip_channel = f"{server_name}/USER_IP".encode()
         self._announce = announce
         self._send_replicate = send_replicate
         self._url = redis_url
-        self._publisher = aioredis.from_url(redis_url)
+        self._publisher: RespConnection | None = None
+        #: Everything we publish goes out under this lock, one PUBLISH batch after the other,
+        #: and an announcement is computed under it too. Otherwise a REPLICATE answer computed
+        #: before a batch could reach Redis after it: ``POSITION t t`` after lines above ``t``
+        #: connects a subscriber that dropped those lines (it was waiting for a POSITION)
+        #: past them, and they are never fetched.
+        self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._volunteer_task: asyncio.Task | None = None
         #: per (stream, writer): the highest token of lines we failed to publish or dropped
         self._stale: dict[tuple[str, str], int] = {}
         #: writers with a POSITION published on the current subscription
         self._announced: set[tuple[str, str]] = set()
+        self._volunteer_every = volunteer_every
+        #: per (stream, writer): the token last published for it on the current subscription
+        self._told: dict[tuple[str, str], int] = {}
         self.subscribed = asyncio.Event()
         self.published = 0
         self.dropped = 0
         self.resubscriptions = 0
+        self.replicates_answered = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._subscribe_forever(), name="synapse-redis-bridge")
+        if self._volunteer_every:
+            self._volunteer_task = asyncio.create_task(self._volunteer_forever(), name="synapse-redis-volunteer")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self._publisher.aclose()
+        for task in (self._task, self._volunteer_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._publisher is not None:
+            await self._publisher.close()
+            self._publisher = None
 
-    async def publish_batch(self, stream: str, writer: str, prev: int, new: int, lines: list[str]) -> None:
+    async def publish_batch(self, stream: str, writer: str, prev: int, new: int,
+                            lines: list[str | bytes]) -> None:
         """Publish one writer's lines for ``(prev, ...]``, keeping subscribers gap-free.
 
         While we are not subscribed, lines are dropped ("discard and advance", as Synapse's
@@ -77,103 +103,155 @@ class SynapseRedisBridge:
         subscriber that missed the lost lines notices and catches up before taking these.
         """
         key = (stream, writer)
-        if not self.subscribed.is_set():
-            self._stale[key] = max(new, self._stale.get(key, new))
-            self.dropped += len(lines)
-            return
-        if key in self._stale or key not in self._announced:
-            # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
-            # not announced on this subscription (new, or its lines were lost) starts with one.
-            lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
-        if await self.publish_lines(lines):
-            self._stale.pop(key, None)
-            self._announced.add(key)
-        else:
-            self._stale[key] = max(new, self._stale.get(key, new))
+        async with self._lock:
+            if not self.subscribed.is_set():
+                self._stale[key] = max(new, self._stale.get(key, new))
+                self.dropped += len(lines)
+                return
+            if key in self._stale or key not in self._announced:
+                # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
+                # not announced on this subscription (new, or its lines were lost) starts with one.
+                lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
+            if await self.publish_lines(lines):
+                self._stale.pop(key, None)
+                self._announced.add(key)
+            else:
+                self._stale[key] = max(new, self._stale.get(key, new))
 
-    async def publish_lines(self, lines: Iterable[str]) -> bool:
-        """PUBLISH each line (pipelined, in order); False if Redis could not take them."""
-        lines = list(lines)
-        if not lines:
+    async def publish_lines(self, lines: Iterable[str | bytes]) -> bool:
+        """PUBLISH each line (one write, in order); False if Redis could not take them.
+
+        Callers in this class hold ``_lock``; others must not interleave with a writer's
+        batches (use it for lines that do not depend on what was published, e.g. USER_IP).
+        """
+        items = []
+        for line in lines:
+            data = line.encode() if isinstance(line, str) else line
+            items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
+        if not items:
             return True
         try:
-            pipe = self._publisher.pipeline(transaction=False)
-            for line in lines:
-                pipe.publish(channel_for(self.server_name, line), line.encode())
-            await pipe.execute()
-            self.published += len(lines)
+            if self._publisher is None:
+                self._publisher = await RespConnection.open(self._url, REPLY_TIMEOUT)
+            await self._publisher.publish(items, timeout=REPLY_TIMEOUT)
+            self.published += len(items)
             return True
-        except Exception as e:  # redis.ConnectionError, OSError, TimeoutError...
-            self.dropped += len(lines)
-            logger.warning("could not publish %d line(s) on Redis: %s", len(lines), e)
+        except (RespError, OSError, TimeoutError) as e:
+            if self._publisher is not None:
+                await self._publisher.close()
+                self._publisher = None
+            self.dropped += len(items)
+            logger.warning("could not publish %d line(s) on Redis: %s", len(items), e)
             return False
 
-    async def _subscribe_forever(self) -> None:
-        import redis.asyncio as aioredis
+    async def settle(self, timeout: float) -> bool:
+        """Before the process exits: wait until every line we dropped or failed to publish is
+        covered by an announcement on a live subscription (at most ``timeout`` seconds).
 
+        A writer that exits right after a Redis restart would otherwise leave subscribers
+        that missed its last lines with nobody to tell them (endpoints answer for writers
+        that are gone, but only to a later ``REPLICATE``). Returns False on timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self.subscribed.is_set() and self._stale:
+                async with self._lock:
+                    announced = list(self._announce())
+                    if await self.publish_lines([c.to_line() for c in announced]):
+                        for cmd in announced:
+                            key = (cmd.stream_name, cmd.instance_name)
+                            if self._stale.get(key, 0) <= cmd.new_token:
+                                self._stale.pop(key, None)
+            if self.subscribed.is_set() and not self._stale:
+                return True
+            if loop.time() >= deadline:
+                logger.warning("exiting with positions of %s unannounced on Redis",
+                               ", ".join(f"{s}/{w}" for s, w in sorted(self._stale)) or "this writer")
+                return False
+            await asyncio.sleep(0.05)
+
+    async def answer_replicate(self) -> None:
+        """Someone (re)subscribed: say where every writer we speak for stands."""
+        async with self._lock:
+            self.replicates_answered += 1
+            announced = list(self._announce())
+            if await self.publish_lines([c.to_line() for c in announced]):
+                self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in announced)
+
+    async def _volunteer_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._volunteer_every)
+            if not self.subscribed.is_set():
+                continue
+            async with self._lock:
+                changed = [c for c in self._announce()
+                           if self._told.get((c.stream_name, c.instance_name)) != c.new_token]
+                if changed and await self.publish_lines([c.to_line() for c in changed]):
+                    self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in changed)
+
+    async def _subscribe_forever(self) -> None:
         delay = RECONNECT_FIRST_DELAY
         while True:
-            client = aioredis.from_url(self._url)
-            pubsub = client.pubsub()
+            conn = None
             try:
-                await pubsub.subscribe(self.server_name)
-                # Wait for the confirmation before anything else (spec §5.3), but not forever:
-                # a confirmation lost in a reconnect would otherwise leave us never subscribed.
-                deadline = asyncio.get_running_loop().time() + CONFIRM_TIMEOUT
-                while True:
-                    remaining = deadline - asyncio.get_running_loop().time()
-                    if remaining <= 0:
-                        raise TimeoutError(f"SUBSCRIBE {self.server_name} not confirmed")
-                    message = await pubsub.get_message(timeout=min(remaining, 1.0))
-                    if message is not None and message["type"] == "subscribe":
-                        break
+                conn = await RespConnection.open(self._url, REPLY_TIMEOUT)
+                conn.write(pack_command("SUBSCRIBE", self._channel))
+                # Wait for the confirmation before anything else (spec §5.3), not forever.
+                reply = await conn.read_reply(CONFIRM_TIMEOUT)
+                if not (isinstance(reply, list) and reply[:2] == [b"subscribe", self._channel]):
+                    raise RespError(f"unexpected answer to SUBSCRIBE: {reply!r}")
                 self.resubscriptions += 1
                 # Say where we stand before anything else (spec §5.3 step 4): whoever
                 # missed lines while we were away sees it and catches up.
-                announced = list(self._announce())
-                if not await self.publish_lines([c.to_line() for c in announced]):
-                    raise ConnectionError("could not announce positions")
-                # Lines dropped while the announcement was on its way are not covered by it:
-                # those writers stay stale (their next batch starts with a POSITION).
-                self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
-                for cmd in announced:
-                    key = (cmd.stream_name, cmd.instance_name)
-                    if self._stale.get(key, 0) <= cmd.new_token:
-                        self._stale.pop(key, None)
-                self.subscribed.set()
+                async with self._lock:
+                    announced = list(self._announce())
+                    if not await self.publish_lines([c.to_line() for c in announced]):
+                        raise RespError("could not announce positions")
+                    # A writer's lines dropped beyond what was announced are not covered:
+                    # it stays stale (its next batch starts with a POSITION).
+                    self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
+                    self._told = {(cmd.stream_name, cmd.instance_name): cmd.new_token for cmd in announced}
+                    for cmd in announced:
+                        key = (cmd.stream_name, cmd.instance_name)
+                        if self._stale.get(key, 0) <= cmd.new_token:
+                            self._stale.pop(key, None)
+                    self.subscribed.set()
                 if self.resubscriptions > 1:
                     logger.info("Redis subscription to %s back; announced %d position(s)",
                                 self.server_name, len(announced))
                 delay = RECONNECT_FIRST_DELAY
                 if self._send_replicate:
-                    await self.publish_lines([ReplicateCommand().to_line()])
-                await self._listen(pubsub)
+                    async with self._lock:
+                        await self.publish_lines([REPLICATE_LINE])
+                await self._listen(conn)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
-                logger.warning("Redis subscription to %s lost (%s); retrying in %.1f s", self.server_name, e, delay)
+            except Exception as e:  # RespError, OSError, TimeoutError...
+                logger.warning("Redis subscription to %s lost (%s); retrying in %.1f s",
+                               self.server_name, e or type(e).__name__, delay)
             finally:
                 self.subscribed.clear()
-                try:
-                    await pubsub.aclose()
-                    await client.aclose()
-                except Exception:
-                    pass
+                if conn is not None:
+                    await conn.close()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_DELAY)
 
-    async def _listen(self, pubsub) -> None:
+    async def _listen(self, conn: RespConnection) -> None:
+        """Answer every REPLICATE on the channel; everything else is not for us.
+
+        No line is parsed: the raw bytes are searched for the one message we answer.
+        """
+        sniffer = MessageSniffer(REPLICATE_LINE)
+        pinged = False
         while True:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=IDLE_PING_SECONDS)
-            if message is None:
-                await pubsub.ping()  # raises if the connection is gone
+            chunk = await conn.read_chunk(IDLE_PING_SECONDS)
+            if not chunk:
+                if pinged:
+                    raise TimeoutError(f"no answer from Redis for {2 * IDLE_PING_SECONDS:.0f} s")
+                conn.write(pack_command("PING"))
+                pinged = True
                 continue
-            if message["type"] != "message":
-                continue
-            try:
-                cmd = parse_line(message["data"].decode())
-            except (RemoteProtocolError, UnicodeDecodeError) as e:
-                logger.warning("dropping malformed line on %s: %s", self.server_name, e)
-                continue
-            if isinstance(cmd, ReplicateCommand):
-                await self.publish_lines([c.to_line() for c in self._announce()])
+            pinged = False
+            if sniffer.feed(chunk):
+                await self.answer_replicate()

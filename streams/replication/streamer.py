@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 #: Cluster-wide group of line batches from every writer.
 LINES_GROUP = "replication.lines"
+#: On close, wait at most this long for the Redis bridge to announce lines it had to drop
+#: (Redis was away): the bridge reconnects with up to 5 s of back-off.
+SETTLE_TIMEOUT = 10.0
 
 
 def build_lines(stream_name: str, writer: str, prev: int, new: int,
@@ -104,7 +107,7 @@ class ReplicationStreamer:
                     self.published_upto[(message["stream"], message["writer"])] = message["new"]
                     if self.bridge is not None:
                         await self.bridge.publish_batch(message["stream"], message["writer"], message["prev"],
-                                                        message["new"], message["data"].decode().splitlines())
+                                                        message["new"], message["data"].splitlines())
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:
@@ -169,12 +172,14 @@ class ReplicationStreamer:
         self.flush()
 
         async def shutdown() -> None:
+            if self.bridge is not None:
+                await self.bridge.settle(SETTLE_TIMEOUT)
             self._task.cancel()
             if self.bridge is not None:
                 await self.bridge.stop()
 
         try:
-            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=5)
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=SETTLE_TIMEOUT + 5)
         except Exception:
             logger.warning("replication streamer did not stop cleanly", exc_info=True)
         if self._own_loop:

@@ -50,9 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
-from redis.exceptions import RedisError
 
 from .auth import bearer_header
 from .commands import (
@@ -69,6 +67,7 @@ from .commands import (
 )
 from .connection import CLOSED, NEED_DATA, ReplicationConnection
 from .follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
+from .resp import RespConnection, RespError, pack_command, parse_messages
 
 logger = logging.getLogger(__name__)
 
@@ -646,9 +645,10 @@ class RedisReplicationWorker(BaseReplicationWorker):
     does not matter: pub/sub channels are server-wide). The channel is ``server_name``
     exactly. Each session uses two connections of its own: the subscriber and the publisher
     (Redis allows nothing but (UN)SUBSCRIBE and PING on a subscribed connection). We talk to
-    them through ``redis.asyncio``'s bare ``Connection``, not its ``PubSub``: PubSub silently
+    them through :class:`~.resp.RespConnection`, not redis-py's ``PubSub``: PubSub silently
     reconnects and resubscribes inside a read, which would hide from us (and from the
-    follower) that messages were lost, and would not publish REPLICATE again.
+    follower) that messages were lost, and would not publish REPLICATE again; and its
+    pure-Python parser costs several times what the rest of the worker does per line.
 
     Session, per §5.3: connect, SUBSCRIBE, wait for the confirmation, then PUBLISH
     ``REPLICATE `` (awaiting its reply) and read messages until the connection is lost, the
@@ -672,20 +672,11 @@ class RedisReplicationWorker(BaseReplicationWorker):
             raise ValueError(f"invalid server name (Redis channel) {self.server_name!r}")
         self.redis_url = redis_url
         self.channel = self.server_name
-        self._redis_kwargs = dict(parse_redis_url(redis_url))  # ValueError for a bad URL
+        parse_redis_url(redis_url)  # ValueError for a bad URL
         self._ping_interval, self._ping_timeout = ping_interval, ping_timeout
         self._reply_timeout = reply_timeout
         self._session_task: asyncio.Task | None = None
         self._established = False
-
-    def _new_connection(self) -> RedisConnection:
-        kwargs = dict(self._redis_kwargs)
-        connection_class = kwargs.pop("connection_class", RedisConnection)
-        kwargs.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
-        kwargs.setdefault("socket_timeout", self._reply_timeout)
-        # RESP2: pub/sub messages come back as plain replies (RESP3 would make them pushes).
-        # No retry: a lost connection must surface here, not be papered over.
-        return connection_class(**kwargs, protocol=2, retry=None, retry_on_error=[])
 
     def _interrupt(self) -> None:
         if self._session_task is not None:
@@ -700,7 +691,7 @@ class RedisReplicationWorker(BaseReplicationWorker):
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # we are cancelled ourselves, not just the session by stop()
-        except (RedisError, OSError, TimeoutError) as e:
+        except (RespError, OSError, TimeoutError) as e:
             if self._established:
                 logger.warning("Redis replication connection lost: %s; reconnecting in %.1fs",
                                e, self._first_delay)
@@ -715,26 +706,28 @@ class RedisReplicationWorker(BaseReplicationWorker):
 
     async def _session(self) -> None:
         channel = self.channel.encode()
-        subscriber, publisher = self._new_connection(), self._new_connection()
+        subscriber = publisher = None
         try:
             # 1. SUBSCRIBE and wait for the confirmation.
-            await subscriber.connect()
-            await subscriber.send_command("SUBSCRIBE", channel)
-            reply = await subscriber.read_response(timeout=self._reply_timeout)
-            if reply is None:
-                raise TimeoutError(f"SUBSCRIBE not confirmed within {self._reply_timeout}s")
+            subscriber = await RespConnection.open(self.redis_url, CONNECT_TIMEOUT)
+            subscriber.write(pack_command("SUBSCRIBE", channel))
+            try:
+                reply = await subscriber.read_reply(self._reply_timeout)
+            except TimeoutError:
+                raise TimeoutError(f"SUBSCRIBE not confirmed within {self._reply_timeout}s") from None
             if not (isinstance(reply, list) and reply[:2] == [b"subscribe", channel]):
-                raise RedisError(f"unexpected answer to SUBSCRIBE: {reply!r}")
+                raise RespError(f"unexpected answer to SUBSCRIBE: {reply!r}")
             # 2. From here on, everything published on the channel reaches us: a new
             #    connection for the follower (the last one ended with connection_lost()).
             self.connected = True
             self._counters["connections"] += 1
             # 3. PUBLISH REPLICATE, on the other connection, and wait until Redis took it.
-            await publisher.connect()
-            await publisher.send_command("PUBLISH", channel, REDIS_REPLICATE)
-            receivers = await publisher.read_response(timeout=self._reply_timeout)
-            if receivers is None:
-                raise TimeoutError(f"PUBLISH not answered within {self._reply_timeout}s")
+            publisher = await RespConnection.open(self.redis_url, CONNECT_TIMEOUT)
+            try:
+                receivers = await publisher.command("PUBLISH", channel, REDIS_REPLICATE,
+                                                    timeout=self._reply_timeout)
+            except TimeoutError:
+                raise TimeoutError(f"PUBLISH not answered within {self._reply_timeout}s") from None
             self._counters["replicate_sent"] += 1
             self._established = True  # resets the back-off (not before: a PUBLISH refused
             # for good, e.g. by an ACL, must not be retried at full speed)
@@ -742,19 +735,18 @@ class RedisReplicationWorker(BaseReplicationWorker):
                         "subscriber(s)", self.channel, redact_url(self.redis_url), self.name,
                         receivers)
             # The publisher is not needed again this session (a worker sources no stream).
-            await publisher.disconnect(nowait=True)
+            await publisher.close()
             await self._read_messages(subscriber)
         finally:
             self.connected = False
             self.follower.connection_lost()
             for connection in (subscriber, publisher):
-                try:
-                    await connection.disconnect(nowait=True)
-                except Exception:  # closing a broken socket: nothing more to do
-                    pass
+                if connection is not None:
+                    await connection.close()
 
-    async def _read_messages(self, subscriber: RedisConnection) -> None:
+    async def _read_messages(self, subscriber: RespConnection) -> None:
         last_heard = last_ping = self._clock()
+        buf = b""
         while not self._stopping:
             now = self._clock()
             if now - last_heard >= self._ping_timeout:
@@ -762,16 +754,21 @@ class RedisReplicationWorker(BaseReplicationWorker):
                 raise TimeoutError(f"nothing from Redis for {now - last_heard:.1f}s "
                                    "(PING unanswered)")
             if now - last_ping >= self._ping_interval:
-                await subscriber.send_command("PING")
+                subscriber.write(pack_command("PING"))
                 last_ping = now
-            reply = await subscriber.read_response(timeout=TICK)
-            if reply is None:
+            # Wake up in time for the next PING (a short ping_interval must not wait a TICK).
+            chunk = await subscriber.read_chunk(min(TICK, max(0.01, last_ping + self._ping_interval - now)))
+            if not chunk:
                 continue
             last_heard = self._clock()
-            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
-                self._on_message(reply[2])
-            elif not (isinstance(reply, list) and reply and reply[0] == b"pong"):
-                logger.debug("Redis reply ignored: %r", reply)
+            buf += chunk
+            replies, end = parse_messages(buf)
+            buf = buf[end:]
+            for reply in replies:
+                if isinstance(reply, bytes):
+                    self._on_message(reply)
+                elif not (reply and reply[0] == b"pong"):
+                    logger.debug("Redis reply ignored: %r", reply)
 
     def _on_message(self, data: bytes) -> None:
         """One pub/sub message: one command line, without newline (spec §5.4)."""

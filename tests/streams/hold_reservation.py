@@ -1,8 +1,10 @@
 """A writer process that dies mid-transaction, for the SIGKILL test.
 
-Run as ``python -m tests.streams.hold_reservation STREAM`` with DATABASE_URL, INSTANCE_NAME
-and STREAM_WRITERS set: it reserves one stream ID, inserts its row inside the still-open
-transaction, prints the ID and waits to be killed.
+Run as ``python -m tests.streams.hold_reservation STREAM [FIRST]`` with DATABASE_URL,
+INSTANCE_NAME and STREAM_WRITERS set: it writes FIRST facts (default 0) one per transaction
+and waits until they are published to replication (if REDIS_URL is set), then reserves one
+stream ID, inserts its row inside the still-open transaction, prints the ID and waits to be
+killed.
 """
 import os
 import random
@@ -18,10 +20,16 @@ from streams.registry import get_stream  # noqa: E402
 from streams.runtime import runtime  # noqa: E402
 
 
-def main(stream: str) -> None:
+def main(stream: str, first: int = 0) -> None:
     spec = get_stream(stream)
-    writer = runtime().writer(stream)
+    rt = runtime()
+    writer = rt.writer(stream)
     model = spec.primary_model
+    rng = random.Random()
+    for i in range(first):
+        writer.append([[(model, model.synthetic(rng, i))]])
+    if rt.streamer is not None:
+        rt.streamer.flush()
     with writer.transaction(1) as ids:
         writer.insert_rows(ids, [[(model, model.synthetic(random.Random(), 0))]])
         print(ids[0], flush=True)
@@ -29,4 +37,4 @@ def main(stream: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *map(int, sys.argv[2:3]))

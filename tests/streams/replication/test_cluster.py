@@ -178,6 +178,16 @@ def wait_for(cluster: Cluster, names: list[str], total: int, timeout: float = 18
     pytest.fail(f"workers did not receive {total} facts in time: {counts}\n{logs}")
 
 
+def wait_connected(cluster: Cluster, names: list[str], timeout: float = 120) -> None:
+    """Until every worker in ``names`` follows (a loaded machine starts them slowly)."""
+    deadline = time.monotonic() + timeout
+    for name in names:
+        log = cluster.tmp / f"{name}.log"
+        while "replication connected to" not in (log.read_text(errors="replace") if log.exists() else ""):
+            assert time.monotonic() < deadline, f"{name} did not connect"
+            time.sleep(0.1)
+
+
 def check_exactly_once_in_order(cluster: Cluster, name: str, expected: set[tuple[str, int]]) -> None:
     facts = cluster.facts(name)
     got = [(f["writer"], f["token"]) for f in facts]
@@ -195,7 +205,7 @@ def test_three_workers_two_writers_one_cut_off(cluster):
         cluster.worker("wk1", cluster.repl_port)
         cluster.worker("wk2", cluster.repl_port)
         cluster.worker("wk3", proxy.port)  # the one we cut off
-        time.sleep(2)
+        wait_connected(cluster, workers)
         writers = [cluster.write("w1", 10_000, 10), cluster.write("w2", 10_000, 25)]
         # Cut wk3 off twice while the facts flow; it reconnects through the proxy.
         cut = 0
@@ -221,12 +231,7 @@ def test_three_workers_two_writers_one_cut_off(cluster):
 @pytest.mark.parametrize("cluster", ["redis"], indirect=True)  # only live lines can congest
 def test_worker_that_stops_reading_is_dropped_and_catches_up(cluster):
     worker = cluster.worker("slow", cluster.repl_port)
-    # Connected first (a fixed sleep lost that race on a loaded machine: the worker was
-    # stopped before it connected, so nothing could congest).
-    deadline = time.monotonic() + 120
-    while "replication connected" not in (cluster.tmp / "slow.log").read_text():
-        assert worker.poll() is None and time.monotonic() < deadline, "worker did not connect"
-        time.sleep(0.1)
+    wait_connected(cluster, ["slow"])
     worker.send_signal(signal.SIGSTOP)  # stops reading: its socket buffers fill up
     try:
         writer = cluster.write("w1", 60_000, 1000)

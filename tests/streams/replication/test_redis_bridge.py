@@ -102,3 +102,189 @@ def test_rolled_back_fact_is_a_position(setup):
             raise RuntimeError("rolled back")
     assert read_lines(sub, 2) == [f"POSITION account_data master {before} {before}".encode(),
                                   f"POSITION account_data master {before} {before + 1}".encode()]
+
+
+# --- ordering of answers and batches ---------------------------------------------------------
+
+
+def _ordering_violations(lines: list[bytes]) -> list[str]:
+    """Positions announced below an RDATA of the same writer that came earlier.
+
+    A subscriber that is not yet connected for a writer drops its RDATA until a POSITION for
+    it; a later ``POSITION t t`` with ``t`` below those lines connects it *after* them, so they
+    are never fetched: a lost batch.
+    """
+    seen: dict[tuple[str, str], int] = {}
+    bad = []
+    for raw in lines:
+        cmd = parse_line(raw.decode())
+        key = (getattr(cmd, "stream_name", None), getattr(cmd, "instance_name", None))
+        if cmd.NAME == "RDATA" and cmd.token is not None:
+            seen[key] = max(seen.get(key, 0), cmd.token)
+        elif cmd.NAME == "POSITION" and cmd.new_token < seen.get(key, 0):
+            bad.append(f"{raw.decode()} after RDATA up to {seen[key]}")
+    return bad
+
+
+def test_replicate_answers_never_fall_behind_published_lines(redis_server):
+    """REPLICATE answers and line batches race inside a writer (one is the reading task, the
+    other the streamer). An answer must never say ``POSITION t t`` after lines above ``t``
+    went out: Redis restarts make both need a fresh connection at the same moment."""
+    import asyncio
+
+    from streams.replication.commands import RdataCommand
+    from streams.replication.redis import SynapseRedisBridge
+
+    server_name = f"race{random.getrandbits(32):x}.example"
+    upto = {("events", "w1"): 0}
+    client = redis.Redis.from_url(redis_server.url)
+    sub = client.pubsub()
+    sub.subscribe(server_name)
+    assert sub.get_message(timeout=5)["type"] == "subscribe"
+
+    async def scenario() -> None:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=lambda: [
+            PositionCommand(s, w, t, t) for (s, w), t in upto.items()])
+        bridge.start()
+        await asyncio.wait_for(bridge.subscribed.wait(), 10)
+        for round_ in range(40):
+            # Each round: the publisher's connections are gone (as after a Redis restart),
+            # then a REPLICATE arrives while the streamer publishes its next batch.
+            if bridge._publisher is not None:
+                await bridge._publisher.close()
+                bridge._publisher = None
+            prev = upto[("events", "w1")]
+            new = prev + 3
+            lines = [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(prev + 1, new + 1)]
+
+            async def streamer() -> None:
+                upto[("events", "w1")] = new
+                await bridge.publish_batch("events", "w1", prev, new, lines)
+
+            # What the reading task does when it hears a REPLICATE, racing the streamer.
+            await asyncio.gather(bridge.answer_replicate(), streamer())
+        await bridge.stop()
+
+    asyncio.run(scenario())
+    got = read_lines(sub, 10_000, timeout=3)  # everything (the bridge has stopped)
+    sub.close()
+    client.close()
+    assert sum(1 for line in got if line.startswith(b"RDATA")) == 120
+    assert _ordering_violations(got) == []
+
+
+def test_bridge_notices_a_redis_restart_and_announces_again(redis_server):
+    """The bridge's subscription must not be silently restored by a client library: a
+    REPLICATE published while it was away would go unanswered and nothing would announce the
+    writer's position again. After a restart it announces (unasked) and answers again."""
+    import asyncio
+
+    from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.resp import RespConnection, parse_messages
+
+    server_name = f"restart{random.getrandbits(32):x}.example"
+    announced = []
+
+    def announce():
+        announced.append(time.monotonic())
+        return [PositionCommand("events", "w1", 7, 7)]
+
+    async def wait(predicate, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> list[bytes]:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=announce)
+        bridge.start()
+        await wait(bridge.subscribed.is_set, "the first subscription")
+        assert (bridge.resubscriptions, len(announced)) == (1, 1)
+        await asyncio.to_thread(redis_server.kill)
+        await asyncio.to_thread(redis_server.start, port=redis_server.port)
+        await wait(lambda: bridge.subscribed.is_set() and bridge.resubscriptions >= 2, "a resubscription")
+        assert len(announced) >= 2  # announced again, unasked
+        # ... and it hears the channel again: a REPLICATE is answered.
+        sub = await RespConnection.open(redis_server.url)
+        assert await sub.command("SUBSCRIBE", server_name) == [b"subscribe", server_name.encode(), 1]
+        pub = await RespConnection.open(redis_server.url)
+        await pub.publish([(server_name.encode(), b"REPLICATE ")])
+        heard, buf = [], b""
+        while len(heard) < 2:
+            buf += await sub.read_chunk(10)
+            messages, end = parse_messages(buf)
+            heard += messages
+            buf = buf[end:]
+        for conn in (sub, pub):
+            await conn.close()
+        await bridge.stop()
+        return heard
+
+    assert asyncio.run(scenario()) == [b"REPLICATE ", b"POSITION events w1 7 7"]
+
+
+def test_settle_waits_until_dropped_lines_are_announced(redis_server):
+    """A writer about to exit after Redis came back must first announce the lines it had
+    to drop, or subscribers that missed them would have nobody to tell them."""
+    import asyncio
+
+    from streams.replication.commands import RdataCommand
+    from streams.replication.redis import SynapseRedisBridge
+
+    server_name = f"settle{random.getrandbits(32):x}.example"
+    upto = {("events", "w1"): 0}
+
+    async def scenario() -> None:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, announce=lambda: [
+            PositionCommand(s, w, t, t) for (s, w), t in upto.items()])
+        bridge.start()
+        assert await bridge.settle(10)  # nothing dropped: settled once subscribed
+        await asyncio.to_thread(redis_server.kill)
+        upto[("events", "w1")] = 5
+        await bridge.publish_batch("events", "w1", 0, 5,
+                                   [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(1, 6)])
+        assert bridge._stale == {("events", "w1"): 5}
+        assert not await bridge.settle(0.5)  # Redis is still down
+        await asyncio.to_thread(redis_server.start, port=redis_server.port)
+        assert await bridge.settle(15)
+        assert bridge._stale == {} and bridge.subscribed.is_set()
+        await bridge.stop()
+
+    asyncio.run(scenario())
+
+
+def test_endpoint_bridge_volunteers_changed_positions(redis_server):
+    """Endpoints publish a (settled) position when it changes, unasked: a subscriber whose
+    REPLICATE came before a writer went still still learns where the writer stopped."""
+    import asyncio
+
+    from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.resp import RespConnection, parse_messages
+
+    server_name = f"volunteer{random.getrandbits(32):x}.example"
+    settled = {("events", "w0"): 3}
+
+    async def scenario() -> list[bytes]:
+        bridge = SynapseRedisBridge(redis_server.url, server_name, volunteer_every=0.05, announce=lambda: [
+            PositionCommand(s, w, t, t) for (s, w), t in sorted(settled.items())])
+        bridge.start()
+        assert await bridge.settle(10)
+        sub = await RespConnection.open(redis_server.url)
+        assert await sub.command("SUBSCRIBE", server_name) == [b"subscribe", server_name.encode(), 1]
+        await asyncio.sleep(0.3)  # unchanged positions are not repeated
+        settled[("events", "w1")] = 9
+        heard, buf = [], b""
+        deadline = time.monotonic() + 10
+        while not heard and time.monotonic() < deadline:
+            buf += await sub.read_chunk(1)
+            messages, end = parse_messages(buf)
+            heard += messages
+            buf = buf[end:]
+        await asyncio.sleep(0.3)
+        buf += await sub.read_chunk(0.1)
+        heard += parse_messages(buf)[0]
+        await sub.close()
+        await bridge.stop()
+        return heard
+
+    assert asyncio.run(scenario()) == [b"POSITION events w1 9 9"]

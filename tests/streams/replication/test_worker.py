@@ -142,7 +142,7 @@ class CatchUpSource:
                 updates.extend([token, row] for row in facts[token])
             return {"updates": updates, "upto_token": upto, "limited": limited}
 
-    def start(self) -> str:
+    def start(self, port: int = 0) -> str:
         source = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -173,7 +173,7 @@ class CatchUpSource:
             def log_message(self, *args) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
@@ -324,6 +324,38 @@ def test_failed_catch_up_is_retried_until_it_succeeds(catchup):
             assert len(h.facts) == 1
 
     run(scenario())
+
+
+def test_catch_up_from_an_unreachable_writer_is_retried_until_it_comes_up():
+    """Nothing listens at the catch-up URL at first (the writer is down): the worker keeps
+    retrying with back-off, and fetches the facts once the writer is back."""
+    from synapse_repl.services import free_port
+
+    port = free_port()
+    source = CatchUpSource()
+    source.url = f"http://127.0.0.1:{port}"
+    source.add("receipts", "master", 3, ["!r", "m.read", "@u", "$3", None, {}])
+
+    async def scenario():
+        async with FakeReplicationServer() as server, Harness(server, source) as h:
+            peer = await server.accept()
+            await peer.handshake("POSITION receipts master 3 3")
+            await wait_until(lambda: h.worker.counters.get("catch_up_failures", 0) >= 2, timeout=10,
+                             what="two failed catch-ups")
+            assert h.facts == [] and h.worker.positions().get(("receipts", "master"), 0) == 0
+            source.start(port)  # the writer is back
+            await wait_until(lambda: h.facts, timeout=15, what="the caught-up fact")
+            assert h.tokens("receipts") == [3]
+            assert source.requests == [("receipts", "master", 0, 3)]
+            await asyncio.sleep(0.2)
+            assert len(h.facts) == 1
+
+    try:
+        run(scenario())
+    finally:
+        if hasattr(source, "httpd"):
+            source.httpd.shutdown()
+            source.httpd.server_close()
 
 
 def test_reconnect_after_a_drop_neither_repeats_nor_skips(catchup):

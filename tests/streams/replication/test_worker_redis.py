@@ -395,7 +395,7 @@ def test_a_silent_connection_is_noticed_by_ping(redis_server, catchup):
     async def scenario():
         async with FakeWriters(redis_server.url, channel, catchup) as writers, \
                 Proxy(redis_server.port) as proxy, \
-                Harness(proxy.url, channel, catchup, ping_interval=0.1, ping_timeout=0.5) as h:
+                Harness(proxy.url, channel, catchup, ping_interval=0.1, ping_timeout=1.5) as h:
             writers.positions[("events", "master")] = 0
             await writers.write("events", "master", 1, ["ev", ["$1"]], publish=False)
             await wait_until(lambda: h.facts, what="the first fact")

@@ -1,0 +1,241 @@
+"""Just enough of the Redis protocol (RESP2) for the hot paths on the Synapse channel.
+
+Every line a writer publishes on ``<server_name>`` reaches every subscriber: each writer and
+each endpoint hear all of them, only to answer ``REPLICATE``, and the Redis-following worker
+reads them all. Through redis-py's pure-Python parser (and PubSub's message dicts) that cost
+more than everything else the cluster does per fact (docs/benchmarks.md). Here:
+
+* a publisher sends a batch of ``PUBLISH`` commands as one write and reads back the integer
+  replies (:meth:`RespConnection.publish`);
+* a subscriber reads raw chunks (:meth:`RespConnection.read_chunk`) and either searches them
+  for the one message it cares about (:class:`MessageSniffer`) or splits them into pub/sub
+  messages with :func:`parse_messages`.
+
+URLs (``redis://``, ``rediss://``, ``unix://``, user and password) are read with redis-py's
+``parse_url``, so they mean what they mean everywhere else in the project.
+"""
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, Iterable
+
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+
+CRLF = b"\r\n"
+
+
+class RespError(ConnectionError):
+    """The connection broke, or Redis answered a command with an error."""
+
+
+class ReplyError(Exception):
+    """An error reply (``-ERR ...``), as a value inside a reply."""
+
+
+def pack_command(*args: bytes | str | int) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg.encode() if isinstance(arg, str) else b"%d" % arg if isinstance(arg, int) else arg
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def pack_publish(items: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """``PUBLISH channel payload`` for each ``(channel, payload)``, as one buffer."""
+    return b"".join(b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(c), c, len(p), p)
+                    for c, p in items)
+
+
+def parse_reply(buf: bytes, pos: int = 0) -> tuple[Any, int] | None:
+    """One reply from ``buf[pos:]``: ``(value, end)``, or None if it is not complete yet.
+
+    ``+`` and ``$`` give bytes, ``:`` an int, ``-`` a :class:`ReplyError`, ``*`` a list;
+    null bulk strings and arrays give None.
+    """
+    end = buf.find(CRLF, pos)
+    if end < 0:
+        return None
+    kind, head = buf[pos:pos + 1], buf[pos + 1:end]
+    pos = end + 2
+    if kind == b"+":
+        return head, pos
+    if kind == b":":
+        return int(head), pos
+    if kind == b"-":
+        return ReplyError(head.decode(errors="replace")), pos
+    if kind == b"$":
+        size = int(head)
+        if size < 0:
+            return None, pos
+        if len(buf) < pos + size + 2:
+            return None
+        return buf[pos:pos + size], pos + size + 2
+    if kind == b"*":
+        count = int(head)
+        if count < 0:
+            return None, pos
+        items = []
+        for _ in range(count):
+            parsed = parse_reply(buf, pos)
+            if parsed is None:
+                return None
+            item, pos = parsed
+            items.append(item)
+        return items, pos
+    raise RespError(f"not a RESP2 reply: {buf[pos - len(head) - 3:pos + 20]!r}")
+
+
+def parse_messages(buf: bytes, pos: int = 0) -> tuple[list[Any], int]:
+    """Every complete reply in ``buf[pos:]`` and where the incomplete rest starts.
+
+    Pub/sub messages (``["message", channel, payload]``) come back as their payload (bytes),
+    on a fast path; anything else (subscribe confirmations, PONG) as the parsed reply (a list).
+    """
+    out: list[Any] = []
+    n = len(buf)
+    while pos < n:
+        if buf.startswith(b"*3\r\n$7\r\nmessage\r\n$", pos):
+            # ["message", channel, payload]: two length-prefixed strings follow.
+            p = pos + 18  # the channel's length
+            end = buf.find(CRLF, p)
+            if end < 0:
+                break
+            p = end + 2 + int(buf[p:end]) + 2  # past the channel
+            if p >= n or buf[p:p + 1] != b"$":
+                break
+            end = buf.find(CRLF, p)
+            if end < 0:
+                break
+            start = end + 2
+            stop = start + int(buf[p + 1:end])
+            if stop + 2 > n:
+                break
+            out.append(buf[start:stop])
+            pos = stop + 2
+            continue
+        parsed = parse_reply(buf, pos)
+        if parsed is None:
+            break
+        value, pos = parsed
+        out.append(value if isinstance(value, list) else [value])
+    return out, pos
+
+
+class MessageSniffer:
+    """Tells whether a pub/sub message with exactly ``payload`` went by in a byte stream.
+
+    On the wire a message ends ``\\r\\n$<len>\\r\\n<payload>\\r\\n`` (the CRLF ending its
+    channel first); we search for exactly that (C speed, no parsing). It cannot occur inside
+    another message's payload when payloads hold no CR or LF, which is true of replication
+    lines (one line each; JSON escapes control characters). Chunk boundaries are handled by
+    keeping the tail of the previous chunk.
+    """
+
+    def __init__(self, payload: bytes) -> None:
+        self.pattern = CRLF + b"$%d" % len(payload) + CRLF + payload + CRLF
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> int:
+        data = self._tail + chunk
+        self._tail = data[-(len(self.pattern) - 1):]
+        return data.count(self.pattern)
+
+
+class RespConnection:
+    """One connection to Redis, reading into a buffer of its own."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self._buf = b""
+
+    @classmethod
+    async def open(cls, url: str, timeout: float = 10.0) -> "RespConnection":
+        kwargs = parse_url(url)
+        connection_class = kwargs.get("connection_class")
+        try:
+            if connection_class is UnixDomainSocketConnection:
+                opening = asyncio.open_unix_connection(kwargs["path"])
+            else:
+                context = ssl.create_default_context() if connection_class is SSLConnection else None
+                opening = asyncio.open_connection(kwargs.get("host", "localhost"), kwargs.get("port", 6379),
+                                                  ssl=context)
+            reader, writer = await asyncio.wait_for(opening, timeout)
+        except (OSError, TimeoutError) as e:
+            raise RespError(f"cannot connect to Redis: {e}") from e
+        conn = cls(reader, writer)
+        if kwargs.get("password"):
+            auth = ("AUTH", kwargs["username"], kwargs["password"]) if kwargs.get("username") else (
+                "AUTH", kwargs["password"])
+            await conn.command(*auth, timeout=timeout)
+        return conn
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    async def _fill(self, timeout: float | None) -> None:
+        try:
+            data = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
+        except TimeoutError:
+            raise
+        except OSError as e:
+            raise RespError(f"Redis connection lost: {e}") from e
+        if not data:
+            raise RespError("Redis closed the connection")
+        self._buf += data
+
+    async def read_reply(self, timeout: float | None = None) -> Any:
+        """The next reply (raises :class:`RespError` for an error reply, TimeoutError)."""
+        while True:
+            parsed = parse_reply(self._buf)
+            if parsed is not None:
+                value, end = parsed
+                self._buf = self._buf[end:]
+                if isinstance(value, ReplyError):
+                    raise RespError(f"Redis: {value}")
+                return value
+            await self._fill(timeout)
+
+    async def command(self, *args: bytes | str | int, timeout: float | None = None) -> Any:
+        self.write(pack_command(*args))
+        return await self.read_reply(timeout)
+
+    async def publish(self, items: list[tuple[bytes, bytes]], timeout: float | None = None) -> None:
+        """PUBLISH every ``(channel, payload)``, in order, as one write; wait for every reply."""
+        self.write(pack_publish(items))
+        try:
+            await asyncio.wait_for(self._writer.drain(), timeout)
+        except TimeoutError:
+            raise
+        except OSError as e:
+            raise RespError(f"Redis connection lost: {e}") from e
+        # Each reply to PUBLISH is one line, ":<receivers>" or "-<error>", and nothing else
+        # was asked on this connection: count lines, look for errors, keep nothing.
+        replies, refused = 0, b""
+        while True:
+            buf, self._buf = self._buf, b""
+            replies += buf.count(b"\n")
+            if not refused and (buf.startswith(b"-") or b"\n-" in buf):
+                refused = buf[:200]
+            if replies >= len(items):
+                break
+            await self._fill(timeout)
+        if refused:
+            raise RespError(f"Redis refused a PUBLISH: {refused!r}")
+
+    async def read_chunk(self, timeout: float | None = None) -> bytes:
+        """Whatever has arrived (at least one byte; empty on timeout)."""
+        if not self._buf:
+            try:
+                await self._fill(timeout)
+            except TimeoutError:
+                return b""
+        data, self._buf = self._buf, b""
+        return data
+
+    async def close(self) -> None:
+        try:
+            self._writer.close()
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        except Exception:  # a broken socket: nothing more to do
+            pass

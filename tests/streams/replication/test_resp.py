@@ -1,0 +1,105 @@
+"""The RESP2 pieces of the Redis hot paths, against a real Redis where it matters."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from streams.replication.resp import (
+    MessageSniffer,
+    RespConnection,
+    RespError,
+    pack_command,
+    pack_publish,
+    parse_messages,
+    parse_reply,
+)
+
+
+def test_pack_command_and_publish():
+    assert pack_command("PUBLISH", b"c", 5) == b"*3\r\n$7\r\nPUBLISH\r\n$1\r\nc\r\n$1\r\n5\r\n"
+    assert pack_publish([(b"c", b"x y"), (b"c/USER_IP", b"")]) == (
+        pack_command("PUBLISH", b"c", b"x y") + pack_command("PUBLISH", b"c/USER_IP", b""))
+
+
+@pytest.mark.parametrize("wire, value", [
+    (b"+PONG\r\n", b"PONG"),
+    (b":42\r\n", 42),
+    (b"$3\r\na\r\n\r\n", b"a\r\n"),
+    (b"$-1\r\n", None),
+    (b"*2\r\n$4\r\npong\r\n$0\r\n\r\n", [b"pong", b""]),
+    (b"*-1\r\n", None),
+])
+def test_parse_reply(wire, value):
+    assert parse_reply(wire) == (value, len(wire))
+    for cut in range(len(wire)):  # every prefix is incomplete, never wrong
+        assert parse_reply(wire[:cut]) is None
+
+
+def test_parse_messages_fast_path_and_leftovers():
+    msg = b"*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$5\r\nRDATA\r\n"
+    confirm = b"*3\r\n$9\r\nsubscribe\r\n$2\r\nhs\r\n:1\r\n"
+    wire = confirm + msg + msg
+    assert parse_messages(wire) == ([[b"subscribe", b"hs", 1], b"RDATA", b"RDATA"], len(wire))
+    for cut in range(len(wire)):
+        got, rest = parse_messages(wire[:cut])
+        more, end = parse_messages(wire[:cut][rest:] + wire[cut:])
+        assert got + more == [[b"subscribe", b"hs", 1], b"RDATA", b"RDATA"]
+
+
+def test_sniffer_counts_exact_messages_across_chunks():
+    replicate = b"*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$10\r\nREPLICATE \r\n"
+    other = b"*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$18\r\nREPLICATE events 0\r\n"
+    rdata = b'*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$28\r\nRDATA s w 1 ["REPLICATE "]\r\n'
+    wire = rdata + replicate + other + replicate + rdata
+    for size in (1, 3, 7, len(wire)):
+        sniffer = MessageSniffer(b"REPLICATE ")
+        assert sum(sniffer.feed(wire[i:i + size]) for i in range(0, len(wire), size)) == 2
+
+
+def test_publish_and_subscribe_against_redis(redis_server):
+    async def scenario():
+        sub = await RespConnection.open(redis_server.url)
+        assert await sub.command("SUBSCRIBE", b"ch") == [b"subscribe", b"ch", 1]
+        pub = await RespConnection.open(redis_server.url)
+        payloads = [b"line %d" % i for i in range(1000)]
+        await pub.publish([(b"ch", p) for p in payloads] + [(b"other", b"x")])
+        got, buf = [], b""
+        while len(got) < 1000:
+            buf += await sub.read_chunk(5)
+            messages, end = parse_messages(buf)
+            got += messages
+            buf = buf[end:]
+        assert got == payloads
+        with pytest.raises(RespError):
+            await pub.command("NOSUCHCOMMAND")
+        await pub.close()
+        await sub.close()
+
+    asyncio.run(scenario())
+
+
+def test_auth_and_refused_connection(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    client.config_set("requirepass", "s3cret")
+    try:
+        async def scenario():
+            conn = await RespConnection.open(redis_server.url.replace("redis://", "redis://:s3cret@"))
+            assert await conn.command("PING") == b"PONG"
+            await conn.close()
+            with pytest.raises(RespError, match="WRONGPASS|invalid"):
+                await RespConnection.open(redis_server.url.replace("redis://", "redis://:nope@"))
+
+        asyncio.run(scenario())
+    finally:
+        redis.Redis.from_url(redis_server.url.replace("redis://", "redis://:s3cret@")).config_set("requirepass", "")
+        client.close()
+
+    async def refused():
+        from synapse_repl.services import free_port
+
+        with pytest.raises(RespError, match="cannot connect"):
+            await RespConnection.open(f"redis://127.0.0.1:{free_port()}/0", timeout=2)
+
+    asyncio.run(refused())
