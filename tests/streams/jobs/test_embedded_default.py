@@ -37,13 +37,16 @@ def test_run_job_reads_and_swaps_on_sqlite(tmp_path):
             db.execute("INSERT INTO event_edges (event_id, prev_event_id, room_id) VALUES (?, ?, '!r:hs')", (eid, p))
     db.commit()
 
-    check = manage(tmp_path, "run_job", "check_topological_ordering")
-    assert check.returncode == 0, check.stderr[-3000:]
-    assert "differences 1" in check.stdout and "'$c'" in check.stdout
-
-    fix = manage(tmp_path, "run_job", "topological_ordering")
-    assert fix.returncode == 0, fix.stderr[-3000:]
-    assert "succeeded" in fix.stdout and "rows out 1" in fix.stdout
+    # both jobs in one process (one Spark start), through the runner as run_job calls it
+    script = ("from streams.jobs.runner import run_job\n"
+              "check = run_job('check_topological_ordering')\n"
+              "print('check', check.status, check.differences, [d['event_id'] for d in check.difference_sample])\n"
+              "fix = run_job('topological_ordering')\n"
+              "print('fix', fix.status, fix.rows_out)\n")
+    out = manage(tmp_path, "shell", "-c", script)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "check succeeded 1 ['$c']" in out.stdout
+    assert "fix succeeded 1" in out.stdout
     assert dict(db.execute("SELECT event_id, topological_ordering FROM events").fetchall()) == {
         "$a": 1, "$b": 2, "$c": 2, "$d": 3}
     runs = db.execute("SELECT job, status FROM job_runs ORDER BY id").fetchall()

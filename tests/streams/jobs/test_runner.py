@@ -75,3 +75,16 @@ def test_run_left_running_by_a_dead_process_is_marked_failed(test_jobs):
 def test_unknown_job():
     with pytest.raises(UnknownJob, match="topological_ordering"):
         run_job("no_such_job")
+
+
+def test_run_job_command(spark):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("run_job", "check_visibility", "--rooms", "!nowhere:hs", stdout=out)
+    assert "check_visibility run #" in out.getvalue() and "succeeded" in out.getvalue()
+    assert JobRun.objects.get(job="check_visibility").parameters == {"rooms": ["!nowhere:hs"]}
+    with pytest.raises(CommandError, match="unknown job"):
+        call_command("run_job", "nope")
