@@ -21,11 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from django.db import connections
-
 from ..models import CurrentStateDelta, Event
 from .events import (
-    CREATE, HISTORY_VISIBILITY, MEMBER, REDACTION, BadEvent, IncomingEvent, ParsedEvent, StateKey,
+    CREATE, HISTORY_VISIBILITY, MEMBER, BadEvent, IncomingEvent, ParsedEvent, StateKey,
     StateMap, parse_events,
 )
 from .redactions import mark_redacted
