@@ -7,9 +7,12 @@ pruned. Events are returned as their stored JSON bytes (lossless), in :class:`Ev
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+from django.db import transaction
 
 from .change_cache import StreamChangeCache
 from .events import StateMap
@@ -77,6 +80,20 @@ class EventRow:
     @property
     def token(self) -> RoomStreamToken:
         return RoomStreamToken(self.stream_ordering, self.topological_ordering)
+
+
+@contextlib.contextmanager
+def _timeline_cursor(using: str) -> Iterator[Any]:
+    """A cursor for the timeline queries, in a transaction planned without bitmap scans.
+
+    The planner cannot know how many events a visibility range holds (it guesses a
+    handful), so it reads a range with a bitmap scan and sorts it -- every event of a big
+    room's open range. Without bitmap scans it walks the (room, topological, stream) index
+    in order and stops at the limit: 71 -> 13 ms for 100 rooms x 20 events.
+    """
+    with transaction.atomic(using=using), pg_cursor(using) as cur:
+        cur.execute("SET LOCAL enable_bitmapscan = off")
+        yield cur
 
 
 def _row(r: Sequence[Any]) -> EventRow:
@@ -218,7 +235,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
             bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
             range_bound = ("AND (coalesce(v.end_topological, %s), coalesce(v.end_stream, %s)) > (%%(t)s, %%(s)s)"
                            % (_MAX, _MAX))
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         cur.execute("SELECT * FROM " + visible_events("%(room)s", order=direction, event_filter=bound,
                                                       range_filter=range_bound) + " y", params)
         rows = [_row(r) for r in cur.fetchall()]
@@ -248,7 +265,7 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
     if from_token is not None:
         params.update(t=from_token.topological if from_token.topological is not None else -1, s=from_token.stream)
         bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         cur.execute(
             f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
             f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
@@ -265,7 +282,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
     """The latest ``limit`` visible events of each of the user's ``rooms`` most recently active
     joined rooms: one query (rooms chosen and events fetched with a LATERAL join)."""
     limit, rooms = _limit(limit), _limit(rooms)
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         now = current_token(cur)
         cur.execute(
             f"""WITH my_rooms AS (
@@ -304,7 +321,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
     membership changes in any room (invites included)."""
     limit = _limit(limit)
     caches = change_caches_for(using)
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         now = current_token(cur)
         caches.refresh(cur, now)
         assert caches.rooms is not None and caches.members is not None
