@@ -1,5 +1,9 @@
 """Tables of the room event store that sit beside the ``events`` fact table.
 
+Indexes are declared in ``Meta`` (not ``db_index``/``unique`` on text fields), so PostgreSQL
+gets no extra ``varchar_pattern_ops`` "like" index per column: nothing here is searched by
+prefix, and every index is paid for on each persisted batch.
+
 Names and columns follow Synapse (``shared/specs/storage.md`` §1-§2) where Synapse has the
 table, so Synapse tools and SQL read them unchanged. These are derived tables, written only by
 ``streams.storage.persist`` (and, for visibility, by the batch jobs of issue 6); they are not
@@ -37,34 +41,37 @@ class EventEdge(models.Model):
     """One ``prev_events`` link of the room DAG (event -> an event before it)."""
 
     event_id = models.CharField(_("event ID"), max_length=255)
-    prev_event_id = models.CharField(_("previous event ID"), max_length=255, db_index=True)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    prev_event_id = models.CharField(_("previous event ID"), max_length=255)
+    room_id = models.CharField(_("room ID"), max_length=255)
 
     class Meta:
         db_table = "event_edges"
         constraints = [models.UniqueConstraint(fields=["event_id", "prev_event_id"], name="event_edges_event_prev")]
+        indexes = [models.Index(fields=["prev_event_id"], name="ev_edges_prev_id")]
 
 
 class ForwardExtremity(models.Model):
     """The newest accepted events of a room that no accepted event references yet."""
 
     event_id = models.CharField(_("event ID"), max_length=255)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    room_id = models.CharField(_("room ID"), max_length=255)
 
     class Meta:
         db_table = "event_forward_extremities"
         constraints = [models.UniqueConstraint(fields=["event_id", "room_id"], name="event_fwd_ext_event_room")]
+        indexes = [models.Index(fields=["room_id"], name="event_fwd_ext_room")]
 
 
 class BackwardExtremity(models.Model):
     """Events referenced as prev_events that we do not have: where backfill continues."""
 
     event_id = models.CharField(_("event ID"), max_length=255)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    room_id = models.CharField(_("room ID"), max_length=255)
 
     class Meta:
         db_table = "event_backward_extremities"
         constraints = [models.UniqueConstraint(fields=["event_id", "room_id"], name="event_bwd_ext_event_room")]
+        indexes = [models.Index(fields=["room_id"], name="event_bwd_ext_room")]
 
 
 class StateGroup(models.Model):
@@ -75,24 +82,26 @@ class StateGroup(models.Model):
     """
 
     id = models.BigIntegerField(primary_key=True)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    room_id = models.CharField(_("room ID"), max_length=255)
     event_id = models.CharField(_("computed for event"), max_length=255)
     chain_length = models.IntegerField(_("groups to the snapshot"), default=1)
 
     class Meta:
         db_table = "state_groups"
+        indexes = [models.Index(fields=["room_id"], name="state_groups_room_id_idx")]
 
 
 class StateGroupEdge(models.Model):
     """A delta group's parent; ids grow along every chain (reads rely on it)."""
 
     state_group = models.BigIntegerField()
-    prev_state_group = models.BigIntegerField(db_index=True)
+    prev_state_group = models.BigIntegerField()
 
     class Meta:
         db_table = "state_group_edges"
         constraints = [models.UniqueConstraint(fields=["state_group", "prev_state_group"],
                                                name="state_group_edges_unique_idx")]
+        indexes = [models.Index(fields=["prev_state_group"], name="state_group_edges_prev_idx")]
 
 
 class StateGroupState(models.Model):
@@ -113,11 +122,13 @@ class StateGroupState(models.Model):
 class EventToStateGroup(models.Model):
     """The state after an event (before it, for a rejected event); outliers have no row."""
 
-    event_id = models.CharField(max_length=255, unique=True)
-    state_group = models.BigIntegerField(db_index=True)
+    event_id = models.CharField(max_length=255)
+    state_group = models.BigIntegerField()
 
     class Meta:
         db_table = "event_to_state_groups"
+        constraints = [models.UniqueConstraint(fields=["event_id"], name="event_to_state_groups_event")]
+        indexes = [models.Index(fields=["state_group"], name="event_to_state_groups_sg_idx")]
 
 
 class CurrentStateEvent(models.Model):
@@ -144,7 +155,7 @@ class CurrentStateEvent(models.Model):
 class RoomMembership(models.Model):
     """Every accepted ``m.room.member`` event: the membership history of a room."""
 
-    event_id = models.CharField(max_length=255, unique=True)
+    event_id = models.CharField(max_length=255)
     user_id = models.CharField(max_length=255)
     sender = models.CharField(max_length=255)
     room_id = models.CharField(max_length=255)
@@ -154,6 +165,7 @@ class RoomMembership(models.Model):
 
     class Meta:
         db_table = "room_memberships"
+        constraints = [models.UniqueConstraint(fields=["event_id"], name="room_memberships_event")]
         indexes = [
             models.Index(fields=["user_id", "event_stream_ordering"], name="room_memberships_user_stream"),
             models.Index(fields=["room_id", "user_id"], name="room_memberships_room_user"),
@@ -163,23 +175,26 @@ class RoomMembership(models.Model):
 class Redaction(models.Model):
     """An ``m.room.redaction``: ``redacts`` is its target (which may arrive later)."""
 
-    event_id = models.CharField(max_length=255, unique=True)
-    redacts = models.CharField(max_length=255, db_index=True)
+    event_id = models.CharField(max_length=255)
+    redacts = models.CharField(max_length=255)
     received_ts = models.BigIntegerField()
 
     class Meta:
         db_table = "redactions"
+        constraints = [models.UniqueConstraint(fields=["event_id"], name="redactions_event")]
+        indexes = [models.Index(fields=["redacts"], name="redactions_redacts")]
 
 
 class Rejection(models.Model):
     """Why an event was rejected (it is stored, never shown, and changes no state)."""
 
-    event_id = models.CharField(max_length=255, unique=True)
+    event_id = models.CharField(max_length=255)
     reason = models.TextField()
     last_check = models.CharField(max_length=32)
 
     class Meta:
         db_table = "rejections"
+        constraints = [models.UniqueConstraint(fields=["event_id"], name="rejections_event")]
 
 
 class VisibilityRange(models.Model):

@@ -14,18 +14,16 @@ beyond its own rows. Design notes: docs/storage.md.
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from django.db import connections
-
 from ..models import CurrentStateDelta, Event
 from .events import (
-    CREATE, HISTORY_VISIBILITY, MEMBER, REDACTION, BadEvent, IncomingEvent, ParsedEvent, StateKey,
+    CREATE, HISTORY_VISIBILITY, MEMBER, BadEvent, IncomingEvent, ParsedEvent, StateKey,
     StateMap, parse_events,
 )
 from .redactions import mark_redacted
@@ -34,8 +32,6 @@ from .state_groups import NewGroup, StateGroupStore, resolve
 from .visibility import (
     ANYONE, SHARED_ERAS, RangeSet, grants, normalise_visibility, shared_era, visible_to_member,
 )
-
-logger = logging.getLogger(__name__)
 
 Key = tuple[int, int]
 HV_KEY: StateKey = (HISTORY_VISIBILITY, "")
@@ -736,17 +732,17 @@ class _Batch:
             self.p._keep(ctx)
 
 
-_PERSISTERS: dict[int, EventPersister] = {}
+#: one persister (and its caches) per stream runtime; dropped with the runtime
+_PERSISTERS: "weakref.WeakKeyDictionary[Any, EventPersister]" = weakref.WeakKeyDictionary()
 _PERSISTERS_LOCK = threading.Lock()
 
 
 def persister_for(runtime: Any) -> EventPersister:
     """The persister of a stream runtime (one per process and database)."""
     with _PERSISTERS_LOCK:
-        p = _PERSISTERS.get(id(runtime))
-        if p is None or getattr(p, "_runtime", None) is not runtime:
-            p = _PERSISTERS[id(runtime)] = EventPersister()
-            p._runtime = runtime  # type: ignore[attr-defined]
+        p = _PERSISTERS.get(runtime)
+        if p is None:
+            p = _PERSISTERS[runtime] = EventPersister()
             from . import reads
 
             p.on_commit.append(reads.change_caches_for(runtime.using).record)

@@ -7,9 +7,12 @@ pruned. Events are returned as their stored JSON bytes (lossless), in :class:`Ev
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+from django.db import transaction
 
 from .change_cache import StreamChangeCache
 from .events import StateMap
@@ -29,6 +32,37 @@ VISIBLE = """EXISTS (
            OR (e.topological_ordering, e.stream_ordering) <= (v.end_topological, v.end_stream)))"""
 
 _COLUMNS = "e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, e.redacted"
+_MAX = 2**63 - 1
+
+
+def visible_events(room: str, *, order: str, event_filter: str = "", range_filter: str = "",
+                   limit: str = "%(limit)s") -> str:
+    """SQL: the first ``limit`` events of room ``room`` (an SQL expression) visible to
+    %(user)s, in ``order`` -- ``b`` (history, newest first), ``f`` (oldest first) or ``s``
+    (stream ordering, newest first).
+
+    It walks the user's (and ``*``'s) visibility ranges and reads each one as an index range
+    scan of ``(room_id, topological_ordering, stream_ordering)`` -- never the whole room, and
+    no reliance on the planner guessing how many of a room's events a user can see (it
+    guessed "all of a small room", then sorted every event of a 100,000-event room).
+    """
+    direction = {"b": "DESC", "f": "ASC", "s": "DESC"}[order]
+    key = ("e.stream_ordering {d}" if order == "s"
+           else "e.topological_ordering {d}, e.stream_ordering {d}").format(d=direction)
+    outer = key.replace("e.", "x.")
+    distinct = "x.stream_ordering" if order == "s" else "x.topological_ordering, x.stream_ordering"
+    return f"""(
+        SELECT DISTINCT ON ({distinct}) x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
+            SELECT {_COLUMNS} FROM events e
+            WHERE e.room_id = v.room_id
+              AND (e.topological_ordering, e.stream_ordering) >= (v.start_topological, v.start_stream)
+              AND (e.topological_ordering, e.stream_ordering)
+                  <= (coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX}))
+              AND NOT e.outlier AND NOT e.rejected {event_filter}
+            ORDER BY {key} LIMIT {limit}) x
+        WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}
+        ORDER BY {outer} LIMIT {limit})"""
+
 
 
 class NotFound(LookupError):
@@ -46,6 +80,20 @@ class EventRow:
     @property
     def token(self) -> RoomStreamToken:
         return RoomStreamToken(self.stream_ordering, self.topological_ordering)
+
+
+@contextlib.contextmanager
+def _timeline_cursor(using: str) -> Iterator[Any]:
+    """A cursor for the timeline queries, in a transaction planned without bitmap scans.
+
+    The planner cannot know how many events a visibility range holds (it guesses a
+    handful), so it reads a range with a bitmap scan and sorts it -- every event of a big
+    room's open range. Without bitmap scans it walks the (room, topological, stream) index
+    in order and stops at the limit: 71 -> 13 ms for 100 rooms x 20 events.
+    """
+    with transaction.atomic(using=using), pg_cursor(using) as cur:
+        cur.execute("SET LOCAL enable_bitmapscan = off")
+        yield cur
 
 
 def _row(r: Sequence[Any]) -> EventRow:
@@ -174,22 +222,22 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
         raise ValueError("dir must be 'b' or 'f'")
     limit = _limit(limit)
     params: dict[str, Any] = {"room": room_id, "user": user_id, "limit": limit + 1}
-    bound = ""
+    bound = range_bound = ""
     if from_token is not None:
         params["s"] = from_token.stream
         params["t"] = from_token.topological
-        if direction == "b":
-            bound = ("AND (e.topological_ordering, e.stream_ordering) <= (%(t)s, %(s)s)"
-                     if from_token.topological is not None else "AND e.stream_ordering <= %(s)s")
+        if from_token.topological is None:
+            bound = "AND e.stream_ordering <= %(s)s" if direction == "b" else "AND e.stream_ordering > %(s)s"
+        elif direction == "b":
+            bound = "AND (e.topological_ordering, e.stream_ordering) <= (%(t)s, %(s)s)"
+            range_bound = "AND (v.start_topological, v.start_stream) <= (%(t)s, %(s)s)"
         else:
-            bound = ("AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
-                     if from_token.topological is not None else "AND e.stream_ordering > %(s)s")
-    order = "DESC" if direction == "b" else "ASC"
-    with pg_cursor(using) as cur:
-        cur.execute(
-            f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
-            f"{bound} AND {VISIBLE} ORDER BY e.topological_ordering {order}, e.stream_ordering {order} "
-            f"LIMIT %(limit)s", params)
+            bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
+            range_bound = ("AND (coalesce(v.end_topological, %s), coalesce(v.end_stream, %s)) > (%%(t)s, %%(s)s)"
+                           % (_MAX, _MAX))
+    with _timeline_cursor(using) as cur:
+        cur.execute("SELECT * FROM " + visible_events("%(room)s", order=direction, event_filter=bound,
+                                                      range_filter=range_bound) + " y", params)
         rows = [_row(r) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
@@ -217,7 +265,7 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
     if from_token is not None:
         params.update(t=from_token.topological if from_token.topological is not None else -1, s=from_token.stream)
         bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         cur.execute(
             f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
             f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
@@ -234,18 +282,15 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
     """The latest ``limit`` visible events of each of the user's ``rooms`` most recently active
     joined rooms: one query (rooms chosen and events fetched with a LATERAL join)."""
     limit, rooms = _limit(limit), _limit(rooms)
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         now = current_token(cur)
         cur.execute(
             f"""WITH my_rooms AS (
                     SELECT c.room_id, r.last_stream FROM current_state_events c JOIN rooms r USING (room_id)
                     WHERE c.type = 'm.room.member' AND c.state_key = %(user)s AND c.membership = 'join'
                     ORDER BY r.last_stream DESC, c.room_id LIMIT %(rooms)s)
-                SELECT m.last_stream, {_COLUMNS.replace('e.', 'x.')} FROM my_rooms m CROSS JOIN LATERAL (
-                    SELECT e.* FROM events e
-                    WHERE e.room_id = m.room_id AND NOT e.outlier AND NOT e.rejected
-                      AND e.stream_ordering <= %(now)s AND {VISIBLE}
-                    ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT %(limit)s) x
+                SELECT m.last_stream, {_COLUMNS.replace('e.', 'y.')} FROM my_rooms m CROSS JOIN LATERAL
+                    {visible_events("m.room_id", order="b", event_filter="AND e.stream_ordering <= %(now)s")} y
                 ORDER BY m.last_stream DESC, m.room_id""",
             {"user": user_id, "rooms": rooms, "now": now, "limit": limit + 1})
         out = _group_timelines(cur.fetchall(), limit, historic=True)
@@ -276,7 +321,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
     membership changes in any room (invites included)."""
     limit = _limit(limit)
     caches = change_caches_for(using)
-    with pg_cursor(using) as cur:
+    with _timeline_cursor(using) as cur:
         now = current_token(cur)
         caches.refresh(cur, now)
         assert caches.rooms is not None and caches.members is not None
@@ -298,12 +343,10 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         out: dict[str, dict[str, Any]] = {}
         if changed and since.stream < now:
             cur.execute(
-                f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'x.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
-                    CROSS JOIN LATERAL (
-                        SELECT e.* FROM events e
-                        WHERE e.room_id = m.room_id AND NOT e.outlier AND NOT e.rejected
-                          AND e.stream_ordering > %(since)s AND e.stream_ordering <= %(now)s AND {VISIBLE}
-                        ORDER BY e.stream_ordering DESC LIMIT %(limit)s) x""",
+                f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'y.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                    CROSS JOIN LATERAL {visible_events(
+                        "m.room_id", order="s",
+                        event_filter="AND e.stream_ordering > %(since)s AND e.stream_ordering <= %(now)s")} y""",
                 {"rooms": changed, "user": user_id, "since": since.stream, "now": now, "limit": limit + 1})
             out = _group_timelines(cur.fetchall(), limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,

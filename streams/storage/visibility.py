@@ -171,7 +171,3 @@ class RangeSet:
                 break
             out.append((start, end if end is not None and end < k else _pred(k)))
         return out
-
-
-def merge_count(ranges: dict[str, RangeSet]) -> int:
-    return sum(len(r.ranges) for r in ranges.values())

@@ -154,3 +154,36 @@ def test_sqlite_is_refused_with_a_clear_error():
         assert Event.objects.using("sqlite").count() == 0
     finally:
         rt.close()
+
+
+def test_stream_rows_reach_the_replication_journal(store):
+    """The ev and state rows are recorded for replication when the transaction completes."""
+    from streams.writer import WireJournal
+
+    writer = store.runtime.writer("events")
+    writer.journal = WireJournal()
+    b, evs = simple_room()
+    persisted = store.persist(*[raw for _, raw in evs[:3]])
+    facts = dict(writer.journal.take(0, 10**9))
+    first = persisted[0]
+    kinds = [row[0] for row in facts[first.stream_ordering]]
+    assert kinds == ["ev", "state"]
+    ev_row, state_row = facts[first.stream_ordering]
+    assert ev_row[1][:4] == [first.event_id, "!r:localhost", "m.room.create", ""]
+    assert state_row[1] == ["!r:localhost", "m.room.create", "", first.event_id]
+    assert [row[0] for row in facts[persisted[2].stream_ordering]] == ["ev"]  # a message changes no state
+
+
+def test_rejected_event_is_stored_but_changes_nothing(store):
+    from streams.storage.reads import room_messages, state_at_event
+
+    b, evs = simple_room()
+    store.persist(*[raw for _, raw in evs])
+    rid, raw = b.event("m.room.name", "@bob:localhost", {"name": "evil"}, state_key="")
+    store.persist(IncomingEvent(raw, rejected_reason="not allowed"))
+    assert rows("SELECT rejected FROM events WHERE event_id = %s", rid) == [(True,)]
+    assert rows("SELECT reason FROM rejections") == [("not allowed",)]
+    assert ("m.room.name", "") not in state_at_event(rid)  # mapped to the state before it
+    assert rows("SELECT count(*) FROM current_state_events WHERE type = 'm.room.name'") == [(0,)]
+    assert rows("SELECT event_id FROM event_forward_extremities") == [(evs[-1][0],)]
+    assert rid not in [e.event_id for e in room_messages("!r:localhost", "@alice:localhost", limit=50)["chunk"]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from streams.storage.reads import room_messages
@@ -87,3 +87,96 @@ def test_ranges_match_the_rules(store, ops, batch):
     for user in USERS + [OUTSIDER, CREATOR]:
         got = [e.event_id for e in room_messages(room_id, user, direction="f", limit=1000)["chunk"]]
         assert got == expected_visible(history, user), user
+
+
+# -- the same with forks and merges: state after each event from a replay of the DAG ----------
+
+fork_op = st.tuples(op, st.integers(0, 4), st.booleans())  # (what, how far back, merge with the tip)
+
+
+def _resolve(states):
+    """As the store's stand-in for state resolution: the latest prev's state, plus what only
+    the others have (states sorted latest first)."""
+    out = dict(states[0])
+    for s in states[1:]:
+        for k, v in s.items():
+            out.setdefault(k, v)
+    return out
+
+
+# a join on a branch, merged: the user sees each event after the merge (found by this test)
+FORK_JOIN_MERGE = [(("msg",), 1, False), (("msg",), 0, False), (("member", "@u1:hs", "join"), 2, True), (("msg",), 0, False)]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(st.lists(fork_op, max_size=30), st.integers(1, 12))
+@example(FORK_JOIN_MERGE, 1)
+@example(FORK_JOIN_MERGE, 10)
+def test_ranges_match_the_rules_on_forked_rooms(store, ops, batch):
+    room_id = f"!vf{next(ROOMS)}:hs"
+    b = RoomBuilder(room_id, server="hs")
+    events = []  # (event_id, prevs, kind, key, membership, vis value, raw)
+    c = b.create(CREATOR)
+    events.append((c[0], [], "create", ("m.room.create", ""), None, None, c[1]))
+    j = b.member(CREATOR, "join")
+    events.append((j[0], [c[0]], "member", ("m.room.member", CREATOR), "join", None, j[1]))
+    for (o, back, merge) in ops:
+        ids = [e[0] for e in events]
+        base = ids[-1 - min(back, len(ids) - 1)]
+        prevs = sorted({base, ids[-1]}) if merge else [base]
+        if o[0] == "msg":
+            ev = b.event("m.room.message", CREATOR, {"body": "m"}, prev=prevs)
+            events.append((ev[0], prevs, "msg", None, None, None, ev[1]))
+        elif o[0] == "member":
+            sender = CREATOR if o[2] in ("invite", "ban") else o[1]
+            ev = b.event("m.room.member", sender, {"membership": o[2]}, state_key=o[1], prev=prevs)
+            events.append((ev[0], prevs, "member", ("m.room.member", o[1]), o[2], None, ev[1]))
+        else:
+            ev = b.event("m.room.history_visibility", CREATOR, {"history_visibility": o[1]}, state_key="", prev=prevs)
+            events.append((ev[0], prevs, "vis", ("m.room.history_visibility", ""), None, o[1], ev[1]))
+    persisted = []
+    for i in range(0, len(events), batch):
+        persisted += store.persist(*[e[-1] for e in events[i:i + batch]])
+    key = {p.event_id: (p.topological_ordering, p.stream_ordering) for p in persisted}
+    info = {e[0]: e for e in events}
+
+    def vis_of(state):
+        eid = state.get(("m.room.history_visibility", ""))
+        value = info[eid][5] if eid else None
+        return value if value in VIS[:4] else "shared"
+
+    def member_of(state, user):
+        eid = state.get(("m.room.member", user))
+        return info[eid][4] if eid else None
+
+    after, before = {}, {}
+    for eid, prevs, kind, skey, *_ in events:
+        before[eid] = _resolve([after[p] for p in sorted(prevs, key=key.get, reverse=True)]) if prevs else {}
+        after[eid] = dict(before[eid])
+        if skey is not None:
+            after[eid][skey] = eid
+    order = sorted(info, key=key.get)
+    for user in USERS + [OUTSIDER, CREATOR]:
+        joins = [key[e] for e in info if info[e][2] == "member" and info[e][3][1] == user and info[e][4] == "join"]
+        want = []
+        for eid in order:
+            kind, membership = info[eid][2], info[eid][4]
+            values = {vis_of(after[eid])} | ({vis_of(before[eid])} if kind == "vis" else set())
+            ok = "world_readable" in values
+            for v in values:
+                if kind == "member" and info[eid][3][1] == user:
+                    prev = member_of(before[eid], user) or "leave"
+                    if membership == "leave" and prev in ("join", "invite"):
+                        ok = True
+                    m = min(membership, prev, key=PRIORITY.index)
+                else:
+                    m = member_of(after[eid], user)
+                if m == "join" or (m == "invite" and v == "invited"):
+                    ok = True
+                if v in ("shared", "world_readable") and any(k > key[eid] for k in joins):
+                    ok = True
+            if ok:
+                want.append(eid)
+        got = [e.event_id for e in room_messages(room_id, user, direction="f", limit=1000)["chunk"]]
+        assert got == want, user
