@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
 from streams.storage import reads
@@ -17,7 +18,11 @@ class BadParam(ValueError):
     pass
 
 
-def _int(request: HttpRequest, name: str, default: int, lo: int = 1, hi: int = reads.MAX_LIMIT) -> int:
+def _int(request: HttpRequest, name: str, default: int, lo: int = 1, hi: int | None = None) -> int:
+    """An integer parameter; page sizes are capped by ``API_MAX_LIMIT`` (never above what the
+    reads allow)."""
+    if hi is None:
+        hi = min(int(settings.API_MAX_LIMIT), reads.MAX_LIMIT)
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default

@@ -79,3 +79,10 @@ def test_bad_parameters_get_json_errors(client, room, url, params, status, fragm
 
 def test_only_get(client, room):
     assert client.post("/api/sync", **AUTH).status_code == 405
+
+
+def test_page_size_capped_by_api_max_limit(client, room, settings):
+    settings.API_MAX_LIMIT = 5
+    r = client.get("/api/rooms/!api:hs/messages", {"user_id": A, "limit": 6}, **AUTH)
+    assert r.status_code == 400 and "between 1 and 5" in r.json()["error"]
+    assert client.get("/api/rooms/!api:hs/messages", {"user_id": A, "limit": 5}, **AUTH).status_code == 200
