@@ -224,3 +224,6 @@ class JobRunAdmin(ReadOnlyAdmin):
     @admin.display(description=_("duration (s)"))
     def duration(self, run: JobRun):
         return None if run.duration_seconds is None else round(run.duration_seconds, 1)
+
+
+from .storage import admin_panels  # noqa: E402,F401  (the room store registers its event panels)

@@ -100,7 +100,7 @@ def test_event_detail_shows_json_exactly_and_pretty(admin_client, facts):
 
     assert html.unescape(exact) == facts["raw"].decode()
     assert html.unescape(pretty) == json.dumps(json.loads(facts["raw"]), indent=2, ensure_ascii=False)
-    assert "Shown here once event storage records them" in body
+    assert "<h3>DAG edges</h3>" in body  # the room store's panels (tests/streams/storage/test_admin_panels.py)
 
 
 def test_event_detail_shows_registered_panels(admin_client, facts):

@@ -1,0 +1,60 @@
+"""The room-store panels on an event's admin page: its DAG edges, its state group, and the
+room state at the event (registered with ``streams.admin.event_detail_panel``)."""
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from ..admin import event_detail_panel
+from ..models import Event
+from ..models.storage import EventEdge, EventToStateGroup, StateGroup, StateGroupEdge, StateGroupState
+
+
+def _event_link(event_id: str):
+    url = reverse("admin:streams_event_changelist") + "?" + urlencode({"q": event_id})
+    return format_html('<a href="{}">{}</a>', url, event_id)
+
+
+def _list(event_ids) -> str:
+    ids = list(event_ids)
+    if not ids:
+        return format_html('<span class="quiet">{}</span>', "none")
+    return format_html_join(", ", "{}", ((_event_link(e),) for e in ids))
+
+
+@event_detail_panel("DAG edges")
+def edges_panel(event: Event) -> str:
+    prevs = EventEdge.objects.filter(event_id=event.event_id).values_list("prev_event_id", flat=True)
+    nexts = EventEdge.objects.filter(prev_event_id=event.event_id).values_list("event_id", flat=True)
+    return format_html("<p>prev_events: {}</p><p>referenced by: {}</p><p>depth / topological ordering: {} / {}</p>",
+                       _list(prevs), _list(nexts), event.depth, event.topological_ordering)
+
+
+@event_detail_panel("State group")
+def state_group_panel(event: Event) -> str:
+    row = EventToStateGroup.objects.filter(event_id=event.event_id).first()
+    if row is None:
+        return format_html("<p>{}</p>", "no state group (an outlier, or not persisted by the room store)")
+    group = StateGroup.objects.filter(id=row.state_group).first()
+    parent = StateGroupEdge.objects.filter(state_group=row.state_group).values_list("prev_state_group", flat=True).first()
+    rows = StateGroupState.objects.filter(state_group=row.state_group).count()
+    kind = "a full snapshot" if parent is None else f"a delta of group {parent}"
+    return format_html("<p>state group {} ({}, {} rows of its own; {} group(s) to its snapshot)</p>",
+                       row.state_group, kind, rows, group.chain_length if group else "?")
+
+
+@event_detail_panel("State at this event")
+def state_panel(event: Event) -> str:
+    from .reads import NotFound, state_at_event
+    from .sql import StorageNeedsPostgres
+
+    try:
+        state = state_at_event(event.event_id)
+    except (NotFound, StorageNeedsPostgres) as e:
+        return format_html("<p>{}</p>", str(e))
+    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                            ((t, k, _event_link(e)) for (t, k), e in sorted(state.items())))
+    return format_html('<table class="state-at-event"><thead><tr><th>type</th><th>state_key</th><th>event</th>'
+                       '</tr></thead><tbody>{}</tbody></table>', rows)
