@@ -76,15 +76,8 @@ def input_filter(title: str, parameter: str, lookup: str, *, integer: bool = Fal
     })
 
 
-class FactAdmin(admin.ModelAdmin):
-    """Read-only admin of a fact table, with search and filters on its identifying columns."""
-
-    #: (filter title, column) for the text-box filters of this table
-    text_filters: tuple[tuple[str, str], ...] = ()
-    #: columns with few distinct values: ordinary choice filters
-    choice_filters: tuple[str, ...] = ("instance_name",)
-    list_per_page = 50
-    show_full_result_count = False  # COUNT(*) of a large fact table on every page is slow
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shows rows, never adds, changes or deletes them."""
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -94,6 +87,17 @@ class FactAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class FactAdmin(ReadOnlyAdmin):
+    """Read-only admin of a fact table, with search and filters on its identifying columns."""
+
+    #: (filter title, column) for the text-box filters of this table
+    text_filters: tuple[tuple[str, str], ...] = ()
+    #: columns with few distinct values: ordinary choice filters
+    choice_filters: tuple[str, ...] = ("instance_name",)
+    list_per_page = 50
+    show_full_result_count = False  # COUNT(*) of a large fact table on every page is slow
 
     @property
     def stream_id_field(self) -> str:
@@ -118,17 +122,6 @@ class FactAdmin(admin.ModelAdmin):
         if term.lstrip("-").isdigit():
             return queryset.filter(Q(**{self.stream_id_field: int(term)})), False
         return super().get_search_results(request, queryset, search_term)
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Event)
