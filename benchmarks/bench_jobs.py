@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rooms", type=int, default=None, help="rooms (default 10,000; --quick 1,000)")
     parser.add_argument("--users", type=int, default=None, help="users (default rooms x 2)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--data-dir", help="keep the generated PostgreSQL cluster here and reuse it next time "
+                                           "(the same --events/--rooms/--users): skips the generation")
     args = parser.parse_args(argv)
     events = args.events or (100_000 if args.quick else 1_000_000)
     rooms = args.rooms or (1_000 if args.quick else 10_000)
@@ -131,21 +133,32 @@ def main(argv: list[str] | None = None) -> int:
     from synapse_repl.services import PostgresServer
 
     t_begin = time.monotonic()
-    server = PostgresServer(fast=False).start()
+    server = PostgresServer(fast=False, directory=args.data_dir or "", keep=bool(args.data_dir)).start()
+    dataset = f"{events} events, {rooms} rooms, {users} users, seed 1\n"
+    marker = Path(server.directory) / "dataset"
+    reuse = marker.exists() and marker.read_text() == dataset
     try:
-        url = server.create_database("bench_jobs")
+        if not reuse:
+            server.create_database("bench_jobs")
+        url = server.url("bench_jobs")
         env = {**os.environ, "DATABASE_URL": url, "SPARK_MASTER": "local[2]", "STATE_DIR": server.directory}
         os.environ.update({k: env[k] for k in ("DATABASE_URL", "SPARK_MASTER", "STATE_DIR")})
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], check=True, cwd=ROOT, env=env)
         print(f"machine: {cpu_description()}; {platform.platform()}; python {platform.python_version()}")
-        print(f"generating {events:,} events in {rooms:,} rooms for {users:,} users through persist_events ...",
-              flush=True)
-        t0 = time.monotonic()
-        subprocess.run([sys.executable, "manage.py", "generate_rooms", "--rooms", str(rooms), "--users", str(users),
-                        "--events", str(events), "--seed", "1", "--batch", "1000"], check=True, cwd=ROOT, env=env)
-        print(f"generated in {time.monotonic() - t0:.0f} s", flush=True)
-        subprocess.run(["psql", "-q", url, "-c", "VACUUM ANALYZE"], check=False)
+        if reuse:
+            print(f"reusing {events:,} events in {rooms:,} rooms for {users:,} users from {server.directory}")
+        else:
+            print(f"generating {events:,} events in {rooms:,} rooms for {users:,} users through persist_events ...",
+                  flush=True)
+            t0 = time.monotonic()
+            subprocess.run([sys.executable, "manage.py", "generate_rooms", "--rooms", str(rooms), "--users",
+                            str(users), "--events", str(events), "--seed", "1", "--batch", "1000"],
+                           check=True, cwd=ROOT, env=env)
+            print(f"generated in {time.monotonic() - t0:.0f} s", flush=True)
+            subprocess.run(["psql", "-q", url, "-c", "VACUUM ANALYZE"], check=False)
+            if args.data_dir:
+                marker.write_text(dataset)
 
         import django
 

@@ -60,17 +60,23 @@ class PostgresServer:
     fast: bool = True  # fsync off: for tests; benchmarks compare ratios within one server
     proc: subprocess.Popen | None = field(default=None, repr=False)
     user: str = "postgres"
+    #: reuse ``directory`` if it holds a cluster, and keep it on stop (a benchmark's dataset)
+    keep: bool = False
 
     def start(self) -> "PostgresServer":
         initdb, postgres = _find_pg_bin("initdb"), _find_pg_bin("postgres")
-        self.directory = tempfile.mkdtemp(prefix="synapse_repl_pg_")
+        if self.directory:
+            os.makedirs(self.directory, exist_ok=True)
+        else:
+            self.directory = tempfile.mkdtemp(prefix="synapse_repl_pg_")
         self.port = free_port()
         run_as = self._run_as()
         data = os.path.join(self.directory, "data")
-        subprocess.run(
-            [initdb, "-D", data, "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=run_as,
-        )
+        if not os.path.exists(os.path.join(data, "PG_VERSION")):
+            subprocess.run(
+                [initdb, "-D", data, "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=run_as,
+            )
         options = ["-c", "listen_addresses=127.0.0.1", "-c", f"port={self.port}",
                    "-c", f"unix_socket_directories={self.directory}", "-c", "max_connections=300",
                    "-c", "shared_buffers=128MB"]
@@ -133,7 +139,7 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.directory:
+        if self.directory and not self.keep:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 

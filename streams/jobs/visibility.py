@@ -70,23 +70,28 @@ class _States:
                 rows[("v",)] = _vis(_none(hv))
             elif t == MEMBER:
                 rows[("m", k)] = _none(m) or "leave"
-        self._state: dict[int, dict] = {}
+        self._recent: dict[int, dict] = {}  # a few reconstructed states (forks revisit them)
 
     def state(self, g: int | None) -> dict:
+        """The state of group ``g``, rebuilt from its snapshot (at most 100 hops away); the
+        caller must not change it."""
         if g is None:
             return {}
-        got = self._state.get(g)
+        got = self._recent.get(g)
         if got is not None:
             return got
         chain = []
-        while g is not None and g not in self._state:
-            chain.append(g)
-            g = self.parent.get(g)
-        base = self._state[g] if g is not None else {}
-        for h in reversed(chain):  # ids grow along chains: parents first
-            base = {**base, **self.rows.get(h, {})}
-            self._state[h] = base
-        return base
+        h: int | None = g
+        while h is not None:
+            chain.append(h)
+            h = self.parent.get(h)
+        state: dict = {}
+        for h in reversed(chain):  # ids grow along chains: snapshot first
+            state.update(self.rows.get(h, {}))
+        if len(self._recent) >= 32:
+            self._recent.pop(next(iter(self._recent)))
+        self._recent[g] = state
+        return state
 
 
 def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tuple], dict[str, list[list]], dict[str, bool]]:
@@ -121,39 +126,46 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tu
             else:
                 r.append([start, i - 1])
 
-    cur_state: dict | None = None
+    cur: dict = {}  # the state after the previous event (mutated in place along a chain)
     cur_group: int | None = -1
     for i, (eid, etype, skey, membership, prevs) in enumerate(zip(
             ev["event_id"], ev["type"], ev["state_key"], ev["membership"], ev["prev_events"])):
         g = group_of.get(eid)
-        state = states.state(g)
-        vis = _vis(state.get(("v",)))
+        before: dict | None = None
         if g != cur_group:
-            old = cur_state or {}
-            if cur_state is not None and states.parent.get(g) == cur_group and g is not None:
-                changed = [k[1] for k in states.rows.get(g, {}) if k[0] == "m"]
-                if old.get(("v",)) != state.get(("v",)):
-                    changed = None
-            else:
-                changed = None
-            users = ({k[1] for k in state if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
-                     if changed is None else changed)
+            parent = states.parent.get(g) if g is not None else None
+            own = states.rows.get(g, {}) if g is not None else {}
+            if g is not None and cur_group != -1 and parent == cur_group:
+                # the next link of the chain: only its own rows change (a linear room's case)
+                if len(own) <= 1:
+                    before = {k: cur[k] for k in own if k in cur}  # what this event's key was
+                    before[("v",)] = cur.get(("v",))
+                vis_changed = ("v",) in own and own[("v",)] != cur.get(("v",))
+                cur.update(own)
+                if vis_changed:
+                    users = {k[1] for k in cur if k[0] == "m"} | set(open_from)
+                else:
+                    users = [k[1] for k in own if k[0] == "m"]
+            else:  # a fork, a snapshot, or the first event: compare whole member maps
+                old = cur
+                cur = dict(states.state(g))
+                users = {k[1] for k in cur if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
+                if parent is not None and len(own) <= 1:
+                    before = states.state(parent)
+            vis = _vis(cur.get(("v",)))
             for u in users:
-                now = _grants(state.get(("m", u)), vis)
+                now = _grants(cur.get(("m", u)), vis)
                 if now and u not in open_from:
                     open_from[u] = i
                 elif not now and u in open_from:
                     close(u, i)
-            cur_state, cur_group = state, g
+            cur_group = g
+        vis = _vis(cur.get(("v",)))
+        state = cur
         # the state before this event, for the boundary rules of state events: the parent of
         # its own one-row delta group, else resolved from the states after its prev_events
-        before = None
-        if etype in (HV, MEMBER) and skey is not None:
-            parent = states.parent.get(g) if g is not None else None
-            if parent is not None and len(states.rows.get(g, {})) <= 1:
-                before = states.state(parent)
-            else:
-                before = _resolve_before(prevs, group_of, key_of, states)
+        if etype in (HV, MEMBER) and skey is not None and before is None:
+            before = _resolve_before(prevs, group_of, key_of, states)
         values = [vis]
         if etype == HV and skey == "" and before is not None:
             values.append(_vis(before.get(("v",))))
@@ -191,7 +203,7 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tu
     for u, r in runs.items():
         runs[u] = _merge(r)
     # '*' and '*shared' stay open while the current state keeps new events in their era
-    final_vis = _vis((cur_state or {}).get(("v",)))
+    final_vis = _vis(cur.get(("v",)))
     if n:
         if final_vis == "world_readable":
             still_open[ANYONE] = True
