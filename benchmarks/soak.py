@@ -20,12 +20,15 @@ answered ``ERROR`` and closed. Then the writers are stopped (SIGTERM: after thei
 and every worker must end with every fact in the database exactly once.
 
 Printed at the end: facts written (from the database), facts delivered per worker, duplicates
-and missing (both must be 0), disconnects by reason (the endpoints' logs, which survive their
-restarts), fuzzer outcomes, faults injected, peak RSS (VmHWM, sampled every second and just
-before each kill) of each process, and delivery latency (worker's delivery time minus the
-writer's commit stamp; p50/p99/max over all workers, facts delivered through catch-up after a
-restart included). Exit status 1 if anything was duplicated or missing, a process died on its
-own, a fuzzed connection was not closed with ERROR, or a fault did not recover.
+and missing (both must be 0), disconnects by reason until the shutdown (the endpoints' logs,
+which survive their restarts; ``connection lost`` includes ``wait_port``'s start-up probes,
+the fuzzer's connections are the ``bad line`` ones), fuzzer outcomes, faults injected, peak
+RSS (VmHWM, sampled every second and just before each kill) of each process, and delivery
+latency (the worker's delivery time minus the writer's commit stamp; p50/p99/max over all
+workers, facts delivered through catch-up after a restart included, and over the facts
+committed outside fault windows). Exit status 1 if anything was duplicated or missing, a
+process died on its own, a fuzzed connection was not closed with ERROR, or a fault did not
+recover.
 """
 from __future__ import annotations
 
@@ -586,6 +589,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
             log(str(e))
         cluster.sample_rss()
         result.crashes = cluster.unexpected_exits()
+        result.disconnects = dict(disconnect_reasons(tmp))  # before the shutdown adds its own
     finally:
         stop_watch.set()
         if fuzzer is not None:
@@ -604,7 +608,6 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         result.duplicates[name] = tail.duplicates
         result.unexpected[name] = len(tail.seen.keys() - expected)
         result.missing[name] = len(expected - tail.seen.keys())
-    result.disconnects = dict(disconnect_reasons(tmp))
     result.fuzz = dict(fuzzer.outcomes)
     result.faults = injector.faults
     if injector.error:
