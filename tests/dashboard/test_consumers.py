@@ -127,7 +127,7 @@ def test_staff_gets_a_snapshot_then_updates_pushed_by_replication_group_messages
         assert connected
         snapshot = await next_of_type(comm, "snapshot")
         assert stream(snapshot, "receipts")["positions"] == {}
-        assert snapshot["history"] == [] and snapshot["jobs"] is None
+        assert snapshot["history"] == [] and snapshot["jobs"] == []  # no job has run
 
         ids = await sync_to_async(writer.append)(
             [[(Receipt, Receipt.synthetic(random.Random(1), n))] for n in range(3)])
