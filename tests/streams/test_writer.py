@@ -1,8 +1,12 @@
 """The write path (StreamWriter + write_facts) and the append-only rule, on PostgreSQL and SQLite."""
 from __future__ import annotations
 
+import os
 import random
+import signal
+import time
 from io import StringIO
+from unittest import mock
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -135,9 +139,43 @@ def test_write_facts_command():
     assert f"IDs {ids[0]}..{ids[-1]}" in out.getvalue()
 
 
-def test_write_facts_rate_limit():
-    import time
+def test_write_facts_stamps_each_fact(tmp_path):
+    stamps = tmp_path / "stamps.txt"
+    before = time.time()
+    call_command("write_facts", "account_data", "--count", "7", "--per-txn", "3", "--no-progress",
+                 "--stamps", str(stamps), stdout=StringIO())
+    from streams.models import AccountData
 
+    lines = [line.split() for line in stamps.read_text().splitlines()]
+    assert sorted(int(i) for i, _ in lines) == sorted(AccountData.objects.values_list("stream_id", flat=True))
+    assert all(before <= float(t) <= time.time() for _, t in lines)
+
+
+def test_write_facts_stops_after_its_transaction_on_sigterm():
+    """SIGTERM (sent here from the rate limiter's sleep, between two transactions) ends the
+    loop: what was written is complete and the command returns normally."""
+    from streams.models import AccountData
+
+    real_sleep = time.sleep
+    slept = []
+
+    def sleep_then_sigterm(delay):
+        slept.append(delay)
+        if len(slept) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_sleep(min(delay, 0.01))
+
+    handler = signal.getsignal(signal.SIGTERM)
+    out = StringIO()
+    with mock.patch.object(time, "sleep", sleep_then_sigterm):
+        call_command("write_facts", "account_data", "--count", "1000", "--per-txn", "2", "--rate", "100",
+                     "--no-progress", stdout=out)
+    assert AccountData.objects.count() == 4
+    assert "wrote 4 facts" in out.getvalue()
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back
+
+
+def test_write_facts_rate_limit():
     t0 = time.monotonic()
     call_command("write_facts", "caches", "--count", "10", "--rate", "50", "--no-progress", stdout=StringIO())
     # 10 facts at 50/s: the last one is due at 0.2 s. (A lower bound only: never a ceiling.)

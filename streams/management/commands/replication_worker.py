@@ -13,9 +13,11 @@ Two ways to follow the cluster:
 Either way, gaps are fetched from the catch-up endpoint (``--catchup-url``, default
 ``http://WEB_LISTEN``), ``caches`` rows are applied to the local Django cache and, with
 ``--jsonl``, every fact received is appended to a file as one JSON line
-``{"stream", "writer", "token", "rows"}``. That file is also the worker's memory: on start the
-last token per (stream, writer) found in it is where the worker resumes, so restarting with
-the same file neither repeats nor skips a fact. Stops cleanly on SIGTERM/SIGINT.
+``{"stream", "writer", "token", "rows"}`` (with ``--jsonl-timestamps`` also ``"at"``, when the
+worker delivered it, ``time.time()``: for latency measurements such as benchmarks/soak.py).
+That file is also the worker's memory: on start the last token per (stream, writer) found in
+it is where the worker resumes, so restarting with the same file neither repeats nor skips a
+fact. Stops cleanly on SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import json
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
@@ -48,8 +51,9 @@ class JsonlSink:
     Called from each stream's own thread, hence the lock.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timestamps: bool = False) -> None:
         self.path = path
+        self.timestamps = timestamps
         self._lock = threading.Lock()
         self.positions: dict[tuple[str, str], int] = {}
         if os.path.exists(path):
@@ -71,8 +75,10 @@ class JsonlSink:
                 f.write(b"\n")
 
     def __call__(self, stream: str, writer: str, token: int, rows: list[Any]) -> None:
-        line = json.dumps({"stream": stream, "writer": writer, "token": token, "rows": rows},
-                          separators=(",", ":")) + "\n"
+        fact = {"stream": stream, "writer": writer, "token": token, "rows": rows}
+        if self.timestamps:
+            fact["at"] = round(time.time(), 4)
+        line = json.dumps(fact, separators=(",", ":")) + "\n"
         with self._lock:
             self._file.write(line)
             self._file.flush()
@@ -103,6 +109,8 @@ class Command(BaseCommand):
                             help="follow only these streams (default: all)")
         parser.add_argument("--jsonl", default=None, metavar="PATH",
                             help="append each fact to PATH as a JSON line; resume from it")
+        parser.add_argument("--jsonl-timestamps", action="store_true",
+                            help="add to each JSON line when it was delivered (\"at\": Unix time)")
 
     def handle(self, *args, **options) -> None:
         use_redis = options["redis"] or options["redis_url"] is not None
@@ -126,7 +134,7 @@ class Command(BaseCommand):
             host, port = split_listen(options["connect"] or repl_setting("REPLICATION_LISTEN"),
                                       "--connect")
             where = f"{host}:{port} ({server_name})"
-        sink = JsonlSink(options["jsonl"]) if options["jsonl"] else None
+        sink = JsonlSink(options["jsonl"], options["jsonl_timestamps"]) if options["jsonl"] else None
         # The same REPLICATION_SECRET as the web process (on the embedded default: the one
         # generated into STATE_DIR), and its catch-up range cap (docs/security.md).
         common = dict(name=options["name"], server_name=server_name, catchup_url=catchup_url,

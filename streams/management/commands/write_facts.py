@@ -1,12 +1,16 @@
-"""``manage.py write_facts STREAM --count N [--rate R] [--per-txn B]``
+"""``manage.py write_facts STREAM --count N [--rate R] [--per-txn B] [--stamps PATH]``
 
 Writes synthetic facts through the real writer path (reserve IDs, insert, complete), to
-smoke-test a deployment, drive the demo, the benchmarks and the tests.
+smoke-test a deployment, drive the demo, the benchmarks and the tests. SIGTERM stops it after
+the transaction in progress. ``--stamps PATH`` appends ``"<stream ID> <Unix time>"`` per fact
+once its transaction is complete (for delivery latencies: benchmarks/soak.py).
 """
 from __future__ import annotations
 
 import random
+import signal
 import sys
+import threading
 import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -27,9 +31,11 @@ class Command(BaseCommand):
         parser.add_argument("--per-txn", type=int, default=1, help="facts per transaction (default 1)")
         parser.add_argument("--seed", type=int, default=None, help="random seed for the synthetic rows")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+        parser.add_argument("--stamps", default=None, metavar="PATH",
+                            help="append '<stream ID> <Unix time>' per fact written to PATH")
 
     def handle(self, *args, stream: str, count: int, rate: float, per_txn: int, seed: int | None,
-               no_progress: bool, **options) -> None:
+               no_progress: bool, stamps: str | None = None, **options) -> None:
         spec = STREAMS.get(stream)
         if spec is None:
             raise CommandError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}")
@@ -54,15 +60,23 @@ class Command(BaseCommand):
         written = 0
         first_id = last_id = None
         started = time.monotonic()
+        stopping: list[bool] = []
+        in_main = threading.current_thread() is threading.main_thread()  # signals: main thread only
+        previous_handler = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True)) if in_main else None
+        stamp_file = open(stamps, "a", encoding="ascii") if stamps else None
         bar = tqdm(total=count, unit="fact", desc=f"{stream} as {rt.instance_name}",
                    disable=no_progress or None, file=sys.stderr)
         try:
-            while written < count:
+            while written < count and not stopping:
                 batch = min(per_txn, count - written)
                 facts = [[(model, model.synthetic(rng, written + i))] for i in range(batch)]
                 ids = writer.append(facts)
                 first_id = ids[0] if first_id is None else first_id
                 last_id = ids[-1]
+                if stamp_file:
+                    now = time.time()
+                    stamp_file.write("".join(f"{i} {now:.4f}\n" for i in ids))
+                    stamp_file.flush()
                 written += batch
                 bar.update(batch)
                 if rate:
@@ -72,6 +86,10 @@ class Command(BaseCommand):
                         time.sleep(delay)
         finally:
             bar.close()
+            if in_main:
+                signal.signal(signal.SIGTERM, previous_handler)
+            if stamp_file:
+                stamp_file.close()
             elapsed = time.monotonic() - started
             gen = writer.generator
             self.stdout.write(

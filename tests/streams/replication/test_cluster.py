@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,9 +16,9 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
+from synapse_repl.processes import ProcessGroup, wait_port
 from synapse_repl.services import free_port
 
-ROOT = Path(__file__).resolve().parents[3]
 SERVER_NAME = "cluster.example"
 WRITERS = "receipts=w1,w2"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -76,45 +75,6 @@ class Proxy:
     def close(self) -> None:
         self.listener.close()
         self.cut()
-
-
-def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"{proc.args} did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-
-class ProcessGroup:
-    """Processes of one test (``manage.py`` commands, daphne), each logging to ``tmp/<name>.log``."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.env: dict[str, str] = {}
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **(env or {})},
-                                stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 class Cluster(ProcessGroup):

@@ -15,7 +15,7 @@ from django.db import connections
 
 from synapse_repl.services import free_port
 
-from .test_cluster import ProcessGroup, wait_port
+from synapse_repl.processes import ProcessGroup, wait_port
 
 SERVER_NAME = "faults.example"
 WRITERS = "events=w1,w2;account_data=w3"

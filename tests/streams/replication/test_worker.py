@@ -532,3 +532,22 @@ def test_command_writes_each_fact_once_and_resumes_from_its_file(catchup, tmp_pa
     asyncio.run(asyncio.wait_for(scenario(), 40))
     assert _jsonl(jsonl) == [("events", "master", t) for t in (1, 2, 3, 4)]
     assert catchup.requests == [("events", "master", 0, 2), ("events", "master", 3, 4)]
+
+
+def test_jsonl_sink_timestamps_only_when_asked(tmp_path):
+    from streams.management.commands.replication_worker import JsonlSink
+
+    plain, stamped = JsonlSink(str(tmp_path / "plain.jsonl")), JsonlSink(str(tmp_path / "stamped.jsonl"), True)
+    before = time.time()
+    for sink in (plain, stamped):
+        sink("events", "w1", 7, ["ev", ["$7"]])
+        sink.close()
+    (p,) = map(json.loads, (tmp_path / "plain.jsonl").read_text().splitlines())
+    (s,) = map(json.loads, (tmp_path / "stamped.jsonl").read_text().splitlines())
+    assert p == {"stream": "events", "writer": "w1", "token": 7, "rows": ["ev", ["$7"]]}
+    assert {k: v for k, v in s.items() if k != "at"} == p
+    assert before - 0.001 <= s["at"] <= time.time()
+    # A stamped file is resumed from like any other.
+    resumed = JsonlSink(str(tmp_path / "stamped.jsonl"))
+    resumed.close()
+    assert resumed.positions == {("events", "w1"): 7}

@@ -1,0 +1,684 @@
+"""Soak test under faults: a whole cluster runs for a while as its parts are killed and fuzzed.
+
+    .venv/bin/python benchmarks/soak.py [--duration SECONDS] [--workers N] [--rate R] [--keep]
+
+Starts a throwaway PostgreSQL and Redis (synapse_repl/services.py), migrates a fresh database
+and runs, as separate OS processes (synapse_repl/processes.py, as the cluster tests do):
+
+* 2 writers (``manage.py write_facts events --rate R``, ``STREAM_WRITERS=events=w1,w2``),
+  each stamping when its facts were committed (``--stamps``);
+* the catch-up endpoint (daphne) and 2 TCP endpoints (``manage.py runreplication``);
+* N workers (``manage.py replication_worker --jsonl --jsonl-timestamps``): about one in six
+  straight from Redis (``--redis``), the rest over TCP, alternating between the endpoints.
+
+For ``--duration`` seconds (default 600) a fault injector takes turns, pausing between faults:
+SIGKILL a worker, a writer, an endpoint, Redis, each restarted after a second (the writer with
+the same ``INSTANCE_NAME``, which clears the reservation it left stuck; the endpoint and Redis
+on the same port), and it waits until the restarted part is back before the next fault. A
+fuzzer meanwhile connects to the TCP endpoints and sends random bytes; each connection must be
+answered ``ERROR`` and closed. Then the writers are stopped (SIGTERM: after their transaction),
+and every worker must end with every fact in the database exactly once.
+
+Printed at the end: facts written (from the database), facts delivered per worker, duplicates
+and missing (both must be 0), disconnects by reason until the shutdown (the endpoints' logs,
+which survive their restarts; ``connection lost`` includes ``wait_port``'s start-up probes,
+the fuzzer's connections are the ``bad line`` ones), fuzzer outcomes, faults injected, peak
+RSS (VmHWM, sampled every second and just before each kill) of each process, and delivery
+latency (the worker's delivery time minus the writer's commit stamp; p50/p99/max over all
+workers, facts delivered through catch-up after a restart included, and over the facts
+committed outside fault windows). Exit status 1 if anything was duplicated or missing, a
+process died on its own, a fuzzed connection was not closed with ERROR, or a fault did not
+recover.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from synapse_repl.processes import ProcessGroup, peak_rss_kib, wait_port  # noqa: E402
+from synapse_repl.services import RedisServer, free_port  # noqa: E402
+
+SERVER_NAME = "soak.example"
+STREAM = "events"
+WRITERS = ("w1", "w2")
+#: What a worker logs once it follows (TCP: the server accepted; Redis: SUBSCRIBE confirmed).
+CONNECTED = {"tcp": "replication connected to", "redis": "replication subscribed to"}
+FAULT_KINDS = ("worker", "writer", "endpoint", "redis")
+DISCONNECTED = re.compile(rb"replication (\S+) \((.*?)\) disconnected: (.*)$", re.M)
+
+
+@dataclass
+class SoakConfig:
+    duration: float = 600.0
+    workers: int = 20
+    redis_workers: int | None = None  #: default: one in six, at least one
+    rate: float = 50.0  #: facts per second per writer
+    per_txn: int = 5
+    fault_pause: float = 5.0  #: seconds between one fault's recovery and the next fault
+    down_seconds: float = 1.0  #: how long a killed part stays down
+    min_rounds: int = 1  #: complete rounds of the four faults, even if that outlasts the duration
+    fuzz_interval: float = 0.2
+    startup_timeout: float = 300.0
+    recover_timeout: float = 180.0
+    drain_timeout: float = 300.0
+    seed: int = 1
+    progress: bool = True
+
+    @property
+    def n_redis_workers(self) -> int:
+        if self.redis_workers is not None:
+            return self.redis_workers
+        return max(1, self.workers // 6)
+
+
+class JsonlTail:
+    """A worker's ``--jsonl`` file read as it grows: facts seen, duplicates, delivery times."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.seen: dict[tuple[str, int], float | None] = {}
+        self.duplicates = 0
+        self.torn = 0
+        self._lock = threading.Lock()
+
+    def poll(self) -> None:
+        with self._lock:
+            self._poll()
+
+    def _poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            if not line.strip():
+                continue
+            try:
+                fact = json.loads(line)
+                key = (fact["writer"], int(fact["token"]))
+            except (ValueError, KeyError, TypeError):
+                self.torn += 1  # ended by a SIGKILL; the restarted worker fetches it again
+                continue
+            if key in self.seen:
+                self.duplicates += 1
+            else:
+                self.seen[key] = fact.get("at")
+
+
+@dataclass
+class Fault:
+    kind: str
+    victim: str
+    killed_at: float
+    killed_wall: float  #: time.time(), to compare with the writers' commit stamps
+    recovered_after: float | None = None  #: seconds from the kill until it was back
+
+
+@dataclass
+class SoakResult:
+    written: int = 0
+    written_per_writer: dict[str, int] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)
+    unexpected: dict[str, int] = field(default_factory=dict)  #: delivered, yet not in the database
+    disconnects: dict[str, int] = field(default_factory=dict)
+    fuzz: dict[str, int] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)
+    writer_exits: dict[str, int | None] = field(default_factory=dict)
+    peak_rss_kib: dict[str, int] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    #: Facts committed outside every fault window (from a kill until 2 s after its recovery).
+    steady_latency_ms: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def total_duplicates(self) -> int:
+        return sum(self.duplicates.values())
+
+    @property
+    def total_missing(self) -> int:
+        return sum(self.missing.values())
+
+    def faults_by_kind(self) -> Counter:
+        return Counter(f.kind for f in self.faults if f.recovered_after is not None)
+
+    @property
+    def ok(self) -> bool:
+        return (self.total_duplicates == 0 and self.total_missing == 0 and not any(self.unexpected.values())
+                and not self.crashes
+                and self.fuzz.get("not closed with ERROR", 0) == 0
+                and all(f.recovered_after is not None for f in self.faults)
+                and all(code == 0 for code in self.writer_exits.values()))
+
+    def report(self) -> str:
+        lines = [f"soak: {self.seconds:.0f} s, load average at the end {self.load[0]:.2f} {self.load[1]:.2f} "
+                 f"{self.load[2]:.2f}",
+                 f"facts written (database): {self.written} "
+                 f"({', '.join(f'{w} {n}' for w, n in sorted(self.written_per_writer.items()))})",
+                 f"duplicates: {self.total_duplicates}   missing: {self.total_missing}",
+                 "facts delivered per worker:"]
+        for name in sorted(self.delivered):
+            lines.append(f"  {name:<10} {self.delivered[name]:>8}  dup {self.duplicates[name]}  "
+                         f"missing {self.missing[name]}  not in the database {self.unexpected[name]}")
+        lines.append("faults injected (recovered): " + ", ".join(
+            f"{k} {self.faults_by_kind()[k]}" for k in FAULT_KINDS))
+        slow = [f for f in self.faults if f.recovered_after is not None]
+        if slow:
+            lines.append(f"  back after (kill -> following/listening again): max "
+                         f"{max(f.recovered_after for f in slow):.1f} s")
+        lines.append("disconnects by reason (endpoints): " + (", ".join(
+            f"{r} {n}" for r, n in sorted(self.disconnects.items(), key=lambda i: -i[1])) or "none"))
+        lines.append("fuzzer connections: " + ", ".join(f"{k} {n}" for k, n in sorted(self.fuzz.items())))
+        lines.append("processes that died on their own: " + (", ".join(self.crashes) or "none"))
+        lines.append("writer exits: " + ", ".join(f"{w} {c}" for w, c in sorted(self.writer_exits.items())))
+        lines.append("peak RSS (VmHWM, MiB):")
+        for name, kib in sorted(self.peak_rss_kib.items()):
+            lines.append(f"  {name:<10} {kib / 1024:7.1f}")
+        for what, lat in (("all", self.latency_ms), ("committed outside fault windows", self.steady_latency_ms)):
+            if lat:
+                lines.append(f"delivery latency (commit -> worker's sink), {what}, {lat['n']:.0f} deliveries: "
+                             f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.0f} ms")
+        lines.append("RESULT: " + ("OK" if self.ok else "FAILED"))
+        return "\n".join(lines)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    values = sorted(values)
+
+    def percentile(q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    return {"n": len(values), "p50": percentile(0.5), "p99": percentile(0.99), "max": values[-1]}
+
+
+class SoakCluster(ProcessGroup):
+    """The processes of a soak run, each restartable by name."""
+
+    def __init__(self, pg_url: str, redis: RedisServer, tmp: Path, cfg: SoakConfig) -> None:
+        super().__init__(tmp)
+        self.cfg = cfg
+        self.redis = redis
+        self.env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis.url, SERVER_NAME=SERVER_NAME,
+                        STREAM_WRITERS=f"{STREAM}={','.join(WRITERS)}", POSITION_POLL_SECONDS="0.2",
+                        PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="synapse_repl.settings")
+        for name in ("INSTANCE_NAME", "REPLICATION_SECRET"):
+            self.env.pop(name, None)
+        self.peaks: dict[str, int] = {}
+        self.expected_exit: set[int] = set()  # pids we killed or stopped
+        self.lock = threading.Lock()
+        #: Held by the fuzzer for each connection and by the injector while it kills an
+        #: endpoint: a fuzzed connection never straddles a kill, so it must end in ERROR.
+        self.endpoint_lock = threading.Lock()
+        self.web_port = free_port()
+        self.endpoint_ports = [free_port() for _ in range(2)]
+        self.workers: dict[str, str] = {}  # name -> "tcp" | "redis"
+        self.tails: dict[str, JsonlTail] = {}
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def start_web(self) -> None:
+        proc = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                          "synapse_repl.asgi:application")
+        wait_port(self.web_port, proc, self.tmp / "web.log", timeout=self.cfg.startup_timeout)
+
+    def start_endpoint(self, i: int) -> None:
+        name = f"endpoint{i}"
+        proc = self.start(name, "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.endpoint_ports[i]}")
+        wait_port(self.endpoint_ports[i], proc, self.tmp / f"{name}.log", timeout=self.cfg.recover_timeout)
+
+    def start_worker(self, name: str) -> None:
+        if self.workers[name] == "redis":
+            transport: tuple[str, ...] = ("--redis",)
+        else:
+            port = self.endpoint_ports[int(name[-2:]) % len(self.endpoint_ports)]
+            transport = ("--connect", f"127.0.0.1:{port}")
+        self.start(name, "manage.py", "replication_worker", "--name", name, *transport,
+                   "--catchup-url", f"http://127.0.0.1:{self.web_port}", "--server-name", SERVER_NAME,
+                   "--streams", STREAM, "--jsonl", str(self.tmp / f"{name}.jsonl"), "--jsonl-timestamps")
+
+    def start_writer(self, instance: str) -> None:
+        self.start(f"writer-{instance}", "manage.py", "write_facts", STREAM, "--count", "1000000000",
+                   "--per-txn", str(self.cfg.per_txn), "--rate", str(self.cfg.rate), "--no-progress",
+                   "--seed", str(random.randrange(1 << 30)), "--stamps", str(self.stamps_path(instance)),
+                   env={"INSTANCE_NAME": instance})
+
+    def stamps_path(self, instance: str) -> Path:
+        return self.tmp / f"stamps-{instance}.txt"
+
+    def connected_count(self, name: str) -> int:
+        return self.log_count(name, CONNECTED[self.workers[name]])
+
+    # -- watching --------------------------------------------------------------------------------
+
+    def sample_rss(self) -> None:
+        procs = [(n, p.pid) for n, p in list(self.by_name.items()) if p.poll() is None]
+        if self.redis.proc is not None and self.redis.proc.poll() is None:
+            procs.append(("redis", self.redis.proc.pid))
+        with self.lock:
+            for name, pid in procs:
+                kib = peak_rss_kib(pid)
+                if kib is not None and kib > self.peaks.get(name, 0):
+                    self.peaks[name] = kib
+
+    def kill(self, name: str) -> None:
+        """SIGKILL process ``name``, its peak RSS sampled first."""
+        proc = self.by_name[name]
+        self.sample_rss()
+        with self.lock:
+            self.expected_exit.add(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def unexpected_exits(self) -> list[str]:
+        with self.lock:
+            return [f"{n} (pid {p.pid}, status {p.returncode})" for n, p in self.by_name.items()
+                    if p.poll() is not None and p.pid not in self.expected_exit]
+
+    def stop_all(self) -> None:
+        with self.lock:
+            self.expected_exit.update(p.pid for p in self.procs)
+        self.stop()
+
+
+def _wait(condition, what: str, timeout: float, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class FaultInjector(threading.Thread):
+    """Takes turns at killing a worker, a writer, an endpoint and Redis; each is restarted after
+    ``down_seconds`` and waited for before the next fault."""
+
+    def __init__(self, cluster: SoakCluster, deadline: float, log) -> None:
+        super().__init__(name="fault-injector", daemon=True)
+        self.cluster, self.deadline, self.log = cluster, deadline, log
+        self.faults: list[Fault] = []
+        self.error: str | None = None
+        self.turns: Counter = Counter()  # faults of each kind so far: victims are taken in turn
+
+    def _victim(self, kind: str, candidates: list):
+        victim = candidates[self.turns[kind] % len(candidates)]
+        self.turns[kind] += 1
+        return victim
+
+    def run(self) -> None:
+        c, cfg = self.cluster, self.cluster.cfg
+        rounds = 0
+        try:
+            while rounds < cfg.min_rounds or time.monotonic() < self.deadline:
+                for kind in FAULT_KINDS:
+                    getattr(self, f"_{kind}")()
+                    time.sleep(cfg.fault_pause)  # pacing only: recovery was waited for
+                rounds += 1
+        except Exception as e:  # a part that did not come back: reported, the run goes on to its check
+            self.error = f"{type(e).__name__}: {e}"
+            if self.faults and self.faults[-1].recovered_after is None:
+                self.log(f"fault {self.faults[-1].kind} {self.faults[-1].victim} did not recover: {e}")
+
+    def _record(self, kind: str, victim: str) -> Fault:
+        fault = Fault(kind, victim, time.monotonic(), time.time())
+        self.faults.append(fault)
+        return fault
+
+    def _recovered(self, fault: Fault) -> None:
+        fault.recovered_after = time.monotonic() - fault.killed_at
+        self.log(f"fault: {fault.kind} {fault.victim} killed, back after {fault.recovered_after:.1f} s")
+
+    def _worker(self) -> None:
+        c = self.cluster
+        # TCP and Redis workers alternately.
+        tcp = [n for n in sorted(c.workers) if c.workers[n] == "tcp"]
+        red = [n for n in sorted(c.workers) if c.workers[n] == "redis"]
+        order = [n for pair in zip(tcp, red * len(tcp)) for n in pair] if red else tcp
+        name = self._victim("worker", order)
+        before = c.connected_count(name)
+        fault = self._record("worker", name)
+        c.kill(name)
+        time.sleep(c.cfg.down_seconds)
+        c.start_worker(name)
+        _wait(lambda: c.connected_count(name) > before, f"{name} to follow again", c.cfg.recover_timeout)
+        self._recovered(fault)
+
+    def _writer(self) -> None:
+        c = self.cluster
+        instance = self._victim("writer", list(WRITERS))
+        fault = self._record("writer", f"writer-{instance}")
+        c.kill(f"writer-{instance}")
+        time.sleep(c.cfg.down_seconds)
+        size = c.stamps_path(instance).stat().st_size
+        c.start_writer(instance)
+        # Back once it has committed again (with its position recovered from the database).
+        _wait(lambda: c.stamps_path(instance).stat().st_size > size, f"writer {instance} to write again",
+              c.cfg.recover_timeout)
+        self._recovered(fault)
+
+    def _endpoint(self) -> None:
+        c = self.cluster
+        i = self._victim("endpoint", list(range(len(c.endpoint_ports))))
+        followers = [n for n in c.workers if c.workers[n] == "tcp" and int(n[-2:]) % len(c.endpoint_ports) == i]
+        before = {n: c.connected_count(n) for n in followers}
+        fault = self._record("endpoint", f"endpoint{i}")
+        with c.endpoint_lock:
+            c.kill(f"endpoint{i}")
+        time.sleep(c.cfg.down_seconds)
+        c.start_endpoint(i)
+        # Back once its workers follow it again (they reconnect with back-off).
+        _wait(lambda: all(c.connected_count(n) > before[n] for n in followers),
+              f"endpoint{i}'s workers to reconnect", c.cfg.recover_timeout)
+        self._recovered(fault)
+
+    def _redis(self) -> None:
+        c = self.cluster
+        followers = [n for n in c.workers if c.workers[n] == "redis"]
+        before = {n: c.connected_count(n) for n in followers}
+        fault = self._record("redis", "redis")
+        c.sample_rss()
+        c.redis.kill()
+        time.sleep(c.cfg.down_seconds)
+        c.redis.start(port=c.redis.port)
+        _wait(lambda: all(c.connected_count(n) > before[n] for n in followers),
+              "the Redis workers to subscribe again", c.cfg.recover_timeout)
+        self._recovered(fault)
+
+
+class Fuzzer(threading.Thread):
+    """Connects to the TCP endpoints and sends random bytes; each connection must be answered
+    ``ERROR`` and closed by the endpoint."""
+
+    def __init__(self, ports: list[int], interval: float, seed: int, lock: threading.Lock) -> None:
+        super().__init__(name="fuzzer", daemon=True)
+        self.ports, self.interval, self.lock = ports, interval, lock
+        self.rng = random.Random(seed)
+        self.outcomes: Counter = Counter()
+        self.examples: list[str] = []
+        self.stopping = threading.Event()
+
+    def payload(self) -> bytes:
+        kind = self.rng.randrange(3)
+        n = self.rng.randrange(1, 512)
+        if kind == 0:  # any bytes
+            data = bytes(self.rng.randrange(256) for _ in range(n))
+        elif kind == 1:  # printable junk
+            data = bytes(self.rng.randrange(32, 127) for _ in range(n))
+        else:  # a known command's name, then bytes that are not UTF-8
+            data = self.rng.choice([b"RDATA ", b"POSITION ", b"REPLICATE ", b"NAME ", b"USER_SYNC "]) + \
+                b"\xff" + bytes(self.rng.randrange(256) for _ in range(n))
+        # The first line must be junk, not empty (an empty line is no command at all).
+        if not data.split(b"\n", 1)[0].strip():
+            data = b"\x00\xff junk " + data
+        return data + b"\n"
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            with self.lock:
+                self.outcomes[self.once(self.rng.choice(self.ports))] += 1
+
+    def once(self, port: int) -> str:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            return "refused (endpoint down)"
+        payload = self.payload()
+        received = b""
+        closed = False
+        try:
+            sock.settimeout(30)
+            sock.sendall(payload)
+            while chunk := sock.recv(65536):
+                received += chunk
+            closed = True
+        except socket.timeout:
+            pass  # not closed
+        except OSError:  # reset: closed too
+            closed = True
+        finally:
+            sock.close()
+        if closed and b"\nERROR " in b"\n" + received:
+            return "ERROR then closed"
+        self._example(payload, received)
+        return "not closed with ERROR"
+
+    def _example(self, payload: bytes, received: bytes) -> None:
+        if len(self.examples) < 5:
+            self.examples.append(f"sent {payload[:80]!r}, got {received[-200:]!r}")
+
+
+def disconnect_reasons(tmp: Path) -> Counter:
+    """``disconnected: <reason>`` lines of every endpoint log, by reason (the dashboard's names)."""
+    from streams.replication.connections import disconnect_reason
+
+    counts: Counter = Counter()
+    for log in tmp.glob("endpoint*.log"):
+        for _name, _peer, reason in DISCONNECTED.findall(log.read_bytes()):
+            counts[disconnect_reason(reason.decode(errors="replace").strip())] += 1
+    return counts
+
+
+def database_facts(pg_url: str) -> set[tuple[str, int]]:
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT instance_name, stream_ordering FROM events WHERE stream_ordering > 0").fetchall()
+    return {(w, int(t)) for w, t in rows}
+
+
+def read_stamps(path: Path) -> dict[int, float]:
+    stamps: dict[int, float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                try:
+                    stamps[int(parts[0])] = float(parts[1])
+                except ValueError:
+                    pass  # torn by a SIGKILL
+    return stamps
+
+
+def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResult:
+    """One soak run on a migrated database and a running Redis; everything it starts is stopped."""
+    random.seed(cfg.seed)
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:
+        if cfg.progress:
+            print(f"[{time.monotonic() - t0:6.1f} s] {msg}", flush=True)
+
+    cluster = SoakCluster(pg_url, redis, tmp, cfg)
+    n_redis = min(cfg.n_redis_workers, cfg.workers)
+    for i in range(cfg.workers):
+        cluster.workers[f"wk{i:02d}"] = "redis" if i >= cfg.workers - n_redis else "tcp"
+    result = SoakResult()
+    injector = fuzzer = None
+    stop_watch = threading.Event()
+    try:
+        cluster.start_web()
+        for i in range(len(cluster.endpoint_ports)):
+            cluster.start_endpoint(i)
+        for name in cluster.workers:
+            cluster.start_worker(name)
+            cluster.tails[name] = JsonlTail(tmp / f"{name}.jsonl")
+        _wait(lambda: all(cluster.connected_count(n) >= 1 for n in cluster.workers), "every worker to follow",
+              cfg.startup_timeout)
+        log(f"{cfg.workers} workers ({n_redis} on Redis) follow 2 endpoints; writers start")
+
+        def watch() -> None:
+            last_print = time.monotonic()
+            while not stop_watch.wait(1.0):
+                cluster.sample_rss()
+                if cfg.progress and time.monotonic() - last_print >= 30:
+                    last_print = time.monotonic()
+                    for tail in cluster.tails.values():
+                        tail.poll()
+                    counts = [len(t.seen) for t in cluster.tails.values()]
+                    written = sum(cluster.stamps_path(w).read_bytes().count(b"\n") for w in WRITERS
+                                  if cluster.stamps_path(w).exists())
+                    log(f"{written} written, workers have {min(counts)}..{max(counts)}")
+
+        threading.Thread(target=watch, name="watch", daemon=True).start()
+        for w in WRITERS:
+            cluster.start_writer(w)
+        start = time.monotonic()
+        injector = FaultInjector(cluster, start + cfg.duration, log)
+        fuzzer = Fuzzer(cluster.endpoint_ports, cfg.fuzz_interval, cfg.seed, cluster.endpoint_lock)
+        injector.start()
+        fuzzer.start()
+        while time.monotonic() < start + cfg.duration or injector.is_alive():
+            time.sleep(0.5)
+            if not injector.is_alive() and injector.error:
+                break
+        fuzzer.stopping.set()
+        fuzzer.join()
+        injector.join()
+        if injector.error:
+            log(f"fault injector stopped: {injector.error}")
+
+        # Stop writing (SIGTERM: after the transaction in progress), then let workers drain.
+        for w in WRITERS:
+            proc = cluster.by_name[f"writer-{w}"]
+            with cluster.lock:
+                cluster.expected_exit.add(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+        for w in WRITERS:
+            proc = cluster.by_name[f"writer-{w}"]
+            try:
+                result.writer_exits[w] = proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                result.writer_exits[w] = None
+        expected = database_facts(pg_url)
+        log(f"writers stopped: {len(expected)} facts in the database; waiting for workers to have them all")
+
+        def drained() -> bool:
+            for tail in cluster.tails.values():
+                tail.poll()
+            return all(expected <= tail.seen.keys() for tail in cluster.tails.values())
+
+        try:
+            _wait(drained, "every worker to have every fact", cfg.drain_timeout, interval=0.5)
+        except TimeoutError as e:
+            log(str(e))
+        cluster.sample_rss()
+        result.crashes = cluster.unexpected_exits()
+        result.disconnects = dict(disconnect_reasons(tmp))  # before the shutdown adds its own
+    finally:
+        stop_watch.set()
+        if fuzzer is not None:
+            fuzzer.stopping.set()
+        cluster.stop_all()
+        if redis.proc is None or redis.proc.poll() is not None:
+            redis.start(port=redis.port)
+
+    for tail in cluster.tails.values():
+        tail.poll()
+    result.seconds = time.monotonic() - t0
+    result.written = len(expected)
+    result.written_per_writer = dict(Counter(w for w, _ in expected))
+    for name, tail in sorted(cluster.tails.items()):
+        result.delivered[name] = len(tail.seen)
+        result.duplicates[name] = tail.duplicates
+        result.unexpected[name] = len(tail.seen.keys() - expected)
+        result.missing[name] = len(expected - tail.seen.keys())
+    result.fuzz = dict(fuzzer.outcomes)
+    result.faults = injector.faults
+    if injector.error:
+        result.crashes.append(f"fault injector: {injector.error}")
+    result.peak_rss_kib = dict(cluster.peaks)
+    stamps = {w: read_stamps(cluster.stamps_path(w)) for w in WRITERS}
+    windows = [(f.killed_wall, f.killed_wall + (f.recovered_after or 1e9) + 2) for f in injector.faults]
+    latencies, steady = [], []
+    for tail in cluster.tails.values():
+        for (w, t), at in tail.seen.items():
+            committed = stamps[w].get(t)
+            if at is None or committed is None:
+                continue
+            latencies.append((at - committed) * 1000)
+            if not any(a <= committed <= b for a, b in windows):
+                steady.append(latencies[-1])
+    result.latency_ms, result.steady_latency_ms = _summary(latencies), _summary(steady)
+    result.load = os.getloadavg()
+    if fuzzer.examples:
+        print("fuzzer: connections not closed with ERROR, e.g.:\n  " + "\n  ".join(fuzzer.examples))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of faults (default 600)")
+    parser.add_argument("--workers", type=int, default=20, help="worker processes (default 20)")
+    parser.add_argument("--redis-workers", type=int, default=None,
+                        help="how many of them follow Redis directly (default: one in six)")
+    parser.add_argument("--rate", type=float, default=50.0, help="facts per second per writer (default 50)")
+    parser.add_argument("--fault-pause", type=float, default=5.0,
+                        help="seconds between a fault's recovery and the next fault (default 5)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, jsonl files)")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.duration < 0 or args.rate <= 0:
+        parser.error("--workers >= 1, --duration >= 0, --rate > 0")
+    cfg = SoakConfig(duration=args.duration, workers=args.workers, redis_workers=args.redis_workers,
+                     rate=args.rate, fault_pause=args.fault_pause, seed=args.seed)
+
+    from synapse_repl.services import PostgresServer
+
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="soak_"))
+    pg = PostgresServer(fast=False).start()
+    redis = None
+    try:
+        redis = RedisServer().start()
+        url = pg.create_database("soak")
+        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings"}
+        env.pop("REDIS_URL", None)
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
+                       cwd=ROOT, env=env, check=True)
+        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="synapse_repl.settings")
+        import django
+
+        django.setup()
+        result = run(cfg, url, redis, tmp)
+        print(result.report(), flush=True)
+        return 0 if result.ok else 1
+    finally:
+        if redis is not None:
+            redis.stop()
+        pg.stop()
+        if args.keep:
+            print(f"work directory kept: {tmp}")
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

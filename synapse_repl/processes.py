@@ -1,0 +1,80 @@
+"""Running a cluster's processes (``manage.py`` commands, daphne) from a test or a benchmark.
+
+Each process logs to ``<tmp>/<name>.log`` (appended to, so a process restarted under the same
+name keeps one log). Used by the multi-process tests (tests/streams/replication/test_cluster.py
+and its neighbours) and by ``benchmarks/soak.py``.
+"""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    """Until something listens on loopback ``port``; raises if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                raise RuntimeError(f"{proc.args} did not start:\n{tail}") from None
+            time.sleep(0.1)
+
+
+def peak_rss_kib(pid: int) -> int | None:
+    """The process's peak resident set size (``VmHWM``) in KiB; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class ProcessGroup:
+    """Processes of one test or run, each logging to ``tmp/<name>.log``.
+
+    ``by_name`` holds the latest process started under each name (after a restart, the new one).
+    """
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env: dict[str, str] = {}
+        self.procs: list[subprocess.Popen] = []
+        self.by_name: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        with open(self.tmp / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **(env or {})},
+                                    stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        self.by_name[name] = proc
+        return proc
+
+    def log_count(self, name: str, text: str) -> int:
+        """How many times ``text`` occurs in process ``name``'s log so far."""
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
