@@ -65,6 +65,7 @@ class SynapseRedisBridge:
         #: past them, and they are never fetched.
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._volunteer_task: asyncio.Task | None = None
         #: per (stream, writer): the highest token of lines we failed to publish or dropped
         self._stale: dict[tuple[str, str], int] = {}
@@ -85,10 +86,13 @@ class SynapseRedisBridge:
             self._volunteer_task = asyncio.create_task(self._volunteer_forever(), name="synapse-redis-volunteer")
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in (self._task, self._volunteer_task):
-            if task is not None:
+            # Python 3.11's asyncio.wait_for can swallow a cancellation that races with the
+            # awaited read completing; the loops also check _stopping, and the cancel repeats.
+            while task is not None and not task.done():
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await asyncio.wait([task], timeout=1.0)
         if self._publisher is not None:
             await self._publisher.close()
             self._publisher = None
@@ -180,7 +184,7 @@ class SynapseRedisBridge:
                 self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in announced)
 
     async def _volunteer_forever(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self._volunteer_every)
             if not self.subscribed.is_set():
                 continue
@@ -192,7 +196,7 @@ class SynapseRedisBridge:
 
     async def _subscribe_forever(self) -> None:
         delay = RECONNECT_FIRST_DELAY
-        while True:
+        while not self._stopping:
             conn = None
             try:
                 conn = await RespConnection.open(self._url, REPLY_TIMEOUT)
@@ -244,7 +248,7 @@ class SynapseRedisBridge:
         """
         sniffer = MessageSniffer(REPLICATE_LINE)
         pinged = False
-        while True:
+        while not self._stopping:
             chunk = await conn.read_chunk(IDLE_PING_SECONDS)
             if not chunk:
                 if pinged:
