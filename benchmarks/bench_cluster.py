@@ -103,6 +103,7 @@ def _django_setup(env: dict) -> None:
     os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     import django
+    import psycopg
 
     django.setup()
 
@@ -804,31 +805,20 @@ def run_e2e(ctx, cluster: Cluster, env: dict, url: str, pids: dict, n: int, fact
 # -- report --------------------------------------------------------------------------------------
 
 def machine_info(pg_url: str, redis_url: str) -> list[str]:
-    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
+    from _machine import cpu_description, load_average, server_versions  # benchmarks/ is on sys.path
 
     import django
     import psycopg
     import redis
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        version = conn.execute("SELECT version()").fetchone()[0]
-        fsync = conn.execute("SHOW fsync").fetchone()[0]
-    r = redis.Redis.from_url(redis_url)
-    redis_version = r.info("server")["redis_version"]
-    r.close()
-    try:
-        import hiredis  # noqa: F401
-
-        hi = "with hiredis"
-    except ImportError:
-        hi = "no hiredis"
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    v = server_versions(pg_url, redis_url)
+    load = load_average()
     return [
         f"machine: {cpu_description()}; {platform.platform()}; load avg {load}",
-        f"python {platform.python_version()}, django {django.__version__}, redis-py {redis.__version__} ({hi}), "
+        f"python {platform.python_version()}, django {django.__version__}, redis-py {redis.__version__} ({v['hiredis']}), "
         f"psycopg {psycopg.__version__}",
-        f"servers: redis {redis_version} (client-output-buffer-limit pubsub 0 0 0); "
-        f"{version.split(',')[0]} (fsync={fsync})",
+        f"servers: redis {v['redis']} (client-output-buffer-limit pubsub 0 0 0); "
+        f"{v['postgres']} (fsync={v['fsync']})",
     ]
 
 

@@ -85,6 +85,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 def _django_setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     import django
+    import psycopg
 
     django.setup()
 
@@ -622,7 +623,7 @@ def pct(values: list[float], p: float) -> float:
 # -- machine info ------------------------------------------------------------------------------
 
 def machine_info(pg_url: str, redis_url: str) -> list[str]:
-    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
+    from _machine import cpu_description, load_average, server_versions  # benchmarks/ is on sys.path
 
     import channels
     import channels_redis
@@ -630,28 +631,14 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
     import psycopg
     import redis
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        version = conn.execute("SELECT version()").fetchone()[0]
-        fsync = conn.execute("SHOW fsync").fetchone()[0]
-    r = redis.Redis.from_url(redis_url)
-    redis_version = r.info("server")["redis_version"]
-    r.close()
-    try:
-        import hiredis  # noqa: F401
-
-        hi = "with hiredis"
-    except ImportError:
-        hi = "no hiredis"
-    try:
-        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        load = "?"
+    v = server_versions(pg_url, redis_url)
+    load = load_average()
     return [
         f"machine: {cpu_description()}; {platform.platform()}; load avg {load}",
         f"python {platform.python_version()}, django {django.__version__}, channels {channels.__version__}, "
-        f"channels_redis {channels_redis.__version__}, redis-py {redis.__version__} ({hi}), "
+        f"channels_redis {channels_redis.__version__}, redis-py {redis.__version__} ({v['hiredis']}), "
         f"psycopg {psycopg.__version__}",
-        f"servers: redis {redis_version}; {version.split(',')[0]} (fsync={fsync})",
+        f"servers: redis {v['redis']}; {v['postgres']} (fsync={v['fsync']})",
     ]
 
 
