@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from synapse_repl.processes import ProcessGroup, peak_rss_kib, wait_port  # noqa: E402
+from synapse_repl.processes import ProcessGroup, peak_rss_kib, rss_kib, wait_port  # noqa: E402
 from synapse_repl.services import RedisServer, free_port  # noqa: E402
 
 SERVER_NAME = "soak.example"
@@ -150,6 +150,9 @@ class SoakResult:
     crashes: list[str] = field(default_factory=list)
     writer_exits: dict[str, int | None] = field(default_factory=dict)
     peak_rss_kib: dict[str, int] = field(default_factory=dict)
+    #: Per process name, its longest-lived run: (seconds it ran, VmRSS KiB after 60 s of its
+    #: life, at half its life, at its end); memory growth shows as the last above the first.
+    rss_over_time_kib: dict[str, tuple[float, int, int, int]] = field(default_factory=dict)
     latency_ms: dict[str, float] = field(default_factory=dict)
     #: Facts committed outside every fault window (from a kill until 2 s after its recovery).
     steady_latency_ms: dict[str, float] = field(default_factory=dict)
@@ -199,6 +202,12 @@ class SoakResult:
         lines.append("peak RSS (VmHWM, MiB):")
         for name, kib in sorted(self.peak_rss_kib.items()):
             lines.append(f"  {name:<10} {kib / 1024:7.1f}")
+        if self.rss_over_time_kib:
+            lines.append("RSS over time (VmRSS, MiB; each name's longest-lived run, from 60 s into it):")
+            lines.append(f"  {'process':<10} {'lived':>7} {'at 60 s':>8} {'half':>8} {'end':>8} {'end-60s':>8}")
+            for name, (lived, first, mid, last) in sorted(self.rss_over_time_kib.items()):
+                lines.append(f"  {name:<10} {lived:6.0f}s {first / 1024:8.1f} {mid / 1024:8.1f} "
+                             f"{last / 1024:8.1f} {(last - first) / 1024:+8.1f}")
         for what, lat in (("all", self.latency_ms), ("committed outside fault windows", self.steady_latency_ms)):
             if lat:
                 lines.append(f"delivery latency (commit -> worker's sink), {what}, {lat['n']:.0f} deliveries: "
@@ -231,6 +240,8 @@ class SoakCluster(ProcessGroup):
         for name in ("INSTANCE_NAME", "REPLICATION_SECRET"):
             self.env.pop(name, None)
         self.peaks: dict[str, int] = {}
+        #: (name, pid) -> [(seconds since the first sample of that pid, VmRSS KiB)]
+        self.rss_samples: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self.expected_exit: set[int] = set()  # pids we killed or stopped
         self.lock = threading.Lock()
         #: Held by the fuzzer for each connection and by the injector while it kills an
@@ -282,10 +293,26 @@ class SoakCluster(ProcessGroup):
         if self.redis.proc is not None and self.redis.proc.poll() is None:
             procs.append(("redis", self.redis.proc.pid))
         with self.lock:
+            now = time.monotonic()
             for name, pid in procs:
                 kib = peak_rss_kib(pid)
                 if kib is not None and kib > self.peaks.get(name, 0):
                     self.peaks[name] = kib
+                current = rss_kib(pid)
+                if current is not None:
+                    self.rss_samples.setdefault((name, pid), []).append((now, current))
+
+    def rss_over_time(self) -> dict[str, tuple[float, int, int, int]]:
+        """Per name, its longest-lived run (at least 120 s): RSS at 60 s, at half, at the end."""
+        best: dict[str, tuple[float, int, int, int]] = {}
+        with self.lock:
+            for (name, _pid), samples in self.rss_samples.items():
+                lived = samples[-1][0] - samples[0][0]
+                if lived < 120 or (name in best and best[name][0] >= lived):
+                    continue
+                settled = [kib for t, kib in samples if t - samples[0][0] >= 60]
+                best[name] = (lived, settled[0], settled[len(settled) // 2], settled[-1])
+        return best
 
     def kill(self, name: str) -> None:
         """SIGKILL process ``name``, its peak RSS sampled first."""
@@ -613,6 +640,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
     if injector.error:
         result.crashes.append(f"fault injector: {injector.error}")
     result.peak_rss_kib = dict(cluster.peaks)
+    result.rss_over_time_kib = cluster.rss_over_time()
     stamps = {w: read_stamps(cluster.stamps_path(w)) for w in WRITERS}
     windows = [(f.killed_wall, f.killed_wall + (f.recovered_after or 1e9) + 2) for f in injector.faults]
     latencies, steady = [], []

@@ -32,10 +32,19 @@ def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30)
 
 def peak_rss_kib(pid: int) -> int | None:
     """The process's peak resident set size (``VmHWM``) in KiB; None once it is gone."""
+    return _status_kib(pid, "VmHWM:")
+
+
+def rss_kib(pid: int) -> int | None:
+    """The process's resident set size now (``VmRSS``) in KiB; None once it is gone."""
+    return _status_kib(pid, "VmRSS:")
+
+
+def _status_kib(pid: int, key: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1])
     except (OSError, ValueError):
         return None
