@@ -18,6 +18,7 @@ import urllib.parse
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.cache import caches
@@ -198,16 +199,15 @@ async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -
         await asyncio.sleep(0.01)
 
 
-class Harness:
-    """A worker wired to the fake server and catch-up source, recording what it delivers."""
+class RecordingHarness:
+    """Runs ``self.worker`` (set by a subclass) as a task, recording what it delivers."""
 
-    def __init__(self, server, catchup, **kwargs) -> None:
+    worker: Any  # a ReplicationWorker or RedisReplicationWorker
+
+    def __init__(self, kwargs: dict) -> None:
         self.facts: list[tuple[str, str, int, list]] = []
         kwargs.setdefault("on_facts", self._record)
         kwargs.setdefault("reconnect_first_delay", 0.05)
-        self.worker = ReplicationWorker(
-            name="w1", host="127.0.0.1", port=server.port, server_name=SERVER_NAME,
-            catchup_url=catchup.url, streams=["events", "receipts", "caches", "typing"], **kwargs)
 
     async def _record(self, stream, writer, token, rows) -> None:
         self.facts.append((stream, writer, token, rows))
@@ -222,6 +222,16 @@ class Harness:
     async def __aexit__(self, *exc) -> None:
         self.worker.stop()
         await asyncio.wait_for(self.task, 5)
+
+
+class Harness(RecordingHarness):
+    """A worker wired to the fake server and catch-up source."""
+
+    def __init__(self, server, catchup, **kwargs) -> None:
+        super().__init__(kwargs)
+        self.worker = ReplicationWorker(
+            name="w1", host="127.0.0.1", port=server.port, server_name=SERVER_NAME,
+            catchup_url=catchup.url, streams=["events", "receipts", "caches", "typing"], **kwargs)
 
 
 def run(coro) -> None:

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from streams.replication.commands import batch_updates
 from streams.replication.worker import RedisReplicationWorker, redact_url
 
-from .test_worker import MANAGE_PY, _jsonl, catchup, run, wait_until  # noqa: F401 (fixture)
+from .test_worker import MANAGE_PY, RecordingHarness, _jsonl, catchup, run, wait_until  # noqa: F401 (fixture)
 
 STREAMS = ["events", "receipts", "caches", "typing"]
 
@@ -127,30 +127,14 @@ class FakeWriters:
         return [t for t, data in self.received if data == b"REPLICATE "]
 
 
-class Harness:
+class Harness(RecordingHarness):
     """A Redis worker on ``channel``, recording what it delivers."""
 
     def __init__(self, url: str, channel: str, catchup, **kwargs) -> None:
-        self.facts: list[tuple[str, str, int, list]] = []
-        kwargs.setdefault("on_facts", self._record)
-        kwargs.setdefault("reconnect_first_delay", 0.05)
+        super().__init__(kwargs)
         self.worker = RedisReplicationWorker(
             name="w1", redis_url=url, server_name=channel, catchup_url=catchup.url,
             streams=STREAMS, **kwargs)
-
-    async def _record(self, stream, writer, token, rows) -> None:
-        self.facts.append((stream, writer, token, rows))
-
-    def tokens(self, stream: str = "events", writer: str = "master") -> list[int]:
-        return [t for s, w, t, _ in self.facts if (s, w) == (stream, writer)]
-
-    async def __aenter__(self) -> "Harness":
-        self.task = asyncio.create_task(self.worker.run())
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.worker.stop()
-        await asyncio.wait_for(self.task, 5)
 
 
 class Proxy:
