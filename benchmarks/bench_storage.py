@@ -166,11 +166,11 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         rows_bytes, groups_bytes, edges_bytes = c.fetchone()
         c.execute("SELECT id FROM state_groups ORDER BY random() LIMIT 2000")
         sample_groups = [r[0] for r in c.fetchall()]
-    from streams.storage.sql import pg_cursor
+    from streams.storage.sql import store_cursor
     from streams.storage.state_groups import StateGroupStore
 
     store = StateGroupStore(cache_keys=10)
-    with pg_cursor() as cur:
+    with store_cursor() as cur:
         sizes = [len(store.get_state(cur, g)) for g in sample_groups]
     mean_size = statistics.fmean(sizes) if sizes else 0
     full_rows = n_groups * mean_size
@@ -195,7 +195,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"initial sync (20 events x 100 rooms): {fmt(initial_ms)} (goal p99 <= 50 ms)")
 
     # -- incremental sync: more live traffic after a token ----------------------------------------
-    with pg_cursor() as cur:
+    with store_cursor() as cur:
         since = RoomStreamToken(reads.current_token(cur))
     more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
                          batch=batch)

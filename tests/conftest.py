@@ -101,3 +101,23 @@ def spark():
         pytest.fail(str(e), pytrace=False)
     yield session
     stop_spark()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def default_database(request, transactional_db):
+    """Run the test twice: on PostgreSQL (the full mode), then with the ``default`` alias
+    pointing at the SQLite test database -- the embedded default has SQLite under that alias,
+    so every piece of code that uses ``default`` (reads, views, admin pages, the ORM) runs on
+    SQLite unchanged. Needs ``django_db(transaction=True, databases=["default", "sqlite"])``.
+    Yields the vendor."""
+    from django.db import connections
+
+    if request.param == "postgresql":
+        yield request.param
+        return
+    postgres = connections["default"]
+    connections["default"] = connections["sqlite"]
+    try:
+        yield request.param
+    finally:
+        connections["default"] = postgres
