@@ -34,6 +34,7 @@ def rows(sql, *params):
 
 @pytest.fixture
 def store(default_database):
+    assert connection.vendor == default_database  # the code under test sees this database
     forget_caches()
     rt = StreamRuntime(instance_name="master", writers=stream_writers("", vendor=default_database), using="default")
     yield Store(rt, default_database)
