@@ -7,7 +7,8 @@ stream rows (``ev`` and ``state``), so replication sees the events when the tran
 completes. Any bad event raises :class:`BadEvent` and nothing is written.
 
 Speed: a batch costs a fixed number of statements whatever its size (look-ups by
-``= ANY(array)``, inserts by ``unnest``); per-room context (current state, extremities,
+``= ANY(array)``, inserts by ``unnest``; on SQLite ``json_each`` and ``executemany``, see
+``sql.py``); per-room context (current state, extremities,
 visibility ranges) stays in memory between batches and is checked against the ``rooms`` row,
 so the common case -- a new message at the end of a room -- reads and writes almost nothing
 beyond its own rows. Design notes: docs/storage.md.
@@ -663,20 +664,20 @@ class _Batch:
         self.writer.insert_rows(self.ids, facts)
         mark_redacted(cur, self.redacted_stored)
         insert_rows(cur, "redactions", ["event_id", "redacts", "received_ts"], ["text", "text", "bigint"],
-                      self.redaction_rows)
+                    self.redaction_rows)
         insert_rows(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"],
-                      [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
+                    [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
         self.p.state.write(cur, self.groups)
         insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
-                      [(ev.event_id, ev.state_group_after) for ev in self.events
+                    [(ev.event_id, ev.state_group_after) for ev in self.events
                        if not ev.outlier and ev.state_group_after is not None])
         accepted = [ev for ev in self.events if not ev.outlier and not ev.rejected_reason]
         insert_rows(cur, "event_edges", ["event_id", "prev_event_id", "room_id"], ["text", "text", "text"],
-                      [(ev.event_id, p, ev.room_id) for ev in accepted for p in dict.fromkeys(ev.prev_events)])
+                    [(ev.event_id, p, ev.room_id) for ev in accepted for p in dict.fromkeys(ev.prev_events)])
         insert_rows(cur, "room_memberships",
-                      ["event_id", "user_id", "sender", "room_id", "membership", "event_stream_ordering",
+                    ["event_id", "user_id", "sender", "room_id", "membership", "event_stream_ordering",
                        "topological_ordering"], ["text", "text", "text", "text", "text", "bigint", "bigint"],
-                      [(ev.event_id, ev.state_key, ev.sender, ev.room_id, ev.membership, ev.stream_ordering,
+                    [(ev.event_id, ev.state_key, ev.sender, ev.room_id, ev.membership, ev.stream_ordering,
                         ev.topological_ordering) for ev in accepted if ev.type == MEMBER])
         # backward extremities: prevs we do not have (as accepted, non-outlier events)
         have = {ev.event_id for ev in accepted}
@@ -691,12 +692,12 @@ class _Batch:
         cur.execute("DELETE FROM event_backward_extremities WHERE " + in_array(cur, "event_id"),
                     [array(cur, self.by_id)])
         insert_rows(cur, "event_backward_extremities", ["event_id", "room_id"], ["text", "text"], list(missing),
-                      suffix="ON CONFLICT DO NOTHING")
+                    suffix="ON CONFLICT DO NOTHING")
         if self.fwd_changed:
             rooms = sorted(self.fwd_changed)
             cur.execute("DELETE FROM event_forward_extremities WHERE " + in_array(cur, "room_id"), [array(cur, rooms)])
             insert_rows(cur, "event_forward_extremities", ["event_id", "room_id"], ["text", "text"],
-                          [(eid, r) for r in rooms for eid in self.rooms[r].forward])
+                        [(eid, r) for r in rooms for eid in self.rooms[r].forward])
         gone = [(r, t, k) for (r, t, k), (e, _, _) in self.current_rows.items() if e is None]
         delete_rows(cur, "current_state_events", ["room_id", "type", "state_key"], ["text", "text", "text"], gone)
         if len(gone) < len(self.current_rows):
@@ -717,8 +718,8 @@ class _Batch:
                     rows.append((r, u, start[0], start[1], None if end is None else end[0],
                                  None if end is None else end[1]))
             insert_rows(cur, "room_visibility_ranges",
-                          ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"],
-                          ["text", "text", "bigint", "bigint", "bigint", "bigint"], rows)
+                        ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"],
+                        ["text", "text", "bigint", "bigint", "bigint", "bigint"], rows)
         room_rows = []
         for ctx in self.rooms.values():
             head = ctx.head or (0, 0)

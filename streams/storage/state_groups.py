@@ -210,10 +210,10 @@ class StateGroupStore:
         for g in groups:
             self._pending.pop(g.id, None)
         insert_rows(cursor, "state_groups", ["id", "room_id", "event_id", "chain_length"],
-                      ["bigint", "text", "text", "integer"],
-                      [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
+                    ["bigint", "text", "text", "integer"],
+                    [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
         insert_rows(cursor, "state_group_edges", ["state_group", "prev_state_group"], ["bigint", "bigint"],
-                      [(g.id, g.parent) for g in groups if g.parent is not None])
+                    [(g.id, g.parent) for g in groups if g.parent is not None])
         insert_rows(cursor, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
-                      ["bigint", "text", "text", "text", "text"],
-                      [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])
+                    ["bigint", "text", "text", "text", "text"],
+                    [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])
