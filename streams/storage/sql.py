@@ -17,6 +17,7 @@ which one they have.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -30,7 +31,8 @@ class StorageUnsupported(RuntimeError):
     """The room event store runs on PostgreSQL or SQLite, not on this database."""
 
 
-def _pg_cursor_class() -> Any:
+@functools.cache
+def _postgres_cursor_class() -> Any:
     import psycopg
 
     class PostgresCursor(psycopg.Cursor):
@@ -39,9 +41,6 @@ def _pg_cursor_class() -> Any:
         vendor = POSTGRESQL
 
     return PostgresCursor
-
-
-_PG_CURSOR: Any = None
 
 
 class SQLiteCursor:
@@ -64,14 +63,11 @@ class SQLiteCursor:
 @contextlib.contextmanager
 def store_cursor(using: str = "default") -> Iterator[Any]:
     """A cursor on the Django connection ``using`` (its current transaction), with ``vendor``."""
-    global _PG_CURSOR
     connection = connections[using]
     vendor = connection.vendor
     if vendor == POSTGRESQL:
-        if _PG_CURSOR is None:
-            _PG_CURSOR = _pg_cursor_class()
         connection.ensure_connection()
-        with connection.wrap_database_errors, _PG_CURSOR(connection.connection) as cursor:
+        with connection.wrap_database_errors, _postgres_cursor_class()(connection.connection) as cursor:
             yield cursor
     elif vendor == SQLITE:
         with connection.cursor() as cursor:
