@@ -61,7 +61,9 @@ def django_db_modify_db_settings(postgres_server, django_db_modify_db_settings_p
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.path.join(sqlite_dir, "db.sqlite3"),
         "TEST": {"NAME": os.path.join(sqlite_dir, "test.sqlite3")},
-        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+        # no fsync per commit: only an OS crash could tell the difference, and a throwaway test
+        # database does not outlive one (the room-store tests commit thousands of times)
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA synchronous = OFF"},
     }
     # Nothing has connected yet; drop the handler's cached view of the old settings.
     for alias in list(connections.settings):
@@ -101,3 +103,23 @@ def spark():
         pytest.fail(str(e), pytrace=False)
     yield session
     stop_spark()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def default_database(request, transactional_db):
+    """Run the test twice: on PostgreSQL (the full mode), then with the ``default`` alias
+    pointing at the SQLite test database -- the embedded default has SQLite under that alias,
+    so every piece of code that uses ``default`` (reads, views, admin pages, the ORM) runs on
+    SQLite unchanged. Needs ``django_db(transaction=True, databases=["default", "sqlite"])``.
+    Yields the vendor."""
+    from django.db import connections
+
+    if request.param == "postgresql":
+        yield request.param
+        return
+    postgres = connections["default"]
+    connections["default"] = connections["sqlite"]
+    try:
+        yield request.param
+    finally:
+        connections["default"] = postgres

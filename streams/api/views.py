@@ -7,7 +7,7 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
 from streams.storage import reads
-from streams.storage.sql import StorageNeedsPostgres
+from streams.storage.sql import StorageUnsupported
 from streams.storage.tokens import BadToken, RoomStreamToken
 
 from .auth import api_view
@@ -63,7 +63,7 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             return JsonResponse({"error": str(e)}, status=400)
         except reads.NotFound as e:
             return JsonResponse({"error": str(e)}, status=404)
-        except StorageNeedsPostgres as e:
+        except StorageUnsupported as e:
             return JsonResponse({"error": str(e)}, status=501)
 
     view.__name__ = fn.__name__

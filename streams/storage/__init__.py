@@ -6,8 +6,8 @@ One module per concept: ``events`` (incoming events), ``persist`` (the write pat
 """
 from .events import BadEvent, IncomingEvent
 from .persist import PersistedEvent, persist_events
-from .sql import StorageNeedsPostgres
+from .sql import StorageUnsupported
 from .tokens import BadToken, RoomStreamToken
 
-__all__ = ["BadEvent", "BadToken", "IncomingEvent", "PersistedEvent", "RoomStreamToken", "StorageNeedsPostgres",
+__all__ = ["BadEvent", "BadToken", "IncomingEvent", "PersistedEvent", "RoomStreamToken", "StorageUnsupported",
            "persist_events"]

@@ -48,11 +48,11 @@ def state_group_panel(event: Event) -> str:
 @event_detail_panel("State at this event")
 def state_panel(event: Event) -> str:
     from .reads import NotFound, state_at_event
-    from .sql import StorageNeedsPostgres
+    from .sql import StorageUnsupported
 
     try:
         state = state_at_event(event.event_id)
-    except (NotFound, StorageNeedsPostgres) as e:
+    except (NotFound, StorageUnsupported) as e:
         return format_html("<p>{}</p>", str(e))
     rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
                             ((t, k, _event_link(e)) for (t, k), e in sorted(state.items())))

@@ -7,7 +7,8 @@ stream rows (``ev`` and ``state``), so replication sees the events when the tran
 completes. Any bad event raises :class:`BadEvent` and nothing is written.
 
 Speed: a batch costs a fixed number of statements whatever its size (look-ups by
-``= ANY(array)``, inserts by ``unnest``); per-room context (current state, extremities,
+``= ANY(array)``, inserts by ``unnest``; on SQLite ``json_each`` and ``executemany``, see
+``sql.py``); per-room context (current state, extremities,
 visibility ranges) stays in memory between batches and is checked against the ``rooms`` row,
 so the common case -- a new message at the end of a room -- reads and writes almost nothing
 beyond its own rows. Design notes: docs/storage.md.
@@ -27,7 +28,7 @@ from .events import (
     StateMap, parse_events,
 )
 from .redactions import mark_redacted
-from .sql import check_postgres, insert_unnest, pg_cursor
+from .sql import array, delete_rows, for_update, in_array, insert_rows, is_sqlite, pipeline, store_cursor
 from .state_groups import NewGroup, StateGroupStore, resolve
 from .visibility import (
     ANYONE, SHARED_ERAS, RangeSet, grants, normalise_visibility, shared_era, visible_to_member,
@@ -100,8 +101,8 @@ class _EventFacts:
         import json
 
         cursor.execute(
-            "SELECT event_id, membership, CASE WHEN type = %s THEN json END FROM events WHERE event_id = ANY(%s)",
-            [HISTORY_VISIBILITY, missing],
+            "SELECT event_id, membership, CASE WHEN type = %s THEN json END FROM events WHERE "
+            + in_array(cursor, "event_id"), [HISTORY_VISIBILITY, array(cursor, missing)],
         )
         for eid, membership, raw in cursor.fetchall():
             vis = None
@@ -136,7 +137,6 @@ class EventPersister:
     # -- entry point ------------------------------------------------------------------------
 
     def persist(self, items: Sequence[IncomingEvent | bytes | str], writer: Any, *, backfill: bool) -> list[PersistedEvent]:
-        check_postgres(writer.using)
         events = parse_events(items)
         if not events:
             return []
@@ -176,7 +176,8 @@ class EventPersister:
         """Contexts of ``room_ids`` (rows locked for this transaction); stale ones reloaded."""
         cursor.execute(
             "SELECT room_id, head_topological, head_stream, last_stream, current_state_group, min_depth "
-            "FROM rooms WHERE room_id = ANY(%s) ORDER BY room_id FOR UPDATE", [list(room_ids)],
+            f"FROM rooms WHERE {in_array(cursor, 'room_id')} ORDER BY room_id{for_update(cursor)}",
+            [array(cursor, room_ids)],
         )
         rows = {r[0]: r for r in cursor.fetchall()}
         out: dict[str, RoomContext] = {}
@@ -199,9 +200,10 @@ class EventPersister:
         return out
 
     def _load_room_details(self, cursor: Any, contexts: dict[str, RoomContext]) -> None:
-        rooms = list(contexts)
+        rooms = array(cursor, contexts)
+        in_rooms = in_array(cursor, "room_id")
         cursor.execute(
-            "SELECT room_id, type, state_key, event_id, membership FROM current_state_events WHERE room_id = ANY(%s)",
+            "SELECT room_id, type, state_key, event_id, membership FROM current_state_events WHERE " + in_rooms,
             [rooms],
         )
         hv_events = []
@@ -219,22 +221,30 @@ class EventPersister:
         cursor.execute(
             "SELECT f.room_id, f.event_id, e.topological_ordering, e.stream_ordering, g.state_group "
             "FROM event_forward_extremities f JOIN events e USING (event_id) "
-            "LEFT JOIN event_to_state_groups g USING (event_id) WHERE f.room_id = ANY(%s)", [rooms],
+            "LEFT JOIN event_to_state_groups g USING (event_id) WHERE " + in_array(cursor, "f.room_id"), [rooms],
         )
         for room_id, eid, topo, stream, group in cursor.fetchall():
             contexts[room_id].forward[eid] = ((topo, stream), group)
         cursor.execute(
             "SELECT room_id, user_id, start_topological, start_stream, end_topological, end_stream "
-            "FROM room_visibility_ranges WHERE room_id = ANY(%s) "
+            f"FROM room_visibility_ranges WHERE {in_rooms} "
             "ORDER BY room_id, user_id, start_topological, start_stream", [rooms],
         )
         for room_id, user, st, ss, et, es in cursor.fetchall():
             contexts[room_id].user_ranges(user).ranges.append([(st, ss), None if et is None else (et, es)])
-        cursor.execute(
-            "SELECT DISTINCT ON (room_id, user_id) room_id, user_id, topological_ordering, event_stream_ordering "
-            "FROM room_memberships WHERE room_id = ANY(%s) AND membership = 'join' "
-            "ORDER BY room_id, user_id, topological_ordering DESC, event_stream_ordering DESC", [rooms],
-        )
+        if is_sqlite(cursor):  # no DISTINCT ON: the first row of each (room, user) by a window
+            cursor.execute(
+                "SELECT room_id, user_id, topological_ordering, event_stream_ordering FROM ("
+                "SELECT room_id, user_id, topological_ordering, event_stream_ordering, ROW_NUMBER() OVER ("
+                "PARTITION BY room_id, user_id ORDER BY topological_ordering DESC, event_stream_ordering DESC) AS n "
+                f"FROM room_memberships WHERE {in_rooms} AND membership = 'join') WHERE n = 1", [rooms],
+            )
+        else:
+            cursor.execute(
+                "SELECT DISTINCT ON (room_id, user_id) room_id, user_id, topological_ordering, event_stream_ordering "
+                "FROM room_memberships WHERE room_id = ANY(%s) AND membership = 'join' "
+                "ORDER BY room_id, user_id, topological_ordering DESC, event_stream_ordering DESC", [rooms],
+            )
         for room_id, user, topo, stream in cursor.fetchall():
             contexts[room_id].last_join[user] = (topo, stream)
         for ctx in contexts.values():
@@ -266,7 +276,7 @@ class _Batch:
     # -- the transaction ------------------------------------------------------------------
 
     def run(self) -> None:
-        with pg_cursor(self.writer.using) as cur:
+        with store_cursor(self.writer.using) as cur:
             self.cur = cur
             self._load_known()
             self.rooms = self.p.load_rooms(cur, sorted({ev.room_id for ev in self.events}))
@@ -284,7 +294,7 @@ class _Batch:
                     self._state_and_visibility(ev)
             self._redactions()
             # nothing below reads a result: send it all in one pipeline (one network wait)
-            with cur.connection.pipeline():
+            with pipeline(cur):
                 self._write()
 
     def _load_known(self) -> None:
@@ -298,7 +308,7 @@ class _Batch:
         self.cur.execute(
             "SELECT e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.outlier, e.rejected, "
             "g.state_group FROM events e LEFT JOIN event_to_state_groups g USING (event_id) "
-            "WHERE e.event_id = ANY(%s)", [list(wanted)],
+            "WHERE " + in_array(self.cur, "e.event_id"), [array(self.cur, wanted)],
         )
         self.known = {r[0]: r for r in self.cur.fetchall()}
         for eid in self.by_id:
@@ -313,7 +323,7 @@ class _Batch:
         # redactions that arrived before their targets
         self.cur.execute(
             "SELECT r.redacts, e.room_id FROM redactions r JOIN events e ON e.event_id = r.event_id "
-            "WHERE r.redacts = ANY(%s) AND NOT e.rejected", [list(self.by_id)],
+            f"WHERE {in_array(self.cur, 'r.redacts')} AND NOT e.rejected", [array(self.cur, self.by_id)],
         )
         for target, room_id in self.cur.fetchall():
             ev = self.by_id[target]
@@ -653,21 +663,21 @@ class _Batch:
             facts.append(rows)
         self.writer.insert_rows(self.ids, facts)
         mark_redacted(cur, self.redacted_stored)
-        insert_unnest(cur, "redactions", ["event_id", "redacts", "received_ts"], ["text", "text", "bigint"],
-                      self.redaction_rows)
-        insert_unnest(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"],
-                      [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
+        insert_rows(cur, "redactions", ["event_id", "redacts", "received_ts"], ["text", "text", "bigint"],
+                    self.redaction_rows)
+        insert_rows(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"],
+                    [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
         self.p.state.write(cur, self.groups)
-        insert_unnest(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
-                      [(ev.event_id, ev.state_group_after) for ev in self.events
+        insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
+                    [(ev.event_id, ev.state_group_after) for ev in self.events
                        if not ev.outlier and ev.state_group_after is not None])
         accepted = [ev for ev in self.events if not ev.outlier and not ev.rejected_reason]
-        insert_unnest(cur, "event_edges", ["event_id", "prev_event_id", "room_id"], ["text", "text", "text"],
-                      [(ev.event_id, p, ev.room_id) for ev in accepted for p in dict.fromkeys(ev.prev_events)])
-        insert_unnest(cur, "room_memberships",
-                      ["event_id", "user_id", "sender", "room_id", "membership", "event_stream_ordering",
+        insert_rows(cur, "event_edges", ["event_id", "prev_event_id", "room_id"], ["text", "text", "text"],
+                    [(ev.event_id, p, ev.room_id) for ev in accepted for p in dict.fromkeys(ev.prev_events)])
+        insert_rows(cur, "room_memberships",
+                    ["event_id", "user_id", "sender", "room_id", "membership", "event_stream_ordering",
                        "topological_ordering"], ["text", "text", "text", "text", "text", "bigint", "bigint"],
-                      [(ev.event_id, ev.state_key, ev.sender, ev.room_id, ev.membership, ev.stream_ordering,
+                    [(ev.event_id, ev.state_key, ev.sender, ev.room_id, ev.membership, ev.stream_ordering,
                         ev.topological_ordering) for ev in accepted if ev.type == MEMBER])
         # backward extremities: prevs we do not have (as accepted, non-outlier events)
         have = {ev.event_id for ev in accepted}
@@ -679,22 +689,19 @@ class _Batch:
                 row = self.known.get(p)
                 if row is None or row[4]:
                     missing[(p, ev.room_id)] = None
-        cur.execute("DELETE FROM event_backward_extremities WHERE event_id = ANY(%s)", [list(self.by_id)])
-        insert_unnest(cur, "event_backward_extremities", ["event_id", "room_id"], ["text", "text"], list(missing),
-                      suffix="ON CONFLICT DO NOTHING")
+        cur.execute("DELETE FROM event_backward_extremities WHERE " + in_array(cur, "event_id"),
+                    [array(cur, self.by_id)])
+        insert_rows(cur, "event_backward_extremities", ["event_id", "room_id"], ["text", "text"], list(missing),
+                    suffix="ON CONFLICT DO NOTHING")
         if self.fwd_changed:
             rooms = sorted(self.fwd_changed)
-            cur.execute("DELETE FROM event_forward_extremities WHERE room_id = ANY(%s)", [rooms])
-            insert_unnest(cur, "event_forward_extremities", ["event_id", "room_id"], ["text", "text"],
-                          [(eid, r) for r in rooms for eid in self.rooms[r].forward])
+            cur.execute("DELETE FROM event_forward_extremities WHERE " + in_array(cur, "room_id"), [array(cur, rooms)])
+            insert_rows(cur, "event_forward_extremities", ["event_id", "room_id"], ["text", "text"],
+                        [(eid, r) for r in rooms for eid in self.rooms[r].forward])
         gone = [(r, t, k) for (r, t, k), (e, _, _) in self.current_rows.items() if e is None]
-        if gone:
-            cur.execute(
-                "DELETE FROM current_state_events c USING unnest(%s::text[], %s::text[], %s::text[]) AS g(r, t, k) "
-                "WHERE c.room_id = g.r AND c.type = g.t AND c.state_key = g.k",
-                [[g[0] for g in gone], [g[1] for g in gone], [g[2] for g in gone]])
+        delete_rows(cur, "current_state_events", ["room_id", "type", "state_key"], ["text", "text", "text"], gone)
         if len(gone) < len(self.current_rows):
-            insert_unnest(
+            insert_rows(
                 cur, "current_state_events",
                 ["room_id", "type", "state_key", "event_id", "membership", "event_stream_ordering"],
                 ["text", "text", "text", "text", "text", "bigint"],
@@ -704,24 +711,20 @@ class _Batch:
             )
         if self.touched_ranges:
             pairs = sorted(self.touched_ranges)
-            cur.execute(
-                "DELETE FROM room_visibility_ranges v USING unnest(%s::text[], %s::text[]) AS t(room_id, user_id) "
-                "WHERE v.room_id = t.room_id AND v.user_id = t.user_id",
-                [[r for r, _ in pairs], [u for _, u in pairs]],
-            )
+            delete_rows(cur, "room_visibility_ranges", ["room_id", "user_id"], ["text", "text"], pairs)
             rows = []
             for r, u in pairs:
                 for start, end in self.rooms[r].user_ranges(u).ranges:
                     rows.append((r, u, start[0], start[1], None if end is None else end[0],
                                  None if end is None else end[1]))
-            insert_unnest(cur, "room_visibility_ranges",
-                          ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"],
-                          ["text", "text", "bigint", "bigint", "bigint", "bigint"], rows)
+            insert_rows(cur, "room_visibility_ranges",
+                        ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"],
+                        ["text", "text", "bigint", "bigint", "bigint", "bigint"], rows)
         room_rows = []
         for ctx in self.rooms.values():
             head = ctx.head or (0, 0)
             room_rows.append((ctx.room_id, head[0], head[1], ctx.last_stream, ctx.current_group, ctx.min_depth))
-        insert_unnest(
+        insert_rows(
             cur, "rooms", ["room_id", "head_topological", "head_stream", "last_stream", "current_state_group",
                            "min_depth"], ["text", "bigint", "bigint", "bigint", "bigint", "bigint"], room_rows,
             suffix="ON CONFLICT (room_id) DO UPDATE SET head_topological = EXCLUDED.head_topological, "

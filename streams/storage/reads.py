@@ -17,7 +17,7 @@ from django.db import transaction
 from .change_cache import StreamChangeCache
 from .events import StateMap
 from .redactions import client_json
-from .sql import pg_cursor
+from .sql import is_sqlite, json_list, store_cursor
 from .state_groups import StateGroupStore, _LRU
 from .tokens import RoomStreamToken
 
@@ -64,6 +64,19 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
         ORDER BY {outer} LIMIT {limit})"""
 
 
+def visible_events_sqlite(room: str, *, order: str, event_filter: str = "", limit: str = "%(limit)s") -> str:
+    """SQLite's :func:`visible_events` (no LATERAL, no DISTINCT ON): the room's events in
+    ``order`` along the (room_id, topological_ordering, stream_ordering) index, each checked
+    with :data:`VISIBLE`, up to ``limit`` (one room per query: the syncs loop over rooms)."""
+    direction = {"b": "DESC", "f": "ASC", "s": "DESC"}[order]
+    key = ("e.stream_ordering {d}" if order == "s"
+           else "e.topological_ordering {d}, e.stream_ordering {d}").format(d=direction)
+    return f"""(
+        SELECT {_COLUMNS} FROM events e
+        WHERE e.room_id = {room} AND NOT e.outlier AND NOT e.rejected {event_filter} AND {VISIBLE}
+        ORDER BY {key} LIMIT {limit})"""
+
+
 
 class NotFound(LookupError):
     """No such event or room for this user (unknown, or not visible to them)."""
@@ -89,10 +102,12 @@ def _timeline_cursor(using: str) -> Iterator[Any]:
     The planner cannot know how many events a visibility range holds (it guesses a
     handful), so it reads a range with a bitmap scan and sorts it -- every event of a big
     room's open range. Without bitmap scans it walks the (room, topological, stream) index
-    in order and stops at the limit: 71 -> 13 ms for 100 rooms x 20 events.
+    in order and stops at the limit: 71 -> 13 ms for 100 rooms x 20 events. (SQLite has no
+    bitmap scans; its transaction gives the reads one snapshot as well.)
     """
-    with transaction.atomic(using=using), pg_cursor(using) as cur:
-        cur.execute("SET LOCAL enable_bitmapscan = off")
+    with transaction.atomic(using=using), store_cursor(using) as cur:
+        if not is_sqlite(cur):
+            cur.execute("SET LOCAL enable_bitmapscan = off")
         yield cur
 
 
@@ -111,7 +126,7 @@ def current_token(cursor: Any) -> int:
     cursor.execute("SELECT coalesce(max(stream_ordering), 0) FROM events")
     top = cursor.fetchone()[0]
     cursor.execute("SELECT stream_ids FROM stream_reservations WHERE stream_name = 'events'")
-    pending = [i for (ids,) in cursor.fetchall() for i in ids]
+    pending = [i for (ids,) in cursor.fetchall() for i in json_list(ids)]
     return min([top] + [i - 1 for i in pending]) if pending else top
 
 
@@ -183,7 +198,7 @@ def _visible(cursor: Any, event_id: str, user_id: str) -> bool:
 
 
 def get_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> EventRow:
-    with pg_cursor(using) as cur:
+    with store_cursor(using) as cur:
         cur.execute(f"SELECT {_COLUMNS} FROM events e WHERE e.event_id = %s AND NOT e.outlier AND NOT e.rejected",
                     [event_id])
         row = cur.fetchone()
@@ -195,7 +210,7 @@ def get_event(event_id: str, *, user_id: str | None = None, using: str = "defaul
 def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> StateMap:
     """The room state after ``event_id`` (before it, for a rejected event), walking the delta
     chain of its state group; groups and event->group are cached (they never change)."""
-    with pg_cursor(using) as cur:
+    with store_cursor(using) as cur:
         if user_id is not None and not _visible(cur, event_id, user_id):
             raise NotFound(f"event {event_id} not found")
         group = _EVENT_GROUP.get(event_id)
@@ -236,8 +251,11 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
             range_bound = ("AND (coalesce(v.end_topological, %s), coalesce(v.end_stream, %s)) > (%%(t)s, %%(s)s)"
                            % (_MAX, _MAX))
     with _timeline_cursor(using) as cur:
-        cur.execute("SELECT * FROM " + visible_events("%(room)s", order=direction, event_filter=bound,
-                                                      range_filter=range_bound) + " y", params)
+        if is_sqlite(cur):
+            page = visible_events_sqlite("%(room)s", order=direction, event_filter=bound)
+        else:
+            page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
+        cur.execute("SELECT * FROM " + page + " y", params)
         rows = [_row(r) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
@@ -278,23 +296,47 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
 
 # -- sync -------------------------------------------------------------------------------------
 
+#: the user's ``rooms`` most recently active joined rooms
+_MY_ROOMS = """SELECT c.room_id, r.last_stream FROM current_state_events c JOIN rooms r USING (room_id)
+                    WHERE c.type = 'm.room.member' AND c.state_key = %(user)s AND c.membership = 'join'
+                    ORDER BY r.last_stream DESC, c.room_id LIMIT %(rooms)s"""
+
+
 def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str = "default") -> dict[str, Any]:
     """The latest ``limit`` visible events of each of the user's ``rooms`` most recently active
-    joined rooms: one query (rooms chosen and events fetched with a LATERAL join)."""
+    joined rooms: one query on PostgreSQL (rooms chosen and events fetched with a LATERAL
+    join), one per room on SQLite."""
     limit, rooms = _limit(limit), _limit(rooms)
     with _timeline_cursor(using) as cur:
         now = current_token(cur)
-        cur.execute(
-            f"""WITH my_rooms AS (
-                    SELECT c.room_id, r.last_stream FROM current_state_events c JOIN rooms r USING (room_id)
-                    WHERE c.type = 'm.room.member' AND c.state_key = %(user)s AND c.membership = 'join'
-                    ORDER BY r.last_stream DESC, c.room_id LIMIT %(rooms)s)
+        params = {"user": user_id, "rooms": rooms, "now": now, "limit": limit + 1}
+        in_window = "AND e.stream_ordering <= %(now)s"
+        if is_sqlite(cur):
+            cur.execute(_MY_ROOMS, params)
+            rows = _per_room(cur, [(room_id, last_stream) for room_id, last_stream in cur.fetchall()], params,
+                             order="b", event_filter=in_window)
+        else:
+            cur.execute(
+                f"""WITH my_rooms AS (
+                    {_MY_ROOMS})
                 SELECT m.last_stream, {_COLUMNS.replace('e.', 'y.')} FROM my_rooms m CROSS JOIN LATERAL
-                    {visible_events("m.room_id", order="b", event_filter="AND e.stream_ordering <= %(now)s")} y
-                ORDER BY m.last_stream DESC, m.room_id""",
-            {"user": user_id, "rooms": rooms, "now": now, "limit": limit + 1})
-        out = _group_timelines(cur.fetchall(), limit, historic=True)
+                    {visible_events("m.room_id", order="b", event_filter=in_window)} y
+                ORDER BY m.last_stream DESC, m.room_id""", params)
+            rows = cur.fetchall()
+        out = _group_timelines(rows, limit, historic=True)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
+
+
+def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any], *, order: str,
+              event_filter: str) -> list[tuple[Any, ...]]:
+    """SQLite's LATERAL join: one query per (room, prefix), each row prefixed with ``prefix``
+    (the column the PostgreSQL query puts first) so :func:`_group_timelines` reads both alike."""
+    sql = "SELECT * FROM " + visible_events_sqlite("%(room)s", order=order, event_filter=event_filter) + " y"
+    out: list[tuple[Any, ...]] = []
+    for room_id, prefix in rooms:
+        cur.execute(sql, {**params, "room": room_id})
+        out.extend((prefix, *r) for r in cur.fetchall())
+    return out
 
 
 def _group_timelines(rows: Sequence[Sequence[Any]], limit: int, *, historic: bool) -> dict[str, dict[str, Any]]:
@@ -342,13 +384,17 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
         if changed and since.stream < now:
-            cur.execute(
-                f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'y.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
-                    CROSS JOIN LATERAL {visible_events(
-                        "m.room_id", order="s",
-                        event_filter="AND e.stream_ordering > %(since)s AND e.stream_ordering <= %(now)s")} y""",
-                {"rooms": changed, "user": user_id, "since": since.stream, "now": now, "limit": limit + 1})
-            out = _group_timelines(cur.fetchall(), limit, historic=False)
+            params = {"user": user_id, "since": since.stream, "now": now, "limit": limit + 1}
+            new_events = "AND e.stream_ordering > %(since)s AND e.stream_ordering <= %(now)s"
+            if is_sqlite(cur):
+                rows = _per_room(cur, [(r, r) for r in changed], params, order="s", event_filter=new_events)
+            else:
+                cur.execute(
+                    f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'y.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                    CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
+                    {**params, "rooms": changed})
+                rows = cur.fetchall()
+            out = _group_timelines(rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 

@@ -11,6 +11,7 @@ import json
 from typing import Any, Sequence
 
 from .events import CREATE
+from .sql import array, in_array
 
 _KEEP_TOP = ("event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
              "depth", "prev_events", "auth_events", "origin_server_ts")
@@ -29,8 +30,8 @@ _KEEP_CONTENT = {
 def mark_redacted(cursor: Any, event_ids: Sequence[str]) -> None:
     """Set ``events.redacted`` on the targets (the one permitted change to an event row)."""
     if event_ids:
-        cursor.execute("UPDATE events SET redacted = TRUE WHERE event_id = ANY(%s) AND type <> %s",
-                       [list(event_ids), CREATE])
+        cursor.execute(f"UPDATE events SET redacted = TRUE WHERE {in_array(cursor, 'event_id')} AND type <> %s",
+                       [array(cursor, event_ids), CREATE])
 
 
 def prune_event(body: dict[str, Any]) -> dict[str, Any]:

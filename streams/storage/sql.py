@@ -1,49 +1,150 @@
-"""Round-trip-frugal SQL helpers for the storage code (PostgreSQL).
+"""The SQL dialects of the storage code: the one place where PostgreSQL and SQLite differ.
 
-A server-binding psycopg cursor on Django's own connection (so the same transaction) sends
-whole columns as array parameters: one ``INSERT ... SELECT FROM unnest(...)`` per table and
-batch, ``= ANY(%s)`` look-ups for any number of keys.
+* **PostgreSQL** (the full mode): a server-binding psycopg cursor on Django's own connection
+  (so the same transaction) sends whole columns as binary array parameters: one
+  ``INSERT ... SELECT FROM unnest(...)`` per table and batch, ``= ANY(%s)`` look-ups for any
+  number of keys, ``DELETE ... USING unnest(...)``, and a pipeline for the writes of a batch.
+* **SQLite** (the embedded default): Django's cursor; a list of keys goes in as one JSON text
+  parameter read with ``json_each`` (no limit on the number of keys, one statement text),
+  inserts and deletes by ``executemany``. There is one writer per stream and the write
+  transaction is ``IMMEDIATE`` (it holds the database's write lock from its first statement),
+  so no row locks are needed.
+
+Call sites build each statement from these helpers and write a query twice only where the
+dialects really differ (LATERAL joins, ``DISTINCT ON``, sequences): ``cursor.vendor`` tells
+which one they have.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+import functools
+import json
+from typing import Any, Iterable, Iterator, Sequence
 
 from django.db import connections
 
+POSTGRESQL = "postgresql"
+SQLITE = "sqlite"
 
-class StorageNeedsPostgres(RuntimeError):
-    """The room event store runs on PostgreSQL (the full mode)."""
+
+class StorageUnsupported(RuntimeError):
+    """The room event store runs on PostgreSQL or SQLite, not on this database."""
 
 
-def check_postgres(using: str) -> None:
-    vendor = connections[using].vendor
-    if vendor != "postgresql":
-        raise StorageNeedsPostgres(
-            f"room event storage needs PostgreSQL (database {using!r} is {vendor}); set DATABASE_URL=postgres://..."
-        )
+@functools.cache
+def _postgres_cursor_class() -> Any:
+    import psycopg
+
+    class PostgresCursor(psycopg.Cursor):
+        """A server-binding psycopg cursor that says which dialect it speaks."""
+
+        vendor = POSTGRESQL
+
+    return PostgresCursor
+
+
+class SQLiteCursor:
+    """Django's SQLite cursor (``%s`` and ``%(name)s`` placeholders), saying which dialect it speaks."""
+
+    vendor = SQLITE
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+        self.execute = cursor.execute
+        self.executemany = cursor.executemany
+        self.fetchone = cursor.fetchone
+        self.fetchall = cursor.fetchall
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
 
 
 @contextlib.contextmanager
-def pg_cursor(using: str = "default") -> Iterator[Any]:
-    """A server-binding cursor on the Django connection ``using`` (its current transaction)."""
-    import psycopg
-
-    check_postgres(using)
+def store_cursor(using: str = "default") -> Iterator[Any]:
+    """A cursor on the Django connection ``using`` (its current transaction), with ``vendor``."""
     connection = connections[using]
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        yield cursor
+    vendor = connection.vendor
+    if vendor == POSTGRESQL:
+        connection.ensure_connection()
+        with connection.wrap_database_errors, _postgres_cursor_class()(connection.connection) as cursor:
+            yield cursor
+    elif vendor == SQLITE:
+        with connection.cursor() as cursor:
+            yield SQLiteCursor(cursor)
+    else:
+        raise StorageUnsupported(f"room event storage needs PostgreSQL or SQLite (database {using!r} is {vendor})")
 
 
-def insert_unnest(cursor: Any, table: str, columns: Sequence[str], types: Sequence[str],
-                  rows: Sequence[Sequence[Any]], *, suffix: str = "") -> None:
-    """Insert ``rows`` with one statement (nothing when there are none); arrays go in binary
-    (no quoting pass over every text element)."""
+def is_sqlite(cursor: Any) -> bool:
+    return cursor.vendor == SQLITE
+
+
+# -- lists of keys ----------------------------------------------------------------------------
+
+def in_array(cursor: Any, column: str, param: str = "%s") -> str:
+    """SQL: ``column`` is one of the values of the list parameter ``param`` (see :func:`array`)."""
+    if cursor.vendor == SQLITE:
+        return f"{column} IN (SELECT value FROM json_each({param}))"
+    return f"{column} = ANY({param})"
+
+
+def array(cursor: Any, values: Iterable[Any]) -> Any:
+    """A list parameter for :func:`in_array`."""
+    if cursor.vendor == SQLITE:
+        return json.dumps(list(values))
+    return list(values)
+
+
+def json_list(value: Any) -> list[Any]:
+    """A JSON array column as read: decoded by psycopg, JSON text from SQLite."""
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+# -- writes -----------------------------------------------------------------------------------
+
+def for_update(cursor: Any) -> str:
+    """The row-lock clause (SQLite: none needed, the transaction holds the write lock)."""
+    return "" if cursor.vendor == SQLITE else " FOR UPDATE"
+
+
+def pipeline(cursor: Any) -> Any:
+    """Send the statements of the block without waiting for each result (PostgreSQL)."""
+    if cursor.vendor == SQLITE:
+        return contextlib.nullcontext()
+    return cursor.connection.pipeline()
+
+
+def insert_rows(cursor: Any, table: str, columns: Sequence[str], types: Sequence[str],
+                rows: Sequence[Sequence[Any]], *, suffix: str = "") -> None:
+    """Insert ``rows`` (nothing when there are none). PostgreSQL: one statement, the columns as
+    binary arrays of ``types`` (no quoting pass over every text element); SQLite: executemany.
+    ``suffix`` (``ON CONFLICT ...``) is the same in both."""
     if not rows:
+        return
+    if cursor.vendor == SQLITE:
+        sql = "INSERT INTO {} ({}) VALUES ({}) {}".format(
+            table, ", ".join(columns), ", ".join(["%s"] * len(columns)), suffix)
+        cursor.executemany(sql, rows)
         return
     arrays = [list(col) for col in zip(*rows)]
     sql = "INSERT INTO {} ({}) SELECT * FROM unnest({}) {}".format(
         table, ", ".join(columns), ", ".join(f"%b::{t}[]" for t in types), suffix
     )
     cursor.execute(sql, arrays)
+
+
+def delete_rows(cursor: Any, table: str, columns: Sequence[str], types: Sequence[str],
+                keys: Sequence[Sequence[Any]]) -> None:
+    """Delete the rows of ``table`` whose ``columns`` equal one of ``keys``."""
+    if not keys:
+        return
+    if cursor.vendor == SQLITE:
+        cursor.executemany("DELETE FROM {} WHERE {}".format(table, " AND ".join(f"{c} = %s" for c in columns)),
+                           keys)
+        return
+    cursor.execute(
+        "DELETE FROM {t} d USING unnest({a}) AS k({c}) WHERE {w}".format(
+            t=table, a=", ".join(f"%s::{t}[]" for t in types), c=", ".join(columns),
+            w=" AND ".join(f"d.{c} = k.{c}" for c in columns)),
+        [list(col) for col in zip(*keys)])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .events import StateKey, StateMap
-from .sql import insert_unnest
+from .sql import insert_rows, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
 MAX_STATE_DELTA_HOPS = 100
@@ -33,6 +33,23 @@ ORDER BY type, state_key, state_group DESC
 # and takes the (state_group, type, state_key) index. With ``IN`` it hash-joined against a
 # sequential scan of the whole table (3 s at 5.5 M rows; Synapse's issue #5064, which it
 # works around with ``SET LOCAL enable_seqscan = off``).
+
+#: SQLite: the chain's rows oldest group first (a later group overwrites a key); no DISTINCT ON
+_STATE_OF_GROUP_SQLITE = """
+WITH RECURSIVE sgs(state_group) AS (
+    VALUES (%s)
+  UNION ALL
+    SELECT e.prev_state_group FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
+)
+SELECT type, state_key, event_id
+FROM state_groups_state
+WHERE state_group IN (SELECT state_group FROM sgs)
+ORDER BY state_group
+"""
+
+#: SQLite has no sequences: the next state group ids come from a row of ``stream_sequences``
+#: (the ID table the SQLite stream-ID store keeps), bumped inside the write transaction
+_SQLITE_SEQUENCE = "state_group_id_seq"
 
 
 @dataclass
@@ -122,7 +139,7 @@ class StateGroupStore:
             state.update(pending.rows)
             self._states.put(group, state)
             return state
-        cursor.execute(_STATE_OF_GROUP, [group])
+        cursor.execute(_STATE_OF_GROUP_SQLITE if is_sqlite(cursor) else _STATE_OF_GROUP, [group])
         state = {(t, k): e for t, k, e in cursor.fetchall()}
         self._states.put(group, state)
         return state
@@ -144,10 +161,26 @@ class StateGroupStore:
 
     def _next_id(self, cursor: Any, hint: int) -> int:
         if not self._id_pool:
-            cursor.execute("SELECT nextval('state_group_id_seq') FROM generate_series(1, %s)", [max(hint, 64)])
-            self._id_pool = sorted(r[0] for r in cursor.fetchall())
+            n = max(hint, 64)
+            if is_sqlite(cursor):
+                self._id_pool = self._sqlite_ids(cursor, n)
+            else:
+                cursor.execute("SELECT nextval('state_group_id_seq') FROM generate_series(1, %s)", [n])
+                self._id_pool = sorted(r[0] for r in cursor.fetchall())
             self._id_pool.reverse()
         return self._id_pool.pop()
+
+    @staticmethod
+    def _sqlite_ids(cursor: Any, n: int) -> list[int]:
+        """``n`` new ids, ascending. The bump belongs to the write transaction (a rollback undoes
+        it, so :meth:`discard_pending` drops the pool); the row starts past any stored group."""
+        cursor.execute(
+            "INSERT INTO stream_sequences (name, last_value) SELECT %s, coalesce(max(id), 0) FROM state_groups "
+            "WHERE true ON CONFLICT (name) DO NOTHING", [_SQLITE_SEQUENCE])
+        cursor.execute("UPDATE stream_sequences SET last_value = last_value + %s WHERE name = %s RETURNING last_value",
+                       [n, _SQLITE_SEQUENCE])
+        last = int(cursor.fetchone()[0])
+        return list(range(last - n + 1, last + 1))
 
     def new_group(self, cursor: Any, *, room_id: str, event_id: str, parent: int | None,
                   parent_chain_length: int | None, delta: StateMap, full_state: Any,
@@ -164,8 +197,10 @@ class StateGroupStore:
         return group
 
     def discard_pending(self) -> None:
-        """The transaction rolled back: its groups never existed."""
+        """The transaction rolled back: its groups never existed (nor, on SQLite, the ids taken
+        in it; on PostgreSQL the unused ids of the pool are simply skipped)."""
         self._pending.clear()
+        self._id_pool.clear()
 
     def remember(self, group: int, state: StateMap) -> None:
         """Cache a state the caller will not change any more."""
@@ -174,11 +209,11 @@ class StateGroupStore:
     def write(self, cursor: Any, groups: Sequence[NewGroup]) -> None:
         for g in groups:
             self._pending.pop(g.id, None)
-        insert_unnest(cursor, "state_groups", ["id", "room_id", "event_id", "chain_length"],
-                      ["bigint", "text", "text", "integer"],
-                      [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
-        insert_unnest(cursor, "state_group_edges", ["state_group", "prev_state_group"], ["bigint", "bigint"],
-                      [(g.id, g.parent) for g in groups if g.parent is not None])
-        insert_unnest(cursor, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
-                      ["bigint", "text", "text", "text", "text"],
-                      [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])
+        insert_rows(cursor, "state_groups", ["id", "room_id", "event_id", "chain_length"],
+                    ["bigint", "text", "text", "integer"],
+                    [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
+        insert_rows(cursor, "state_group_edges", ["state_group", "prev_state_group"], ["bigint", "bigint"],
+                    [(g.id, g.parent) for g in groups if g.parent is not None])
+        insert_rows(cursor, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
+                    ["bigint", "text", "text", "text", "text"],
+                    [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])

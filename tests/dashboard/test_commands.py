@@ -68,7 +68,18 @@ def test_demo_seeds_an_empty_embedded_database_once(tmp_path):
         return done.stdout
 
     manage("migrate", "--noinput")
-    assert "wrote a small dataset (220 facts)" in manage("demo", "--seed-only")
-    assert "wrote a small dataset" not in manage("demo", "--seed-only")  # not twice
-    count = manage("shell", "-c", "from streams.models import Event, Receipt; print(Event.objects.count(), Receipt.objects.count())")
-    assert count.strip().splitlines()[-1].split() == ["120", "60"]
+    first = manage("demo", "--seed-only")
+    assert "wrote a small dataset (220 facts)" in first
+    rooms = int(first.split("demo: persisted ")[1].split()[0])
+    assert rooms >= 2000
+    second = manage("demo", "--seed-only")
+    assert "wrote a small dataset" not in second and "persisted" not in second  # not twice
+    count = manage("shell", "-c", "from streams.models import Event, Receipt, Room; "
+                                  "print(Event.objects.count(), Receipt.objects.count(), Room.objects.count())")
+    assert count.strip().splitlines()[-1].split() == [str(120 + rooms), "60", "20"]
+    # the room store answers on SQLite: a member of a demo room gets its timeline
+    sync = manage("shell", "-c", "from streams.storage.reads import initial_sync; "
+                                 "from streams.models import CurrentStateEvent as C; "
+                                 "u = C.objects.filter(type='m.room.member', membership='join').first().state_key; "
+                                 "print(sum(len(r['events']) for r in initial_sync(u)['rooms'].values()))")
+    assert int(sync.strip().splitlines()[-1]) > 0

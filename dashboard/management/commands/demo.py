@@ -3,7 +3,9 @@ opening the dashboard sees positions move (``make run`` starts it; ``DEMO=0`` tu
 
 Embedded default only: it refuses to run on PostgreSQL or with ``REDIS_URL`` (full mode is a
 real cluster; no demo facts there, ever). Facts go through the real writer path, as
-``write_facts`` does; the dataset is written only into empty fact tables.
+``write_facts`` does; the dataset is written only into empty fact tables. It also persists a
+small room history through the room event store (``generate_rooms``' generator: about a
+second), once, so the event admin and ``/api/`` have rooms to show.
 """
 from __future__ import annotations
 
@@ -15,11 +17,16 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from streams.models import Room
 from streams.registry import STREAMS
 from streams.runtime import runtime
+from streams.storage import persist_events
+from streams.storage.generator import RoomGenerator
 
 #: The first-run dataset: facts per stream.
 DATASET = {"events": 120, "receipts": 60, "account_data": 20, "to_device": 10, "caches": 10}
+#: The first-run rooms (``generate_rooms --rooms 20 --users 50 --events 2000 --seed 0``).
+ROOMS = {"rooms": 20, "users": 50, "events": 2000, "seed": 0}
 #: How the trickle spreads over the streams.
 TRICKLE_WEIGHTS = {"events": 5, "receipts": 3, "account_data": 1, "to_device": 1, "caches": 1}
 
@@ -56,6 +63,9 @@ class Command(BaseCommand):
                     if name in writers:
                         self._write(writers[name], rng, count, per_txn=10)
                 self.stdout.write(f"demo: wrote a small dataset ({sum(DATASET.values())} facts)")
+            if "events" in writers and not Room.objects.exists():
+                n = self._rooms(rt)
+                self.stdout.write(f"demo: persisted {n} room events in {ROOMS['rooms']} rooms")
             if seed_only:
                 return
             self.stdout.write(f"demo: trickling about {rate:g} facts/s (DEMO=0 turns this off)")
@@ -68,6 +78,14 @@ class Command(BaseCommand):
                 stop.wait(n / rate * rng.uniform(0.5, 1.5))
         finally:
             rt.close()
+
+    @staticmethod
+    def _rooms(rt) -> int:
+        written = 0
+        for batch in RoomGenerator(**ROOMS, batch=500).batches():
+            persist_events(batch.items, backfill=batch.backfill, runtime=rt)
+            written += len(batch.items)
+        return written
 
     @staticmethod
     def _write(writer, rng: random.Random, count: int, per_txn: int) -> None:

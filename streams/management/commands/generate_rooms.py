@@ -1,7 +1,7 @@
 """``manage.py generate_rooms --rooms R --users U --events E --seed S``
 
 Creates a realistic dataset (streams.storage.generator) through the real persist path, with
-a progress bar. Needs PostgreSQL (DATABASE_URL).
+a progress bar, on PostgreSQL or SQLite (the embedded default).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from streams.models import Room
 from streams.runtime import runtime
-from streams.storage import BadEvent, StorageNeedsPostgres, persist_events
+from streams.storage import BadEvent, StorageUnsupported, persist_events
 from streams.storage.generator import RoomGenerator
 
 
@@ -54,7 +54,7 @@ class Command(BaseCommand):
             elapsed = time.monotonic() - started
             self.stdout.write(f"persisted {written} events in {rooms} rooms for {users} users in {elapsed:.1f} s "
                               f"({written / elapsed if elapsed else 0:.0f} events/s)")
-        except (StorageNeedsPostgres, BadEvent) as e:
+        except (StorageUnsupported, BadEvent) as e:
             raise CommandError(str(e)) from None
         finally:
             rt.close()

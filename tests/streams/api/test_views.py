@@ -7,9 +7,9 @@ import pytest
 from django.contrib.auth.models import User
 
 from streams.storage.synthetic import RoomBuilder
-from tests.streams.storage.helpers import store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 A = "@alice:hs"
 AUTH = {"HTTP_AUTHORIZATION": "Bearer s3cret"}
 

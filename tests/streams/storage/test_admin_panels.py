@@ -6,9 +6,9 @@ import pytest
 from streams.models import Event
 from streams.storage.synthetic import RoomBuilder
 
-from .helpers import store  # noqa: F401
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 
 
 def test_event_page_shows_edges_state_group_and_state(store, admin_client):

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from streams.storage.reads import get_event, room_messages
 from streams.storage.synthetic import RoomBuilder
 
-from .helpers import store  # noqa: F401
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 IDS = itertools.count()
 
 ODD = [

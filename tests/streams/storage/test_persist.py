@@ -10,9 +10,9 @@ from streams.models import CurrentStateDelta, Event
 from streams.storage import BadEvent, IncomingEvent
 from streams.storage.synthetic import RoomBuilder
 
-from .helpers import store  # noqa: F401
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 
 
 def rows(sql, *params):
@@ -140,20 +140,38 @@ def test_backfill_negative_orderings_and_backward_extremities(store):
     assert [r[0] for r in ordered] == [e for e, _ in old[2:]] + [new_id]
 
 
-@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
-def test_sqlite_is_refused_with_a_clear_error():
-    from streams.conf import stream_writers
-    from streams.runtime import StreamRuntime
-    from streams.storage import StorageNeedsPostgres, persist_events
+def test_state_group_ids_stay_unique_after_a_rollback(store):
+    """A rolled-back batch took state group ids (on SQLite from the ID table, inside the
+    transaction, so the rollback gives them back): later batches must not reuse any of them."""
+    b = RoomBuilder("!ids:localhost")
+    store.persist(b.create("@a:localhost")[1], b.member("@a:localhost", "join")[1])
+    many = [b.event("m.room.topic", "@a:localhost", {"topic": str(i)}, state_key=f"t{i}")[1] for i in range(80)]
+    _, bad = b.event("m.room.message", "@a:localhost", {"body": "bad"}, advance=False)
+    d = json.loads(bad)
+    d.pop("sender")
+    with pytest.raises(BadEvent):
+        store.persist(*many, json.dumps(d))
+    store.persist(*many)
+    store.persist(*[b.event("m.room.topic", "@a:localhost", {"topic": str(i)}, state_key=f"u{i}")[1]
+                    for i in range(80)])
+    ids = [r[0] for r in rows("SELECT id FROM state_groups ORDER BY id")]
+    assert len(ids) == len(set(ids)) == 2 + 80 + 80
 
-    rt = StreamRuntime(instance_name="master", writers=stream_writers("", vendor="sqlite"), using="sqlite")
-    try:
-        b = RoomBuilder("!lite:localhost")
-        with pytest.raises(StorageNeedsPostgres, match="needs PostgreSQL"):
-            persist_events([b.create("@a:localhost")[1]], runtime=rt)
-        assert Event.objects.using("sqlite").count() == 0
-    finally:
-        rt.close()
+
+def test_persist_inside_an_open_transaction(store):
+    """On SQLite the stream IDs are reserved before the write transaction opens (one writer,
+    the reservation commits on its own): persisting inside the caller's transaction is refused
+    with the reason and writes nothing. PostgreSQL reserves on a connection of its own."""
+    from django.db import transaction
+
+    b = RoomBuilder("!tx:localhost")
+    with transaction.atomic():
+        if store.vendor == "sqlite":
+            with pytest.raises(RuntimeError, match="reserve stream IDs before opening the transaction"):
+                store.persist(b.create("@a:localhost")[1])
+        else:
+            store.persist(b.create("@a:localhost")[1])
+    assert rows("SELECT count(*) FROM events") == [(0 if store.vendor == "sqlite" else 1,)]
 
 
 def test_stream_rows_reach_the_replication_journal(store):

@@ -14,9 +14,9 @@ from streams.storage.reads import (
 from streams.storage.synthetic import RoomBuilder
 from streams.storage.tokens import BadToken
 
-from .helpers import store  # noqa: F401
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 A, B, C = "@alice:hs", "@bob:hs", "@carol:hs"
 
 

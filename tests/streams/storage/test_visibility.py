@@ -10,9 +10,9 @@ from streams.storage.reads import room_messages
 from streams.storage.synthetic import RoomBuilder
 from streams.storage.visibility import RangeSet
 
-from .helpers import store  # noqa: F401
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 
 A, J, O = "@resident:hs", "@joiner:hs", "@outsider:hs"
 

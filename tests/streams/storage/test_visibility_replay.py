@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from streams.storage.reads import room_messages
 from streams.storage.synthetic import RoomBuilder
 
-from .helpers import store  # noqa: F401
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = ON_BOTH_DATABASES
 ROOMS = itertools.count()
 CREATOR, USERS = "@c:hs", ["@u1:hs", "@u2:hs", "@u3:hs"]
 OUTSIDER = "@nobody:hs"
