@@ -6,6 +6,7 @@ and its neighbours) and by ``benchmarks/soak.py``.
 """
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -14,6 +15,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def jsonl_records(path: Path) -> list:
+    """The JSON records of a file another process is appending to: complete lines only (the
+    writer may be half way through the last one); [] while the file does not exist."""
+    if not path.exists():
+        return []
+    *complete, _partial = path.read_text().split("\n")
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:

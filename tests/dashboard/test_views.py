@@ -103,12 +103,17 @@ def test_data_endpoints_refuse_anonymous_and_non_staff(client, plain_client, pat
         assert b"master" not in response.content and b"receipts" not in response.content
 
 
-def test_metrics_in_prometheus_format(staff_client, receipts_written):
+def test_metrics_in_prometheus_format(staff_client, receipts_written, settings):
     from prometheus_client.parser import text_string_to_metric_families
 
     rt, w, ids = receipts_written
     endpoint_row()
-    staff_client.get("/_synapse/replication/get_repl_stream_updates/receipts/?from_token=0&upto_token=1")
+    # The catch-up endpoint wants the replication secret, staff or not (whatever value the
+    # settings hold in this run: generated on the embedded default).
+    settings.REPLICATION_SECRET = "metrics-test-secret"
+    caught_up = staff_client.get("/_synapse/replication/get_repl_stream_updates/receipts/?from_token=0&upto_token=1",
+                                 HTTP_AUTHORIZATION="Bearer metrics-test-secret")
+    assert caught_up.status_code == 200, caught_up.content
     response = staff_client.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from synapse_repl.processes import jsonl_records
 from synapse_repl.services import free_port
 from tests.synapse_repl.test_settings import settings_in_subprocess
 
@@ -93,9 +94,7 @@ def test_make_run_processes_share_the_generated_secret(tmp_path):
                                   stdout=worker_log, stderr=subprocess.STDOUT)
 
         def facts():
-            if not jsonl.exists():
-                return None
-            lines = [json.loads(line) for line in jsonl.read_text().splitlines() if line]
+            lines = jsonl_records(jsonl)
             return lines if len(lines) >= 5 else None
 
         got = _wait_for(facts, "the worker to catch up")

@@ -4,7 +4,6 @@ on the throwaway PostgreSQL. Workers must end with every fact exactly once, in p
 order, whatever happens to their connection."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from synapse_repl.processes import ProcessGroup, wait_port
+from synapse_repl.processes import ProcessGroup, jsonl_records, wait_port
 from synapse_repl.services import free_port
 
 SERVER_NAME = "cluster.example"
@@ -103,10 +102,7 @@ class Cluster(ProcessGroup):
                           "--per-txn", str(per_txn), "--no-progress", env={"INSTANCE_NAME": instance})
 
     def facts(self, name: str) -> list[dict]:
-        path = self.tmp / f"{name}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return jsonl_records(self.tmp / f"{name}.jsonl")
 
 
 

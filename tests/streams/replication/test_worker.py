@@ -25,6 +25,7 @@ from django.core.cache import caches
 
 from streams.replication import worker as worker_module
 from streams.replication.worker import DjangoCacheInvalidator, ReplicationWorker
+from synapse_repl.processes import jsonl_records
 
 SERVER_NAME = "test.hs"
 MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
@@ -508,10 +509,7 @@ async def _start_command(port: int, catchup_url: str, jsonl: Path):
 
 
 def _jsonl(path: Path) -> list[tuple[str, str, int]]:
-    if not path.exists():
-        return []
-    return [(f["stream"], f["writer"], f["token"])
-            for f in map(json.loads, path.read_text().splitlines())]
+    return [(f["stream"], f["writer"], f["token"]) for f in jsonl_records(path)]
 
 
 @pytest.mark.slow
