@@ -1,0 +1,72 @@
+"""The start of every benchmark: a throwaway PostgreSQL (and Redis), a migrated database, Django.
+
+Each script used to repeat it; :func:`migrated_database` does it once and stops the servers
+on the way out (bench_cluster.py still has its own copy).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from synapse_repl.services import PostgresServer, RedisServer  # noqa: E402
+
+
+@dataclass
+class BenchDatabase:
+    pg: PostgresServer
+    url: str
+    redis: RedisServer | None
+    #: the environment for the benchmark's subprocesses (``os.environ`` is updated likewise)
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def migrated_database(name: str, *, fast: bool = False, redis: bool = False, env: dict[str, str] | None = None,
+                      django_setup: bool = True, pg_directory: str = "",
+                      keep: bool = False) -> Iterator[BenchDatabase]:
+    """PostgreSQL with database ``name`` migrated (made unless it is there), Django set up.
+
+    ``fast``: fsync off (when the database is not what is measured). ``redis``: a Redis
+    too, as ``REDIS_URL``; without it ``REDIS_URL`` is unset, so an inherited one never
+    makes the writers publish. ``env``: more variables for this process and its children.
+    ``pg_directory``/``keep``: a cluster kept between runs (a generated dataset).
+    """
+    pg = PostgresServer(fast=fast, directory=pg_directory, keep=keep).start()
+    rs = None
+    try:
+        if redis:
+            rs = RedisServer().start()
+        url = pg.url(name) if _database_exists(pg, name) else pg.create_database(name)
+        variables = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings", **(env or {})}
+        if rs is not None:
+            variables["REDIS_URL"] = rs.url
+        else:
+            os.environ.pop("REDIS_URL", None)
+        os.environ.update(variables)
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
+                       check=True, cwd=ROOT, env=dict(os.environ))
+        if django_setup:
+            import django
+
+            django.setup()
+        yield BenchDatabase(pg=pg, url=url, redis=rs, env=dict(os.environ))
+    finally:
+        if rs is not None:
+            rs.stop()
+        pg.stop()
+
+
+def _database_exists(pg: PostgresServer, name: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
