@@ -31,21 +31,25 @@ class BenchDatabase:
 
 @contextlib.contextmanager
 def migrated_database(name: str, *, fast: bool = False, redis: bool = False, env: dict[str, str] | None = None,
-                      django_setup: bool = True, pg_directory: str = "",
-                      keep: bool = False) -> Iterator[BenchDatabase]:
-    """PostgreSQL with database ``name`` migrated (made unless it is there), Django set up.
+                      django_setup: bool = True, pg_directory: str = "", keep: bool = False,
+                      reuse: bool = False) -> Iterator[BenchDatabase]:
+    """PostgreSQL with a fresh database ``name``, migrated; Django set up.
 
     ``fast``: fsync off (when the database is not what is measured). ``redis``: a Redis
     too, as ``REDIS_URL``; without it ``REDIS_URL`` is unset, so an inherited one never
     makes the writers publish. ``env``: more variables for this process and its children.
-    ``pg_directory``/``keep``: a cluster kept between runs (a generated dataset).
+    ``pg_directory``/``keep``: a cluster kept between runs; ``reuse``: its database too (a
+    generated dataset), else it is dropped and made again.
     """
     pg = PostgresServer(fast=fast, directory=pg_directory, keep=keep).start()
     rs = None
     try:
         if redis:
             rs = RedisServer().start()
-        url = pg.url(name) if _database_exists(pg, name) else pg.create_database(name)
+        if not (reuse and _database_exists(pg, name)):
+            _drop_database(pg, name)
+            pg.create_database(name)
+        url = pg.url(name)
         variables = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings", **(env or {})}
         if rs is not None:
             variables["REDIS_URL"] = rs.url
@@ -63,6 +67,13 @@ def migrated_database(name: str, *, fast: bool = False, redis: bool = False, env
         if rs is not None:
             rs.stop()
         pg.stop()
+
+
+def _drop_database(pg: PostgresServer, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def _database_exists(pg: PostgresServer, name: str) -> bool:
