@@ -45,12 +45,12 @@ if str(ROOT) not in sys.path:
 from benchmarks._machine import cpu_description, load_average, server_versions  # noqa: E402
 from benchmarks._setup import migrated_database  # noqa: E402
 from synapse_repl.line_workers import LineWorkers  # noqa: E402
-from synapse_repl.processes import ProcessGroup, peak_rss_kib, rss_kib  # noqa: E402
+from synapse_repl.processes import ProcessGroup, cpu_seconds, peak_rss_kib, rss_kib  # noqa: E402
 from synapse_repl.services import free_port  # noqa: E402
 
 SERVER_NAME = "bench.example"
 STREAM = "receipts"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+TRANSPORT_HIGH_WATER = 64 * 1024  # asyncio's default: the endpoint queues commands above it
 DISCONNECT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ replication (\S+) \(\S+\) disconnected: (.*)$",
                         re.MULTILINE)
 
@@ -76,15 +76,6 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return float("nan")
 
 
 def read_stamps(path: Path) -> dict[int, float]:
@@ -268,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"non-readers disconnected: {len(idle_drops)} of {idle_n} ({', '.join(f'{n} {r}' for r, n in reasons.items())}), "
               f"{times[0]:.1f} s to {times[-1]:.1f} s after they connected")
     print(f"readers disconnected: {len(reader_drops)}")
+    line_bytes = sum(w.rdata_bytes for w in workers.reading) / max(1, sum(len(w.tokens) for w in workers.reading))
+    bound = idle_n * (cap * line_bytes + TRANSPORT_HIGH_WATER)
+    print(f"what the cap lets the endpoint hold for the {idle_n} non-readers: {idle_n} x ({cap:,} commands x "
+          f"{line_bytes:.0f} bytes + {TRANSPORT_HIGH_WATER // 1024} KiB transport buffer) = {bound / 2**20:.1f} MiB "
+          f"(the kernel's socket buffers come on top, outside the process's RSS)")
     print()
     header = (f"{'phase':<10}{'seconds':>8}{'facts':>8}{'deliveries':>12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
               f"{'RSS start':>11}{'peak':>9}{'end':>9}{'endpoint CPU':>14}{'readers CPU':>13}")

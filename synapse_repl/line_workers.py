@@ -35,6 +35,8 @@ class LineWorker:
     tokens: array = field(default_factory=lambda: array("q"))
     #: ``time.time()`` at which each of ``tokens`` arrived
     arrivals: array = field(default_factory=lambda: array("d"))
+    #: bytes of those RDATA lines, newlines included
+    rdata_bytes: int = 0
     #: the endpoint handled REPLICATE (its POSITION lines came)
     replicating: bool = False
     errors: list[str] = field(default_factory=list)
@@ -153,6 +155,7 @@ class LineWorkers:
             if line.startswith(prefix):
                 worker.tokens.append(int(line[cut:line.index(b" ", cut)]))
                 worker.arrivals.append(now)
+                worker.rdata_bytes += len(line) + 1
             elif line.startswith(b"POSITION "):
                 worker.replicating = True
             elif line.startswith(b"ERROR "):
