@@ -28,7 +28,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,22 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     users = args.users or (1_000 if args.quick else 20_000)
     samples = args.samples or (200 if args.quick else 500)
 
-    from synapse_repl.services import PostgresServer
+    from benchmarks._setup import migrated_database
 
-    server = PostgresServer(fast=False).start()
-    try:
-        url = server.create_database("bench_storage")
-        env = {**os.environ, "DATABASE_URL": url}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       check=True, cwd=ROOT, env=env)
-        os.environ["DATABASE_URL"] = url
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
-        import django
-
-        django.setup()
+    with migrated_database("bench_storage"):
         return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed)
-    finally:
-        server.stop()
 
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int) -> int:
