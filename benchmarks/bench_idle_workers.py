@@ -11,16 +11,17 @@ in one thread (synapse_repl/line_workers.py): 150 that read everything, then 50 
 In the same run:
 
 * **baseline**: the 150 readers alone, for ``--baseline-seconds``;
-* **idle**: the 50 non-readers connect; from then until the last of them is dropped;
-* **after**: ``--after-seconds`` more once all 50 are gone.
+* **idle 1** to **idle 3** (``--waves``): 50 non-readers connect; from then until the last of
+  them is dropped (more waves: does memory keep growing from one to the next?);
+* **after**: ``--after-seconds`` more once all are gone.
 
 Per phase: commit -> line received latency of every fact at every reader (the writer's commit
 stamp to the reader's ``recv``; p50/p99/max), the endpoint's VmRSS (sampled every 0.25 s:
 start, peak, end) and CPU share. At the end: whether every reader got every fact exactly once
 and in order, and when and why each non-reader was disconnected (the endpoint's log).
-Exit status 0 whether or not the goals are met: the 50 dropped for failing to keep up, 0
-readers dropped, exactly once, RSS back near the baseline, idle-phase p99 within 2x of the
-baseline's (or 10 ms of it).
+Exit status 0 whether or not the goals are met: every non-reader dropped for failing to keep
+up, 0 readers dropped, exactly once, the endpoint's RSS over the baseline's within what the cap
+allows, each idle phase's p99 within 2x of the baseline's (or 10 ms of it).
 """
 from __future__ import annotations
 
@@ -86,6 +87,26 @@ def read_stamps(path: Path) -> dict[int, float]:
     return stamps
 
 
+def timeline(phases: list[Phase], stamps: dict[int, float], readers, drops, window: float = 2.0) -> str:
+    """p50/p99 latency per ``window`` seconds of commit time: where in a phase it was lost."""
+    start = phases[0].start
+    buckets: dict[int, list[float]] = {}
+    for w in readers:
+        for t, arrived in zip(w.tokens, w.arrivals):
+            committed = stamps[t]
+            if start <= committed < phases[-1].end:
+                buckets.setdefault(int((committed - start) // window), []).append((arrived - committed) * 1000)
+    marks: dict[int, list[str]] = {}
+    for p in phases:
+        marks.setdefault(int((p.start - start) // window), []).append(p.name)
+    for k, n in Counter(int((at - start) // window) for at, _, _ in drops).items():
+        marks.setdefault(k, []).append(f"{n} dropped")
+    cells = [f"{k * window:>4.0f}s {pct(v, 50):.0f}/{pct(v, 99):.0f}" + (f" <{', '.join(marks[k])}>" if k in marks else "")
+             for k, v in sorted(buckets.items())]
+    return f"latency p50/p99 ms per {window:.0f} s of commit time:\n  " + "\n  ".join(
+        "  ".join(cells[i:i + 6]) for i in range(0, len(cells), 6))
+
+
 def log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -124,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-txn", type=int, default=5, help="facts per transaction (default 5)")
     parser.add_argument("--baseline-seconds", type=float, default=None, help="default 30 (--quick 10)")
     parser.add_argument("--after-seconds", type=float, default=None, help="default 20 (--quick 5)")
+    parser.add_argument("--waves", type=int, default=3,
+                        help="times --idle non-readers connect, each after the last were dropped (default 3)")
     parser.add_argument("--max-idle-seconds", type=float, default=300.0,
                         help="give up waiting for the non-readers' drop after this long (default 300)")
     parser.add_argument("--max-pending", type=int, default=None,
@@ -131,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                              "default, 10,000; --quick 2,000)")
     parser.add_argument("--quick", action="store_true", help="shorter phases, a lower cap: ~1 min")
     args = parser.parse_args(argv)
-    if not 0 < args.idle < args.workers or args.rate <= 0 or args.per_txn < 1:
-        parser.error("need 0 < --idle < --workers, --rate > 0, --per-txn >= 1")
+    if not 0 < args.idle < args.workers or args.rate <= 0 or args.per_txn < 1 or args.waves < 1:
+        parser.error("need 0 < --idle < --workers, --rate > 0, --per-txn >= 1, --waves >= 1")
     baseline_s = args.baseline_seconds or (10.0 if args.quick else 30.0)
     after_s = args.after_seconds or (5.0 if args.quick else 20.0)
     max_pending = args.max_pending or (2000 if args.quick else None)
@@ -199,17 +222,18 @@ def main(argv: list[str] | None = None) -> int:
                                     client_cpu=-time.process_time()))
                 return phases[-1]
 
-            idle_phase = next_phase("idle")
-            for i in range(idle_n):
-                workers.connect(f"idle{i}", reads=False)
-            print(f"baseline done ({baseline_s:.0f} s); {idle_n} non-readers connected in "
-                  f"{time.time() - idle_phase.start:.2f} s", flush=True)
-            deadline = time.monotonic() + args.max_idle_seconds
-            while group.log_count("endpoint", "disconnected: failed to keep up") < idle_n:
-                if time.monotonic() > deadline:
-                    print(f"NOT all dropped within {args.max_idle_seconds:.0f} s", flush=True)
-                    break
-                time.sleep(0.1)
+            for wave in range(1, args.waves + 1):
+                phase = next_phase(f"idle {wave}")
+                for i in range(idle_n):
+                    workers.connect(f"idle{wave}.{i}", reads=False)
+                print(f"{phases[-2].name} done ({phases[-2].end - phases[-2].start:.0f} s); {idle_n} non-readers "
+                      f"connected in {time.time() - phase.start:.2f} s", flush=True)
+                deadline = time.monotonic() + args.max_idle_seconds
+                while group.log_count("endpoint", "disconnected: failed to keep up") < idle_n * wave:
+                    if time.monotonic() > deadline:
+                        print(f"NOT all dropped within {args.max_idle_seconds:.0f} s", flush=True)
+                        break
+                    time.sleep(0.1)
             next_phase("after")
             time.sleep(after_s)
             end_phase()
@@ -255,15 +279,20 @@ def main(argv: list[str] | None = None) -> int:
           f"every one exactly once and in order: {exact} of {readers_n} (duplicates {duplicates}, missing "
           f"{missing})")
     if idle_drops:
-        times = sorted(at - idle_phase.start for at, _, _ in idle_drops)
-        print(f"non-readers disconnected: {len(idle_drops)} of {idle_n} ({', '.join(f'{n} {r}' for r, n in reasons.items())}), "
-              f"{times[0]:.1f} s to {times[-1]:.1f} s after they connected")
+        print(f"non-readers disconnected: {len(idle_drops)} of {idle_n * args.waves} "
+              f"({', '.join(f'{n} {r}' for r, n in reasons.items())})")
+        for wave, phase in enumerate(phases[1:-1], 1):
+            times = sorted(at - phase.start for at, name, _ in idle_drops if name.startswith(f"idle{wave}."))
+            if times:
+                print(f"  wave {wave}: {len(times)} dropped {times[0]:.1f} s to {times[-1]:.1f} s after they connected")
     print(f"readers disconnected: {len(reader_drops)}")
     line_bytes = sum(w.rdata_bytes for w in workers.reading) / max(1, sum(len(w.tokens) for w in workers.reading))
-    bound = idle_n * (cap * line_bytes + TRANSPORT_HIGH_WATER)
-    print(f"what the cap lets the endpoint hold for the {idle_n} non-readers: {idle_n} x ({cap:,} commands x "
-          f"{line_bytes:.0f} bytes + {TRANSPORT_HIGH_WATER // 1024} KiB transport buffer) = {bound / 2**20:.1f} MiB "
-          f"(the kernel's socket buffers come on top, outside the process's RSS)")
+    queue_bytes = cap * line_bytes
+    print(f"what the cap lets the endpoint hold per non-reader: {cap:,} commands x {line_bytes:.0f} bytes = "
+          f"{queue_bytes / 2**20:.1f} MiB queued + {TRANSPORT_HIGH_WATER // 1024} KiB in its transport; the queues "
+          f"hold the relay's batch objects, shared by all connections, so {idle_n} non-readers: about "
+          f"{(queue_bytes + idle_n * TRANSPORT_HIGH_WATER) / 2**20:.1f} MiB, at most "
+          f"{idle_n * (queue_bytes + TRANSPORT_HIGH_WATER) / 2**20:.1f} MiB (kernel socket buffers: outside the RSS)")
     print()
     header = (f"{'phase':<10}{'seconds':>8}{'facts':>8}{'deliveries':>12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
               f"{'RSS start':>11}{'peak':>9}{'end':>9}{'endpoint CPU':>14}{'readers CPU':>13}")
@@ -276,22 +305,30 @@ def main(argv: list[str] | None = None) -> int:
               f"{max(p.latencies_ms, default=float('nan')):>9.2f}{rss[0] / 1024:>9.1f}Mi{max(rss) / 1024:>7.1f}Mi"
               f"{rss[-1] / 1024:>7.1f}Mi{100 * (p.cpu_end - p.cpu_start) / seconds:>13.0f}%"
               f"{100 * p.client_cpu / seconds:>12.0f}%")
-    base, idle, after = phases
+    base, after = phases[0], phases[-1]
+    print(timeline(phases, stamps, workers.reading, idle_drops))
     print(f"(RSS: the endpoint's VmRSS sampled every {sampler.interval} s; its VmHWM at the end "
           f"{(hwm or 0) / 1024:.1f} MiB; latency: commit stamp -> recv at the reader, every fact x reader "
           f"committed in the phase; CPU: share of one core, of the endpoint and of this process, whose "
           f"one thread reads the {readers_n} readers)")
     print()
-    print(f"idle / baseline: p50 x{idle.pct(50) / base.pct(50):.2f}, p99 x{idle.pct(99) / base.pct(99):.2f}, "
-          f"peak RSS +{(max(idle.rss or [0]) - max(base.rss or [0])) / 1024:.1f} MiB; after / baseline: p50 "
-          f"x{after.pct(50) / base.pct(50):.2f}, p99 x{after.pct(99) / base.pct(99):.2f}, RSS at the end "
-          f"+{((after.rss or [0])[-1] - (base.rss or [0])[-1]) / 1024:.1f} MiB")
+    for p in phases[1:]:
+        print(f"{p.name} / baseline: p50 x{p.pct(50) / base.pct(50):.2f}, p99 x{p.pct(99) / base.pct(99):.2f}, "
+              f"peak RSS {(max(p.rss or [0]) - max(base.rss or [0])) / 1024:+.1f} MiB")
+    peaks = [max(p.rss or [0]) / 1024 for p in phases[1:-1]]
+    print(f"peak RSS of each wave: {', '.join(f'{x:.1f}' for x in peaks)} MiB (wave to wave: "
+          f"{', '.join(f'{b - a:+.1f}' for a, b in zip(peaks, peaks[1:])) or '-'}); RSS at the end "
+          f"{((after.rss or [0])[-1] - (base.rss or [0])[-1]) / 1024:+.1f} MiB over the baseline's end")
     goals = {
-        f"all {idle_n} non-readers dropped for failing to keep up": reasons.get("failed to keep up", 0) == idle_n,
+        f"all {idle_n * args.waves} non-readers dropped for failing to keep up":
+            reasons.get("failed to keep up", 0) == len(idle_drops) == idle_n * args.waves,
+        "memory bounded: the endpoint's peak RSS over the baseline's within what the cap allows":
+            max(rss for p in phases for rss in p.rss) - max(base.rss or [0])
+            <= idle_n * (queue_bytes + TRANSPORT_HIGH_WATER) / 1024,
         "no reader dropped": not reader_drops,
         "every reader got every fact exactly once": exact == readers_n,
         "idle-phase p99 <= max(2x baseline, baseline + 10 ms)":
-            idle.pct(99) <= max(2 * base.pct(99), base.pct(99) + 10),
+            all(p.pct(99) <= max(2 * base.pct(99), base.pct(99) + 10) for p in phases[1:-1]),
     }
     for goal, ok in goals.items():
         print(f"goal: {goal}: {'met' if ok else 'NOT met'}")
