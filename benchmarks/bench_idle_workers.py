@@ -66,6 +66,7 @@ class Phase:
     client_cpu: float = 0.0  # this process (the reading thread) during the phase
     latencies_ms: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)  # KiB, sampled within the phase
+    tcp: list[int] = field(default_factory=list)  # KiB of kernel TCP buffers, machine-wide
     facts: int = 0
 
     def pct(self, q: float) -> float:
@@ -111,13 +112,28 @@ def log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+def tcp_kernel_kib() -> int:
+    """Memory the kernel holds for TCP buffers, machine-wide (``/proc/net/sockstat``), in KiB."""
+    try:
+        with open("/proc/net/sockstat") as f:
+            for line in f:
+                if line.startswith("TCP:"):
+                    fields = line.split()
+                    return int(fields[fields.index("mem") + 1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 class RssSampler(threading.Thread):
-    """VmRSS of one process every ``interval`` seconds: [(time.time(), KiB)]."""
+    """VmRSS of one process every ``interval`` seconds: [(time.time(), KiB)]; and the kernel's
+    TCP buffer memory: [(time.time(), KiB)]."""
 
     def __init__(self, pid: int, interval: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.samples: list[tuple[float, int]] = []
+        self.tcp: list[tuple[float, int]] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -125,6 +141,7 @@ class RssSampler(threading.Thread):
             kib = rss_kib(self.pid)
             if kib is not None:
                 self.samples.append((time.time(), kib))
+            self.tcp.append((time.time(), tcp_kernel_kib()))
             self.stopping.wait(self.interval)
 
 
@@ -260,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ordered = sorted(stamps)
     for phase in phases:
         phase.rss = [kib for at, kib in sampler.samples if phase.start <= at <= phase.end]
+        phase.tcp = [kib for at, kib in sampler.tcp if phase.start <= at <= phase.end]
         in_phase = {t for t, at in stamps.items() if phase.start <= at < phase.end}
         phase.facts = len(in_phase)
         for w in workers.reading:
@@ -295,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{idle_n * (queue_bytes + TRANSPORT_HIGH_WATER) / 2**20:.1f} MiB (kernel socket buffers: outside the RSS)")
     print()
     header = (f"{'phase':<10}{'seconds':>8}{'facts':>8}{'deliveries':>12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-              f"{'RSS start':>11}{'peak':>9}{'end':>9}{'endpoint CPU':>14}{'readers CPU':>13}")
+              f"{'RSS start':>11}{'peak':>9}{'end':>9}{'endpoint CPU':>14}{'readers CPU':>13}{'kernel TCP peak':>17}")
     print(header)
     print("-" * len(header))
     for p in phases:
@@ -304,13 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.name:<10}{seconds:>8.1f}{p.facts:>8,}{len(p.latencies_ms):>12,}{p.pct(50):>9.2f}{p.pct(99):>9.2f}"
               f"{max(p.latencies_ms, default=float('nan')):>9.2f}{rss[0] / 1024:>9.1f}Mi{max(rss) / 1024:>7.1f}Mi"
               f"{rss[-1] / 1024:>7.1f}Mi{100 * (p.cpu_end - p.cpu_start) / seconds:>13.0f}%"
-              f"{100 * p.client_cpu / seconds:>12.0f}%")
+              f"{100 * p.client_cpu / seconds:>12.0f}%{max(p.tcp or [0]) / 1024:>15.1f}Mi")
     base, after = phases[0], phases[-1]
     print(timeline(phases, stamps, workers.reading, idle_drops))
     print(f"(RSS: the endpoint's VmRSS sampled every {sampler.interval} s; its VmHWM at the end "
           f"{(hwm or 0) / 1024:.1f} MiB; latency: commit stamp -> recv at the reader, every fact x reader "
           f"committed in the phase; CPU: share of one core, of the endpoint and of this process, whose "
-          f"one thread reads the {readers_n} readers)")
+          f"one thread reads the {readers_n} readers; kernel TCP: buffers of all sockets, machine-wide, "
+          f"/proc/net/sockstat)")
     print()
     for p in phases[1:]:
         print(f"{p.name} / baseline: p50 x{p.pct(50) / base.pct(50):.2f}, p99 x{p.pct(99) / base.pct(99):.2f}, "
