@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{idle_n * (queue_bytes + TRANSPORT_HIGH_WATER) / 2**20:.1f} MiB (kernel socket buffers: outside the RSS)")
     print()
     header = (f"{'phase':<10}{'seconds':>8}{'facts':>8}{'deliveries':>12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-              f"{'RSS start':>11}{'peak':>9}{'end':>9}{'endpoint CPU':>14}{'readers CPU':>13}{'kernel TCP peak':>17}")
+              f"{'RSS start':>11}{'peak':>9}{'end':>9}{'endpoint CPU':>14}{'readers CPU':>13}{'kernel TCP peak':>17}{'end':>9}")
     print(header)
     print("-" * len(header))
     for p in phases:
@@ -322,14 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.name:<10}{seconds:>8.1f}{p.facts:>8,}{len(p.latencies_ms):>12,}{p.pct(50):>9.2f}{p.pct(99):>9.2f}"
               f"{max(p.latencies_ms, default=float('nan')):>9.2f}{rss[0] / 1024:>9.1f}Mi{max(rss) / 1024:>7.1f}Mi"
               f"{rss[-1] / 1024:>7.1f}Mi{100 * (p.cpu_end - p.cpu_start) / seconds:>13.0f}%"
-              f"{100 * p.client_cpu / seconds:>12.0f}%{max(p.tcp or [0]) / 1024:>15.1f}Mi")
+              f"{100 * p.client_cpu / seconds:>12.0f}%{max(p.tcp or [0]) / 1024:>15.1f}Mi{(p.tcp or [0])[-1] / 1024:>7.1f}Mi")
     base, after = phases[0], phases[-1]
     print(timeline(phases, stamps, workers.reading, idle_drops))
     print(f"(RSS: the endpoint's VmRSS sampled every {sampler.interval} s; its VmHWM at the end "
           f"{(hwm or 0) / 1024:.1f} MiB; latency: commit stamp -> recv at the reader, every fact x reader "
           f"committed in the phase; CPU: share of one core, of the endpoint and of this process, whose "
           f"one thread reads the {readers_n} readers; kernel TCP: buffers of all sockets, machine-wide, "
-          f"/proc/net/sockstat)")
+          f"/proc/net/sockstat; a dropped worker's are freed when the endpoint resets it, 5 s after its ERROR)")
     print()
     for p in phases[1:]:
         print(f"{p.name} / baseline: p50 x{p.pct(50) / base.pct(50):.2f}, p99 x{p.pct(99) / base.pct(99):.2f}, "
