@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import cpu_description  # noqa: E402
-from synapse_repl.services import PostgresServer  # noqa: E402
+from benchmarks._setup import migrated_database  # noqa: E402
 
 
 def per_call(fn, calls: int, repeat: int) -> float:
@@ -61,22 +60,8 @@ def main() -> None:
     args = parser.parse_args()
 
     print(f"machine: {cpu_description()}; load average {os.getloadavg()[0]:.2f} (1 min) at start")
-    pg = PostgresServer(fast=True).start()
-    try:
-        url = pg.create_database("bench_dashboard")
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings",
-               "LOG_LEVEL": "WARNING"}
-        env.pop("REDIS_URL", None)
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       check=True, cwd=ROOT, env=env)
-        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="synapse_repl.settings", LOG_LEVEL="WARNING")
-        os.environ.pop("REDIS_URL", None)
-        import django
-
-        django.setup()
+    with migrated_database("bench_dashboard", fast=True, env={"LOG_LEVEL": "WARNING"}):
         run(args)
-    finally:
-        pg.stop()
 
 
 def run(args) -> None:

@@ -130,21 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     users = args.users or rooms * 2
 
     from _machine import cpu_description
-    from synapse_repl.services import PostgresServer
+    from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()
-    server = PostgresServer(fast=False, directory=args.data_dir or "", keep=bool(args.data_dir)).start()
     dataset = f"{events} events, {rooms} rooms, {users} users, seed 1\n"
-    marker = Path(server.directory) / "dataset"
+    marker = Path(args.data_dir or "/nonexistent") / "dataset"
     reuse = marker.exists() and marker.read_text() == dataset
-    try:
-        if not reuse:
-            server.create_database("bench_jobs")
-        url = server.url("bench_jobs")
-        env = {**os.environ, "DATABASE_URL": url, "SPARK_MASTER": "local[2]", "STATE_DIR": server.directory}
-        os.environ.update({k: env[k] for k in ("DATABASE_URL", "SPARK_MASTER", "STATE_DIR")})
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], check=True, cwd=ROOT, env=env)
+    # Django after STATE_DIR (the cluster's directory) is set.
+    with migrated_database("bench_jobs", env={"SPARK_MASTER": "local[2]"}, django_setup=False,
+                           pg_directory=args.data_dir or "", keep=bool(args.data_dir), reuse=reuse) as db:
+        url, server = db.url, db.pg
+        marker = Path(server.directory) / "dataset"
+        os.environ["STATE_DIR"] = server.directory
+        env = {**db.env, "STATE_DIR": server.directory}
         print(f"machine: {cpu_description()}; {platform.platform()}; python {platform.python_version()}")
         if reuse:
             print(f"reusing {events:,} events in {rooms:,} rooms for {users:,} users from {server.directory}")
@@ -196,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nvisibility: {range_rows:,} range rows vs {pairs:,} (event, user) rows: {ratio:.1f}x smaller "
               f"(goal >= 10x: {'met' if ratio >= 10 else 'NOT met'})")
         print(f"total time {time.monotonic() - t_begin:.0f} s")
-    finally:
-        server.stop()
     return 0
 
 

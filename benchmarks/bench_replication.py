@@ -69,6 +69,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from synapse_repl.processes import cpu_seconds  # noqa: E402
+
 SERVER_NAME = "bench.example"
 STREAM = "receipts"
 BENCH_WRITER = "bench"          # the feeder's writer name: unknown to the endpoint, primed first
@@ -79,7 +81,6 @@ GOAL_RATIO = 0.5
 GOAL_P99_MS = 10.0
 PING_SECONDS = 5.0              # workers PING this often (Synapse's PING_TIME)
 DRAIN_SECONDS = 30.0            # latency: how long after the last write a fact may still arrive
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _django_setup() -> None:
@@ -88,16 +89,6 @@ def _django_setup() -> None:
     import psycopg
 
     django.setup()
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return float("nan")
 
 
 # -- the lines -------------------------------------------------------------------------------
@@ -498,12 +489,12 @@ def run_ours(ctx, env, workdir, path, n_messages, batch, nclients, window, label
         feeder.start()
         procs, results = _start_clients(ctx, ep.port, nclients, n_messages * batch, counts)
         loaded.wait(60)
-        cpu0, rcpu0 = _cpu_seconds(ep.pid), _cpu_seconds(redis_pid)
+        cpu0, rcpu0 = cpu_seconds(ep.pid), cpu_seconds(redis_pid)
         go.set()
         try:
             res = _collect(procs, results, nclients, timeout=300)
         finally:
-            cpu1, rcpu1 = _cpu_seconds(ep.pid), _cpu_seconds(redis_pid)
+            cpu1, rcpu1 = cpu_seconds(ep.pid), cpu_seconds(redis_pid)
             fr = fresults.get(timeout=60)
             feeder.join(timeout=10)
         if fr[2]:
@@ -575,7 +566,7 @@ def run_latency(ctx, env, workdir, nclients, rate, seconds, label, profile_dir) 
         first = wresults.get(timeout=120)
         if first[0] != "started":
             raise RuntimeError(f"latency writer failed: {first[3]}")
-        t0, cpu0 = time.monotonic(), _cpu_seconds(ep.pid)
+        t0, cpu0 = time.monotonic(), cpu_seconds(ep.pid)
         wr = wresults.get(timeout=seconds * 5 + 60)
         writer.join(timeout=30)
         if wr[3]:
@@ -591,7 +582,7 @@ def run_latency(ctx, env, workdir, nclients, rate, seconds, label, profile_dir) 
                 stop.set()
                 if time.monotonic() > deadline + 30:
                     raise RuntimeError("latency workers did not report") from None
-        t1, cpu1 = time.monotonic(), _cpu_seconds(ep.pid)
+        t1, cpu1 = time.monotonic(), cpu_seconds(ep.pid)
         for p in procs:
             p.join(timeout=10)
         errors = [r[2] for r in res if r[2]]
@@ -683,26 +674,20 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.profile_endpoint, exist_ok=True)
         args.profile_endpoint = os.path.abspath(args.profile_endpoint)
 
-    from synapse_repl.services import PostgresServer, RedisServer
+    from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="bench_replication_")
-    pg = PostgresServer(fast=True).start()
-    rs = None
-    try:
-        rs = RedisServer().start()
-        url = pg.create_database("bench_replication")
+    # Django is set up in the spawned processes, not here.
+    with tempfile.TemporaryDirectory(prefix="bench_replication_") as workdir, \
+            migrated_database("bench_replication", fast=True, redis=True, django_setup=False,
+                              env={"SERVER_NAME": SERVER_NAME, "STREAM_WRITERS": STREAM_WRITERS}) as db:
+        url, rs = db.url, db.redis
         import redis
 
         r = redis.Redis.from_url(rs.url)
         r.config_set("client-output-buffer-limit", "pubsub 0 0 0")  # never drop a slow subscriber
         r.close()
-        env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": rs.url, "SERVER_NAME": SERVER_NAME,
-               "STREAM_WRITERS": STREAM_WRITERS, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings",
-               "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING"}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       check=True, cwd=ROOT, env=env)
-        os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "SERVER_NAME", "STREAM_WRITERS")})
+        env = {**db.env, "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING"}
 
         for line in machine_info(url, rs.url):
             print(line)
@@ -789,13 +774,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"goal: commit-to-worker p99 <= {GOAL_P99_MS:.0f} ms (everything delivered): "
                   f"{'met' if goal_lat else 'NOT met'}")
         print(f"total time {time.monotonic() - t_begin:.0f} s")
-    finally:
-        if rs is not None:
-            rs.stop()
-        pg.stop()
-        import shutil
-
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

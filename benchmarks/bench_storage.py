@@ -29,7 +29,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,32 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     users = args.users or (1_000 if args.quick else 20_000)
     samples = args.samples or (200 if args.quick else 500)
 
-    from synapse_repl.services import PostgresServer
+    from benchmarks._setup import migrated_database, migrated_sqlite_database
 
-    if args.sqlite:
-        import tempfile
-
-        state_dir = tempfile.mkdtemp(prefix="bench_storage_")
-        os.environ["STATE_DIR"] = state_dir
-        os.environ.pop("REDIS_URL", None)
-        server = None
-        url = f"sqlite:///{state_dir}/db.sqlite3"
-    else:
-        server = PostgresServer(fast=False).start()
-        url = server.create_database("bench_storage")
-    try:
-        env = {**os.environ, "DATABASE_URL": url}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       check=True, cwd=ROOT, env=env)
-        os.environ["DATABASE_URL"] = url
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
-        import django
-
-        django.setup()
+    database = migrated_sqlite_database() if args.sqlite else migrated_database("bench_storage")
+    with database:
         return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed)
-    finally:
-        if server is not None:
-            server.stop()
 
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int) -> int:

@@ -31,7 +31,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -214,21 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (1 if args.quick else 2)
     warmup = {1: 50, 100: 5}
 
-    from synapse_repl.services import PostgresServer
+    from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()
-    server = PostgresServer(fast=False).start()
-    try:
-        url = server.create_database("bench_stream_ids")
-        env = {**os.environ, "DATABASE_URL": url}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       check=True, cwd=ROOT, env=env)
-
-        os.environ["DATABASE_URL"] = url
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
-        import django
-
-        django.setup()
+    with migrated_database("bench_stream_ids") as db:
+        url = db.url
         from streams.models import Receipt
 
         for line in machine_info(url):
@@ -281,8 +270,6 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"goal: ratio >= {GOAL_RATIO} at {GOAL_BATCH} facts/txn: {'met' if goal_ok else 'NOT met'}")
         print(f"total time {time.monotonic() - t_begin:.0f} s")
-    finally:
-        server.stop()
     return 0
 
 

@@ -677,30 +677,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SoakConfig(duration=args.duration, workers=args.workers, redis_workers=args.redis_workers,
                      rate=args.rate, fault_pause=args.fault_pause, seed=args.seed)
 
-    from synapse_repl.services import PostgresServer
+    from benchmarks._setup import migrated_database
 
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="soak_"))
-    pg = PostgresServer(fast=False).start()
-    redis = None
     try:
-        redis = RedisServer().start()
-        url = pg.create_database("soak")
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings"}
-        env.pop("REDIS_URL", None)
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       cwd=ROOT, env=env, check=True)
-        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="synapse_repl.settings")
-        import django
-
-        django.setup()
-        result = run(cfg, url, redis, tmp)
-        print(result.report(), flush=True)
-        return 0 if result.ok else 1
+        with migrated_database("soak", redis=True) as db:
+            result = run(cfg, db.url, db.redis, tmp)
+            print(result.report(), flush=True)
+            return 0 if result.ok else 1
     finally:
-        if redis is not None:
-            redis.stop()
-        pg.stop()
         if args.keep:
             print(f"work directory kept: {tmp}")
         else:

@@ -7,6 +7,7 @@ and its neighbours) and by ``benchmarks/soak.py``.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def jsonl_records(path: Path) -> list:
@@ -48,6 +50,16 @@ def peak_rss_kib(pid: int) -> int | None:
 def rss_kib(pid: int) -> int | None:
     """The process's resident set size now (``VmRSS``) in KiB; None once it is gone."""
     return _status_kib(pid, "VmRSS:")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far (all its threads); NaN once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def _status_kib(pid: int, key: str) -> int | None:

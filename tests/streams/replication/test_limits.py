@@ -6,12 +6,11 @@ import contextlib
 import os
 import random
 import re
-import selectors
 import socket
 import subprocess
 import sys
-import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.runtime import StreamRuntime
+from synapse_repl.line_workers import LineWorkers
 from synapse_repl.services import free_port
 from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
 
@@ -237,102 +237,65 @@ def test_worker_tls_settings(settings):
 # --- memory: workers that never read -----------------------------------------------------------
 
 
-class Readers:
-    """Reads many connections in one thread; per connection, the receipts tokens seen."""
+def published_idle_queues(since: datetime, timeout: float = 30) -> dict[str, int]:
+    """The idle workers' outbound queues in the endpoint's first snapshot published after ``since``."""
+    from dashboard.models import EndpointStatus
 
-    PREFIX = b"RDATA receipts master "
-
-    def __init__(self, clients: list[LineClient]) -> None:
-        self.selector = selectors.DefaultSelector()
-        self.tokens: dict[int, set[int]] = {}
-        self.closed: set[int] = set()
-        self.buffers: dict[int, bytes] = {}
-        for index, client in enumerate(clients):
-            client.sock.setblocking(False)
-            self.selector.register(client.sock, selectors.EVENT_READ, index)
-            self.tokens[index], self.buffers[index] = set(), client.buf
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stopping:
-            for key, _ in self.selector.select(0.1):
-                index = key.data
-                try:
-                    chunk = key.fileobj.recv(1 << 20)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    self.selector.unregister(key.fileobj)
-                    self.closed.add(index)
-                    continue
-                *lines, self.buffers[index] = (self.buffers[index] + chunk).split(b"\n")
-                self.tokens[index].update(int(line.split(b" ", 4)[3]) for line in lines
-                                          if line.startswith(self.PREFIX))
-
-    def lowest(self) -> int:
-        return min((max(t) if t else 0) for t in self.tokens.values())
-
-    def stop(self) -> None:
-        self.stopping = True
-        self.thread.join(10)
+    deadline = time.monotonic() + timeout
+    while not (row := EndpointStatus.objects.filter(updated_at__gt=since).first()):
+        assert time.monotonic() < deadline, "the endpoint published no snapshot"
+        time.sleep(0.05)
+    return {c["name"]: c["outbound_queue"] for c in row.snapshot["connections"] if c["name"].startswith("idle")}
 
 
 def test_workers_that_never_read_are_dropped_the_others_get_everything(pg_url, tmp_path, redis_server):
-    """50 workers, 10 of which never read (the issue's 200/50, scaled down): the 10 are
-    disconnected for failing to keep up, so the endpoint's memory stays bounded; the 40 others
-    receive every fact."""
-    readers_n, idle_n = 40, 10
+    """The issue's 200 workers of which 50 never read: the 50 are disconnected for failing to
+    keep up once REPLICATION_MAX_PENDING_COMMANDS are queued for them (their queues, as the
+    endpoint publishes them, never exceed it: memory stays bounded), and the 150 others
+    receive every fact exactly once. Latency and RSS: benchmarks/bench_idle_workers.py."""
+    readers_n, idle_n, max_pending, chunk_size = 150, 50, 2000, 500
     with running_endpoint(pg_url, tmp_path / "endpoint.log", REDIS_URL=redis_server.url,
-                          STREAM_WRITERS="receipts=master", REPLICATION_MAX_PENDING_COMMANDS="500",
-                          REPLICATION_MAX_CONNECTIONS_PER_ADDRESS="100") as (port, read_log):
-        idle = []
+                          STREAM_WRITERS="receipts=master", REPLICATION_MAX_PENDING_COMMANDS=str(max_pending),
+                          REPLICATION_MAX_CONNECTIONS_PER_ADDRESS="250") as (port, read_log):
+        workers = LineWorkers(port, stream="receipts")
         for i in range(idle_n):
-            c = LineClient.__new__(LineClient)
-            c.sock = socket.socket()
-            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            c.sock.settimeout(10)
-            c.sock.connect(("127.0.0.1", port))
-            c.buf, c.closed = b"", False
-            assert c.read_line() == f"SERVER {SERVER_NAME}"
-            c.send(f"NAME idle{i}", "REPLICATE ")
-            idle.append(c)
-        busy = [handshake(port) for _ in range(readers_n)]
-        for c in busy:
-            c.read_until(lambda line: line.startswith("POSITION to_device"))
-        readers = Readers(busy)
+            workers.connect(f"idle{i}", reads=False)
+        for i in range(readers_n):
+            workers.connect(f"reader{i}")
+        workers.wait_replicating()
         from channels_redis.pubsub import RedisPubSubChannelLayer
 
         rt = StreamRuntime(instance_name="master", writers=stream_writers("receipts=master"))
         rt.stream_replication(layer=RedisPubSubChannelLayer(hosts=[redis_server.url]))
         written: list[int] = []
+        queues: dict[str, int] = {}  # most commands seen queued for each idle worker
         rng = random.Random(7)
         try:
-            # Chunks of 100 facts, each read by every reader before the next is written:
-            # readers are never far behind (well under 500 commands), the idle ones fall
-            # behind by everything.
-            for chunk in range(300):
+            # Chunks of facts, each read by every reader before the next is written: readers
+            # are never far behind, the idle ones fall behind by everything. After each chunk,
+            # the endpoint's next published snapshot: a chunk is a quarter of the cap, so each
+            # idle worker is seen with a queue under the cap at least once before its drop.
+            for chunk in range(100):
                 written += rt.writer("receipts").append(
-                    [[(Receipt, Receipt.synthetic(rng, chunk * 100 + i))] for i in range(100)])
-                deadline = time.monotonic() + 60
-                while readers.lowest() < written[-1]:
-                    assert not readers.closed, f"a reader was disconnected:\n{read_log()[-3000:]}"
-                    assert time.monotonic() < deadline, "readers stopped receiving"
-                    time.sleep(0.01)
+                    [[(Receipt, Receipt.synthetic(rng, chunk * chunk_size + i))] for i in range(chunk_size)])
+                workers.wait_for_token(written[-1])
+                queues_now = published_idle_queues(since=datetime.now(timezone.utc))
+                for name, queue in queues_now.items():
+                    queues[name] = max(queues.get(name, 0), queue)
                 if read_log().count("disconnected: failed to keep up") >= idle_n:
                     break
+            log = read_log()  # before the readers close
         finally:
             rt.close()
-            readers.stop()
-        log = read_log()
+            workers.stop()
         dropped = set(re.findall(r"replication (idle\d+) \(\S+\) disconnected: failed to keep up", log))
         assert dropped == {f"idle{i}" for i in range(idle_n)}, log[-3000:]
-        assert not readers.closed
-        for index, tokens in readers.tokens.items():
-            assert tokens == set(written), f"reader {index} missed {len(set(written) - tokens)} facts"
-        print(f"{len(written)} facts written until the {idle_n} idle workers were dropped")
-        for c in idle + busy:
-            c.close()
+        assert not re.search(r"replication reader\d+ \(\S+\) disconnected", log), log[-3000:]
+        # The endpoint queued for each idle one (its snapshots show it), never past the cap.
+        assert sorted(name for name, queue in queues.items() if queue > 0) == sorted(dropped), queues
+        assert max(queues.values()) <= max_pending
+        for w in workers.reading:
+            assert w.closed_at is None and not w.errors, (w.name, w.errors)
+            assert list(w.tokens) == written, f"{w.name}: {len(w.tokens)} of {len(written)} facts"
+        print(f"{len(written)} facts written until the {idle_n} idle workers were dropped; "
+              f"most queued for one: {max(queues.values())}")

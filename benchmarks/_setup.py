@@ -1,0 +1,105 @@
+"""The start of every benchmark: a throwaway PostgreSQL (and Redis), a migrated database, Django.
+
+Each script used to repeat it; :func:`migrated_database` does it once and stops the servers
+on the way out (bench_cluster.py still has its own copy).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from synapse_repl.services import PostgresServer, RedisServer  # noqa: E402
+
+
+@dataclass
+class BenchDatabase:
+    pg: PostgresServer
+    url: str
+    redis: RedisServer | None
+    #: the environment for the benchmark's subprocesses (``os.environ`` is updated likewise)
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def migrated_database(name: str, *, fast: bool = False, redis: bool = False, env: dict[str, str] | None = None,
+                      django_setup: bool = True, pg_directory: str = "", keep: bool = False,
+                      reuse: bool = False) -> Iterator[BenchDatabase]:
+    """PostgreSQL with a fresh database ``name``, migrated; Django set up.
+
+    ``fast``: fsync off (when the database is not what is measured). ``redis``: a Redis
+    too, as ``REDIS_URL``; without it ``REDIS_URL`` is unset, so an inherited one never
+    makes the writers publish. ``env``: more variables for this process and its children.
+    ``pg_directory``/``keep``: a cluster kept between runs; ``reuse``: its database too (a
+    generated dataset), else it is dropped and made again.
+    """
+    pg = PostgresServer(fast=fast, directory=pg_directory, keep=keep).start()
+    rs = None
+    try:
+        if redis:
+            rs = RedisServer().start()
+        if not (reuse and _database_exists(pg, name)):
+            _drop_database(pg, name)
+            pg.create_database(name)
+        url = pg.url(name)
+        variables = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings", **(env or {})}
+        if rs is not None:
+            variables["REDIS_URL"] = rs.url
+        else:
+            os.environ.pop("REDIS_URL", None)
+        _migrate(variables, django_setup)
+        yield BenchDatabase(pg=pg, url=url, redis=rs, env=dict(os.environ))
+    finally:
+        if rs is not None:
+            rs.stop()
+        pg.stop()
+
+
+@contextlib.contextmanager
+def migrated_sqlite_database() -> Iterator[str]:
+    """The embedded default's database instead: a fresh SQLite file in a throwaway state
+    directory, migrated; Django set up. Yields its URL."""
+    import shutil
+    import tempfile
+
+    state_dir = tempfile.mkdtemp(prefix="bench_sqlite_")
+    try:
+        os.environ.pop("REDIS_URL", None)
+        url = f"sqlite:///{state_dir}/db.sqlite3"
+        _migrate({"STATE_DIR": state_dir, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings"},
+                 django_setup=True)
+        yield url
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _migrate(variables: dict[str, str], django_setup: bool) -> None:
+    os.environ.update(variables)
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
+                   check=True, cwd=ROOT, env=dict(os.environ))
+    if django_setup:
+        import django
+
+        django.setup()
+
+
+def _drop_database(pg: PostgresServer, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+def _database_exists(pg: PostgresServer, name: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
