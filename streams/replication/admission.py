@@ -18,6 +18,7 @@ import asyncio
 import collections
 import ipaddress
 import logging
+import socket
 import ssl
 from typing import Any, Callable
 
@@ -104,10 +105,14 @@ class AdmissionProtocol(asyncio.Protocol):
     """Decides on one accepted socket, then passes every event to ``make_protocol()``'s."""
 
     def __init__(self, policy: PeerPolicy, make_protocol: Callable[[], asyncio.Protocol],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, send_buffer: int = 0) -> None:
         self.policy = policy
         self.make_protocol = make_protocol
         self.ssl_context = ssl_context
+        #: ``REPLICATION_SEND_BUFFER_BYTES``: a fixed kernel send buffer per connection (0:
+        #: the kernel's autotuning, which lets a peer that does not read pin up to
+        #: ``net.ipv4.tcp_wmem``'s maximum, 4 MiB by default, before our own queue even starts)
+        self.send_buffer = send_buffer
         self.inner: asyncio.Protocol | None = None
         self.host: str | None = None  # set while counted by the policy
         self.upgrade: asyncio.Task | None = None
@@ -131,6 +136,10 @@ class AdmissionProtocol(asyncio.Protocol):
             transport.close()
             return
         self.host = host
+        if self.send_buffer > 0:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         if self.ssl_context is None:
             self._hand_over(transport)
         else:

@@ -114,10 +114,11 @@ async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractSer
     app = ReplicationConsumer.as_asgi()
     policy, ssl_context = PeerPolicy.from_settings(), server_context_from_settings()
     max_pending = int(repl_setting("REPLICATION_MAX_PENDING_COMMANDS"))
+    send_buffer = int(repl_setting("REPLICATION_SEND_BUFFER_BYTES"))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: AdmissionProtocol(policy, lambda: ReplicationServerProtocol(endpoint, app, max_pending),
-                                  ssl_context),
+                                  ssl_context, send_buffer),
         host, port)
     logger.info("replication endpoint %s listening on %s:%d", endpoint.server_name, host, port)
     return server

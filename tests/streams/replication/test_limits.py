@@ -299,3 +299,46 @@ def test_workers_that_never_read_are_dropped_the_others_get_everything(pg_url, t
             assert list(w.tokens) == written, f"{w.name}: {len(w.tokens)} of {len(written)} facts"
         print(f"{len(written)} facts written until the {idle_n} idle workers were dropped; "
               f"most queued for one: {max(queues.values())}")
+
+
+def _facts_until_dropped(pg_url, tmp_path, redis_server, **env: str) -> int:
+    """Facts written (100 at a time, each read by a reading worker first) until one worker
+    that never reads is dropped for failing to keep up, with REPLICATION_MAX_PENDING_COMMANDS
+    = 200: the rest of what it was sent sat in the kernel's buffers."""
+    with running_endpoint(pg_url, tmp_path / "endpoint.log", REDIS_URL=redis_server.url,
+                          STREAM_WRITERS="receipts=master", REPLICATION_MAX_PENDING_COMMANDS="200",
+                          **env) as (port, read_log):
+        workers = LineWorkers(port, stream="receipts")
+        workers.connect("idle0", reads=False)
+        workers.connect("reader0")
+        workers.wait_replicating()
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+
+        rt = StreamRuntime(instance_name="master", writers=stream_writers("receipts=master"))
+        rt.stream_replication(layer=RedisPubSubChannelLayer(hosts=[redis_server.url]))
+        rng, written = random.Random(11), 0
+        try:
+            while not re.search(r"replication idle0 \(\S+\) disconnected: failed to keep up", read_log()):
+                assert written < 40_000, "the non-reading worker was never dropped"
+                ids = rt.writer("receipts").append(
+                    [[(Receipt, Receipt.synthetic(rng, written + i))] for i in range(100)])
+                written += 100
+                workers.wait_for_token(ids[-1])
+        finally:
+            rt.close()
+            workers.stop()
+        return written
+
+
+def test_send_buffer_setting_bounds_what_a_non_reader_pins_in_the_kernel(pg_url, tmp_path, redis_server):
+    """REPLICATION_SEND_BUFFER_BYTES fixes the kernel send buffer of each connection: a worker
+    that never reads is dropped after the pending cap plus ~what that buffer holds, instead of
+    after the ~4 MiB (about 12,000 lines) that the kernel's autotuning lets it pin."""
+    fixed = _facts_until_dropped(pg_url, tmp_path, redis_server, REPLICATION_SEND_BUFFER_BYTES="16384")
+    # 200 queued + (2 x 16 KiB send buffer + the worker's ~8 KiB receive buffer) / ~300-byte
+    # lines ~= 340, and the chunk of 100 in flight: well under 1,000.
+    assert fixed <= 1_000, fixed
+    (tmp_path / "autotuned").mkdir()
+    autotuned = _facts_until_dropped(pg_url, tmp_path / "autotuned", redis_server)
+    assert autotuned >= 3 * fixed, (autotuned, fixed)
+    print(f"non-reader dropped after {fixed} facts with a 16 KiB send buffer, {autotuned} autotuned")
