@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-pending", type=int, default=None,
                         help="REPLICATION_MAX_PENDING_COMMANDS of the endpoint (default: the setting's "
                              "default, 10,000; --quick 2,000)")
+    parser.add_argument("--send-buffer", type=int, default=0,
+                        help="REPLICATION_SEND_BUFFER_BYTES of the endpoint (default 0: the kernel's autotuning)")
     parser.add_argument("--quick", action="store_true", help="shorter phases, a lower cap: ~1 min")
     args = parser.parse_args(argv)
     if not 0 < args.idle < args.workers or args.rate <= 0 or args.per_txn < 1 or args.waves < 1:
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         endpoint_env = {"REPLICATION_MAX_CONNECTIONS_PER_ADDRESS": str(args.workers + 50)}
         if max_pending:
             endpoint_env["REPLICATION_MAX_PENDING_COMMANDS"] = str(max_pending)
+        if args.send_buffer:
+            endpoint_env["REPLICATION_SEND_BUFFER_BYTES"] = str(args.send_buffer)
         port = free_port()
         workers = None
         try:
@@ -208,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             from django.conf import settings
 
             cap = max_pending or settings.SYNAPSE_REPL["REPLICATION_MAX_PENDING_COMMANDS"]
-            print(f"endpoint: runreplication, REPLICATION_MAX_PENDING_COMMANDS={cap}; writer: write_facts "
+            print(f"endpoint: runreplication, REPLICATION_MAX_PENDING_COMMANDS={cap}, "
+                  f"REPLICATION_SEND_BUFFER_BYTES={args.send_buffer}; writer: write_facts "
                   f"{STREAM} at {args.rate:.0f} facts/s, {args.per_txn} per transaction, through Redis; "
                   f"{readers_n} readers + {idle_n} non-readers (raw sockets, one reading thread, PING every 5 s)",
                   flush=True)
