@@ -29,7 +29,6 @@ import argparse
 import os
 import re
 import signal
-import statistics
 import sys
 import tempfile
 import threading
