@@ -120,7 +120,7 @@ class ReplicationStreamer:
             factor = -1 if get_stream(adv.stream_name).backwards else 1
             prev, new = factor * adv.prev_token, factor * adv.new_token
             span = merged.setdefault((adv.stream_name, adv.instance_name), [prev, new])
-            span[1] = max(span[1], new)
+            span[0], span[1] = min(span[0], prev), max(span[1], new)
         messages = []
         for (stream_name, writer), (prev, new) in merged.items():
             spec = get_stream(stream_name)
