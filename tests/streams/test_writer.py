@@ -187,6 +187,7 @@ def test_write_facts_rate_limit():
     (["nope", "--count", "1"], "unknown stream"),
     (["receipts", "--count", "1", "--per-txn", "0"], "--per-txn"),
     (["receipts", "--count", "-1"], "--count"),
+    (["receipts", "--count", "1", "--concurrency", "0"], "--concurrency"),
 ])
 def test_write_facts_bad_input(args, message):
     with pytest.raises(CommandError, match=message):
@@ -237,3 +238,53 @@ def test_batched_insert_errors_are_django_errors(make_runtime):
         w.append([[(Event, ev)], [(Event, ev)]])  # duplicate event_id within one batch
     assert Event.objects.count() == 0
     assert w.generator.pending() == []
+
+
+def test_write_facts_concurrency_keeps_transactions_in_flight_and_positions_contiguous():
+    """--concurrency 4: several transactions open at once on their own connections; every fact
+    written once, the writer's position published in order over contiguous IDs only."""
+    import threading
+
+    from streams.models import StreamReservation
+    from streams.runtime import runtime
+
+    rt = runtime()
+    writer = rt.writer("receipts")
+    start = writer.generator.get_current_token()
+    seen: list[PositionAdvanced] = []
+    unsubscribe = rt.notifier.subscribe(seen.append)
+    # The first two transactions each wait inside their open transaction until the other is
+    # open too: proof that two are in flight at once (and the second completes its IDs first).
+    both_open = threading.Barrier(2, timeout=30)
+    backends: set[int] = set()
+    real_insert = writer.insert_rows
+    calls = []
+
+    def insert_rows(ids, facts):
+        real_insert(ids, facts)
+        backends.add(connections["default"].connection.info.backend_pid)
+        calls.append(ids)
+        if len(calls) <= 2:
+            both_open.wait()
+
+    out = StringIO()
+    try:
+        with mock.patch.object(writer, "insert_rows", insert_rows):
+            call_command("write_facts", "receipts", "--count", "500", "--per-txn", "10", "--concurrency", "4",
+                         "--seed", "5", "--no-progress", stdout=out)
+    finally:
+        unsubscribe()
+    ids = list(Receipt.objects.order_by("stream_id").values_list("stream_id", flat=True))
+    assert len(ids) == len(set(ids)) == 500
+    assert len(backends) >= 2
+    assert "4 transactions in flight" in out.getvalue()
+    assert f"IDs {ids[0]}..{ids[-1]}" in out.getvalue()
+    # advances chain: each starts where the previous ended, up to the last ID written
+    assert seen and seen[0].prev_token == start and seen[-1].new_token == ids[-1]
+    assert all(a.new_token == b.prev_token for a, b in zip(seen, seen[1:]))
+    assert StreamPosition.objects.get(stream_name="receipts", instance_name="master").stream_id == ids[-1]
+    assert not StreamReservation.objects.filter(stream_name="receipts").exists()
+    # the same rows as one transaction at a time would write, for the same seed
+    rng = random.Random(5)
+    assert sorted(Receipt.objects.values_list("event_id", flat=True)) == \
+        sorted(Receipt.synthetic(rng, n)["event_id"] for n in range(500))
