@@ -208,11 +208,14 @@ def test_write_facts_as_non_writer(settings):
 
 @BOTH
 def test_rows_stored_exactly_as_given(make_runtime, using):
-    """Batched inserts (unnest arrays on PostgreSQL) keep every value: JSON, bytes, nulls, booleans."""
+    """Batched inserts (COPY on PostgreSQL) keep every value: JSON, bytes, nulls, booleans, and
+    text with COPY's special characters (tab, newline, backslash, \\N)."""
     rt = make_runtime(using)
     rng = random.Random(7)
-    receipts = [Receipt.synthetic(rng, i) for i in range(4)]
+    receipts = [Receipt.synthetic(rng, i) for i in range(5)]
     receipts[1]["thread_id"] = "$thread:hs"
+    receipts[3] |= {"thread_id": "\\N", "user_id": "@a\tb\nc\\d\r:hs", "data": {"s": "\\N\t\\\n"}}
+    receipts[4]["thread_id"] = ""
     receipts[2]["data"] = {"nested": {"list": [1, 2.5, None, "é\u2603"], "big": 2**60}, "empty": {}}
     ids = rt.writer("receipts").append([[(Receipt, r)] for r in receipts])
     stored = {r.stream_id: r for r in Receipt.objects.using(using).all()}
@@ -224,6 +227,7 @@ def test_rows_stored_exactly_as_given(make_runtime, using):
     events = [Event.synthetic(rng, i) for i in range(3)]
     events[0]["json"] = b'{"weird":  "\\u00e9",\n "n": 12345678901234567890}'
     events[1] |= {"outlier": True, "rejected": True, "state_key": "", "membership": "join"}
+    events[2]["json"] = bytes(range(256)) + b"\\N\t\n\\"
     ids = rt.writer("events").append([[(Event, e)] for e in events])
     for sid, given in zip(ids, events):
         got = Event.objects.using(using).get(stream_ordering=sid)
