@@ -67,8 +67,9 @@ class WireJournal:
     def take(self, ids_after: int, ids_upto: int, factor: int = 1) -> list[tuple[int, list[list[Any]]]]:
         """Remove and return the facts with ``ids_after < factor * id <= ids_upto``, in order."""
         with self._lock:
-            keys = sorted(k for k in self._facts if ids_after < factor * k <= ids_upto)
-            return [(k, self._facts.pop(k)) for k in sorted(keys, key=lambda k: factor * k)]
+            facts = self._facts
+            keys = sorted((k for k in facts if ids_after < factor * k <= ids_upto), reverse=factor < 0)
+            return [(k, facts.pop(k)) for k in keys]
 
     def __len__(self) -> int:
         return len(self._facts)

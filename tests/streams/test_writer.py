@@ -292,3 +292,17 @@ def test_write_facts_concurrency_keeps_transactions_in_flight_and_positions_cont
     rng = random.Random(5)
     assert sorted(Receipt.objects.values_list("event_id", flat=True)) == \
         sorted(Receipt.synthetic(rng, n)["event_id"] for n in range(500))
+
+
+def test_wire_journal_takes_in_stream_order():
+    from streams.writer import WireJournal
+
+    journal = WireJournal()
+    journal.record([5, 3, 4], {3: [["c"]], 5: [["e"]]})
+    journal.record([7, 6], {})
+    assert journal.take(3, 6) == [(4, []), (5, [["e"]]), (6, [])]
+    assert len(journal) == 2
+    backwards = WireJournal()  # backwards streams: external IDs negative, taken by factor * id
+    backwards.record([-2, -4, -3], {-3: [["x"]]})
+    assert backwards.take(1, 3, factor=-1) == [(-2, []), (-3, [["x"]])]
+    assert len(backwards) == 1
