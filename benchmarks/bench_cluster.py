@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_cluster.py [--quick] [--facts F] [--writers 1,2,4]
                      [--sink count|jsonl] [--synthetic-in-loop] [--no-dbonly] [--repeat R]
-                     [--profile DIR] [--keep] [--per-txn N]
+                     [--profile DIR] [--keep] [--per-txn N] [--concurrency C]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on) and a throwaway Redis,
 migrates a fresh database, then runs a whole cluster as separate OS processes, the way
@@ -28,6 +28,11 @@ migrates a fresh database, then runs a whole cluster as separate OS processes, t
   (to the Redis worker). By default the synthetic rows ``write_facts`` would make inside its
   loop (``Receipt.synthetic``, ~50 us each) are made beforehand, the same rows, as
   ``bench_stream_ids`` does (``--synthetic-in-loop``: as is).
+
+``--concurrency C`` passes ``concurrency=C`` to each writer's ``write_facts``: C threads per
+writer process, each with its own database connection, sharing the process's writer, ID
+generator and streamer (C transactions in flight, as an event persister with a connection
+pool); the header says which was used. Default 1: one transaction at a time.
 
 **End to end**: facts/s = N x F / (from the first write's start until the last of the 3
 workers has every fact). Exactly-once is checked on the way: each worker's facts of the run
@@ -212,7 +217,9 @@ def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: 
         if env.get("BENCH_PROFILE_DIR"):
             import cProfile
 
-            profiles = [cProfile.Profile(), cProfile.Profile()]  # this thread, the streamer's thread
+            # this thread, the streamer's thread; CPU time of each thread (wall time would show
+            # mostly the waits for the database and for the other thread's GIL)
+            profiles = [cProfile.Profile(time.thread_time), cProfile.Profile(time.thread_time)]
             if streamer is not None:
                 streamer._loop.call_soon_threadsafe(profiles[1].enable)
         ready.put(instance)
@@ -223,7 +230,9 @@ def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: 
         if profiles:
             profiles[0].enable()
         per_txn = int(env.get("BENCH_PER_TXN", PER_TXN))
-        call_command("write_facts", STREAM, count=count, per_txn=per_txn, seed=seed, no_progress=True, stdout=out)
+        concurrency = int(env.get("BENCH_CONCURRENCY", 1))
+        call_command("write_facts", STREAM, count=count, per_txn=per_txn, seed=seed, no_progress=True,
+                     concurrency=concurrency, stdout=out)
         t1 = time.monotonic()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         if profiles:
@@ -851,6 +860,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="end-to-end and raw runs per writer count, the best of each reported "
                              "(default 2, --quick 1)")
+    parser.add_argument("--concurrency", type=int, default=1, metavar="C",
+                        help="transactions in flight per writer process (write_facts --concurrency C: C threads, "
+                             "each on its own connection; default 1)")
     parser.add_argument("--per-txn", type=int, default=PER_TXN,
                         help=f"facts per writer transaction (default {PER_TXN}); also the raw publishers' "
                              "pipeline and the raw (b) batch size")
@@ -860,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--per-txn must be >= 1")
     globals()["PER_TXN"] = args.per_txn
     os.environ["BENCH_PER_TXN"] = str(args.per_txn)  # for the (spawned) writer processes
+    if args.concurrency < 1:
+        parser.error("--concurrency must be >= 1")
+    os.environ["BENCH_CONCURRENCY"] = str(args.concurrency)
     facts = args.facts or (3000 if args.quick else 25000)
     writer_counts = _ints(args.writers)
     if not writer_counts or max(writer_counts) > len(WRITER_NAMES) or min(writer_counts) < 1:
@@ -909,7 +924,8 @@ def main(argv: list[str] | None = None) -> int:
                 else "Python API (ReplicationWorker / RedisReplicationWorker) with a counting coroutine callback")
         print(f"cluster: 1 endpoint (runreplication), daphne (catch-up), 3 workers on {STREAM}: tcp1, tcp2 over TCP, "
               f"redis1 over Redis; workers: {sink}")
-        print(f"writers: write_facts {STREAM} --count {facts} --per-txn {PER_TXN} per process "
+        print(f"writers: write_facts {STREAM} --count {facts} --per-txn {PER_TXN} --concurrency {args.concurrency} "
+              f"per process ({args.concurrency} transaction(s) in flight per writer) "
               f"(STREAM_WRITERS={STREAM_WRITERS}), in processes set up and subscribed before a common start; "
               + ("synthetic rows made inside the timed loop" if args.synthetic_in_loop else
                  "its synthetic rows made beforehand (the same rows)"))

@@ -121,15 +121,17 @@ class MultiWriterIdGenerator:
     def _publish(self) -> None:
         if self._notifier is None or not self.is_writer:
             return
+        # Notify under the lock: with several transactions in flight (threads completing at
+        # once), advances must reach subscribers in order, each ``prev`` the last ``new``.
         with self._notify_lock:
             new = self.get_current_token_for_writer(self.instance_name)
             prev = self._last_published
             if self.factor * new <= self.factor * prev:
                 return
             self._last_published = new
-        self._notifier.position_advanced(
-            PositionAdvanced(self.stream_name, self.instance_name, prev, new)
-        )
+            self._notifier.position_advanced(
+                PositionAdvanced(self.stream_name, self.instance_name, prev, new)
+            )
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -116,8 +116,7 @@ class StreamPositions:
                 self._current[self.instance_name] = max(old, new_current)
                 self._max_local = max(old, new_current, self._max_local)
 
-            for stream_id in ids:
-                self._add_persisted(stream_id)
+            self._add_persisted_many(ids)
 
     def load(
         self,
@@ -162,7 +161,13 @@ class StreamPositions:
             self._add_persisted(new_id)
 
     def _add_persisted(self, new_id: int) -> None:
-        heapq.heappush(self._known_persisted, new_id)
+        self._add_persisted_many((new_id,))
+
+    def _add_persisted_many(self, new_ids: Iterable[int]) -> None:
+        """Record completed IDs and move the linear position on. What follows the heap
+        pushes does not depend on the IDs: once per batch, not once per ID (hot path)."""
+        for new_id in new_ids:
+            heapq.heappush(self._known_persisted, new_id)
         ours = self._current.get(self.instance_name, 0)
         min_current = min(
             (pos for name, pos in self._current.items() if name != self.instance_name),

@@ -25,11 +25,12 @@ class Event(FactModel):
     stream_ordering = models.BigIntegerField(_("stream ordering"), unique=True)
     topological_ordering = models.BigIntegerField(_("topological ordering"), default=0)
     depth = models.BigIntegerField(_("depth"), default=0)
-    event_id = models.CharField(_("event ID"), max_length=255, unique=True)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
-    type = models.CharField(_("type"), max_length=255, db_index=True)
+    # Text columns are indexed in Meta, not with unique/db_index: no "like" copies.
+    event_id = models.CharField(_("event ID"), max_length=255)
+    room_id = models.CharField(_("room ID"), max_length=255)
+    type = models.CharField(_("type"), max_length=255)
     state_key = models.CharField(_("state key"), max_length=255, null=True, blank=True)
-    sender = models.CharField(_("sender"), max_length=255, db_index=True)
+    sender = models.CharField(_("sender"), max_length=255)
     membership = models.CharField(_("membership"), max_length=32, null=True, blank=True)
     redacts = models.CharField(_("redacts"), max_length=255, null=True, blank=True)
     relates_to = models.CharField(_("relates to"), max_length=255, null=True, blank=True)
@@ -45,10 +46,14 @@ class Event(FactModel):
         db_table = "events"
         verbose_name = _("event")
         verbose_name_plural = _("events")
+        constraints = [models.UniqueConstraint(fields=["event_id"], name="events_event_id_unique")]
+        # room_id alone is served by the room indexes, instance_name alone by events_writer_order.
         indexes = [
             models.Index(fields=["instance_name", "stream_ordering"], name="events_writer_order"),
             models.Index(fields=["room_id", "topological_ordering", "stream_ordering"], name="events_order_room"),
             models.Index(fields=["room_id", "stream_ordering"], name="events_room_stream"),
+            models.Index(fields=["type"], name="events_type"),
+            models.Index(fields=["sender"], name="events_sender"),
         ]
 
     def __str__(self) -> str:
@@ -80,8 +85,8 @@ class CurrentStateDelta(FactModel):
 
     WIRE_FIELDS = ("room_id", "type", "state_key", "event_id")
 
-    stream_id = models.BigIntegerField(_("stream ID"), db_index=True)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    stream_id = models.BigIntegerField(_("stream ID"))
+    room_id = models.CharField(_("room ID"), max_length=255)
     type = models.CharField(_("type"), max_length=255)
     state_key = models.CharField(_("state key"), max_length=255)
     event_id = models.CharField(_("event ID (null: state removed)"), max_length=255, null=True)
@@ -91,6 +96,11 @@ class CurrentStateDelta(FactModel):
         db_table = "current_state_delta_stream"
         verbose_name = _("current state delta")
         verbose_name_plural = _("current state deltas")
+        indexes = [
+            models.Index(fields=["stream_id"], name="state_delta_stream_id"),
+            models.Index(fields=["instance_name", "stream_id"], name="state_delta_writer_id"),
+            models.Index(fields=["room_id"], name="state_delta_room_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.room_id} {self.type}/{self.state_key} @ {self.stream_id}"

@@ -1,4 +1,11 @@
-"""Backing tables of the smaller database-backed streams (Synapse's table names)."""
+"""Backing tables of the smaller database-backed streams (Synapse's table names).
+
+Indexes are declared in ``Meta`` (not ``db_index`` on text fields: on PostgreSQL that adds a
+``varchar_pattern_ops`` "like" copy, and nothing here is searched by prefix). Each table has
+``stream_id`` (start-up: the highest ID, rows above a position), ``(instance_name,
+stream_id)`` (catch-up pages of one writer, the admin's writer filter) and what the admin's
+filters look up by.
+"""
 from __future__ import annotations
 
 import random
@@ -21,7 +28,7 @@ class CacheInvalidation(FactModel):
 
     WIRE_FIELDS = ("cache_func", "keys", "invalidation_ts")
 
-    stream_id = models.BigIntegerField(_("stream ID"), db_index=True)
+    stream_id = models.BigIntegerField(_("stream ID"))
     cache_func = models.CharField(_("cache"), max_length=255)
     keys = models.JSONField(_("keys"), null=True)
     invalidation_ts = models.BigIntegerField(_("invalidated at (ms)"))
@@ -30,6 +37,10 @@ class CacheInvalidation(FactModel):
         db_table = "cache_invalidation_stream_by_instance"
         verbose_name = _("cache invalidation")
         verbose_name_plural = _("cache invalidations")
+        indexes = [
+            models.Index(fields=["stream_id"], name="cache_inval_stream_id"),
+            models.Index(fields=["instance_name", "stream_id"], name="cache_inval_writer_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.cache_func} @ {self.stream_id}"
@@ -48,8 +59,8 @@ class AccountData(FactModel):
 
     WIRE_FIELDS = ("user_id", "room_id", "account_data_type")
 
-    stream_id = models.BigIntegerField(_("stream ID"), db_index=True)
-    user_id = models.CharField(_("user ID"), max_length=255, db_index=True)
+    stream_id = models.BigIntegerField(_("stream ID"))
+    user_id = models.CharField(_("user ID"), max_length=255)
     room_id = models.CharField(_("room ID"), max_length=255, null=True, blank=True)
     account_data_type = models.CharField(_("type"), max_length=255)
     content = models.JSONField(_("content"))
@@ -58,6 +69,11 @@ class AccountData(FactModel):
         db_table = "account_data"
         verbose_name = _("account data")
         verbose_name_plural = _("account data")
+        indexes = [
+            models.Index(fields=["stream_id"], name="account_data_stream_id"),
+            models.Index(fields=["instance_name", "stream_id"], name="account_data_writer_id"),
+            models.Index(fields=["user_id"], name="account_data_user_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user_id} {self.account_data_type} @ {self.stream_id}"
@@ -78,8 +94,8 @@ class DeviceInbox(FactModel):
 
     WIRE_FIELDS = ("user_id",)
 
-    stream_id = models.BigIntegerField(_("stream ID"), db_index=True)
-    user_id = models.CharField(_("user ID"), max_length=255, db_index=True)
+    stream_id = models.BigIntegerField(_("stream ID"))
+    user_id = models.CharField(_("user ID"), max_length=255)
     device_id = models.CharField(_("device ID"), max_length=255)
     message_json = models.TextField(_("message JSON"))
 
@@ -87,6 +103,11 @@ class DeviceInbox(FactModel):
         db_table = "device_inbox"
         verbose_name = _("to-device message")
         verbose_name_plural = _("to-device messages")
+        indexes = [
+            models.Index(fields=["stream_id"], name="device_inbox_stream_id"),
+            models.Index(fields=["instance_name", "stream_id"], name="device_inbox_writer_id"),
+            models.Index(fields=["user_id"], name="device_inbox_user_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user_id}/{self.device_id} @ {self.stream_id}"
@@ -105,8 +126,8 @@ class Receipt(FactModel):
 
     WIRE_FIELDS = ("room_id", "receipt_type", "user_id", "event_id", "thread_id", "data")
 
-    stream_id = models.BigIntegerField(_("stream ID"), db_index=True)
-    room_id = models.CharField(_("room ID"), max_length=255, db_index=True)
+    stream_id = models.BigIntegerField(_("stream ID"))
+    room_id = models.CharField(_("room ID"), max_length=255)
     receipt_type = models.CharField(_("receipt type"), max_length=255)
     user_id = models.CharField(_("user ID"), max_length=255)
     event_id = models.CharField(_("event ID"), max_length=255)
@@ -117,6 +138,11 @@ class Receipt(FactModel):
         db_table = "receipts_linearized"
         verbose_name = _("receipt")
         verbose_name_plural = _("receipts")
+        indexes = [
+            models.Index(fields=["stream_id"], name="receipts_stream_id"),
+            models.Index(fields=["instance_name", "stream_id"], name="receipts_writer_id"),
+            models.Index(fields=["room_id"], name="receipts_room_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user_id} {self.receipt_type} {self.event_id}"

@@ -116,28 +116,33 @@ class SynapseRedisBridge:
                 # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
                 # not announced on this subscription (new, or its lines were lost) starts with one.
                 lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
-            if await self.publish_lines(lines):
+            if await self.publish_lines(lines, channel=self._channel):
                 self._stale.pop(key, None)
                 self._announced.add(key)
             else:
                 self._stale[key] = max(new, self._stale.get(key, new))
 
-    async def publish_lines(self, lines: Iterable[str | bytes]) -> bool:
+    async def publish_lines(self, lines: Iterable[str | bytes], channel: bytes | None = None) -> bool:
         """PUBLISH each line (one write, in order); False if Redis could not take them.
 
+        ``channel``: every line goes there (a writer's RDATA/POSITION batch: no line is
+        looked at); by default each line's own channel (``USER_IP`` has one of its own).
         Callers in this class hold ``_lock``; others must not interleave with a writer's
         batches (use it for lines that do not depend on what was published, e.g. USER_IP).
         """
-        items = []
+        items: list[tuple[bytes, bytes]] | list[bytes] = []
         for line in lines:
             data = line.encode() if isinstance(line, str) else line
-            items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
+            if channel is not None:
+                items.append(data)
+            else:
+                items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
         if not items:
             return True
         try:
             if self._publisher is None:
                 self._publisher = await RespConnection.open(self._url, REPLY_TIMEOUT)
-            await self._publisher.publish(items, timeout=REPLY_TIMEOUT)
+            await self._publisher.publish(items, timeout=REPLY_TIMEOUT, channel=channel)
             self.published += len(items)
             return True
         except (RespError, OSError, TimeoutError) as e:

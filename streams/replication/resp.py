@@ -47,6 +47,12 @@ def pack_publish(items: Iterable[tuple[bytes, bytes]]) -> bytes:
                     for c, p in items)
 
 
+def pack_publish_to(channel: bytes, payloads: Iterable[bytes]) -> bytes:
+    """``PUBLISH channel payload`` for each payload, as one buffer (the command's head once)."""
+    head = b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
+    return b"".join([b"%s$%d\r\n%s\r\n" % (head, len(p), p) for p in payloads])
+
+
 def parse_reply(buf: bytes, pos: int = 0) -> tuple[Any, int] | None:
     """One reply from ``buf[pos:]``: ``(value, end)``, or None if it is not complete yet.
 
@@ -200,9 +206,10 @@ class RespConnection:
         self.write(pack_command(*args))
         return await self.read_reply(timeout)
 
-    async def publish(self, items: list[tuple[bytes, bytes]], timeout: float | None = None) -> None:
-        """PUBLISH every ``(channel, payload)``, in order, as one write; wait for every reply."""
-        self.write(pack_publish(items))
+    async def publish(self, items: list, timeout: float | None = None, channel: bytes | None = None) -> None:
+        """PUBLISH every ``(channel, payload)`` (with ``channel``: every payload there), in
+        order, as one write; wait for every reply."""
+        self.write(pack_publish(items) if channel is None else pack_publish_to(channel, items))
         try:
             await asyncio.wait_for(self._writer.drain(), timeout)
         except TimeoutError:

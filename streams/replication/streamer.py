@@ -23,7 +23,7 @@ from channels.layers import get_channel_layer
 
 from ..notifier import PositionAdvanced
 from ..registry import get_stream
-from .commands import PositionCommand, RdataCommand
+from .commands import PositionCommand, RdataCommand, encode_json
 
 if TYPE_CHECKING:
     from ..runtime import StreamRuntime
@@ -42,10 +42,20 @@ def build_lines(stream_name: str, writer: str, prev: int, new: int,
     """RDATA/POSITION lines for ``facts`` (wire tokens, ascending) covering ``(prev, new]``."""
     lines: list[str] = []
     last = None
+    # RdataCommand(...).to_line() without a command object per row (hot path; tests check
+    # the lines are the same)
+    batch_prefix = f"{RdataCommand.NAME} {stream_name} {writer} batch "
+    prefix = f"{RdataCommand.NAME} {stream_name} {writer} "
+    append = lines.append
     for token, rows in facts:
-        for i, row in enumerate(rows):
-            lines.append(RdataCommand(stream_name, writer, token if i == len(rows) - 1 else None, row).to_line())
+        if len(rows) == 1:
+            append(f"{prefix}{token} {encode_json(rows[0])}")
+            last = token
+            continue
+        for row in rows[:-1]:
+            append(batch_prefix + encode_json(row))
         if rows:
+            append(f"{prefix}{token} {encode_json(rows[-1])}")
             last = token
     if last is None:
         lines.append(PositionCommand(stream_name, writer, prev, new).to_line())
@@ -120,7 +130,7 @@ class ReplicationStreamer:
             factor = -1 if get_stream(adv.stream_name).backwards else 1
             prev, new = factor * adv.prev_token, factor * adv.new_token
             span = merged.setdefault((adv.stream_name, adv.instance_name), [prev, new])
-            span[1] = max(span[1], new)
+            span[0], span[1] = min(span[0], prev), max(span[1], new)
         messages = []
         for (stream_name, writer), (prev, new) in merged.items():
             spec = get_stream(stream_name)

@@ -74,7 +74,7 @@ class Harness:
             self._upsert_position(c, instance, stream_id)
 
     def gen(self, instance: str = "master", writers=("master",), backwards: bool = False,
-            tables=None) -> MultiWriterIdGenerator:
+            tables=None, notifier=None) -> MultiWriterIdGenerator:
         store = id_store_for(
             self.conn.vendor, stream_name=STREAM, sequence="foobar_seq",
             tables=[TableRef(t, "stream_id") for t in (tables or self.tables)],
@@ -82,7 +82,7 @@ class Harness:
         )
         g = MultiWriterIdGenerator(
             stream_name=STREAM, instance_name=instance, store=store,
-            writers=None if writers is None else list(writers), backwards=backwards,
+            writers=None if writers is None else list(writers), backwards=backwards, notifier=notifier,
         )
         self.gens.append(g)
         return g
@@ -515,3 +515,33 @@ def test_load_from_several_tables(harness_factory):
         assert g.get_current_token_for_writer("first") == 7
         assert g.get_current_token_for_writer("second") == 7
         assert g.get_persisted_upto_position() == 7
+
+
+def test_advances_reach_subscribers_in_order_when_transactions_complete_at_once(harness_factory):
+    """Two transactions of one writer completing in two threads at the same moment: the
+    subscriber (the replication streamer) still sees (start, a] before (a, b]."""
+    import threading
+
+    from streams.notifier import PositionNotifier
+
+    h = harness_factory("default")
+    notifier = PositionNotifier()
+    g = h.gen(notifier=notifier)
+    h.write(g, 2)  # past the ID the position starts at
+    start = g.get_current_token_for_writer("master")
+    a, b = Step(g), Step(g)
+    seen = []
+    other = threading.Thread(target=b.complete)
+
+    def subscriber(advance):
+        if not seen and not other.is_alive() and advance.new_token == a.id:
+            # While the first advance is on its way, the other transaction completes.
+            other.start()
+            other.join(timeout=2)
+        seen.append((advance.prev_token, advance.new_token))
+
+    notifier.subscribe(subscriber)
+    assert start < a.id < b.id
+    a.complete()
+    other.join(timeout=30)
+    assert seen == [(start, a.id), (a.id, b.id)]

@@ -187,6 +187,7 @@ def test_write_facts_rate_limit():
     (["nope", "--count", "1"], "unknown stream"),
     (["receipts", "--count", "1", "--per-txn", "0"], "--per-txn"),
     (["receipts", "--count", "-1"], "--count"),
+    (["receipts", "--count", "1", "--concurrency", "0"], "--concurrency"),
 ])
 def test_write_facts_bad_input(args, message):
     with pytest.raises(CommandError, match=message):
@@ -207,11 +208,14 @@ def test_write_facts_as_non_writer(settings):
 
 @BOTH
 def test_rows_stored_exactly_as_given(make_runtime, using):
-    """Batched inserts (unnest arrays on PostgreSQL) keep every value: JSON, bytes, nulls, booleans."""
+    """Batched inserts (COPY on PostgreSQL) keep every value: JSON, bytes, nulls, booleans, and
+    text with COPY's special characters (tab, newline, backslash, \\N)."""
     rt = make_runtime(using)
     rng = random.Random(7)
-    receipts = [Receipt.synthetic(rng, i) for i in range(4)]
+    receipts = [Receipt.synthetic(rng, i) for i in range(5)]
     receipts[1]["thread_id"] = "$thread:hs"
+    receipts[3] |= {"thread_id": "\\N", "user_id": "@a\tb\nc\\d\r:hs", "data": {"s": "\\N\t\\\n"}}
+    receipts[4]["thread_id"] = ""
     receipts[2]["data"] = {"nested": {"list": [1, 2.5, None, "é\u2603"], "big": 2**60}, "empty": {}}
     ids = rt.writer("receipts").append([[(Receipt, r)] for r in receipts])
     stored = {r.stream_id: r for r in Receipt.objects.using(using).all()}
@@ -223,6 +227,7 @@ def test_rows_stored_exactly_as_given(make_runtime, using):
     events = [Event.synthetic(rng, i) for i in range(3)]
     events[0]["json"] = b'{"weird":  "\\u00e9",\n "n": 12345678901234567890}'
     events[1] |= {"outlier": True, "rejected": True, "state_key": "", "membership": "join"}
+    events[2]["json"] = bytes(range(256)) + b"\\N\t\n\\"
     ids = rt.writer("events").append([[(Event, e)] for e in events])
     for sid, given in zip(ids, events):
         got = Event.objects.using(using).get(stream_ordering=sid)
@@ -237,3 +242,67 @@ def test_batched_insert_errors_are_django_errors(make_runtime):
         w.append([[(Event, ev)], [(Event, ev)]])  # duplicate event_id within one batch
     assert Event.objects.count() == 0
     assert w.generator.pending() == []
+
+
+def test_write_facts_concurrency_keeps_transactions_in_flight_and_positions_contiguous():
+    """--concurrency 4: several transactions open at once on their own connections; every fact
+    written once, the writer's position published in order over contiguous IDs only."""
+    import threading
+
+    from streams.models import StreamReservation
+    from streams.runtime import runtime
+
+    rt = runtime()
+    writer = rt.writer("receipts")
+    start = writer.generator.get_current_token()
+    seen: list[PositionAdvanced] = []
+    unsubscribe = rt.notifier.subscribe(seen.append)
+    # The first two transactions each wait inside their open transaction until the other is
+    # open too: proof that two are in flight at once (and the second completes its IDs first).
+    both_open = threading.Barrier(2, timeout=30)
+    backends: set[int] = set()
+    real_insert = writer.insert_rows
+    calls = []
+
+    def insert_rows(ids, facts):
+        real_insert(ids, facts)
+        backends.add(connections["default"].connection.info.backend_pid)
+        calls.append(ids)
+        if len(calls) <= 2:
+            both_open.wait()
+
+    out = StringIO()
+    try:
+        with mock.patch.object(writer, "insert_rows", insert_rows):
+            call_command("write_facts", "receipts", "--count", "500", "--per-txn", "10", "--concurrency", "4",
+                         "--seed", "5", "--no-progress", stdout=out)
+    finally:
+        unsubscribe()
+    ids = list(Receipt.objects.order_by("stream_id").values_list("stream_id", flat=True))
+    assert len(ids) == len(set(ids)) == 500
+    assert len(backends) >= 2
+    assert "4 transactions in flight" in out.getvalue()
+    assert f"IDs {ids[0]}..{ids[-1]}" in out.getvalue()
+    # advances chain: each starts where the previous ended, up to the last ID written
+    assert seen and seen[0].prev_token == start and seen[-1].new_token == ids[-1]
+    assert all(a.new_token == b.prev_token for a, b in zip(seen, seen[1:]))
+    assert StreamPosition.objects.get(stream_name="receipts", instance_name="master").stream_id == ids[-1]
+    assert not StreamReservation.objects.filter(stream_name="receipts").exists()
+    # the same rows as one transaction at a time would write, for the same seed
+    rng = random.Random(5)
+    assert sorted(Receipt.objects.values_list("event_id", flat=True)) == \
+        sorted(Receipt.synthetic(rng, n)["event_id"] for n in range(500))
+
+
+def test_wire_journal_takes_in_stream_order():
+    from streams.writer import WireJournal
+
+    journal = WireJournal()
+    journal.record([5, 3, 4], {3: [["c"]], 5: [["e"]]})
+    journal.record([7, 6], {})
+    assert journal.take(3, 6) == [(4, []), (5, [["e"]]), (6, [])]
+    assert len(journal) == 2
+    backwards = WireJournal()  # backwards streams: external IDs negative, taken by factor * id
+    backwards.record([-2, -4, -3], {-3: [["x"]]})
+    assert backwards.take(1, 3, factor=-1) == [(-2, []), (-3, [["x"]])]
+    assert len(backwards) == 1

@@ -1,9 +1,15 @@
-"""``manage.py write_facts STREAM --count N [--rate R] [--per-txn B] [--stamps PATH]``
+"""``manage.py write_facts STREAM --count N [--rate R] [--per-txn B] [--stamps PATH] [--concurrency C]``
 
 Writes synthetic facts through the real writer path (reserve IDs, insert, complete), to
 smoke-test a deployment, drive the demo, the benchmarks and the tests. SIGTERM stops it after
 the transaction in progress. ``--stamps PATH`` appends ``"<stream ID> <Unix time>"`` per fact
 once its transaction is complete (for delivery latencies: benchmarks/soak.py).
+
+``--concurrency C`` keeps C transactions in flight, as an event persister with a connection
+pool does (Synapse's DB pool): C threads share this process's ``StreamWriter`` and ID
+generator, each on its own connection, so one's Python work overlaps another's wait for
+PostgreSQL. IDs then complete out of order; the generator advances the writer's position only
+over contiguous completed IDs, and the streamer publishes in position order (docs/streams.md).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import threading
 import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 from tqdm import tqdm
 
 from streams.id_generator import NotAWriter
@@ -33,16 +40,19 @@ class Command(BaseCommand):
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
         parser.add_argument("--stamps", default=None, metavar="PATH",
                             help="append '<stream ID> <Unix time>' per fact written to PATH")
+        parser.add_argument("--concurrency", type=int, default=1, metavar="N",
+                            help="transactions in flight at once: N threads, each on its own database "
+                                 "connection (PostgreSQL only; default 1; experimental, docs/streams.md)")
 
     def handle(self, *args, stream: str, count: int, rate: float, per_txn: int, seed: int | None,
-               no_progress: bool, stamps: str | None = None, **options) -> None:
+               no_progress: bool, stamps: str | None = None, concurrency: int = 1, **options) -> None:
         spec = STREAMS.get(stream)
         if spec is None:
             raise CommandError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}")
         if not spec.db_backed:
             raise CommandError(f"stream {stream} is kept in memory; write_facts writes database-backed streams")
-        if count < 0 or per_txn < 1 or rate < 0:
-            raise CommandError("--count must be >= 0, --per-txn >= 1 and --rate >= 0")
+        if count < 0 or per_txn < 1 or rate < 0 or concurrency < 1:
+            raise CommandError("--count must be >= 0, --per-txn >= 1, --rate >= 0 and --concurrency >= 1")
 
         rt = runtime()
         try:
@@ -54,36 +64,72 @@ class Command(BaseCommand):
                 )
         except NotAWriter as e:
             raise CommandError(str(e)) from None
+        if concurrency > 1 and connections[writer.using].vendor != "postgresql":
+            raise CommandError("--concurrency above 1 needs PostgreSQL (SQLite has one writing transaction)")
 
         model = spec.primary_model
         rng = random.Random(seed)
         written = 0
+        claimed = 0
         first_id = last_id = None
         started = time.monotonic()
         stopping: list[bool] = []
+        failures: list[BaseException] = []
+        state_lock = threading.Lock()
         in_main = threading.current_thread() is threading.main_thread()  # signals: main thread only
         previous_handler = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True)) if in_main else None
         stamp_file = open(stamps, "a", encoding="ascii") if stamps else None
         bar = tqdm(total=count, unit="fact", desc=f"{stream} as {rt.instance_name}",
                    disable=no_progress or None, file=sys.stderr)
-        try:
-            while written < count and not stopping:
-                batch = min(per_txn, count - written)
-                facts = [[(model, model.synthetic(rng, written + i))] for i in range(batch)]
+
+        def write_loop() -> None:
+            nonlocal written, claimed, first_id, last_id
+            while not stopping and not failures:
+                with state_lock:
+                    if claimed >= count:
+                        return
+                    start, batch = claimed, min(per_txn, count - claimed)
+                    claimed += batch
+                    # Made under the lock, in order: the same rows for a seed at any concurrency.
+                    facts = [[(model, model.synthetic(rng, start + i))] for i in range(batch)]
                 ids = writer.append(facts)
-                first_id = ids[0] if first_id is None else first_id
-                last_id = ids[-1]
-                if stamp_file:
-                    now = time.time()
-                    stamp_file.write("".join(f"{i} {now:.4f}\n" for i in ids))
-                    stamp_file.flush()
-                written += batch
-                bar.update(batch)
+                with state_lock:
+                    # abs: the first and last written, on backwards streams (negative IDs) too
+                    if first_id is None or abs(ids[0]) < abs(first_id):
+                        first_id = ids[0]
+                    if last_id is None or abs(ids[-1]) > abs(last_id):
+                        last_id = ids[-1]
+                    if stamp_file:
+                        now = time.time()
+                        stamp_file.write("".join(f"{i} {now:.4f}\n" for i in ids))
+                        stamp_file.flush()
+                    written += batch
+                    bar.update(batch)
                 if rate:
-                    # Keep to the average rate: sleep until fact `written` is due.
-                    delay = started + written / rate - time.monotonic()
+                    # Keep to the average rate: sleep until the next fact is due.
+                    delay = started + (start + batch) / rate - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
+
+        def thread_body() -> None:
+            try:
+                write_loop()
+            except BaseException as e:  # stop the others, re-raised below
+                failures.append(e)
+            finally:
+                connections.close_all()  # this thread's own connections
+
+        try:
+            if concurrency == 1:
+                write_loop()
+            else:
+                threads = [threading.Thread(target=thread_body, name=f"write_facts-{i}") for i in range(concurrency)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if failures:
+                    raise failures[0]
         finally:
             bar.close()
             if in_main:
@@ -97,5 +143,6 @@ class Command(BaseCommand):
                 f"({written / elapsed if elapsed else 0:.0f} facts/s); IDs {first_id}..{last_id}; "
                 f"position {gen.get_current_token_for_writer(rt.instance_name)}, "
                 f"linear {gen.get_current_token()}"
+                + (f"; {concurrency} transactions in flight" if concurrency > 1 else "")
             )
             rt.close()

@@ -288,3 +288,52 @@ def test_endpoint_bridge_volunteers_changed_positions(redis_server):
         return heard
 
     assert asyncio.run(scenario()) == [b"POSITION events w1 9 9"]
+
+
+def test_transactions_completing_out_of_order_go_out_in_order(setup):
+    """Several transactions of one writer in flight (threads, each on its own connection, as
+    ``write_facts --concurrency``), a later one completing first: every fact goes out once,
+    in stream order, and only once everything below it is complete."""
+    import threading
+
+    from django.db import connections
+
+    rt, _, sub, _ = setup
+    writer = rt.writer("receipts")
+    before = writer.generator.get_current_token_for_writer("master")
+    one_completed, holding = threading.Event(), threading.Event()
+    real_insert = writer.insert_rows
+
+    def insert_rows(ids, facts):
+        real_insert(ids, facts)
+        if not holding.is_set():
+            # The first transaction (the lowest IDs) stays open until a later one completed.
+            holding.set()
+            assert one_completed.wait(30)
+
+    def write(thread: int) -> None:
+        rng = random.Random(thread)
+        try:
+            for n in range(25):
+                writer.append([[(Receipt, Receipt.synthetic(rng, n))] for _ in range(4)])
+                one_completed.set()
+        finally:
+            connections.close_all()
+
+    from unittest import mock
+
+    with mock.patch.object(writer, "insert_rows", insert_rows):
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+        threads[0].start()
+        assert holding.wait(30)
+        for t in threads[1:]:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert one_completed.is_set()
+    ids = sorted(Receipt.objects.values_list("stream_id", flat=True))
+    assert len(ids) == 400
+    lines = [parse_line(line.decode()) for line in read_lines(sub, 401)]
+    assert lines[0] == PositionCommand("receipts", "master", before, before)
+    tokens = [cmd.token for cmd in lines[1:]]
+    assert tokens == ids  # each fact once, ascending

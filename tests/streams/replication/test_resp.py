@@ -12,6 +12,7 @@ from streams.replication.resp import (
     RespError,
     pack_command,
     pack_publish,
+    pack_publish_to,
     parse_messages,
     parse_reply,
 )
@@ -21,6 +22,9 @@ def test_pack_command_and_publish():
     assert pack_command("PUBLISH", b"c", 5) == b"*3\r\n$7\r\nPUBLISH\r\n$1\r\nc\r\n$1\r\n5\r\n"
     assert pack_publish([(b"c", b"x y"), (b"c/USER_IP", b"")]) == (
         pack_command("PUBLISH", b"c", b"x y") + pack_command("PUBLISH", b"c/USER_IP", b""))
+    assert pack_publish_to(b"hs.example", [b"RDATA a b 1 []", b"", b"x\r\ny"]) == \
+        pack_publish([(b"hs.example", b"RDATA a b 1 []"), (b"hs.example", b""), (b"hs.example", b"x\r\ny")])
+    assert pack_publish_to(b"c", []) == b""
 
 
 @pytest.mark.parametrize("wire, value", [
