@@ -36,6 +36,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
         self.pending_commands = 0
         self.closing = False
         self.task: asyncio.Task | None = None
+        self.abort_timer: asyncio.TimerHandle | None = None
 
     # -- socket side ------------------------------------------------------------------------
 
@@ -60,6 +61,8 @@ class ReplicationServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.abort_timer is not None:
+            self.abort_timer.cancel()  # aborting a finished transport raises
         reason = "connection lost" if exc is None else f"connection lost: {exc}"
         self.inbox.put_nowait({"type": "replication.disconnect", "reason": reason})
 
@@ -91,8 +94,9 @@ class ReplicationServerProtocol(asyncio.Protocol):
                 self.transport.write(b"ERROR Failed to keep up\n")
                 self.inbox.put_nowait({"type": "replication.disconnect", "reason": "failed to keep up"})
                 self.transport.close()
-                # A peer that never reads never lets the close finish: reset it soon.
-                asyncio.get_running_loop().call_later(ABORT_AFTER_SECONDS, self.transport.abort)
+                # A peer that never reads never lets the close finish: reset it soon (unless
+                # it has finished by then: connection_lost cancels this).
+                self.abort_timer = asyncio.get_running_loop().call_later(ABORT_AFTER_SECONDS, self.transport.abort)
         elif kind == "replication.close":
             self.closing = True
             if self.pending:

@@ -17,6 +17,7 @@ import pytest
 
 from streams.conf import stream_writers
 from streams.models import Receipt
+from streams.replication import tcp
 from streams.runtime import StreamRuntime
 from synapse_repl.line_workers import LineWorkers
 from synapse_repl.services import free_port
@@ -301,7 +302,7 @@ def test_workers_that_never_read_are_dropped_the_others_get_everything(pg_url, t
               f"most queued for one: {max(queues.values())}")
 
 
-def _facts_until_dropped(pg_url, tmp_path, redis_server, **env: str) -> int:
+def _facts_until_dropped(pg_url, tmp_path, redis_server, check_reset: bool = False, **env: str) -> int:
     """Facts written (100 at a time, each read by a reading worker first) until one worker
     that never reads is dropped for failing to keep up, with REPLICATION_MAX_PENDING_COMMANDS
     = 200: the rest of what it was sent sat in the kernel's buffers."""
@@ -309,7 +310,7 @@ def _facts_until_dropped(pg_url, tmp_path, redis_server, **env: str) -> int:
                           STREAM_WRITERS="receipts=master", REPLICATION_MAX_PENDING_COMMANDS="200",
                           **env) as (port, read_log):
         workers = LineWorkers(port, stream="receipts")
-        workers.connect("idle0", reads=False)
+        idle = workers.connect("idle0", reads=False)
         workers.connect("reader0")
         workers.wait_replicating()
         from channels_redis.pubsub import RedisPubSubChannelLayer
@@ -324,6 +325,17 @@ def _facts_until_dropped(pg_url, tmp_path, redis_server, **env: str) -> int:
                     [[(Receipt, Receipt.synthetic(rng, written + i))] for i in range(100)])
                 written += 100
                 workers.wait_for_token(ids[-1])
+            if check_reset:
+                # The dropped worker wakes up and reads what it was sent, to the ERROR and
+                # the end: the close completes, and the endpoint's reset due 5 s after the
+                # drop must not fire on the finished transport (it once logged a traceback).
+                idle.sock.settimeout(30)
+                received = b""
+                while chunk := idle.sock.recv(1 << 16):
+                    received += chunk
+                assert received.endswith(b"ERROR Failed to keep up\n"), received[-200:]
+                time.sleep(tcp.ABORT_AFTER_SECONDS + 1)
+                assert "Traceback" not in read_log(), read_log()[-3000:]
         finally:
             rt.close()
             workers.stop()
@@ -334,7 +346,7 @@ def test_send_buffer_setting_bounds_what_a_non_reader_pins_in_the_kernel(pg_url,
     """REPLICATION_SEND_BUFFER_BYTES fixes the kernel send buffer of each connection: a worker
     that never reads is dropped after the pending cap plus ~what that buffer holds, instead of
     after the ~4 MiB (about 12,000 lines) that the kernel's autotuning lets it pin."""
-    fixed = _facts_until_dropped(pg_url, tmp_path, redis_server, REPLICATION_SEND_BUFFER_BYTES="16384")
+    fixed = _facts_until_dropped(pg_url, tmp_path, redis_server, check_reset=True, REPLICATION_SEND_BUFFER_BYTES="16384")
     # 200 queued + (2 x 16 KiB send buffer + the worker's ~8 KiB receive buffer) / ~300-byte
     # lines ~= 340, and the chunk of 100 in flight: well under 1,000.
     assert fixed <= 1_000, fixed
