@@ -280,8 +280,9 @@ def _count_worker_child(env: dict, name: str, transport: str, port: int, web_por
         state["n"] += 1
         struct.pack_into(COUNT_FMT, mm, 0, state["n"], state["dup"], state["order"], time.monotonic(), 0.0)
 
+    # Catch-up pages as `replication_worker` asks for them (REPLICATION_CATCHUP_MAX_LIMIT).
     common = dict(name=name, server_name=SERVER_NAME, catchup_url=f"http://127.0.0.1:{web_port}",
-                  streams=[STREAM], on_facts=on_facts)
+                  streams=[STREAM], on_facts=on_facts, catchup_page_limit=1000)
     worker = (RedisReplicationWorker(redis_url=env["REDIS_URL"], **common) if transport == "redis"
               else ReplicationWorker(host="127.0.0.1", port=port, **common))
 

@@ -42,11 +42,12 @@ def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str 
     if upto_token - from_token > max_range:
         return _error(f"upto_token - from_token is {upto_token - from_token}, more than the "
                       f"allowed {max_range} (REPLICATION_CATCHUP_MAX_RANGE): ask in pieces")
+    max_limit = repl_setting("REPLICATION_CATCHUP_MAX_LIMIT")
     try:
-        limit = int(request.GET.get("limit", TARGET_ROW_COUNT))
+        # Unasked, Synapse's page size (or the cap, when an operator set it lower).
+        limit = int(request.GET.get("limit", min(TARGET_ROW_COUNT, max_limit)))
     except ValueError:
         return _error("limit must be an integer")
-    max_limit = repl_setting("REPLICATION_CATCHUP_MAX_LIMIT")
     if not 0 < limit <= max_limit:
         return _error(f"limit must be between 1 and {max_limit} (REPLICATION_CATCHUP_MAX_LIMIT)")
     writer = request.GET.get("instance_name") or this_instance()

@@ -115,18 +115,24 @@ class CatchUpError(Exception):
 
 def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int,
                         upto_token: int, *, timeout: float = HTTP_TIMEOUT, secret: str = "",
-                        max_range: int | None = None, ssl_context: Any = None) -> CatchUpPage:
+                        max_range: int | None = None, page_limit: int | None = None,
+                        ssl_context: Any = None) -> CatchUpPage:
     """GET one page of ``(from_token, upto_token]`` of ``writer`` on ``stream`` (blocking).
 
     ``secret``: sent as ``Authorization: Bearer`` (``REPLICATION_SECRET``). ``max_range``: the
     server's ``REPLICATION_CATCHUP_MAX_RANGE``; a longer range is asked for in pieces (the
     page says ``limited`` until the last piece, so the follower keeps asking).
+    ``page_limit``: rows per page to ask for (the server's ``REPLICATION_CATCHUP_MAX_LIMIT``;
+    ``None``: the server's default, Synapse's 100). A worker far behind catches up in 10x
+    fewer requests with 1,000; a server that refuses the limit is asked again without it.
     """
     asked_upto = upto_token
     if max_range is not None and upto_token - from_token > max_range:
         upto_token = from_token + max_range
-    query = urllib.parse.urlencode(
-        {"instance_name": writer, "from_token": from_token, "upto_token": upto_token})
+    params: dict[str, Any] = {"instance_name": writer, "from_token": from_token, "upto_token": upto_token}
+    if page_limit is not None:
+        params["limit"] = page_limit
+    query = urllib.parse.urlencode(params)
     url = (f"{base_url.rstrip('/')}/_synapse/replication/get_repl_stream_updates/"
            f"{urllib.parse.quote(stream, safe='')}/?{query}")
     request = urllib.request.Request(url, headers=bearer_header(secret))
@@ -135,7 +141,13 @@ def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int
             body = json.loads(response.read())
         page = CatchUpPage(list(body["updates"]), int(body["upto_token"]), bool(body["limited"]))
     except urllib.error.HTTPError as e:
-        raise CatchUpError(f"GET {url}: HTTP {e.code} {e.read()[:200]!r}") from e
+        body = e.read()[:200]
+        if e.code == 400 and page_limit is not None and b"limit" in body:
+            # The server caps pages lower than we asked (REPLICATION_CATCHUP_MAX_LIMIT differs).
+            logger.warning("catch-up: %s refused limit=%d (%r); asking without it", base_url, page_limit, body)
+            return fetch_catch_up_page(base_url, stream, writer, from_token, asked_upto, timeout=timeout,
+                                       secret=secret, max_range=max_range, ssl_context=ssl_context)
+        raise CatchUpError(f"GET {url}: HTTP {e.code} {body!r}") from e
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CatchUpError(f"GET {url}: {e!r}") from e
     if upto_token < asked_upto and not page.limited:
@@ -274,6 +286,7 @@ class BaseReplicationWorker:
         fetch_page: Callable[[str, str, int, int], CatchUpPage] | None = None,
         replication_secret: str = "",
         catchup_max_range: int | None = None,
+        catchup_page_limit: int | None = None,
         reconnect_first_delay: float = RECONNECT_FIRST_DELAY,
         reconnect_max_delay: float = RECONNECT_MAX_DELAY,
         log_interval: float = 5.0,
@@ -295,7 +308,8 @@ class BaseReplicationWorker:
         self._fetch_page = fetch_page or (
             lambda s, w, f, u: fetch_catch_up_page(self.catchup_url, s, w, f, u,
                                                    secret=replication_secret,
-                                                   max_range=catchup_max_range))
+                                                   max_range=catchup_max_range,
+                                                   page_limit=catchup_page_limit))
         self._first_delay, self._max_delay = reconnect_first_delay, reconnect_max_delay
         self._log_interval = log_interval
         self._clock = clock

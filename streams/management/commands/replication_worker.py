@@ -136,12 +136,13 @@ class Command(BaseCommand):
             where = f"{host}:{port} ({server_name})"
         sink = JsonlSink(options["jsonl"], options["jsonl_timestamps"]) if options["jsonl"] else None
         # The same REPLICATION_SECRET as the web process (on the embedded default: the one
-        # generated into STATE_DIR), and its catch-up range cap (docs/security.md).
+        # generated into STATE_DIR), and its catch-up range and page caps (docs/security.md).
         common = dict(name=options["name"], server_name=server_name, catchup_url=catchup_url,
                       streams=streams, on_facts=sink,
                       initial_tokens=sink.positions if sink else None,
                       replication_secret=settings.REPLICATION_SECRET,
-                      catchup_max_range=int(repl_setting("REPLICATION_CATCHUP_MAX_RANGE")))
+                      catchup_max_range=int(repl_setting("REPLICATION_CATCHUP_MAX_RANGE")),
+                      catchup_page_limit=int(repl_setting("REPLICATION_CATCHUP_MAX_LIMIT")))
         try:
             if use_redis:
                 worker: BaseReplicationWorker = RedisReplicationWorker(redis_url=redis_url, **common)

@@ -146,3 +146,24 @@ def test_worker_asks_for_a_long_range_in_pieces(rt, live_server, settings):
         if not page.limited:
             break
     assert seen == ids and pages >= 3
+
+
+def test_worker_asks_for_big_pages_and_falls_back_when_refused(rt, live_server, settings):
+    """page_limit (the worker passes REPLICATION_CATCHUP_MAX_LIMIT): one request where the
+    server's default of 100 rows would take three; a server capping lower is asked again
+    without a limit instead of failing forever."""
+    from streams.replication.worker import fetch_catch_up_page
+
+    ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(7), i))]
+                                        for i in range(250)])
+    start = ids[0] - 1
+    default = fetch_catch_up_page(live_server.url, "receipts", "master", start, ids[-1],
+                                  secret=settings.REPLICATION_SECRET)
+    assert len(default.updates) == 100 and default.limited
+    big = fetch_catch_up_page(live_server.url, "receipts", "master", start, ids[-1],
+                              secret=settings.REPLICATION_SECRET, page_limit=1000)
+    assert [t for t, _ in big.updates] == ids and not big.limited
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_CATCHUP_MAX_LIMIT": 50}
+    refused = fetch_catch_up_page(live_server.url, "receipts", "master", start, ids[-1],
+                                  secret=settings.REPLICATION_SECRET, page_limit=1000)
+    assert [t for t, _ in refused.updates] == ids[:50] and refused.limited
