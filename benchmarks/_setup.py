@@ -1,7 +1,7 @@
 """The start of every benchmark: a throwaway PostgreSQL (and Redis), a migrated database, Django.
 
 Each script used to repeat it; :func:`migrated_database` does it once and stops the servers
-on the way out (bench_cluster.py still has its own copy).
+on the way out.
 """
 from __future__ import annotations
 

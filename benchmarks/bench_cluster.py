@@ -64,6 +64,7 @@ off), for the cluster and the baseline alike. Exit status 0 whether or not the g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import mmap
@@ -108,7 +109,6 @@ def _django_setup(env: dict) -> None:
     os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     import django
-    import psycopg
 
     django.setup()
 
@@ -883,29 +883,27 @@ def main(argv: list[str] | None = None) -> int:
     batch_lines = args.batch_lines or (20000 if args.quick else 100000)
     repeat = args.repeat or (1 if args.quick else 2)
 
-    from synapse_repl.services import PostgresServer, RedisServer
+    from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="bench_cluster_"))
-    pg = PostgresServer(fast=False).start()
-    rs = cluster = None
+    cluster = None
+    extra = {"SERVER_NAME": SERVER_NAME, "STREAM_WRITERS": STREAM_WRITERS, "PYTHONUNBUFFERED": "1",
+             "LOG_LEVEL": "INFO"}
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        extra["BENCH_PROFILE_DIR"] = os.path.abspath(args.profile)
+    servers = contextlib.ExitStack()
     try:
-        rs = RedisServer().start()
+        db = servers.enter_context(migrated_database("bench_cluster", redis=True, env=extra, django_setup=False))
+        pg, rs, url = db.pg, db.redis, db.url
         import redis
 
         r = redis.Redis.from_url(rs.url)
         r.config_set("client-output-buffer-limit", "pubsub 0 0 0")  # never drop a slow subscriber
         r.close()
-        url = pg.create_database("bench_cluster")
-        env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": rs.url, "SERVER_NAME": SERVER_NAME,
-               "STREAM_WRITERS": STREAM_WRITERS, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings",
-               "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO"}
+        env = dict(db.env)
         env.pop("INSTANCE_NAME", None)
-        if args.profile:
-            os.makedirs(args.profile, exist_ok=True)
-            env["BENCH_PROFILE_DIR"] = os.path.abspath(args.profile)
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-                       check=True, cwd=ROOT, env=env)
         import psycopg
 
         with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
@@ -1030,9 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
-        if rs is not None:
-            rs.stop()
-        pg.stop()
+        servers.close()
         if args.keep:
             print(f"work directory kept: {workdir}")
         else:
