@@ -14,11 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from synapse_repl.processes import wait_port
 from synapse_repl.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,17 +51,11 @@ def service(pg_url, tmp_path):
     log = open(tmp_path / "service.log", "w+")
     proc = subprocess.Popen([sys.executable, "manage.py", "runservice"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                stop(proc)
-                log.seek(0)
-                pytest.fail(f"runservice did not start: {log.read()}")
-            time.sleep(0.2)
+    try:
+        wait_port(port, proc, tmp_path / "service.log", timeout=60)
+    except RuntimeError:
+        stop(proc)
+        raise
     yield f"http://127.0.0.1:{port}", proc, env
     stop(proc)
     log.close()

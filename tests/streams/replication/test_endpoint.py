@@ -17,6 +17,7 @@ from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.replication.commands import PositionCommand, RdataCommand, parse_line
 from streams.runtime import StreamRuntime
+from synapse_repl.processes import wait_port
 from synapse_repl.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,16 +80,7 @@ def endpoint(pg_url, tmp_path, redis_server):
                REDIS_URL=redis_server.url)
     proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"endpoint did not start: {log.read()}")
-            time.sleep(0.1)
+    wait_port(port, proc, tmp_path / "endpoint.log", timeout=30)
     yield port, log
     proc.terminate()
     try:
