@@ -97,9 +97,10 @@ class Cluster(ProcessGroup):
                           "--server-name", SERVER_NAME, "--streams", "receipts",
                           "--jsonl", str(self.tmp / f"{name}.jsonl"))
 
-    def write(self, instance: str, count: int, per_txn: int) -> subprocess.Popen:
+    def write(self, instance: str, count: int, per_txn: int, rate: float | None = None) -> subprocess.Popen:
+        limit = ("--rate", str(rate)) if rate else ()
         return self.start(f"writer-{instance}", "manage.py", "write_facts", "receipts", "--count", str(count),
-                          "--per-txn", str(per_txn), "--no-progress", env={"INSTANCE_NAME": instance})
+                          "--per-txn", str(per_txn), "--no-progress", *limit, env={"INSTANCE_NAME": instance})
 
     def facts(self, name: str) -> list[dict]:
         return jsonl_records(self.tmp / f"{name}.jsonl")
@@ -162,13 +163,17 @@ def test_three_workers_two_writers_one_cut_off(cluster):
         cluster.worker("wk2", cluster.repl_port)
         cluster.worker("wk3", proxy.port)  # the one we cut off
         wait_connected(cluster, workers)
-        writers = [cluster.write("w1", 10_000, 10), cluster.write("w2", 10_000, 25)]
-        # Cut wk3 off twice while the facts flow; it reconnects through the proxy.
+        # 1,000 facts/s each (>= 10 s of writing): on a quiet machine unlimited writers were
+        # done before the second cut, and a reconnected wk3 had nothing left to wait for.
+        writers = [cluster.write("w1", 10_000, 10, rate=1000), cluster.write("w2", 10_000, 25, rate=1000)]
+        # Cut wk3 off twice while the facts flow, each time once it follows again through the
+        # proxy (it reconnects with back-off) and has received 2,000 more facts.
         cut = 0
         for _ in range(2):
             deadline = time.monotonic() + 60
             start = len(cluster.facts("wk3"))
-            while len(cluster.facts("wk3")) < start + 2000 and time.monotonic() < deadline:
+            while ((len(cluster.facts("wk3")) < start + 2000 or not proxy.pairs)
+                   and time.monotonic() < deadline):
                 time.sleep(0.05)
             cut += proxy.cut()
         assert cut >= 2
