@@ -481,3 +481,69 @@ def test_arbitrary_bytes_only_ever_raise_remote_protocol_error(role, chunks, eof
     else:
         assert error is None
         assert events[-1] is (CLOSED if eof else NEED_DATA)
+
+
+# --- next_events: a chunk's commands at once (the worker's hot path) -----------------------
+
+
+def _outcomes_one_by_one(conn: ReplicationConnection) -> tuple[list[object], str | None]:
+    events: list[object] = []
+    try:
+        while (event := conn.next_event(0)) is not NEED_DATA and event is not CLOSED:
+            events.append(event)
+    except RemoteProtocolError as e:
+        return events, e.error_text
+    return events, None
+
+
+def _outcomes_batched(conn: ReplicationConnection) -> tuple[list[object], str | None]:
+    events: list[object] = []
+    try:
+        while batch := conn.next_events(0):
+            events.extend(batch)
+        conn.next_event(0)  # what is left to tell: NEED_DATA, CLOSED or the error
+    except RemoteProtocolError as e:
+        return events, e.error_text
+    return events, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["server", "client"]), _chunks, st.booleans())
+def test_next_events_gives_what_next_event_gives(role, chunks, eof):
+    """The same commands in the same order, and the same error after the last good one."""
+    one = ReplicationConnection(role, now=0, max_line_length=64)
+    many = ReplicationConnection(role, now=0, max_line_length=64)
+    seen_one: list[object] = []
+    seen_many: list[object] = []
+    for chunk in [*chunks, *([b""] if eof else [])]:
+        one.receive_data(chunk)
+        many.receive_data(chunk)
+        events, error_one = _outcomes_one_by_one(one)
+        seen_one += events
+        events, error_many = _outcomes_batched(many)
+        seen_many += events
+        assert seen_many == seen_one
+        assert error_many == error_one
+        if error_one is not None:
+            break
+
+
+def test_next_events_returns_the_commands_before_a_bad_line_then_raises():
+    conn = ReplicationConnection("client", now=0)
+    conn.receive_data(b"PING 1\nPOSITION events w1 1 2\nBOGUS x\nPING 2\n")
+    assert conn.next_events(7.0) == [PingCommand("1"), PositionCommand("events", "w1", 1, 2)]
+    assert conn.peer_sends_pings and conn.last_received == 7.0
+    with pytest.raises(RemoteProtocolError) as info:
+        conn.next_events(8.0)
+    assert "BOGUS" in info.value.error_text
+    assert conn.last_received == 7.0  # the bad line was not taken
+    with pytest.raises(RemoteProtocolError):
+        conn.next_event(9.0)  # sticky, as for next_event
+
+
+def test_next_events_refuses_what_the_peer_may_not_send():
+    conn = ReplicationConnection("server", now=0)
+    conn.receive_data(b"NAME w\nRDATA events m 1 []\n")
+    assert conn.next_events(0) == [NameCommand("w")]
+    with pytest.raises(RemoteProtocolError, match="invalid command: RDATA"):
+        conn.next_events(0)
