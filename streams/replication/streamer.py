@@ -24,6 +24,7 @@ from channels.layers import get_channel_layer
 from ..notifier import PositionAdvanced
 from ..registry import get_stream
 from .commands import PositionCommand, RdataCommand, encode_json
+from .layer_publish import GroupPublisher
 
 if TYPE_CHECKING:
     from ..runtime import StreamRuntime
@@ -85,6 +86,7 @@ class ReplicationStreamer:
         else:
             self._loop = loop
         self._wake = asyncio.Event()
+        self._group_publisher: GroupPublisher | None = None
         self._task = asyncio.run_coroutine_threadsafe(self._publish_loop(), self._loop)
         self._unsubscribe = runtime.notifier.subscribe(self._on_advance)
 
@@ -99,6 +101,8 @@ class ReplicationStreamer:
 
     async def _publish_loop(self) -> None:
         layer = self.layer or get_channel_layer()
+        # channels-redis's group_send without redis-py's client per message (layer_publish.py)
+        self._group_publisher = GroupPublisher.for_layer(layer, LINES_GROUP)
         if self._redis is not None:
             from .redis import SynapseRedisBridge
 
@@ -149,7 +153,10 @@ class ReplicationStreamer:
     async def _publish(self, layer: Any, message: dict[str, Any]) -> None:
         for attempt in range(5):
             try:
-                await layer.group_send(LINES_GROUP, message)
+                if self._group_publisher is not None:
+                    await self._group_publisher.send(message)
+                else:
+                    await layer.group_send(LINES_GROUP, message)
                 self.published_messages += 1
                 self.published_lines += message["count"]
                 return
@@ -187,6 +194,8 @@ class ReplicationStreamer:
             self._task.cancel()
             if self.bridge is not None:
                 await self.bridge.stop()
+            if self._group_publisher is not None:
+                await self._group_publisher.close()
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=SETTLE_TIMEOUT + 5)
