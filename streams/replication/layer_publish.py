@@ -52,10 +52,17 @@ class GroupPublisher:
             return None
         return cls(layer, channel.encode(), host["address"])
 
-    async def send(self, message: dict[str, Any]) -> None:
-        """``group_send(group, message)``: one PUBLISH, its reply awaited. Raises on failure
-        (the connection is dropped and opened again on the next send)."""
-        data = self._layer.serialize(message)
+    def serialize(self, message: dict[str, Any]) -> bytes:
+        """The bytes :meth:`send` publishes for ``message`` (thread-safe: a writer's thread
+        may prepare them)."""
+        return self._layer.serialize(message)
+
+    async def send(self, message: dict[str, Any], data: bytes | None = None) -> None:
+        """``group_send(group, message)``: one PUBLISH, its reply awaited. ``data``: the
+        message already serialized. Raises on failure (the connection is dropped and opened
+        again on the next send)."""
+        if data is None:
+            data = self._layer.serialize(message)
         try:
             if self._conn is None:
                 self._conn = await RespConnection.open(self._url, REPLY_TIMEOUT)

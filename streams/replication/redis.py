@@ -21,7 +21,7 @@ import logging
 from typing import Callable, Iterable
 
 from .commands import Command, PositionCommand, ReplicateCommand, UserIpCommand
-from .resp import MessageSniffer, RespConnection, RespError, pack_command
+from .resp import MessageSniffer, RespConnection, RespError, pack_command, pack_publish, pack_publish_to
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,13 @@ class SynapseRedisBridge:
             await self._publisher.close()
             self._publisher = None
 
+    def pack_lines(self, lines: Iterable[bytes]) -> bytes:
+        """``PUBLISH <server_name> <line>`` for each line, as :meth:`publish_batch` takes them
+        (pure: a writer's thread packs its batch before handing it over)."""
+        return pack_publish_to(self._channel, lines)
+
     async def publish_batch(self, stream: str, writer: str, prev: int, new: int,
-                            lines: list[str | bytes]) -> None:
+                            lines: list[str | bytes], packed: bytes | None = None) -> None:
         """Publish one writer's lines for ``(prev, ...]``, keeping subscribers gap-free.
 
         While we are not subscribed, lines are dropped ("discard and advance", as Synapse's
@@ -115,8 +120,15 @@ class SynapseRedisBridge:
             if key in self._stale or key not in self._announced:
                 # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
                 # not announced on this subscription (new, or its lines were lost) starts with one.
-                lines = [PositionCommand(stream, writer, prev, prev).to_line(), *lines]
-            if await self.publish_lines(lines, channel=self._channel):
+                first = PositionCommand(stream, writer, prev, prev).to_line()
+                if packed is not None:
+                    packed = self.pack_lines([first.encode()]) + packed
+                lines = [first, *lines]
+            if packed is not None:
+                published = await self.publish_packed(packed, len(lines))
+            else:
+                published = await self.publish_lines(lines, channel=self._channel)
+            if published:
                 self._stale.pop(key, None)
                 self._announced.add(key)
             else:
@@ -139,18 +151,23 @@ class SynapseRedisBridge:
                 items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
         if not items:
             return True
+        packed = pack_publish(items) if channel is None else pack_publish_to(channel, items)
+        return await self.publish_packed(packed, len(items))
+
+    async def publish_packed(self, packed: bytes, count: int) -> bool:
+        """:meth:`publish_lines` for ``count`` lines packed by :meth:`pack_lines`."""
         try:
             if self._publisher is None:
                 self._publisher = await RespConnection.open(self._url, REPLY_TIMEOUT)
-            await self._publisher.publish(items, timeout=REPLY_TIMEOUT, channel=channel)
-            self.published += len(items)
+            await self._publisher.publish_packed(packed, count, timeout=REPLY_TIMEOUT)
+            self.published += count
             return True
         except (RespError, OSError, TimeoutError) as e:
             if self._publisher is not None:
                 await self._publisher.close()
                 self._publisher = None
-            self.dropped += len(items)
-            logger.warning("could not publish %d line(s) on Redis: %s", len(items), e)
+            self.dropped += count
+            logger.warning("could not publish %d line(s) on Redis: %s", count, e)
             return False
 
     async def settle(self, timeout: float) -> bool:

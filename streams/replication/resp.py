@@ -209,7 +209,12 @@ class RespConnection:
     async def publish(self, items: list, timeout: float | None = None, channel: bytes | None = None) -> None:
         """PUBLISH every ``(channel, payload)`` (with ``channel``: every payload there), in
         order, as one write; wait for every reply."""
-        self.write(pack_publish(items) if channel is None else pack_publish_to(channel, items))
+        data = pack_publish(items) if channel is None else pack_publish_to(channel, items)
+        await self.publish_packed(data, len(items), timeout)
+
+    async def publish_packed(self, data: bytes, count: int, timeout: float | None = None) -> None:
+        """Write ``count`` PUBLISH commands already packed in ``data``; wait for every reply."""
+        self.write(data)
         try:
             await asyncio.wait_for(self._writer.drain(), timeout)
         except TimeoutError:
@@ -224,7 +229,7 @@ class RespConnection:
             replies += buf.count(b"\n")
             if not refused and (buf.startswith(b"-") or b"\n-" in buf):
                 refused = buf[:200]
-            if replies >= len(items):
+            if replies >= count:
                 break
             await self._fill(timeout)
         if refused:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
@@ -65,6 +66,33 @@ def build_lines(stream_name: str, writer: str, prev: int, new: int,
     return lines
 
 
+@dataclass
+class _Batch:
+    """One writer's lines for ``(prev, new]`` of one stream, ready to publish."""
+
+    message: dict[str, Any]  #: the channel-layer message (``data``: the lines, newline-ended)
+    lines: list[bytes]
+    layer_data: bytes | None = None  #: ``message`` serialized for the GroupPublisher
+    packed: bytes | None = None  #: PUBLISH commands of ``lines`` for the Synapse channel
+
+
+def _coalesce(batches: list[_Batch]) -> list[_Batch]:
+    """Consecutive batches of one (stream, writer) as one (the loop fell behind): fewer
+    messages, same lines, same order."""
+    out: list[_Batch] = []
+    for batch in batches:
+        last = out[-1] if out else None
+        m = batch.message
+        if last is None or (last.message["stream"], last.message["writer"]) != (m["stream"], m["writer"]):
+            out.append(batch)
+            continue
+        lm = last.message
+        merged = {**lm, "new": m["new"], "data": lm["data"] + m["data"], "count": lm["count"] + m["count"]}
+        packed = last.packed + batch.packed if last.packed is not None and batch.packed is not None else None
+        out[-1] = _Batch(merged, last.lines + batch.lines, None, packed)
+    return out
+
+
 class ReplicationStreamer:
     def __init__(self, runtime: "StreamRuntime", *, loop: asyncio.AbstractEventLoop | None = None,
                  layer: Any = None, redis_url: str | None = None, server_name: str | None = None) -> None:
@@ -75,7 +103,7 @@ class ReplicationStreamer:
         #: per (stream, writer): the wire token our published lines reach
         self.published_upto: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
-        self._queue: list[PositionAdvanced] = []
+        self._queue: list[_Batch] = []
         self._busy = False
         self.published_messages = 0
         self.published_lines = 0
@@ -95,8 +123,14 @@ class ReplicationStreamer:
         self._loop.run_forever()
 
     def _on_advance(self, advance: PositionAdvanced) -> None:
+        # On the writer's thread, under its generator's notify lock (so in order): the batch
+        # is formatted and serialized here, and the event loop's thread only writes it out.
+        # That thread shares the GIL with the writer, and whatever it runs while the writer's
+        # database answer arrives delays the writer: formatting here costs the writer less
+        # than being interrupted by it (docs/benchmarks.md, bench_cluster).
+        batch = self._prepare(advance)
         with self._lock:
-            self._queue.append(advance)
+            self._queue.append(batch)
         self._loop.call_soon_threadsafe(self._wake.set)
 
     async def _publish_loop(self) -> None:
@@ -113,48 +147,46 @@ class ReplicationStreamer:
             await self._wake.wait()
             self._wake.clear()
             with self._lock:
-                batch, self._queue = self._queue, []
-                self._busy = bool(batch)
+                queued, self._queue = self._queue, []
+                self._busy = bool(queued)
             try:
-                for message in self._messages(batch):
-                    await self._publish(layer, message)
+                for batch in _coalesce(queued):
+                    message = batch.message
+                    await self._publish(layer, message, batch.layer_data)
                     self.published_upto[(message["stream"], message["writer"])] = message["new"]
                     if self.bridge is not None:
                         await self.bridge.publish_batch(message["stream"], message["writer"], message["prev"],
-                                                        message["new"], message["data"].splitlines())
+                                                        message["new"], batch.lines, batch.packed)
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:
                 self._busy = False
 
-    def _messages(self, advances: list[PositionAdvanced]) -> list[dict[str, Any]]:
-        """One message per (stream, writer): consecutive advances merged, in order."""
-        merged: dict[tuple[str, str], list[int]] = {}
-        for adv in advances:
-            factor = -1 if get_stream(adv.stream_name).backwards else 1
-            prev, new = factor * adv.prev_token, factor * adv.new_token
-            span = merged.setdefault((adv.stream_name, adv.instance_name), [prev, new])
-            span[0], span[1] = min(span[0], prev), max(span[1], new)
-        messages = []
-        for (stream_name, writer), (prev, new) in merged.items():
-            spec = get_stream(stream_name)
-            factor = -1 if spec.backwards else 1
-            journal = self.runtime.writer(stream_name).journal
-            facts = journal.take(prev, new, factor) if journal is not None else []
-            wire_facts = [(factor * stream_id, rows) for stream_id, rows in facts]
-            lines = build_lines(stream_name, writer, prev, new, wire_facts)
-            messages.append({
-                "type": "replication.lines",
-                "stream": stream_name, "writer": writer, "prev": prev, "new": new,
-                "data": ("\n".join(lines) + "\n").encode(), "count": len(lines),
-            })
-        return messages
+    def _prepare(self, advance: PositionAdvanced) -> "_Batch":
+        """The lines of one advance of this writer, ready to publish: the channel-layer message
+        (serialized too, when it goes out through a GroupPublisher) and the Synapse channel's
+        PUBLISH commands (when the Redis bridge is up)."""
+        stream_name, writer = advance.stream_name, advance.instance_name
+        factor = -1 if get_stream(stream_name).backwards else 1
+        prev, new = factor * advance.prev_token, factor * advance.new_token
+        journal = self.runtime.writer(stream_name).journal
+        facts = journal.take(prev, new, factor) if journal is not None else []
+        wire_facts = [(factor * stream_id, rows) for stream_id, rows in facts]
+        lines = [line.encode() for line in build_lines(stream_name, writer, prev, new, wire_facts)]
+        message = {
+            "type": "replication.lines",
+            "stream": stream_name, "writer": writer, "prev": prev, "new": new,
+            "data": b"\n".join(lines) + b"\n", "count": len(lines),
+        }
+        publisher, bridge = self._group_publisher, self.bridge
+        return _Batch(message, lines, publisher.serialize(message) if publisher is not None else None,
+                      bridge.pack_lines(lines) if bridge is not None else None)
 
-    async def _publish(self, layer: Any, message: dict[str, Any]) -> None:
+    async def _publish(self, layer: Any, message: dict[str, Any], data: bytes | None = None) -> None:
         for attempt in range(5):
             try:
                 if self._group_publisher is not None:
-                    await self._group_publisher.send(message)
+                    await self._group_publisher.send(message, data)
                 else:
                     await layer.group_send(LINES_GROUP, message)
                 self.published_messages += 1

@@ -45,3 +45,33 @@ def test_multi_row_fact_and_trailing_position():
         'RDATA receipts w2 7 {"c":1}',
         "POSITION receipts w2 7 8",
     ]
+
+
+def _batch(stream, writer, prev, new, lines, packed=True):
+    from streams.replication.streamer import _Batch
+
+    data = b"".join(line + b"\n" for line in lines)
+    message = {"type": "replication.lines", "stream": stream, "writer": writer, "prev": prev, "new": new,
+               "data": data, "count": len(lines)}
+    return _Batch(message, list(lines), b"serialized", b"|".join(lines) + b"|" if packed else None)
+
+
+def test_coalesce_merges_consecutive_batches_of_one_writer_only():
+    """A loop that fell behind publishes fewer messages, with the same lines in the same order."""
+    from streams.replication.streamer import _coalesce
+
+    a = _batch("events", "w1", 1, 2, [b"RDATA events w1 2 [1]"])
+    b = _batch("events", "w1", 2, 4, [b"RDATA events w1 3 [2]", b"POSITION events w1 3 4"])
+    c = _batch("receipts", "w1", 7, 8, [b"RDATA receipts w1 8 [3]"])
+    d = _batch("events", "w1", 4, 5, [b"RDATA events w1 5 [4]"], packed=False)
+    out = _coalesce([a, b, c, d])
+    assert [(x.message["stream"], x.message["prev"], x.message["new"]) for x in out] == [
+        ("events", 1, 4), ("receipts", 7, 8), ("events", 4, 5)]
+    merged = out[0]
+    assert merged.lines == a.lines + b.lines
+    assert merged.message["data"] == a.message["data"] + b.message["data"]
+    assert merged.message["count"] == 3
+    assert merged.packed == a.packed + b.packed
+    assert merged.layer_data is None  # serialized again when sent: the message changed
+    assert out[1] is c and out[2] is d
+    assert _coalesce([]) == []
