@@ -109,11 +109,6 @@ class MultiWriterIdGenerator:
     def _complete(self, reservation: Reservation, ok: bool) -> None:
         self._positions.finish(reservation.stream_ids)
         position = self.get_current_token_for_writer(self.instance_name)
-        # Tell subscribers first: the replication streamer then formats and publishes while
-        # this thread waits for the database below, instead of competing with it for the GIL
-        # on the next transaction (the rows are committed; stream_positions is bookkeeping
-        # for restarts and readers, and never goes backwards).
-        self._publish()
         try:
             # Only a successful write records a position: it then points at a written row.
             self._store.complete(reservation, position if ok and self.writers is not None else None)
@@ -121,6 +116,7 @@ class MultiWriterIdGenerator:
             logger.exception(
                 "stream %s: could not record completion of %s", self.stream_name, reservation.stream_ids
             )
+        self._publish()
 
     def _publish(self) -> None:
         if self._notifier is None or not self.is_writer:
