@@ -8,9 +8,10 @@ publishes them as **one** channel-layer message on the cluster group
 ``replication.lines``. Every endpoint relays those messages to its connections.
 
 The rows come from the writer's :class:`~streams.writer.WireJournal` (what it just wrote),
-not from the database. Publishing runs on an event loop of its own thread (or on a given
-loop, for the in-memory layer of an endpoint process), so a writer's commit path only
-records the advance and moves on.
+not from the database. The batch is formatted (and serialized) on the writer's thread as the
+advance is announced; writing it to Redis runs on an event loop of the streamer's own thread
+(or on a given loop, for the in-memory layer of an endpoint process), so a writer's commit
+path never waits for Redis.
 """
 from __future__ import annotations
 
