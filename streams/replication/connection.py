@@ -135,26 +135,10 @@ class ReplicationConnection:
             raise RemoteProtocolError(self._error)
         lines = self._lines
         while lines:
-            raw = lines.popleft()
-            if len(raw) > self.max_line_length:
-                self._fail(_LINE_LENGTH_EXCEEDED)
-            if not raw.strip():
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                self._fail(_parse_error_text(e, raw), e)
-            try:
-                cmd = parse_line(line)
-            except RemoteProtocolError as e:
-                self._fail(e.error_text, e)
-            name = cmd.NAME
-            if name not in self._may_receive:
-                self._fail(f"invalid command: {name}")
-            self.last_received = now
-            if name == "PING":
-                self.peer_sends_pings = True
-            return cmd
+            cmd = self._command(lines.popleft())
+            if cmd is not None:
+                self.last_received = now
+                return cmd
         if self._partial_too_long:
             self._fail(_LINE_LENGTH_EXCEEDED)
         if self._eof:
@@ -170,40 +154,44 @@ class ReplicationConnection:
         :meth:`next_event` would have on reaching it. :data:`CLOSED` and :data:`NEED_DATA`
         are still :meth:`next_event`'s to tell.
         """
-        out: list[Command] = []
         if self._error is not None:
             raise RemoteProtocolError(self._error)
+        out: list[Command] = []
         lines = self._lines
-        limit = self.max_line_length
-        may_receive = self._may_receive
-        append = out.append
+        command = self._command
         try:
             while lines:
-                raw = lines.popleft()
-                if len(raw) > limit:
-                    self._fail(_LINE_LENGTH_EXCEEDED)
-                if not raw.strip():
-                    continue
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    self._fail(_parse_error_text(e, raw), e)
-                try:
-                    cmd = parse_line(line)
-                except RemoteProtocolError as e:
-                    self._fail(e.error_text, e)
-                name = cmd.NAME
-                if name not in may_receive:
-                    self._fail(f"invalid command: {name}")
-                if name == "PING":
-                    self.peer_sends_pings = True
-                append(cmd)
+                cmd = command(lines.popleft())
+                if cmd is not None:
+                    out.append(cmd)
         except RemoteProtocolError:
             if not out:
                 raise
         if out:
             self.last_received = now
         return out
+
+    def _command(self, raw: bytes) -> Command | None:
+        """The command of one received line (None for a blank line); a bad one fails the
+        connection (:meth:`_fail`)."""
+        if len(raw) > self.max_line_length:
+            self._fail(_LINE_LENGTH_EXCEEDED)
+        if not raw.strip():
+            return None
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self._fail(_parse_error_text(e, raw), e)
+        try:
+            cmd = parse_line(line)
+        except RemoteProtocolError as e:
+            self._fail(e.error_text, e)
+        name = cmd.NAME
+        if name not in self._may_receive:
+            self._fail(f"invalid command: {name}")
+        if name == "PING":
+            self.peer_sends_pings = True
+        return cmd
 
     def _fail(self, error_text: str, cause: BaseException | None = None) -> NoReturn:
         self._error = error_text

@@ -9,13 +9,19 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from streams.replication.layer_publish import GroupPublisher
 
 
+async def member_of(redis_url: str, group: str) -> tuple[RedisPubSubChannelLayer, str]:
+    """A channels-redis layer, as in an endpoint, with a channel in ``group``."""
+    layer = RedisPubSubChannelLayer(hosts=[{"address": redis_url, "protocol": 2}])
+    channel = await layer.new_channel()
+    await layer.group_add(group, channel)
+    return layer, channel
+
+
 def test_a_group_member_receives_what_group_send_would_deliver(redis_server):
     """The member is a channels-redis layer as in an endpoint; the bytes are the layer's own."""
     async def scenario():
-        layer = RedisPubSubChannelLayer(hosts=[{"address": redis_server.url, "protocol": 2}])
+        layer, channel = await member_of(redis_server.url, "replication.lines")
         try:
-            channel = await layer.new_channel()
-            await layer.group_add("replication.lines", channel)
             publisher = GroupPublisher.for_layer(layer, "replication.lines")
             assert publisher is not None
             assert publisher.channel == b"asgi__group__replication.lines"
@@ -39,10 +45,8 @@ def test_reconnects_after_redis_closed_the_connection(redis_server):
     import redis
 
     async def scenario():
-        layer = RedisPubSubChannelLayer(hosts=[{"address": redis_server.url, "protocol": 2}])
+        layer, channel = await member_of(redis_server.url, "g")
         try:
-            channel = await layer.new_channel()
-            await layer.group_add("g", channel)
             publisher = GroupPublisher.for_layer(layer, "g")
             await publisher.send({"type": "t", "n": 1})
             client = redis.Redis.from_url(redis_server.url)
