@@ -42,7 +42,7 @@ class Command(BaseCommand):
                             help="append '<stream ID> <Unix time>' per fact written to PATH")
         parser.add_argument("--concurrency", type=int, default=1, metavar="N",
                             help="transactions in flight at once: N threads, each on its own database "
-                                 "connection (PostgreSQL only; default 1; experimental, docs/streams.md)")
+                                 "connection (PostgreSQL only; default 1; docs/streams.md)")
 
     def handle(self, *args, stream: str, count: int, rate: float, per_txn: int, seed: int | None,
                no_progress: bool, stamps: str | None = None, concurrency: int = 1, **options) -> None:
