@@ -1,0 +1,147 @@
+"""CPU per fact of a TCP replication worker's receive path, against reading the same bytes.
+
+    .venv/bin/python benchmarks/bench_worker.py [--facts N] [--repeat R] [--quick]
+
+A sender process (plain sockets) listens on a free loopback port, answers the worker's
+handshake with ``SERVER`` and ``POSITION receipts w1 0 1``, then sends N ``RDATA receipts w1
+<token> <row>`` lines (a ~300-byte receipt row, the cluster benchmark's size) in one go.
+The worker is :class:`~streams.replication.worker.ReplicationWorker` in this process with a
+counting coroutine callback (what ``bench_cluster``'s count sink does); it is timed from
+connect until the callback has seen every fact.
+
+Baseline, same run: an asyncio client that connects, sends the same handshake and only
+counts newlines in what it reads (``StreamReader.read(65536)``): the cost of getting the
+bytes at all. Printed: facts/s and process CPU per fact of each, best of R runs.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SERVER_NAME = "bench.example"
+ROW = ["!room1:bench.example", "m.read", "@user123:bench.example", "$0123456789abcdef0123456789abcdef", None,
+       {"ts": 1_700_000_000_000, "pad": "x" * 190}]
+
+
+def _sender(ports, facts: int) -> None:
+    """Serve one connection: read the 3 handshake lines, send everything, wait to be closed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    ports.put(listener.getsockname()[1])
+    conn, _ = listener.accept()
+    reader = conn.makefile("rb")
+    for _ in range(3):
+        reader.readline()
+    body = json.dumps(ROW, separators=(",", ":"))
+    head = f"SERVER {SERVER_NAME}\nPOSITION receipts w1 0 1\n".encode()
+    conn.sendall(head + b"".join(f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2)))
+    try:
+        conn.recv(1)  # until the client goes away
+    except OSError:
+        pass
+
+
+def _serve(facts: int) -> tuple[mp.Process, int]:
+    ctx = mp.get_context("spawn")
+    ports = ctx.Queue()
+    proc = ctx.Process(target=_sender, args=(ports, facts), daemon=True)
+    proc.start()
+    return proc, ports.get(timeout=30)
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def _worker_run(port: int, facts: int) -> tuple[float, float]:
+    from streams.replication.worker import ReplicationWorker
+
+    got = 0
+    done = asyncio.Event()
+
+    async def on_facts(stream: str, writer: str, token: int, rows: list) -> None:
+        nonlocal got
+        got += 1
+        if got == facts:
+            done.set()
+
+    worker = ReplicationWorker(host="127.0.0.1", port=port, name="bench", server_name=SERVER_NAME,
+                               catchup_url="http://127.0.0.1:9", on_facts=on_facts, streams=["receipts"])
+    c0, t0 = _cpu(), time.perf_counter()
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(done.wait(), 300)
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
+    worker.stop()
+    await task
+    return elapsed, cpu
+
+
+async def _baseline_run(port: int, facts: int) -> tuple[float, float]:
+    c0, t0 = _cpu(), time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"NAME bench\nPING 1\nREPLICATE\n")
+    lines = 0
+    while lines < facts + 2:
+        data = await reader.read(65536)
+        if not data:
+            raise RuntimeError("sender closed early")
+        lines += data.count(b"\n")
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
+    writer.close()
+    return elapsed, cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--facts", type=int, default=None, help="facts per run (default 200000, --quick 50000)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs of each (default 3, --quick 1)")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    facts = args.facts or (50_000 if args.quick else 200_000)
+    repeat = args.repeat or (1 if args.quick else 3)
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
+    os.environ.pop("REDIS_URL", None)
+    import logging
+
+    import django
+
+    django.setup()
+    logging.getLogger("streams").setLevel(logging.WARNING)
+    from benchmarks._machine import cpu_description, load_average
+
+    print(f"machine: {cpu_description()}; load avg {load_average()}")
+    print(f"{facts:,} RDATA lines of {len(json.dumps(ROW, separators=(',', ':'))) + 25} bytes from a sender process "
+          f"in one go; worker: ReplicationWorker with a counting coroutine callback; baseline: read and count newlines")
+    best: dict[str, tuple[float, float]] = {}
+    for rep in range(repeat):
+        for kind, run in (("worker", _worker_run), ("baseline", _baseline_run)):
+            proc, port = _serve(facts)
+            elapsed, cpu = asyncio.run(run(port, facts))
+            proc.terminate()
+            proc.join(10)
+            rate = facts / elapsed
+            print(f"  run {rep + 1} {kind:<8} {rate:>10,.0f} facts/s; CPU {1e6 * cpu / facts:.2f} us/fact", flush=True)
+            if kind not in best or rate > best[kind][0]:
+                best[kind] = (rate, 1e6 * cpu / facts)
+    (w_rate, w_cpu), (b_rate, b_cpu) = best["worker"], best["baseline"]
+    print(f"best: worker {w_rate:,.0f} facts/s at {w_cpu:.2f} us/fact; reading the bytes alone {b_rate:,.0f} "
+          f"facts/s at {b_cpu:.2f} us/fact; the worker's own work {w_cpu - b_cpu:.2f} us/fact")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
