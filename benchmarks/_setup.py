@@ -103,3 +103,17 @@ def _database_exists(pg: PostgresServer, name: str) -> bool:
 
     with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
         return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+
+
+def run_size(doc: str | None, argv: list[str] | None, *, facts: int, quick_facts: int,
+             repeat: int = 3) -> tuple[int, int]:
+    """``--facts N --repeat R --quick`` as the small benchmarks take them: (facts, repeat)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--facts", type=int, default=None,
+                        help=f"facts per run (default {facts}, --quick {quick_facts})")
+    parser.add_argument("--repeat", type=int, default=None, help=f"runs of each kind (default {repeat}, --quick 1)")
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    args = parser.parse_args(argv)
+    return args.facts or (quick_facts if args.quick else facts), args.repeat or (1 if args.quick else repeat)

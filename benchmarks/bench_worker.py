@@ -15,7 +15,6 @@ bytes at all. Printed: facts/s and process CPU per fact of each, best of R runs.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -105,13 +104,9 @@ async def _baseline_run(port: int, facts: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--facts", type=int, default=None, help="facts per run (default 200000, --quick 50000)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs of each (default 3, --quick 1)")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    facts = args.facts or (50_000 if args.quick else 200_000)
-    repeat = args.repeat or (1 if args.quick else 3)
+    from benchmarks._setup import run_size
+
+    facts, repeat = run_size(__doc__, argv, facts=200_000, quick_facts=50_000)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     os.environ.pop("REDIS_URL", None)

@@ -18,7 +18,6 @@ writer's part of ``bench_cluster``'s end-to-end figure (docs/benchmarks.md).
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import sys
@@ -92,13 +91,9 @@ def _child(env: dict, facts: int, seed: int, results) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--facts", type=int, default=None, help="facts per run (default 60000, --quick 10000)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs of each kind (default 3, --quick 1)")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    facts = args.facts or (10_000 if args.quick else 60_000)
-    repeat = args.repeat or (1 if args.quick else 3)
+    from benchmarks._setup import run_size
+
+    facts, repeat = run_size(__doc__, argv, facts=60_000, quick_facts=10_000)
 
     from benchmarks._machine import cpu_description, load_average, server_versions
     from benchmarks._setup import migrated_database
