@@ -193,15 +193,9 @@ class StreamFollower:
     # --- commands --------------------------------------------------------------------------
 
     def on_rdata(self, cmd: RdataCommand) -> list[Decision]:
-        # _follows and _submit inlined: every fact a worker receives comes through here.
-        stream = cmd.stream_name
-        if cmd.instance_name == self.instance_name or stream not in self.streams:
-            self._follows(stream, cmd.instance_name)  # logs a stream not followed, once
+        if not self._follows(cmd.stream_name, cmd.instance_name):
             return []
-        if stream in self._catch_ups:
-            self._queues.setdefault(stream, deque()).append((self._epoch, cmd))
-            return []
-        return self._process_rdata(cmd)
+        return self._submit(cmd)
 
     def on_position(self, cmd: PositionCommand) -> list[Decision]:
         if not self._follows(cmd.stream_name, cmd.instance_name):
@@ -299,8 +293,8 @@ class StreamFollower:
         if cmd.token is None:
             self._batches.setdefault(key, []).append(cmd.row)
             return []
-        rows = self._batches.pop(key, []) + [cmd.row] if self._batches else [cmd.row]
-        if cmd.token <= self._tokens.get(key, self.default_token):
+        rows = self._batches.pop(key, []) + [cmd.row]
+        if cmd.token <= self.current_token(stream, writer):
             return []  # stale or duplicate (lesson §15 #8)
         self._tokens[key] = cmd.token
         return [Deliver(stream, writer, cmd.token, tuple(rows))]

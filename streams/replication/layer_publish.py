@@ -13,12 +13,9 @@ Only for a layer whose shard is a plain URL (``{"address": url}``, optionally
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from .resp import RespConnection
-
-logger = logging.getLogger(__name__)
 
 REPLY_TIMEOUT = 10.0
 _PLAIN_HOST_KEYS = {"address", "protocol"}

@@ -110,6 +110,7 @@ class SynapseRedisBridge:
         streamer does): we re-announce our positions when we subscribe again. After a batch
         of this writer was lost, the next one starts with ``POSITION s w prev prev``, so a
         subscriber that missed the lost lines notices and catches up before taking these.
+        ``packed``: ``lines`` already packed by :meth:`pack_lines` (else they are packed here).
         """
         key = (stream, writer)
         async with self._lock:
@@ -117,42 +118,34 @@ class SynapseRedisBridge:
                 self._stale[key] = max(new, self._stale.get(key, new))
                 self.dropped += len(lines)
                 return
+            if packed is None:
+                packed = self.pack_lines([line.encode() if isinstance(line, str) else line for line in lines])
+            count = len(lines)
             if key in self._stale or key not in self._announced:
                 # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
                 # not announced on this subscription (new, or its lines were lost) starts with one.
-                first = PositionCommand(stream, writer, prev, prev).to_line()
-                if packed is not None:
-                    packed = self.pack_lines([first.encode()]) + packed
-                lines = [first, *lines]
-            if packed is not None:
-                published = await self.publish_packed(packed, len(lines))
-            else:
-                published = await self.publish_lines(lines, channel=self._channel)
-            if published:
+                packed = self.pack_lines([PositionCommand(stream, writer, prev, prev).to_line().encode()]) + packed
+                count += 1
+            if await self.publish_packed(packed, count):
                 self._stale.pop(key, None)
                 self._announced.add(key)
             else:
                 self._stale[key] = max(new, self._stale.get(key, new))
 
-    async def publish_lines(self, lines: Iterable[str | bytes], channel: bytes | None = None) -> bool:
-        """PUBLISH each line (one write, in order); False if Redis could not take them.
+    async def publish_lines(self, lines: Iterable[str | bytes]) -> bool:
+        """PUBLISH each line on its own channel (``USER_IP`` has one of its own), in one write,
+        in order; False if Redis could not take them.
 
-        ``channel``: every line goes there (a writer's RDATA/POSITION batch: no line is
-        looked at); by default each line's own channel (``USER_IP`` has one of its own).
         Callers in this class hold ``_lock``; others must not interleave with a writer's
         batches (use it for lines that do not depend on what was published, e.g. USER_IP).
         """
-        items: list[tuple[bytes, bytes]] | list[bytes] = []
+        items = []
         for line in lines:
             data = line.encode() if isinstance(line, str) else line
-            if channel is not None:
-                items.append(data)
-            else:
-                items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
+            items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
         if not items:
             return True
-        packed = pack_publish(items) if channel is None else pack_publish_to(channel, items)
-        return await self.publish_packed(packed, len(items))
+        return await self.publish_packed(pack_publish(items), len(items))
 
     async def publish_packed(self, packed: bytes, count: int) -> bool:
         """:meth:`publish_lines` for ``count`` lines packed by :meth:`pack_lines`."""

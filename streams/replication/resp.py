@@ -206,11 +206,9 @@ class RespConnection:
         self.write(pack_command(*args))
         return await self.read_reply(timeout)
 
-    async def publish(self, items: list, timeout: float | None = None, channel: bytes | None = None) -> None:
-        """PUBLISH every ``(channel, payload)`` (with ``channel``: every payload there), in
-        order, as one write; wait for every reply."""
-        data = pack_publish(items) if channel is None else pack_publish_to(channel, items)
-        await self.publish_packed(data, len(items), timeout)
+    async def publish(self, items: list[tuple[bytes, bytes]], timeout: float | None = None) -> None:
+        """PUBLISH every ``(channel, payload)``, in order, as one write; wait for every reply."""
+        await self.publish_packed(pack_publish(items), len(items), timeout)
 
     async def publish_packed(self, data: bytes, count: int, timeout: float | None = None) -> None:
         """Write ``count`` PUBLISH commands already packed in ``data``; wait for every reply."""

@@ -416,12 +416,9 @@ class BaseReplicationWorker:
         Errors are logged here, never raised."""
         raise NotImplementedError
 
-    def _dispatch(self, cmd: Command) -> None:
-        """Feed one received command to the follower (RDATA and POSITION; others ignored)."""
-        self._dispatch_many((cmd,))
-
     def _dispatch_many(self, cmds: Sequence[Command]) -> None:
-        """Feed received commands to the follower, in order, and run its decisions."""
+        """Feed received commands to the follower, in order (RDATA and POSITION; others
+        ignored), and run its decisions."""
         follower = self.follower
         decisions: list[Decision] = []
         rdata = positions = 0
@@ -657,12 +654,13 @@ class ReplicationWorker(BaseReplicationWorker):
                     events: list[Command], accepted: bool) -> bool:
         """Act on received commands, in order; returns whether the server is accepted.
 
-        Runs of RDATA/POSITION go to the follower together (:meth:`_dispatch_many`).
+        Runs of commands other than SERVER, ERROR and PING go to the follower together
+        (:meth:`_dispatch_many`).
         """
         run: list[Command] = []
         for event in events:
             kind = type(event)
-            if kind is RdataCommand or kind is PositionCommand:
+            if kind is not ServerCommand and kind is not ErrorCommand and kind is not PingCommand:
                 run.append(event)
                 continue
             if run:
@@ -681,8 +679,6 @@ class ReplicationWorker(BaseReplicationWorker):
                             self.host, self.port, self.name)
             elif kind is ErrorCommand:
                 logger.warning("replication server reported an error: %s", event.data)
-            elif kind is not PingCommand:
-                self._dispatch(event)
         if run:
             self._dispatch_many(run)
         return accepted
