@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -50,7 +51,10 @@ def migrated_database(name: str, *, fast: bool = False, redis: bool = False, env
             _drop_database(pg, name)
             pg.create_database(name)
         url = pg.url(name)
-        variables = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings", **(env or {})}
+        # A full-mode web process refuses to start without a replication secret.
+        variables = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "synapse_repl.settings",
+                     "REPLICATION_SECRET": os.environ.get("REPLICATION_SECRET") or secrets.token_urlsafe(32),
+                     **(env or {})}
         if rs is not None:
             variables["REDIS_URL"] = rs.url
         else:

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {cpu_description()}; load average at start {load_before}")
         print(f"servers: redis {v['redis']}; {v['postgres']} (fsync={v['fsync']})")
         group = ProcessGroup(tmp)
-        group.env = {k: val for k, val in db.env.items() if k not in ("INSTANCE_NAME", "REPLICATION_SECRET")}
+        group.env = {k: val for k, val in db.env.items() if k != "INSTANCE_NAME"}
         endpoint_env = {"REPLICATION_MAX_CONNECTIONS_PER_ADDRESS": str(args.workers + 50)}
         if max_pending:
             endpoint_env["REPLICATION_MAX_PENDING_COMMANDS"] = str(max_pending)

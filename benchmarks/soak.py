@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import re
 import signal
 import socket
@@ -237,8 +238,9 @@ class SoakCluster(ProcessGroup):
         self.env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis.url, SERVER_NAME=SERVER_NAME,
                         STREAM_WRITERS=f"{STREAM}={','.join(WRITERS)}", POSITION_POLL_SECONDS="0.2",
                         PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="synapse_repl.settings")
-        for name in ("INSTANCE_NAME", "REPLICATION_SECRET"):
-            self.env.pop(name, None)
+        self.env.pop("INSTANCE_NAME", None)
+        # A full-mode web process refuses to start without a replication secret.
+        self.env.setdefault("REPLICATION_SECRET", secrets.token_urlsafe(32))
         self.peaks: dict[str, int] = {}
         #: (name, pid) -> [(seconds since the first sample of that pid, VmRSS KiB)]
         self.rss_samples: dict[tuple[str, int], list[tuple[float, int]]] = {}

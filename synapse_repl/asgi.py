@@ -1,5 +1,7 @@
 """ASGI entry point: HTTP through Django; WebSocket for the live dashboard and admin pages
-(session auth, same-origin only)."""
+(session auth, same-origin only). The root path is the operator's, never a client's
+(:class:`~synapse_repl.security.TrustedRootPath`), and without a ``REPLICATION_SECRET`` the
+application refuses to load: it would serve the replication endpoints to anybody."""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -11,9 +13,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from django.conf import settings  # noqa: E402
 
-application = ProtocolTypeRouter({
+from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from synapse_repl.security import TrustedRootPath, require_replication_secret  # noqa: E402
+
+require_replication_secret()
+
+application = TrustedRootPath(ProtocolTypeRouter({
     "http": django_asgi_app,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-})
+}), root_path=settings.WEB_ROOT_PATH)

@@ -1,9 +1,13 @@
 """Security settings that need more than one line (docs/security.md).
 
-* :func:`replication_secret`: ``REPLICATION_SECRET`` from the environment or, on the embedded
-  default, generated once into ``STATE_DIR`` (like the secret key), so that ``make run``, its
-  ``runreplication`` child and a ``replication_worker`` started from the same checkout share
-  it without anybody choosing one.
+* :func:`replication_secret`: ``REPLICATION_SECRET`` from the environment or, on SQLite (the
+  embedded default, whether ``DATABASE_URL`` is unset or names the file), generated once into
+  ``STATE_DIR`` (like the secret key), so that ``make run``, its ``runreplication`` child and a
+  ``replication_worker`` started from the same checkout share it without anybody choosing one.
+* :func:`require_replication_secret`: a process that would serve replication data without a
+  secret refuses to start, saying how to set one.
+* :class:`TrustedRootPath`: the ASGI ``root_path`` comes from configuration, never from a
+  client (daphne takes it from a ``Daphne-Root-Path`` request header).
 * :func:`celery_redis_ssl`: certificate checks for Celery on ``rediss://``.
 * :func:`check_replication_secret`: ``manage.py check --deploy`` warns when a full-mode
   cluster leaves the replication HTTP endpoints open.
@@ -24,9 +28,10 @@ REPLICATION_SECRET_FILE = "replication_secret"
 def replication_secret(environ: dict[str, str], state_dir: Path) -> str:
     """The secret every ``/_synapse/replication/`` request must carry ("" = none required).
 
-    Set explicitly: used as is. Unset on the embedded default (no ``DATABASE_URL``): read or
-    generated (mode 0600) at ``STATE_DIR/replication_secret``. Unset in full mode: none, as in
-    Synapse; ``check --deploy`` says so.
+    Set explicitly: used as is. Unset on SQLite (no ``DATABASE_URL``, or a ``sqlite:`` one):
+    read or generated (mode 0600) at ``STATE_DIR/replication_secret``. Unset in full mode
+    (PostgreSQL, processes on several hosts): none, and then the web process refuses to start
+    (:func:`require_replication_secret`) rather than serve streams to anybody.
     """
     value = environ.get("REPLICATION_SECRET", "")
     if value:
@@ -36,9 +41,45 @@ def replication_secret(environ: dict[str, str], state_dir: Path) -> str:
 
             raise ImproperlyConfigured("REPLICATION_SECRET must not contain commas or whitespace")
         return value
-    if environ.get("DATABASE_URL"):
+    database_url = environ.get("DATABASE_URL", "")
+    if database_url and not database_url.startswith("sqlite:"):
         return ""
     return load_or_create_secret_key(state_dir / REPLICATION_SECRET_FILE)
+
+
+HOW_TO_SET_A_SECRET = (
+    "REPLICATION_SECRET is not set: this process would serve every stream on "
+    "/_synapse/replication/ to anybody who reaches it. Set the same long random string in every "
+    "process of the cluster, e.g. export REPLICATION_SECRET=$(python3 -c "
+    "'import secrets; print(secrets.token_urlsafe(32))')"
+)
+
+
+def require_replication_secret() -> None:
+    """Raise ``ImproperlyConfigured`` (with how to fix it) when no secret is configured."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not getattr(settings, "REPLICATION_SECRET", ""):
+        raise ImproperlyConfigured(HOW_TO_SET_A_SECRET)
+
+
+class TrustedRootPath:
+    """ASGI middleware: every HTTP and WebSocket scope gets the configured ``root_path``.
+
+    Django strips ``root_path`` from the path before URL resolution, so a client able to set
+    it (daphne honours a ``Daphne-Root-Path`` request header) could make the path that checks
+    see differ from the one that routes. The value is the operator's (``WEB_ROOT_PATH``).
+    """
+
+    def __init__(self, app, root_path: str = "") -> None:
+        self.app = app
+        self.root_path = root_path
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and scope.get("root_path", "") != self.root_path:
+            scope = {**scope, "root_path": self.root_path}
+        return await self.app(scope, receive, send)
 
 
 def celery_redis_ssl(redis_url: str) -> dict | None:

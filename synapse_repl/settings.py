@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
@@ -184,8 +185,14 @@ DASHBOARD = {
 }
 
 # --- Security (docs/security.md) -------------------------------------------------------------
-# Required as "Authorization: Bearer <secret>" on /_synapse/replication/ ("" = not required).
+# Required as "Authorization: Bearer <secret>" on /_synapse/replication/; "" (full mode, unset):
+# the web process refuses to start (synapse_repl/security.py).
 REPLICATION_SECRET = replication_secret(os.environ, STATE_DIR)
+# The path prefix a reverse proxy serves the web UI under ("" = the root). Only ever from here:
+# a client's Daphne-Root-Path header is ignored (security.TrustedRootPath).
+WEB_ROOT_PATH = os.environ.get("WEB_ROOT_PATH", "").rstrip("/")
+if WEB_ROOT_PATH and not WEB_ROOT_PATH.startswith("/"):
+    raise ImproperlyConfigured(f"WEB_ROOT_PATH={WEB_ROOT_PATH!r}: expected a path such as /synapse_repl")
 # The /api/ app caps its page sizes (?limit=) at this many items.
 API_MAX_LIMIT = _env_number("API_MAX_LIMIT", 1000)
 AUTHENTICATION_BACKENDS = ["synapse_repl.login_throttle.ThrottledModelBackend"]

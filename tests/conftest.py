@@ -15,6 +15,14 @@ import pytest
 from synapse_repl.services import MissingBinary, PostgresServer, RedisServer
 
 
+def pytest_configure(config):
+    """Processes a test starts (web, endpoints, workers) share this process's
+    ``REPLICATION_SECRET``: a full-mode web process refuses to start without one."""
+    from django.conf import settings
+
+    os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
+
+
 def _started(server):
     try:
         return server.start()

@@ -1,6 +1,12 @@
 """``REPLICATION_SECRET``: who may call the ``/_synapse/replication/`` HTTP endpoints
 (docs/security.md).
 
+The check lives on the views themselves (:func:`replication_secret_required`), so no way of
+dressing a path can reach a view around it; the middleware is a second fence that also
+answers 401 for unknown URLs under the prefix, so nothing is learnt without the secret. It
+looks at ``path_info``, the path URL resolution uses, never at ``path`` (which carries the
+ASGI ``root_path``). A process with no secret configured serves no replication data at all.
+
 Stream data includes private events, to-device messages and account data, so when a secret
 is configured every request under the prefix must carry exactly one
 ``Authorization: Bearer <secret>`` header, as with Synapse's ``worker_replication_secret``:
@@ -9,7 +15,10 @@ missing → 401 ``M_MISSING_TOKEN``; more than one, another scheme or another se
 """
 from __future__ import annotations
 
+import functools
 import hmac
+from typing import Any, Callable
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
@@ -48,14 +57,38 @@ def _authorization_values(request: HttpRequest) -> list[str]:
     return [part.strip() for part in raw.split(",")]
 
 
+NO_SECRET_MESSAGE = ("REPLICATION_SECRET is not set on this process, so it serves no replication "
+                     "data: set REPLICATION_SECRET to the same long random string in every process "
+                     "of the cluster")
+
+
+def refusal(request: HttpRequest) -> JsonResponse | None:
+    """``None`` if ``request`` carries this process's secret, else the answer that refuses it."""
+    secret = getattr(settings, "REPLICATION_SECRET", "")
+    if not secret:
+        return JsonResponse({"errcode": "M_UNKNOWN", "error": NO_SECRET_MESSAGE}, status=503)
+    return check_authorization(_authorization_values(request), secret)
+
+
+def replication_secret_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Every replication view is wrapped in this: the secret is checked where the data is."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        refused = refusal(request)
+        return refused if refused is not None else view(request, *args, **kwargs)
+
+    wrapper.requires_replication_secret = True  # type: ignore[attr-defined]  (checked by a test)
+    return wrapper
+
+
 class ReplicationSecretMiddleware(MiddlewareMixin):
-    """Refuses ``/_synapse/replication/`` requests without the secret, when one is set.
+    """Refuses requests under ``/_synapse/replication/`` without the secret, known URL or not.
 
     (``MiddlewareMixin``: runs on the async path too, without a thread hop.)
     """
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
-        secret = getattr(settings, "REPLICATION_SECRET", "")
-        if secret and request.path.startswith(PREFIX):
-            return check_authorization(_authorization_values(request), secret)
+        if request.path_info.startswith(PREFIX):
+            return refusal(request)
         return None

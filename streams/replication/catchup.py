@@ -18,12 +18,14 @@ from ..conf import instance_name as this_instance
 from ..conf import repl_setting
 from ..registry import STREAMS
 from ..updates import TARGET_ROW_COUNT, get_updates_since
+from .auth import replication_secret_required
 
 
 def _error(message: str) -> JsonResponse:
     return JsonResponse({"errcode": "M_INVALID_PARAM", "error": message}, status=400)
 
 
+@replication_secret_required
 @require_GET
 def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str | None = None) -> JsonResponse:
     spec = STREAMS.get(stream_name)

@@ -40,6 +40,34 @@ def test_replication_secret_from_the_environment_or_none_in_full_mode(tmp_path):
     assert not (tmp_path / "replication_secret").exists()
 
 
+def test_replication_secret_generated_for_an_explicit_sqlite_url(tmp_path):
+    """DATABASE_URL=sqlite:///... is the embedded default too: a secret is generated, never none."""
+    got = settings_in_subprocess({"STATE_DIR": str(tmp_path), "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"},
+                                 "settings.REPLICATION_SECRET")
+    assert got == repr((tmp_path / "replication_secret").read_text()) and len(got) > 50
+
+
+def test_a_web_process_without_a_secret_refuses_to_start(tmp_path):
+    """Full mode with no REPLICATION_SECRET: the ASGI application (what daphne serves) and
+    runservice refuse to start and say how to set one."""
+    env = {"PATH": os.environ["PATH"], "STATE_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "synapse_repl.settings",
+           "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
+    asgi = subprocess.run([sys.executable, "-c", "import synapse_repl.asgi"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert asgi.returncode != 0
+    assert "REPLICATION_SECRET is not set" in asgi.stderr and "export REPLICATION_SECRET=" in asgi.stderr
+    service = subprocess.run([sys.executable, "manage.py", "runservice"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert service.returncode != 0
+    assert service.stderr.strip().count("\n") == 0, service.stderr  # one line, no traceback
+    assert "REPLICATION_SECRET is not set" in service.stderr
+    # With a secret the same application loads.
+    ok = subprocess.run([sys.executable, "-c", "import synapse_repl.asgi"], cwd=ROOT,
+                        env={**env, "REPLICATION_SECRET": "a-long-enough-secret-for-this-test-0123456789"},
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_secret_with_a_comma_is_refused(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as e:
         settings_in_subprocess({"STATE_DIR": str(tmp_path), "REPLICATION_SECRET": "a,b"}, "1")
@@ -129,7 +157,7 @@ def test_check_deploy_is_clean_in_the_production_profile(tmp_path):
     assert dev.returncode != 0 and "SESSION_COOKIE_SECURE" in dev.stderr
     # ... nor is a full-mode cluster that leaves the replication endpoints open.
     open_cluster = _manage({"STATE_DIR": str(tmp_path), "DJANGO_PROFILE": "production",
-                            "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"},
+                            "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"},
                            "check", "--deploy", "--fail-level", "WARNING")
     assert open_cluster.returncode != 0 and "synapse_repl.W001" in open_cluster.stderr
 

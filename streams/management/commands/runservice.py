@@ -33,6 +33,10 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         from daphne.cli import CommandLineInterface
 
+        from synapse_repl.security import HOW_TO_SET_A_SECRET
+
+        if not settings.REPLICATION_SECRET:
+            raise CommandError(HOW_TO_SET_A_SECRET)
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         from dashboard.management.commands.demo import embedded_default

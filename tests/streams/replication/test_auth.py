@@ -1,4 +1,5 @@
 """REPLICATION_SECRET on /_synapse/replication/ (streams/replication/auth.py)."""
+import json
 import random
 
 import pytest
@@ -83,3 +84,135 @@ def test_worker_client_sends_the_secret(live_server, secret):
         fetch_catch_up_page(live_server.url, "receipts", "master", 0, ids[-1])
     with pytest.raises(CatchUpError, match="HTTP 403"):
         fetch_catch_up_page(live_server.url, "receipts", "master", 0, ids[-1], secret="nope")
+
+
+# --- a14.1: the secret cannot be dressed around --------------------------------------------------
+
+
+def test_every_replication_route_checks_the_secret_at_the_view():
+    """Every URL pattern under _synapse/ resolves to a view wrapped in the secret check, so a
+    path that reaches the view by any route meets the check (not only a path-prefix test)."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    def walk(patterns, prefix=""):
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                yield from walk(p.url_patterns, prefix + str(p.pattern))
+            elif isinstance(p, URLPattern):
+                yield prefix + str(p.pattern), p.callback
+
+    replication = [(route, view) for route, view in walk(get_resolver().url_patterns)
+                   if route.lstrip("^").startswith("_synapse")]
+    assert len(replication) >= 2  # the catch-up view, with and without a txn_id segment
+    for route, view in replication:
+        assert getattr(view, "requires_replication_secret", False), route
+
+
+@pytest.mark.django_db
+def test_the_view_refuses_even_where_the_middleware_does_not_look(rf, secret):
+    """Called directly (as a request whose path no prefix test would match reaches it)."""
+    from streams.replication.catchup import get_repl_stream_updates
+
+    request = rf.get("/anything/else/", QUERY)
+    response = get_repl_stream_updates(request, "receipts")
+    assert response.status_code == 401
+    request = rf.get("/anything/else/", QUERY, headers={"Authorization": f"Bearer {SECRET}"})
+    assert get_repl_stream_updates(request, "receipts").status_code == 200
+
+
+@pytest.mark.django_db
+def test_no_secret_configured_serves_nothing(client, settings):
+    settings.REPLICATION_SECRET = ""
+    response = client.get(URL, QUERY)
+    assert response.status_code == 503 and "REPLICATION_SECRET is not set" in response.json()["error"]
+    response = client.get(URL.rstrip("/") + "/txn1", QUERY)
+    assert response.status_code == 503
+
+
+@pytest.fixture(scope="module")
+def real_daphne(tmp_path_factory):
+    """The web process as deployed (daphne, the embedded default), with facts in to_device and
+    receipts, so a bypass would show rows."""
+    import os
+    import subprocess
+    import sys
+
+    from synapse_repl.processes import ROOT, wait_port
+    from synapse_repl.services import free_port
+
+    tmp = tmp_path_factory.mktemp("daphne_auth")
+    env = {"PATH": os.environ["PATH"], "STATE_DIR": str(tmp), "DEMO": "0", "PYTHONUNBUFFERED": "1",
+           "DJANGO_SETTINGS_MODULE": "synapse_repl.settings"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
+                   check=True, timeout=300)
+    for stream in ("receipts", "to_device"):
+        subprocess.run([sys.executable, "manage.py", "write_facts", stream, "--count", "3", "--no-progress"],
+                       cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
+    port = free_port()
+    log = tmp / "daphne.log"
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "synapse_repl.asgi:application"], cwd=ROOT, env=env,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, proc, log, timeout=60)
+        yield port, (tmp / "replication_secret").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _raw_get(port: int, target: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    """A GET with the request target sent byte for byte (no client-side normalisation)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    conn.putrequest("GET", target, skip_host=False, skip_accept_encoding=True)
+    for name, value in headers.items():
+        conn.putheader(name, value)
+    conn.endheaders()
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+TOKENS = "?instance_name=master&from_token=0&upto_token=100"
+DRESSED = [
+    # (request target, extra headers): every way a path to the catch-up data can be dressed
+    ("/x/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {"Daphne-Root-Path": "/x"}),
+    ("/x/_synapse/replication/get_repl_stream_updates/to_device/txn1" + TOKENS, {"Daphne-Root-Path": "/x"}),
+    ("/%78/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {"Daphne-Root-Path": "/%78"}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {"Daphne-Root-Path": "/_synapse"}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device/txn1" + TOKENS, {}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device/txn1/" + TOKENS, {}),
+    ("/_synapse/replication%2Fget_repl_stream_updates%2Fto_device%2F" + TOKENS, {}),
+    ("/_synapse%2Freplication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device%2Ftxn1" + TOKENS, {}),
+    ("//_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/_synapse//replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/_synapse/replication//get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/./_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/x/../_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/%5F%73ynapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/_synapse/replication/get_repl_stream_updates/receipts/" + TOKENS, {"X-Script-Name": "/x"}),
+]
+
+
+@pytest.mark.parametrize("target, headers", DRESSED)
+def test_no_dressing_of_the_path_reads_a_stream_without_the_secret(real_daphne, target, headers):
+    port, _secret = real_daphne
+    status, body = _raw_get(port, target, headers)
+    assert status != 200 and b"updates" not in body, (status, body[:200])
+
+
+def test_the_real_web_process_serves_with_the_secret_and_ignores_a_client_root_path(real_daphne):
+    """The same server answers 200 with rows when the secret is sent (so the test above can
+    fail), and a client's Daphne-Root-Path never changes what a path means."""
+    port, secret = real_daphne
+    auth = {"Authorization": f"Bearer {secret}"}
+    for target in ("/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS,
+                   "/_synapse/replication/get_repl_stream_updates/to_device/txn-a" + TOKENS):
+        status, body = _raw_get(port, target, auth)
+        assert status == 200 and len(json.loads(body)["updates"]) == 3, body
+    status, _ = _raw_get(port, "/x/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS,
+                         {**auth, "Daphne-Root-Path": "/x"})
+    assert status == 404
