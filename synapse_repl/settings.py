@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
 from .security import celery_redis_ssl, replication_secret
+from .startup import database_url_problem, redis_url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
@@ -80,6 +81,8 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
+if database_url_problem(DATABASE_URL):  # one line naming the fix (manage.py), not a traceback
+    raise ImproperlyConfigured(database_url_problem(DATABASE_URL))
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # One writer at a time (like Synapse on SQLite): take the write lock at BEGIN so two
@@ -94,6 +97,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels -------------------------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL and redis_url_problem(REDIS_URL):
+    raise ImproperlyConfigured(redis_url_problem(REDIS_URL))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from synapse_repl.startup import check_startable
+
 
 class Command(BaseCommand):
     help = "Run a batch job (topological_ordering, check_topological_ordering, ...) in this process."
@@ -20,6 +22,8 @@ class Command(BaseCommand):
         load_jobs()
         if job not in JOBS:
             raise CommandError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
+        # Here, Spark starts a JVM in this process; via Celery, the worker's host needs one.
+        check_startable(database=True, redis=via_celery, java=not via_celery)
         if via_celery:
             from streams.tasks import run_job_task
 
