@@ -1,6 +1,7 @@
 """``manage.py run_job JOB [--rooms ROOM ...]``: run a batch job here and now."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from synapse_repl.startup import check_startable
@@ -22,8 +23,10 @@ class Command(BaseCommand):
         load_jobs()
         if job not in JOBS:
             raise CommandError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
-        # Here, Spark starts a JVM in this process; via Celery, the worker's host needs one.
-        check_startable(database=True, redis=via_celery, java=not via_celery)
+        # Spark starts a JVM in the process that runs the job: this one, unless Celery has a
+        # broker (without REDIS_URL, Celery runs the task eagerly, here).
+        here = not (via_celery and settings.REDIS_URL)
+        check_startable(database=True, redis=via_celery, java=here)
         if via_celery:
             from streams.tasks import run_job_task
 
