@@ -76,3 +76,20 @@ def test_test_lock_agrees_with_runtime_lock():
     shared = set(runtime) & set(test)
     assert shared  # (twisted, attrs...: daphne's and Synapse's common ground)
     assert {n: runtime[n] for n in shared} == {n: test[n] for n in shared}
+
+
+def make_dry_run(target: str, tmp_path: Path) -> list[str]:
+    """The pip commands ``make TARGET`` would run for a venv that does not exist yet."""
+    import subprocess
+
+    done = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return [line for line in done.stdout.splitlines() if " pip install " in line]
+
+
+def test_make_run_installs_only_the_runtime_lock_and_make_test_adds_the_test_lock(tmp_path):
+    run, test = make_dry_run("run", tmp_path), make_dry_run("test", tmp_path)
+    assert [line.split()[-1] for line in run] == ["requirements.txt"]
+    assert [line.split()[-1] for line in test] == ["requirements.txt", "requirements-test.txt"]
+    for line in run + test:
+        assert "--require-hashes" in line and "--quiet" not in line and " -q" not in line  # progress shown
