@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from synapse_repl.services import free_port
 
 SYNAPSE_VERSION = "1.163.2"
@@ -106,6 +104,7 @@ class SynapseHomeserver:
         """Create the database and write the config (once)."""
         check_installed()
         import psycopg
+        import yaml  # PyYAML: a dependency of Synapse's
 
         if not self.directory:
             self.directory = tempfile.mkdtemp(prefix="synapse_homeserver_")
@@ -158,6 +157,9 @@ class SynapseHomeserver:
         logging_config = yaml.safe_load(log_config.read_text())
         logging_config.setdefault("handlers", {}).setdefault("file", {})["filename"] = str(self.log_path)
         logging_config.setdefault("loggers", {})["synapse.replication"] = {"level": "DEBUG"}
+        # Unbuffered: the generated config holds lines in memory for up to 5 s, and the tests
+        # read the access log (catch-up requests) as they go.
+        logging_config.setdefault("root", {})["handlers"] = ["file"]
         log_config.write_text(yaml.safe_dump(logging_config))
         return self
 

@@ -298,7 +298,9 @@ def test_worker_started_after_the_traffic(synapse, users, worker_factory):
     worker = worker_factory("after", ["--catchup-url", f"http://127.0.0.1:{free_port()}",
                                       "--instance-url", f"master={synapse.replication_url}"]).start()
     wait_for_every_event(worker, synapse)
-    assert len(catch_up_txn_ids(synapse)) > txn_ids_before, "the history came through catch-up"
+    # Synapse logs a request once its answer is sent: maybe just after the worker has it.
+    wait_for(lambda: len(catch_up_txn_ids(synapse)) > txn_ids_before,
+             "Synapse's access log to show the catch-up requests that brought the history", worker)
     did = traffic(users, "after-2")
     wait_for_every_event(worker, synapse)
     wait_for_the_other_streams(worker, synapse, did)
