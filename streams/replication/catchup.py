@@ -28,7 +28,7 @@ from .auth import replication_secret_required
 from .txn_cache import TxnResponseCache
 
 #: This process's answers by transaction ID (JSON bytes: never mutated once kept).
-RESPONSES: TxnResponseCache[bytes] = TxnResponseCache()
+RESPONSES = TxnResponseCache()
 
 
 def _error(message: str) -> JsonResponse:

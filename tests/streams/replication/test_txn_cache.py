@@ -23,9 +23,30 @@ def test_the_first_answer_is_kept_until_the_timeout():
     assert cache.add("a", b"third") == b"third"
 
 
-def test_bounded_oldest_first():
+def test_bounded_in_count_oldest_first():
     cache = TxnResponseCache(max_entries=3, clock=Clock())
     for i in range(5):
-        cache.add(str(i), i)
+        cache.add(str(i), b"%d" % i)
     assert len(cache) == 3
-    assert [cache.get(str(i)) for i in range(5)] == [None, None, 2, 3, 4]
+    assert [cache.get(str(i)) for i in range(5)] == [None, None, b"2", b"3", b"4"]
+
+
+def test_bounded_in_bytes():
+    cache = TxnResponseCache(max_bytes=10, clock=Clock())
+    cache.add("a", b"x" * 4)
+    cache.add("b", b"y" * 4)
+    assert cache.size_bytes == 8
+    cache.add("c", b"z" * 4)  # 12 bytes: the oldest goes
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (None, b"yyyy", b"zzzz")
+    assert cache.size_bytes == 8
+    # Larger than the whole budget: given back, not kept, and nothing else is dropped for it.
+    assert cache.add("d", b"w" * 11) == b"w" * 11
+    assert cache.get("d") is None and cache.get("b") == b"yyyy" and cache.size_bytes == 8
+
+
+def test_expiry_gives_the_bytes_back():
+    clock = Clock()
+    cache = TxnResponseCache(timeout=10, clock=clock)
+    cache.add("a", b"12345")
+    clock.now += 10
+    assert cache.get("a") is None and cache.size_bytes == 0
