@@ -23,8 +23,10 @@ Both feed the follower the same way, and run the decisions it returns:
   to the Django cache, then calls ``on_facts(stream, writer, token, rows)``. A slow callback
   only holds up its own stream; the reading loop, and so PING handling, never waits for it.
 * ``FetchCatchUp`` becomes a task that GETs one page of the catch-up endpoint (§10.2; stdlib
-  ``urllib`` in a thread) and hands the result back to the follower, which answers with the
-  rows to deliver and the next page, the end, or a retry after a back-off delay.
+  ``urllib`` in a thread) -- the writer's own (``instance_urls``) or ``catchup_url``, with a
+  fresh transaction ID each time, as Synapse's form requires -- and hands the result back to
+  the follower, which answers with the rows to deliver and the next page, the end, or a retry
+  after a back-off delay.
 
 The follower guarantees the order of decisions (one catch-up in flight per stream, that
 stream's commands parked behind it); each lane keeps that order to the callback. A lost
