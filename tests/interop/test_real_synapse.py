@@ -134,7 +134,9 @@ class WorkerProcess:
         self.proc.wait()
 
     def stop(self) -> None:
-        """SIGTERM; the worker must exit cleanly."""
+        """SIGTERM; the worker must exit cleanly, having parsed every line Synapse published
+        (LOCK_RELEASED and the commands of streams we do not have included)."""
+        assert "malformed" not in self.log_text(), self.log_text()[-3000:]
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
