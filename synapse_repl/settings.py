@@ -175,6 +175,9 @@ SYNAPSE_REPL = {
     "REPLICATION_SEND_BUFFER_BYTES": _env_number("REPLICATION_SEND_BUFFER_BYTES", 0),
     "REPLICATION_CATCHUP_MAX_RANGE": _env_number("REPLICATION_CATCHUP_MAX_RANGE", 1_000_000),
     "REPLICATION_CATCHUP_MAX_LIMIT": _env_number("REPLICATION_CATCHUP_MAX_LIMIT", 1000),
+    # "w1=http://10.0.0.1:8000,w2=http://...": where a worker fetches each writer's catch-up
+    # (Synapse's instance_map); writers not named: the worker's --catchup-url.
+    "REPLICATION_INSTANCE_MAP": os.environ.get("REPLICATION_INSTANCE_MAP", ""),
 }
 
 # --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------
