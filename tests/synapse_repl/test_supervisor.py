@@ -1,0 +1,47 @@
+"""runservice's supervision of its children (synapse_repl/supervisor.py): restart with
+back-off, give up (and stop the service, with the reason in one line) when a child cannot
+start. The policy is pure; the supervisor runs real processes."""
+from __future__ import annotations
+
+import sys
+import threading
+
+from synapse_repl.supervisor import GiveUp, Restart, RestartPolicy, Supervisor
+
+
+def test_back_off_doubles_and_starts_over_after_a_healthy_run():
+    p = RestartPolicy(first_delay=1, max_delay=4, healthy_after=60, quick_exit=5, max_quick_exits=3)
+    assert p.exited("demo", -9, 100.0) == Restart(1)
+    assert p.exited("demo", -9, 10.0) == Restart(2)
+    assert p.exited("demo", -9, 10.0) == Restart(4)
+    assert p.exited("demo", -9, 10.0) == Restart(4)  # capped
+    assert p.exited("demo", -9, 61.0) == Restart(1)  # it ran: start over
+
+
+def test_gives_up_on_a_child_that_keeps_dying_at_start():
+    p = RestartPolicy(quick_exit=5, max_quick_exits=3)
+    assert isinstance(p.exited("celery worker", 1, 0.5), Restart)
+    assert isinstance(p.exited("celery worker", 1, 0.5), Restart)
+    decision = p.exited("celery worker", 1, 0.5, "Error: cannot reach Redis")
+    assert isinstance(decision, GiveUp)
+    assert decision.reason == ("celery worker could not start (3 exits in a row within 5 s, last status 1): "
+                               "Error: cannot reach Redis")
+    assert "\n" not in decision.reason
+
+
+def test_a_child_that_cannot_start_stops_the_service_with_its_last_line():
+    fatal: list[str] = []
+    stopped = threading.Event()
+    out: list[str] = []
+    sup = Supervisor(on_fatal=lambda reason: (fatal.append(reason), stopped.set()), poll=0.05,
+                     out=out.append)
+    code = "import sys; print('Traceback...', file=sys.stderr); sys.exit('port 9 is in use')"
+    sup.add("broken", [sys.executable, "-c", code],
+            policy=RestartPolicy(first_delay=0.05, quick_exit=5, max_quick_exits=2))
+    sup.start()
+    try:
+        assert stopped.wait(30)
+    finally:
+        sup.stop()
+    assert fatal == ["broken could not start (2 exits in a row within 5 s, last status 1): port 9 is in use"]
+    assert any("broken (pid" in line and "restarting in 0.05 s" in line for line in out)
