@@ -40,6 +40,7 @@ class Command(BaseCommand):
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         from dashboard.management.commands.demo import embedded_default
 
+        check_port_free(host, port, "WEB_LISTEN")  # before anything starts: one line, nothing left running
         # The TCP endpoint runs in this process, on daphne's event loop: one in-memory channel
         # layer for what the service writes; other local processes' facts it reads from the
         # database (streams/replication/local_scan.py).
@@ -65,7 +66,11 @@ class Command(BaseCommand):
             # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
             proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
             cli = _DaphneCLI()
-            cli.run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
+            try:
+                cli.run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
+            except SystemExit:  # daphne exits 1 when it could not start: say why below
+                if not getattr(cli.server, "listen_failure", None):
+                    raise
             failure = getattr(cli.server, "listen_failure", None)
             if failure:
                 fatal.append(f"cannot listen on WEB_LISTEN={host}:{port}: {failure}; "
@@ -74,6 +79,19 @@ class Command(BaseCommand):
             supervisor.stop()
         if fatal:
             raise CommandError(f"stopped: {fatal[0]}")
+
+
+def check_port_free(host: str, port: int, name: str) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise CommandError(f"cannot listen on {name}={host}:{port}: {e.strerror or e}; "
+                               f"stop what holds the port or set {name}") from None
 
 
 def start_endpoint_in_process(host: str, port: int) -> None:

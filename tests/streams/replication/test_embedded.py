@@ -164,11 +164,12 @@ def test_other_processes_facts_reach_modern_and_legacy_workers_as_rdata(embedded
             assert {t for t in expected[stream] if t <= token} <= set(tokens[:seen]), (stream, token)
 
 
-def test_replication_port_in_use_stops_the_service_in_one_line(tmp_path):
+@pytest.mark.parametrize("taken", ["REPLICATION_LISTEN", "WEB_LISTEN"])
+def test_a_port_in_use_stops_the_service_in_one_line(tmp_path, taken):
     env = embedded_env(tmp_path)
     assert manage(env, "migrate", "--noinput").returncode == 0
     holder = socket.socket()
-    holder.bind(("127.0.0.1", port_of(env["REPLICATION_LISTEN"])))
+    holder.bind(("127.0.0.1", port_of(env[taken])))
     holder.listen()
     try:
         result = manage(env, "runservice", timeout=60)
@@ -177,10 +178,11 @@ def test_replication_port_in_use_stops_the_service_in_one_line(tmp_path):
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert env["REPLICATION_LISTEN"] in lines[0] and "REPLICATION_LISTEN" in lines[0]
-    # ... and nothing was left serving the web UI without an endpoint.
+    assert f"{taken}={env[taken]}" in lines[0] and "in use" in lines[0]
+    # ... and nothing was left serving (the web UI without an endpoint, or the reverse).
+    other = "WEB_LISTEN" if taken == "REPLICATION_LISTEN" else "REPLICATION_LISTEN"
     with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", port_of(env["WEB_LISTEN"])), timeout=1).close()
+        socket.create_connection(("127.0.0.1", port_of(env[other])), timeout=1).close()
 
 
 def test_a_killed_child_is_restarted(tmp_path):
