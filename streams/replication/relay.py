@@ -142,13 +142,14 @@ class ReplicationRelay:
                 logger.exception("relay: bad line batch %r", {k: v for k, v in message.items() if k != "data"})
 
     async def on_lines(self, message: dict[str, Any]) -> None:
-        if self.local_scan:
-            # A write of this process: its rows are in the database now; go and read them
-            # (with whatever other local processes wrote under the same writer name).
-            self._scan_wake.set()
-            return
         key = (message["stream"], message["writer"])
         if key[0] not in STREAMS:
+            return
+        if self.local_scan and STREAMS[key[0]].db_backed:
+            # A write of this process: its rows are in the database now; go and read them
+            # (with whatever other local processes wrote under the same writer name).
+            # In-memory streams (typing) have no rows to read: relayed as usual.
+            self._scan_wake.set()
             return
         prev, new = int(message["prev"]), int(message["new"])
         last = self.last_sent.get(key)

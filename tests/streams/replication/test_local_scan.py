@@ -90,3 +90,25 @@ def test_relay_sends_rows_of_two_writers_sharing_a_name_without_a_gap():
     tokens = [parse_line(line).token for line in sent if line.startswith("RDATA")]
     written = sorted(Receipt.objects.using("sqlite").values_list("stream_id", flat=True))
     assert tokens == written and len(written) == 7
+
+
+def test_scan_mode_relays_in_memory_streams_and_only_wakes_for_database_ones():
+    from streams.replication.relay import ReplicationRelay
+
+    relay = ReplicationRelay(local_scan=True)
+    got: list[bytes] = []
+
+    async def deliver(message):
+        got.append(message["data"])
+
+    async def run() -> None:
+        relay.attach("c", deliver)
+        relay.last_sent[("typing", "master")] = 3
+        await relay.on_lines({"stream": "typing", "writer": "master", "prev": 3, "new": 4, "count": 1,
+                              "data": b'RDATA typing master 4 ["!r:x",["@a:x"]]\n'})
+        await relay.on_lines({"stream": "receipts", "writer": "master", "prev": 3, "new": 4, "count": 1,
+                              "data": b"RDATA receipts master 4 []\n"})
+
+    asyncio.run(run())
+    assert got == [b'RDATA typing master 4 ["!r:x",["@a:x"]]\n']
+    assert relay._scan_wake.is_set()
