@@ -90,6 +90,14 @@ def read_available(sock: socket.socket, buf: bytearray, seconds: float) -> None:
         buf += chunk
 
 
+def wait_until(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
 def database_facts(state_dir: Path) -> dict[str, dict[int, str]]:
     """Per stream: stream ID -> writer, from the SQLite file (what every worker must get)."""
     tables = {"receipts": "receipts_linearized", "caches": "cache_invalidation_stream_by_instance",
@@ -114,7 +122,12 @@ def test_other_processes_facts_reach_modern_and_legacy_workers_as_rdata(embedded
                                   cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     legacy_bufs = {stream: bytearray() for stream in legacy}
     try:
-        time.sleep(1.0)  # subscribed (nothing written yet: no position to catch up to)
+        # Subscribed before anything is written (so there is no position to catch up to).
+        wait_until(lambda: "replication connected to" in (tmp_path / "worker.log").read_text(), "the worker")
+        for stream, sock in legacy.items():
+            wait_until(lambda: read_available(sock, legacy_bufs[stream], 0.1) or
+                       f"POSITION {stream} ".encode() in legacy_bufs[stream], f"legacy {stream}")
+        time.sleep(0.5)  # the worker's REPLICATE answered
         # Three writers in other processes at once, as from other shells.
         writers = [subprocess.Popen([sys.executable, "manage.py", "write_facts", stream, "--count", str(count),
                                      "--rate", "400", "--no-progress"], cwd=ROOT, env=env,
