@@ -13,6 +13,11 @@ writer). The relay keeps, per (stream, writer), the last token it sent on, and
   than the grace period (its message lost, or a writer with no shared channel layer, such as
   ``write_facts`` beside an embedded endpoint), sends the same kind of POSITION.
 
+On the embedded default (SQLite, no Redis: ``local_scan=True``) it relays nothing of the
+database streams and repairs nothing: it reads every local writer's committed rows from the
+database and sends them as RDATA (:mod:`streams.replication.local_scan`); line batches of
+this process only wake that scan.
+
 Lines reach the connections as one message per batch on this process's in-memory layer;
 batches are numbered so a connection that misses one notices and reconnects.
 """
