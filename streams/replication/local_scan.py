@@ -82,7 +82,7 @@ def read_bounds(using: str = "default") -> dict[str, int]:
 def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict[tuple[str, str], int]:
     """Per (stream, writer): its last token at or below the stream's bound, from its rows and
     its recorded position (``caches`` records none: any process may write it)."""
-    from django.db.models import Max
+    from django.db.models import Max, Min
 
     from ..models import StreamPosition
 
@@ -93,12 +93,13 @@ def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict
         for table in spec.tables:
             model, id_field = table.model, table.model.STREAM_ID_FIELD
             qs = model.objects.using(using)
+            # events and backfill share a table: forward IDs are positive, backwards negative.
             if factor == 1:
-                qs = qs.filter(**{f"{id_field}__lte": bound}).values("instance_name").annotate(last=Max(id_field))
+                qs = (qs.filter(**{f"{id_field}__gt": 0, f"{id_field}__lte": bound})
+                      .values("instance_name").annotate(last=Max(id_field)))
             else:
-                from django.db.models import Min
-
-                qs = qs.filter(**{f"{id_field}__gte": -bound}).values("instance_name").annotate(last=Min(id_field))
+                qs = (qs.filter(**{f"{id_field}__lt": 0, f"{id_field}__gte": -bound})
+                      .values("instance_name").annotate(last=Min(id_field)))
             for row in qs:
                 key = (name, row["instance_name"])
                 result[key] = max(result.get(key, 0), factor * row["last"])

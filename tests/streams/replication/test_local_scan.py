@@ -112,3 +112,29 @@ def test_scan_mode_relays_in_memory_streams_and_only_wakes_for_database_ones():
     asyncio.run(run())
     assert got == [b'RDATA typing master 4 ["!r:x",["@a:x"]]\n']
     assert relay._scan_wake.is_set()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_start_up_positions_keep_events_and_backfill_apart():
+    """events and backfill share the events table (backfill IDs negative): each writer's
+    start-up token is its last of the stream it wrote, in wire sign (both positive)."""
+    from streams.conf import stream_writers
+    from streams.models import Event
+    from streams.replication.local_scan import read_bounds, read_initial_writers
+    from streams.runtime import StreamRuntime
+
+    rng = random.Random(5)
+    rt = StreamRuntime(instance_name="master", writers=stream_writers(""), using="sqlite")
+    try:
+        backfill = rt.writer("backfill").append([[(Event, Event.synthetic(rng, 10 + i))] for i in range(4)])
+        only_backfill = read_initial_writers(read_bounds("sqlite"), "sqlite")
+        events = rt.writer("events").append([[(Event, Event.synthetic(rng, i))] for i in range(3)])
+    finally:
+        rt.close()
+    assert ("events", "master") not in only_backfill  # its backfill rows are not events
+    assert only_backfill[("backfill", "master")] == -min(backfill)
+    bounds = read_bounds("sqlite")
+    assert bounds["events"] == max(events) and bounds["backfill"] == -min(backfill)
+    tokens = read_initial_writers(bounds, "sqlite")
+    assert tokens[("events", "master")] == max(events)
+    assert tokens[("backfill", "master")] == -min(backfill) > 0
