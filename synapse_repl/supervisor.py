@@ -113,18 +113,22 @@ class Supervisor:
         with self._lock:
             if self._stopping.is_set():
                 return
+            # Its own process group: when it dies, whatever it started (Celery's pool and beat
+            # processes) goes too, and none of them keeps its stderr pipe open.
             child.process = subprocess.Popen(child.argv, cwd=child.cwd, stderr=subprocess.PIPE,
-                                             text=True, errors="replace", bufsize=1)
+                                             text=True, errors="replace", bufsize=1,
+                                             start_new_session=True)
             child.started_at = time.monotonic()
         threading.Thread(target=self._forward, args=(child, child.process), daemon=True,
                          name=f"supervisor-{child.name}").start()
 
     def _forward(self, child: Child, process: subprocess.Popen) -> None:
-        for line in process.stderr:
-            line = line.rstrip("\n")
-            if line.strip():
-                child.last_line = line.strip()
-            self.out(line)
+        with process.stderr:  # closed here, by its reader (closing it elsewhere would block)
+            for line in process.stderr:
+                line = line.rstrip("\n")
+                if line.strip():
+                    child.last_line = line.strip()
+                self.out(line)
 
     def _watch(self) -> None:
         due: dict[str, float] = {}  # child name -> when to restart it
@@ -141,10 +145,7 @@ class Supervisor:
                 process = child.process
                 if process is None or process.poll() is None:
                     continue
-                try:
-                    process.stderr.close()
-                except Exception:
-                    pass
+                kill_group(process.pid)  # what it left behind
                 ran_for = now - child.started_at
                 decision = child.policy.exited(child.name, process.returncode, ran_for, child.last_line)
                 if isinstance(decision, GiveUp):
@@ -171,3 +172,15 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait()
+            kill_group(child.process.pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in a child's process group (its own session)."""
+    import os
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -45,3 +45,42 @@ def test_a_child_that_cannot_start_stops_the_service_with_its_last_line():
         sup.stop()
     assert fatal == ["broken could not start (2 exits in a row within 5 s, last status 1): port 9 is in use"]
     assert any("broken (pid" in line and "restarting in 0.05 s" in line for line in out)
+
+
+def test_a_killed_child_is_restarted_and_what_it_started_goes_with_it():
+    """A child whose own children keep its stderr open (Celery's pool and beat): its death is
+    still seen, it is restarted, and what it left behind is killed."""
+    import os
+    import signal
+    import time
+
+    out: list[str] = []
+    sup = Supervisor(on_fatal=lambda reason: None, poll=0.05, out=out.append)
+    code = ("import subprocess, sys, time; "
+            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('grandchild', g.pid, file=sys.stderr, flush=True); time.sleep(60)")
+    child = sup.add("pool", [sys.executable, "-c", code], policy=RestartPolicy(first_delay=0.05))
+    sup.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(line.startswith("grandchild") for line in out) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grandchild = int(next(line for line in out if line.startswith("grandchild")).split()[1])
+        first = child.process.pid
+        os.kill(first, signal.SIGKILL)
+        while child.restarts < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.restarts == 1 and child.process.pid != first
+        assert any(f"pool (pid {first}) exited (killed by SIGKILL)" in line for line in out)
+        while time.monotonic() < deadline:
+            try:
+                os.kill(grandchild, 0)
+            except ProcessLookupError:
+                break
+            if open(f"/proc/{grandchild}/stat").read().split(") ")[1].startswith("Z"):
+                break  # killed; waiting for its parent (init) to reap it
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the killed child's own child was left running")
+    finally:
+        sup.stop()
