@@ -138,8 +138,8 @@ class Supervisor:
                 if child.name in due:
                     if now >= due[child.name]:
                         del due[child.name]
-                        child.restarts += 1
                         self._spawn(child)
+                        child.restarts += 1
                         self.out(f"runservice: {child.name} restarted (pid {child.process.pid})")
                     continue
                 process = child.process

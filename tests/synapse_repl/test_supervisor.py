@@ -77,8 +77,11 @@ def test_a_killed_child_is_restarted_and_what_it_started_goes_with_it():
                 os.kill(grandchild, 0)
             except ProcessLookupError:
                 break
-            if open(f"/proc/{grandchild}/stat").read().split(") ")[1].startswith("Z"):
-                break  # killed; waiting for its parent (init) to reap it
+            try:
+                if open(f"/proc/{grandchild}/stat").read().split(") ")[1].startswith("Z"):
+                    break  # killed; waiting for its parent (init) to reap it
+            except FileNotFoundError:
+                break
             time.sleep(0.05)
         else:
             raise AssertionError("the killed child's own child was left running")
