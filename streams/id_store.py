@@ -177,16 +177,21 @@ class IdStore:
                     rows.extend((inst, self.factor * int(sid)) for inst, sid in cursor.fetchall())
             # This writer starts with nothing pending: reservations left by an earlier run of
             # it (killed mid-transaction) are over.
-            cursor.execute(
-                f"DELETE FROM {RESERVATIONS} WHERE stream_name = %s AND instance_name = %s",
-                [self.stream_name, self.instance_name],
-            )
-            if cursor.rowcount:
+            dropped = self.drop_left_reservations(cursor)
+            if dropped:
                 logger.warning(
                     "stream %s: dropped %d reservation(s) left by an earlier run of %s",
-                    self.stream_name, cursor.rowcount, self.instance_name,
+                    self.stream_name, dropped, self.instance_name,
                 )
         return LoadedState(positions=positions, persisted_upto=persisted_upto, rows=rows)
+
+    def drop_left_reservations(self, cursor: Any) -> int:
+        """Drop the reservations an earlier run of this writer left; how many."""
+        cursor.execute(
+            f"DELETE FROM {RESERVATIONS} WHERE stream_name = %s AND instance_name = %s",
+            [self.stream_name, self.instance_name],
+        )
+        return cursor.rowcount
 
     def close(self) -> None:
         pass
@@ -302,6 +307,22 @@ class SQLiteIdStore(IdStore):
         cursor.execute(
             f"INSERT OR IGNORE INTO {SEQUENCES} (name, last_value) VALUES (%s, 1)", [self.sequence]
         )
+
+    def drop_left_reservations(self, cursor: Any) -> int:
+        """Only those of dead processes: on the embedded default several local processes
+        write under one name (the service, its demo, ``write_facts`` in another shell), and
+        a reservation of a live one is in flight; dropping it would let the endpoint read
+        past it (local_scan.py). A dead process's SQLite transaction rolled back with it."""
+        from .replication.local_scan import pid_alive
+
+        cursor.execute(
+            f"SELECT id, pid FROM {RESERVATIONS} WHERE stream_name = %s AND instance_name = %s",
+            [self.stream_name, self.instance_name],
+        )
+        left = [rid for rid, pid in cursor.fetchall() if not pid_alive(pid)]
+        for rid in left:
+            cursor.execute(f"DELETE FROM {RESERVATIONS} WHERE id = %s", [rid])
+        return len(left)
 
     def sequence_last_value(self, cursor: Any) -> int:
         cursor.execute(f"SELECT last_value FROM {SEQUENCES} WHERE name = %s", [self.sequence])

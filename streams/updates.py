@@ -82,3 +82,26 @@ def get_updates_since(
     merged.sort(key=lambda item: (item[0], item[1]))
     return Updates([(token, row) for token, _, row in merged], bound, limited)
 
+
+
+def get_all_writers_rows(spec: StreamSpec, from_token: int, upto_token: int, *,
+                         using: str = "default") -> list[tuple[str, int, list[Any]]]:
+    """Every writer's rows with wire token in ``(from_token, upto_token]``, as ``(writer,
+    token, wire row)`` in token order (a token's rows in table order). Unpaged: callers keep
+    the range short. The embedded endpoint reads what other local processes wrote with it."""
+    if from_token >= upto_token or not spec.db_backed:
+        return []
+    factor = -1 if spec.backwards else 1
+    merged: list[tuple[int, int, int, str, list[Any]]] = []
+    for index, table in enumerate(spec.tables):
+        model = table.model
+        field = model.STREAM_ID_FIELD
+        qs = model.objects.using(using)
+        if factor == 1:
+            qs = qs.filter(**{f"{field}__gt": from_token, f"{field}__lte": upto_token})
+        else:
+            qs = qs.filter(**{f"{field}__lt": -from_token, f"{field}__gte": -upto_token})
+        for values in qs.values_list(field, "pk", "instance_name", *table.fields):
+            merged.append((factor * values[0], index, values[1], values[2], table.to_wire(list(values[3:]))))
+    merged.sort(key=lambda item: item[:3])
+    return [(writer, token, row) for token, _, _, writer, row in merged]

@@ -157,6 +157,9 @@ SYNAPSE_REPL = {
     "STREAM_WRITERS": os.environ.get("STREAM_WRITERS", ""),
     # How often an endpoint re-reads stream_positions for advances it was not told about.
     "POSITION_POLL_SECONDS": float(os.environ.get("POSITION_POLL_SECONDS", "1.0")),
+    # Embedded default (SQLite, no Redis): how often the endpoint reads the rows other local
+    # processes committed (write_facts in another shell, the demo) and sends them as RDATA.
+    "LOCAL_SCAN_SECONDS": _env_number("LOCAL_SCAN_SECONDS", 0.2, float),
     # A reserved stream ID pending longer than this many seconds is reported as stuck.
     "STUCK_AFTER_SECONDS": float(os.environ.get("STUCK_AFTER_SECONDS", "30")),
     # -- hardening: who may connect, and how much (docs/security.md) ------------------------

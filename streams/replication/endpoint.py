@@ -55,7 +55,11 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     from .legacy import LegacyStreamer
     from .tcp import serve
 
-    relay = ReplicationRelay(using=using)
+    from django.db import connections
+
+    # Embedded default: no channel layer reaches other processes, the database does.
+    local_scan = not settings.REDIS_URL and connections[using].vendor == "sqlite"
+    relay = ReplicationRelay(using=using, local_scan=local_scan)
     await relay.start()
     endpoint = Endpoint(server_name=repl_setting("SERVER_NAME"), relay=relay)
     endpoint.legacy = LegacyStreamer(endpoint, using=using)

@@ -50,24 +50,33 @@ class LegacyStreamer:
         if cmd.stream_name != "ALL" and (spec is None or not spec.db_backed):
             await consumer._send([ErrorCommand(f"unknown stream: {cmd.stream_name}")])
             return
-        positions = self.endpoint.relay.positions()
-        out: list[Command] = []
         for name in names:
-            writers = {w: t for (s, w), t in positions.items() if s == name}
-            upto = max(writers.values(), default=0)
-            if cmd.token != "NOW":
-                updates = await sync_to_async(self._read, thread_sensitive=False)(name, writers, int(cmd.token))
+            out: list[Command] = []
+            read_upto: dict[str, int] = {}
+            while True:
+                # Live lines are passed on only once the stream is subscribed (below): whatever
+                # the relay sent while the backlog was being read is read again here, until
+                # nothing moved (no await between the last look and the subscription).
+                writers = {w: t for (s, w), t in self.endpoint.relay.positions().items() if s == name}
+                if cmd.token == "NOW":
+                    break
+                start = int(cmd.token)
+                todo = {w: (read_upto.get(w, start), t) for w, t in writers.items() if t > read_upto.get(w, start)}
+                if not todo:
+                    break
+                updates = await sync_to_async(self._read, thread_sensitive=False)(name, todo)
                 out.extend(LegacyRdataCommand(name, token, row) for token, row in batch_updates(updates))
+                read_upto.update({w: t for w, (_, t) in todo.items()})
+            upto = max(writers.values(), default=0)
             consumer.info.legacy_streams[name] = str(upto)
             out.append(LegacyPositionCommand(name, upto))
-        await consumer._send(out)
+            await consumer._send(out)
 
-    def _read(self, name: str, writers: dict[str, int], start: int) -> list[tuple[int, Any]]:
-        """Every writer's rows in (start, its position], merged by token."""
+    def _read(self, name: str, ranges: dict[str, tuple[int, int]]) -> list[tuple[int, Any]]:
+        """Every writer's rows in its (from, upto], merged by token."""
         spec = STREAMS[name]
         rows: list[tuple[int, Any]] = []
-        for writer, upto in writers.items():
-            current = start
+        for writer, (current, upto) in ranges.items():
             while current < upto:
                 result = get_updates_since(spec, writer, current, upto, limit=1000, using=self.using)
                 rows.extend(result.updates)

@@ -13,6 +13,11 @@ writer). The relay keeps, per (stream, writer), the last token it sent on, and
   than the grace period (its message lost, or a writer with no shared channel layer, such as
   ``write_facts`` beside an embedded endpoint), sends the same kind of POSITION.
 
+On the embedded default (SQLite, no Redis: ``local_scan=True``) it relays nothing of the
+database streams and repairs nothing: it reads every local writer's committed rows from the
+database and sends them as RDATA (:mod:`streams.replication.local_scan`); line batches of
+this process only wake that scan.
+
 Lines reach the connections as one message per batch on this process's in-memory layer;
 batches are numbered so a connection that misses one notices and reconnects.
 """
@@ -41,10 +46,15 @@ class ReplicationRelay:
     """Per endpoint: last token sent per (stream, writer), and the relaying of line batches."""
 
     def __init__(self, *, using: str = "default", poll_interval: float | None = None,
-                 grace: float | None = None) -> None:
+                 grace: float | None = None, local_scan: bool = False) -> None:
         from ..conf import repl_setting
 
         self.using = using
+        #: Embedded default (SQLite, no Redis): every fact is read from the database and sent
+        #: as RDATA; line batches only wake the scan (local_scan.py).
+        self.local_scan = local_scan
+        self.scan_interval = repl_setting("LOCAL_SCAN_SECONDS")
+        self._scan_wake = asyncio.Event()
         self.poll_interval = repl_setting("POSITION_POLL_SECONDS") if poll_interval is None else poll_interval
         self.grace = max(1.0, 2 * self.poll_interval) if grace is None else grace
         self.last_sent: dict[tuple[str, str], int] = {}
@@ -62,14 +72,33 @@ class ReplicationRelay:
     # -- start-up ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        positions = await sync_to_async(self._load_positions, thread_sensitive=False)()
-        self.last_sent.update(positions)
         listening = asyncio.Event()
-        self._tasks = [
-            asyncio.create_task(self._listen_loop(listening), name="relay-listen"),
-            asyncio.create_task(self._poll_loop(), name="relay-poll"),
-        ]
+        if self.local_scan:
+            from .local_scan import ScanState
+
+            self.scan = ScanState()
+            await sync_to_async(self._load_scan_state, thread_sensitive=False)()
+            self._tasks = [
+                asyncio.create_task(self._listen_loop(listening), name="relay-listen"),
+                asyncio.create_task(self._scan_loop(), name="relay-scan"),
+            ]
+        else:
+            positions = await sync_to_async(self._load_positions, thread_sensitive=False)()
+            self.last_sent.update(positions)
+            self._tasks = [
+                asyncio.create_task(self._listen_loop(listening), name="relay-listen"),
+                asyncio.create_task(self._poll_loop(), name="relay-poll"),
+            ]
         await listening.wait()
+
+    def _load_scan_state(self) -> None:
+        from .local_scan import read_bounds, read_initial_writers
+
+        bounds = read_bounds(self.using)
+        self.scan.scanned.update(bounds)
+        self.scan.last_sent.update(read_initial_writers(bounds, self.using))
+        # One dict: what REPLICATE announces is what the scan has sent.
+        self.last_sent = self.scan.last_sent
 
     def _load_positions(self) -> dict[tuple[str, str], int]:
         """Where every writer stands now: the relay sends from here on (earlier facts are the
@@ -121,6 +150,12 @@ class ReplicationRelay:
         key = (message["stream"], message["writer"])
         if key[0] not in STREAMS:
             return
+        if self.local_scan and STREAMS[key[0]].db_backed:
+            # A write of this process: its rows are in the database now; go and read them
+            # (with whatever other local processes wrote under the same writer name).
+            # In-memory streams (typing) have no rows to read: relayed as usual.
+            self._scan_wake.set()
+            return
         prev, new = int(message["prev"]), int(message["new"])
         last = self.last_sent.get(key)
         if last is not None and new <= last:
@@ -170,6 +205,39 @@ class ReplicationRelay:
                     self._behind_since.pop(key, None)
                 self.repairs += len(repairs)
                 await self._send_positions(repairs)
+
+    async def _scan_loop(self) -> None:
+        """Embedded default: read every local writer's new rows, send them as RDATA."""
+        while True:
+            try:
+                await asyncio.wait_for(self._scan_wake.wait(), self.scan_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._scan_wake.clear()
+            try:
+                await self.scan_once()
+            except Exception:
+                logger.exception("relay: could not read new rows from the database")
+
+    async def scan_once(self) -> None:
+        from .local_scan import read_bounds
+
+        bounds = await sync_to_async(read_bounds, thread_sensitive=False)(self.using)
+        for stream, bound in sorted(bounds.items()):
+            while (span := self.scan.next_range(stream, bound)) is not None:
+                lo, hi = span
+                rows = await sync_to_async(self._read_rows, thread_sensitive=False)(stream, lo, hi)
+                # No await from here to the send: a REPLICATE answered meanwhile announces
+                # either positions before these lines or positions covering them.
+                lines = self.scan.lines(STREAMS[stream], lo, hi, rows)
+                if lines:
+                    self.relayed_messages += 1
+                    await self._send(("\n".join(lines) + "\n").encode(), len(lines))
+
+    def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
+        from ..updates import get_all_writers_rows
+
+        return get_all_writers_rows(STREAMS[stream], lo, hi, using=self.using)
 
     # -- output -----------------------------------------------------------------------------
 

@@ -286,8 +286,32 @@ def test_restart_drops_own_stale_reservations(harness_factory, using):
     g = h.gen()
     held = Step(g)  # never completed: the process "dies" here  # noqa: F841 (kept alive)
     assert StreamReservation.objects.using(using).filter(stream_name=STREAM).count() == 1
+    # The reservation's process is gone (SQLite checks: its writers are all on this host).
+    StreamReservation.objects.using(using).filter(stream_name=STREAM).update(pid=dead_pid())
     h.gen()  # restart
     assert StreamReservation.objects.using(using).filter(stream_name=STREAM).count() == 0
+
+
+def test_sqlite_restart_keeps_reservations_of_live_processes(harness_factory):
+    """On the embedded default the service, its demo and write_facts in another shell write
+    under one name: one of them starting must not drop another's reservation in flight (the
+    endpoint would read past that ID and never send its rows)."""
+    from streams.models import StreamReservation
+
+    h = harness_factory("sqlite")
+    g = h.gen()
+    held = Step(g)  # in flight in a live process (this one)  # noqa: F841
+    h.gen()  # another process of the same name starts
+    assert StreamReservation.objects.using("sqlite").filter(stream_name=STREAM).count() == 1
+
+
+def dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
 
 
 # --- several writers: PostgreSQL only ----------------------------------------------------------

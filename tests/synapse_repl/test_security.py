@@ -84,8 +84,8 @@ def _wait_for(predicate, what: str, timeout: float = 90):
 
 
 def test_make_run_processes_share_the_generated_secret(tmp_path):
-    """The embedded default as `make run` starts it: runservice (web + its runreplication
-    child) and a replication_worker from the same checkout, all with no REPLICATION_SECRET
+    """The embedded default as `make run` starts it: runservice (web and endpoint in
+    one process) and a replication_worker from the same checkout, all with no REPLICATION_SECRET
     in the environment. The catch-up endpoint refuses an anonymous GET; the worker, reading
     the generated secret, catches up facts written before it started."""
     web, repl = free_port(), free_port()

@@ -1,16 +1,16 @@
 """``manage.py runservice``: what ``make run`` starts.
 
-The web UI, the admin and the catch-up endpoint (daphne, ASGI) on ``WEB_LISTEN``, and beside
-it the TCP replication endpoint (``runreplication``) on ``REPLICATION_LISTEN``, as a child
-process that lives and dies with this one. Before serving it ensures the superuser operators
-sign in with (``ensure_admin``), and on the embedded default starts the demo trickle
-(``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it).
+The web UI, the admin and the catch-up endpoint (daphne, ASGI) on ``WEB_LISTEN``, and in the
+same process, on daphne's event loop, the TCP replication endpoint on ``REPLICATION_LISTEN``.
+Before serving it ensures the superuser operators sign in with (``ensure_admin``), and starts
+its children under supervision (synapse_repl/supervisor.py: restarted when they die, the
+service stopped with the reason when one cannot start): on the embedded default the demo
+trickle (``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it), with Redis the
+Celery worker. A port that cannot be bound stops the service with one line.
 """
 from __future__ import annotations
 
-import atexit
 import os
-import subprocess
 import sys
 
 from django.conf import settings
@@ -31,10 +31,9 @@ class Command(BaseCommand):
     help = "Serve the web UI (WEB_LISTEN) and the TCP replication endpoint (REPLICATION_LISTEN)."
 
     def handle(self, *args, **options) -> None:
-        from daphne.cli import CommandLineInterface
-
         from synapse_repl.security import HOW_TO_SET_A_SECRET
         from synapse_repl.startup import check_startable
+        from synapse_repl.supervisor import Supervisor
 
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
@@ -44,41 +43,115 @@ class Command(BaseCommand):
                         listen=((host, port, "WEB_LISTEN"), (rhost, rport, "REPLICATION_LISTEN")))
         from dashboard.management.commands.demo import embedded_default
 
-        replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)
-        atexit.register(replication.terminate)
-        jobs = start_job_worker()
-        mode = "embedded (SQLite)" if embedded_default() else "full"
-        self.stdout.write(
-            f"synapse_repl {instance_name()} on {repl_setting('SERVER_NAME')}, {mode} mode\n"
-            f"  web UI:  http://{host}:{port}/   (connections: /connections/, metrics: /metrics)\n"
-            f"  replication (TCP): {rhost}:{rport}\n"
-            f"  batch jobs: {jobs}\n"
-            f"  admin:   http://{host}:{port}/admin/"
-        )
-        call_command("ensure_admin", stdout=self.stdout)
-        if embedded_default() and settings.DASHBOARD["DEMO"]:
-            demo = subprocess.Popen([sys.executable, "manage.py", "demo"], cwd=settings.BASE_DIR)
-            atexit.register(demo.terminate)
-            self.stdout.write("  demo:    a small dataset and a trickle of demo facts (DEMO=0 turns it off)")
-        self.stdout.flush()
-        # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
-        proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
-        CommandLineInterface().run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
+        check_port_free(host, port, "WEB_LISTEN")  # before anything starts: one line, nothing left running
+        # The TCP endpoint runs in this process, on daphne's event loop: one in-memory channel
+        # layer for what the service writes; other local processes' facts it reads from the
+        # database (streams/replication/local_scan.py).
+        start_endpoint_in_process(rhost, rport)
+        fatal: list[str] = []
+        supervisor = Supervisor(on_fatal=lambda reason: (fatal.append(reason), stop_reactor()))
+        try:
+            jobs = start_job_worker(supervisor)
+            mode = "embedded (SQLite)" if embedded_default() else "full"
+            self.stdout.write(
+                f"synapse_repl {instance_name()} on {repl_setting('SERVER_NAME')}, {mode} mode\n"
+                f"  web UI:  http://{host}:{port}/   (connections: /connections/, metrics: /metrics)\n"
+                f"  replication (TCP): {rhost}:{rport}\n"
+                f"  batch jobs: {jobs}\n"
+                f"  admin:   http://{host}:{port}/admin/"
+            )
+            call_command("ensure_admin", stdout=self.stdout)
+            if embedded_default() and settings.DASHBOARD["DEMO"]:
+                supervisor.add("demo", [sys.executable, "manage.py", "demo"], cwd=str(settings.BASE_DIR))
+                self.stdout.write("  demo:    a small dataset and a trickle of demo facts (DEMO=0 turns it off)")
+            self.stdout.flush()
+            supervisor.start()
+            # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
+            proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
+            cli = _DaphneCLI()
+            try:
+                cli.run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
+            except SystemExit:  # daphne exits 1 when it could not start: say why below
+                if not getattr(cli.server, "listen_failure", None):
+                    raise
+            failure = getattr(cli.server, "listen_failure", None)
+            if failure:
+                fatal.append(f"cannot listen on WEB_LISTEN={host}:{port}: {failure}; "
+                             "stop what holds the port or set WEB_LISTEN")
+        finally:
+            supervisor.stop()
+        if fatal:
+            raise CommandError(f"stopped: {fatal[0]}")
 
 
-def start_job_worker() -> str:
+def check_port_free(host: str, port: int, name: str) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise CommandError(f"cannot listen on {name}={host}:{port}: {e.strerror or e}; "
+                               f"stop what holds the port or set {name}") from None
+
+
+def start_endpoint_in_process(host: str, port: int) -> None:
+    """Bind the replication endpoint on daphne's event loop before daphne runs it; a port
+    that cannot be bound stops the service here, in one line."""
+    import daphne.server  # installs the asyncio reactor on daphne's loop
+
+    from streams.replication.endpoint import start_endpoint
+
+    loop = daphne.server.twisted_loop
+    try:
+        loop.run_until_complete(start_endpoint(host, port))
+    except OSError as e:
+        raise CommandError(
+            f"cannot listen for replication on REPLICATION_LISTEN={host}:{port}: "
+            f"{e.strerror or e}; stop what holds the port or set REPLICATION_LISTEN"
+        ) from None
+
+
+def stop_reactor() -> None:
+    from twisted.internet import reactor
+
+    reactor.callFromThread(reactor.stop)
+
+
+def _daphne_server_class():
+    from daphne.server import Server
+
+    class OneLineServer(Server):
+        """daphne's server, keeping a failure to listen for one line at exit (no log storm)."""
+
+        listen_failure = ""
+
+        def listen_error(self, failure) -> None:
+            self.listen_failure = failure.getErrorMessage()
+            self.stop()
+
+    return OneLineServer
+
+
+def _DaphneCLI():
+    from daphne.cli import CommandLineInterface
+
+    cli = CommandLineInterface()
+    cli.server_class = _daphne_server_class()
+    return cli
+
+
+def start_job_worker(supervisor) -> str:
     """With Redis, a Celery worker with beat (nightly/hourly jobs) beside the service, unless
     ``JOBS_WORKER=0``; without Redis, Celery runs jobs eagerly in the calling process."""
-    import os
-
     if not settings.REDIS_URL:
         return "in process (Celery eager; manage.py run_job JOB)"
     if os.environ.get("JOBS_WORKER", "1") == "0":
         return "JOBS_WORKER=0: run `celery -A synapse_repl worker -B` elsewhere"
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
-         "--loglevel", "INFO", "--schedule", str(settings.STATE_DIR / "celerybeat-schedule")],
-        cwd=settings.BASE_DIR,
-    )
-    atexit.register(worker.terminate)
-    return f"Celery worker + beat (pid {worker.pid}) on {settings.REDIS_URL}"
+    supervisor.add("celery worker", [
+        sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
+        "--loglevel", "INFO", "--schedule", str(settings.STATE_DIR / "celerybeat-schedule")],
+        cwd=str(settings.BASE_DIR))
+    return f"Celery worker + beat on {settings.REDIS_URL}"

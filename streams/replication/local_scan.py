@@ -1,0 +1,157 @@
+"""The embedded default's way for an endpoint to see every local writer: read committed rows
+from the database and send them as RDATA. See docs/replication.md ("The embedded default").
+
+On SQLite with no Redis there is no channel layer between processes: ``write_facts`` in
+another shell, the demo child and the service itself all write (often under the same
+``INSTANCE_NAME``) into one database file. A position alone would make every worker fetch
+the rows over HTTP, and tell a legacy subscriber it is up to date when it is not. So the
+endpoint reads the rows itself, up to a *safe bound* per stream, and announces nothing it
+has not sent.
+
+The safe bound. A SQLite writer reserves IDs in one transaction that bumps the ID table and
+records a ``stream_reservations`` row; it commits its rows, then deletes the reservation. So
+in any one read, every ID up to the ID table's value that no reservation holds is finished
+(its rows committed, or rolled back for good). The bound is one below the lowest ID still
+reserved (by a live process: a killed writer's SQLite transaction is rolled back with it),
+or the ID table's value. Rows up to it can be read once and never appear later.
+
+:class:`ScanState` is the bookkeeping (no I/O); :func:`read_bounds` and
+:func:`read_initial_writers` read the database.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..registry import STREAMS, StreamSpec
+from .commands import PositionCommand, RdataCommand, encode_json
+
+#: Tokens read per query: bounds the work of one step, so the event loop stays responsive
+#: after a large write from another shell.
+SCAN_PAGE_TOKENS = 1000
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a running process on this host (SQLite writers are all local)."""
+    if not pid or pid < 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def safe_bounds(last_ids: dict[str, int], pending: Iterable[tuple[str, Iterable[int], int | None]],
+                *, alive=pid_alive) -> dict[str, int]:
+    """Per stream: the highest wire token up to which every ID is finished.
+
+    ``last_ids``: per stream, the last ID its ID table handed out; ``pending``: ``(stream,
+    ids, pid)`` per reservation. Reservations of dead processes are ignored: on SQLite their
+    transactions rolled back with them."""
+    bounds = dict(last_ids)
+    for stream, ids, pid in pending:
+        if stream not in bounds or not alive(pid):
+            continue
+        ids = [int(i) for i in ids]
+        if ids:
+            bounds[stream] = min(bounds[stream], min(ids) - 1)
+    return bounds
+
+
+def read_bounds(using: str = "default") -> dict[str, int]:
+    """:func:`safe_bounds` from one read transaction of the database."""
+    from django.db import connections, transaction
+
+    sequences = {spec.sequence: name for name, spec in STREAMS.items() if spec.db_backed}
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT name, last_value FROM stream_sequences")
+        last_ids = {sequences[name]: int(value) for name, value in cursor.fetchall() if name in sequences}
+        cursor.execute("SELECT stream_name, stream_ids, pid FROM stream_reservations")
+        pending = [(stream, json.loads(ids) if isinstance(ids, str) else ids, pid)
+                   for stream, ids, pid in cursor.fetchall()]
+    for name in sequences.values():
+        last_ids.setdefault(name, 1)  # not created yet: ID 1 counts as persisted
+    return safe_bounds(last_ids, pending)
+
+
+def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict[tuple[str, str], int]:
+    """Per (stream, writer): its last token at or below the stream's bound, from its rows and
+    its recorded position (``caches`` records none: any process may write it)."""
+    from django.db.models import Max, Min
+
+    from ..models import StreamPosition
+
+    result: dict[tuple[str, str], int] = {}
+    for name, bound in bounds.items():
+        spec = STREAMS[name]
+        factor = -1 if spec.backwards else 1
+        for table in spec.tables:
+            model, id_field = table.model, table.model.STREAM_ID_FIELD
+            qs = model.objects.using(using)
+            # events and backfill share a table: forward IDs are positive, backwards negative.
+            if factor == 1:
+                qs = (qs.filter(**{f"{id_field}__gt": 0, f"{id_field}__lte": bound})
+                      .values("instance_name").annotate(last=Max(id_field)))
+            else:
+                qs = (qs.filter(**{f"{id_field}__lt": 0, f"{id_field}__gte": -bound})
+                      .values("instance_name").annotate(last=Min(id_field)))
+            for row in qs:
+                key = (name, row["instance_name"])
+                result[key] = max(result.get(key, 0), factor * row["last"])
+    for row in StreamPosition.objects.using(using).all():
+        spec = STREAMS.get(row.stream_name)
+        if spec is None or not spec.db_backed or row.stream_name not in bounds:
+            continue
+        key = (row.stream_name, row.instance_name)
+        token = min((-1 if spec.backwards else 1) * row.stream_id, bounds[row.stream_name])
+        result[key] = max(result.get(key, 0), token)
+    return result
+
+
+@dataclass
+class ScanState:
+    """What the endpoint has sent: per stream the bound up to which every writer's rows went
+    out (``scanned``), per (stream, writer) the last token sent (``last_sent``)."""
+
+    scanned: dict[str, int] = field(default_factory=dict)
+    last_sent: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def next_range(self, stream: str, bound: int) -> tuple[int, int] | None:
+        """The next range of ``stream`` to read, at most :data:`SCAN_PAGE_TOKENS` long."""
+        lo = self.scanned.get(stream)
+        if lo is None or bound <= lo:
+            return None
+        return lo, min(bound, lo + SCAN_PAGE_TOKENS)
+
+    def lines(self, spec: StreamSpec, lo: int, hi: int, rows: list[tuple[str, int, list[Any]]]) -> list[str]:
+        """The lines for ``rows`` (every writer's, tokens in ``(lo, hi]``, in order) and the
+        bookkeeping: RDATA in token order (``batch`` for all rows of a fact but its last); a
+        writer seen for the first time is first announced with ``POSITION s w 0 lo`` (it has
+        nothing at or below ``lo``: everything there was read), so a worker takes its RDATA
+        without a catch-up."""
+        stream = spec.name
+        out: list[str] = []
+        i = 0
+        while i < len(rows):
+            writer, token, _ = rows[i]
+            j = i
+            while j < len(rows) and rows[j][1] == token:
+                j += 1
+            key = (stream, writer)
+            last = self.last_sent.get(key)
+            if last is None:
+                out.append(PositionCommand(stream, writer, 0, lo).to_line())
+                last = self.last_sent[key] = lo
+            if token > last:
+                for _, _, row in rows[i:j - 1]:
+                    out.append(f"{RdataCommand.NAME} {stream} {writer} batch {encode_json(row)}")
+                out.append(f"{RdataCommand.NAME} {stream} {writer} {token} {encode_json(rows[j - 1][2])}")
+                self.last_sent[key] = token
+            i = j
+        self.scanned[stream] = hi
+        return out

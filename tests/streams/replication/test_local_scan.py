@@ -1,0 +1,140 @@
+"""The embedded endpoint's database scan (local_scan.py): the safe bound, the lines it sends,
+and the relay reading rows another "process" committed under the same writer name."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from streams.registry import STREAMS
+from streams.replication.commands import PositionCommand, RdataCommand, parse_line
+from streams.replication.local_scan import SCAN_PAGE_TOKENS, ScanState, safe_bounds
+
+
+def test_safe_bound_stops_below_the_lowest_live_reservation():
+    alive = {10: True, 11: False}.get
+    bounds = safe_bounds({"receipts": 20, "caches": 7, "events": 5},
+                         [("receipts", [15, 16], 10), ("receipts", [12], 11), ("caches", [8], 10)],
+                         alive=alive)
+    # 12's process is dead (its SQLite transaction rolled back); 15 is in flight.
+    assert bounds == {"receipts": 14, "caches": 7, "events": 5}
+
+
+def test_lines_in_token_order_with_batches_and_a_first_position_for_new_writers():
+    state = ScanState(scanned={"events": 10}, last_sent={("events", "master"): 9})
+    rows = [("master", 11, ["e11"]), ("other", 12, ["e12a"]), ("other", 12, ["e12b"]), ("master", 13, ["e13"])]
+    lines = state.lines(STREAMS["events"], 10, 20, rows)
+    cmds = [parse_line(line) for line in lines]
+    assert cmds[1] == PositionCommand("events", "other", 0, 10)  # before its first RDATA
+    rdata = [cmds[0], *cmds[2:]]
+    assert all(isinstance(c, RdataCommand) for c in rdata)
+    assert [(c.instance_name, c.token, c.row) for c in rdata] == [
+        ("master", 11, ["e11"]), ("other", None, ["e12a"]), ("other", 12, ["e12b"]), ("master", 13, ["e13"])]
+    assert state.scanned["events"] == 20
+    assert state.last_sent == {("events", "master"): 13, ("events", "other"): 12}
+    # Rows at or below what was sent (announced at start-up) are not sent again.
+    assert state.lines(STREAMS["events"], 20, 30, [("master", 13, ["again"])]) == []
+
+
+def test_ranges_are_paged():
+    state = ScanState(scanned={"receipts": 5})
+    assert state.next_range("receipts", 5) is None
+    assert state.next_range("receipts", 5 + 3 * SCAN_PAGE_TOKENS) == (5, 5 + SCAN_PAGE_TOKENS)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_relay_sends_rows_of_two_writers_sharing_a_name_without_a_gap():
+    """Two runtimes named ``master`` on one SQLite database (the service and write_facts in
+    another shell): the relay sends every row of both, in order, once, and never past an ID
+    still reserved."""
+    from streams.conf import stream_writers
+    from streams.models import Receipt
+    from streams.replication.relay import ReplicationRelay
+    from streams.runtime import StreamRuntime
+
+    rng = random.Random(3)
+    one = StreamRuntime(instance_name="master", writers=stream_writers(""), using="sqlite")
+    two = StreamRuntime(instance_name="master", writers=stream_writers(""), using="sqlite")
+    sent: list[str] = []
+
+    async def run() -> None:
+        relay = ReplicationRelay(using="sqlite", local_scan=True)
+        relay.scan_interval = 3600  # scanned by hand below
+        await relay.start()
+
+        async def deliver(message):
+            sent.extend(message["data"].decode().splitlines())
+        relay.attach("c", deliver)
+        write = lambda rt, n: rt.writer("receipts").append(  # noqa: E731
+            [[(Receipt, Receipt.synthetic(rng, i))] for i in range(n)])
+        await asyncio.to_thread(write, one, 2)
+        # `two` reserves an ID and has not committed yet: nothing past it may go out.
+        gen = await asyncio.to_thread(lambda: two.writer("receipts").generator)
+        held = gen.get_next_mult(1)
+        held_ids = await asyncio.to_thread(held.__enter__)
+        await asyncio.to_thread(write, one, 2)
+        await relay.scan_once()
+        before = [parse_line(line).token for line in sent if line.startswith("RDATA")]
+        await asyncio.to_thread(held.__exit__, None, None, None)  # completes with no rows
+        await asyncio.to_thread(write, two, 3)
+        await relay.scan_once()
+        await relay.stop()
+        assert held_ids[0] not in before and all(t < held_ids[0] for t in before)
+
+    try:
+        asyncio.run(run())
+    finally:
+        one.close()
+        two.close()
+    tokens = [parse_line(line).token for line in sent if line.startswith("RDATA")]
+    written = sorted(Receipt.objects.using("sqlite").values_list("stream_id", flat=True))
+    assert tokens == written and len(written) == 7
+
+
+def test_scan_mode_relays_in_memory_streams_and_only_wakes_for_database_ones():
+    from streams.replication.relay import ReplicationRelay
+
+    relay = ReplicationRelay(local_scan=True)
+    got: list[bytes] = []
+
+    async def deliver(message):
+        got.append(message["data"])
+
+    async def run() -> None:
+        relay.attach("c", deliver)
+        relay.last_sent[("typing", "master")] = 3
+        await relay.on_lines({"stream": "typing", "writer": "master", "prev": 3, "new": 4, "count": 1,
+                              "data": b'RDATA typing master 4 ["!r:x",["@a:x"]]\n'})
+        await relay.on_lines({"stream": "receipts", "writer": "master", "prev": 3, "new": 4, "count": 1,
+                              "data": b"RDATA receipts master 4 []\n"})
+
+    asyncio.run(run())
+    assert got == [b'RDATA typing master 4 ["!r:x",["@a:x"]]\n']
+    assert relay._scan_wake.is_set()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_start_up_positions_keep_events_and_backfill_apart():
+    """events and backfill share the events table (backfill IDs negative): each writer's
+    start-up token is its last of the stream it wrote, in wire sign (both positive)."""
+    from streams.conf import stream_writers
+    from streams.models import Event
+    from streams.replication.local_scan import read_bounds, read_initial_writers
+    from streams.runtime import StreamRuntime
+
+    rng = random.Random(5)
+    rt = StreamRuntime(instance_name="master", writers=stream_writers(""), using="sqlite")
+    try:
+        backfill = rt.writer("backfill").append([[(Event, Event.synthetic(rng, 10 + i))] for i in range(4)])
+        only_backfill = read_initial_writers(read_bounds("sqlite"), "sqlite")
+        events = rt.writer("events").append([[(Event, Event.synthetic(rng, i))] for i in range(3)])
+    finally:
+        rt.close()
+    assert ("events", "master") not in only_backfill  # its backfill rows are not events
+    assert only_backfill[("backfill", "master")] == -min(backfill)
+    bounds = read_bounds("sqlite")
+    assert bounds["events"] == max(events) and bounds["backfill"] == -min(backfill)
+    tokens = read_initial_writers(bounds, "sqlite")
+    assert tokens[("events", "master")] == max(events)
+    assert tokens[("backfill", "master")] == -min(backfill) > 0
