@@ -28,7 +28,8 @@ from .room_versions import CREATOR_POWER_LEVEL, RoomVersion, StateResAlgorithm
 StateKey = tuple[str, str]
 StateMap = Mapping[StateKey, str]
 
-#: ``(state_sets, conflicted_event_ids or None) -> (auth_difference, conflicted_subgraph)``:
+#: ``(state_sets, conflicted_event_ids or None) -> (auth_difference, conflicted_subgraph)``
+#: (the state sets as given to :func:`resolve`; ``None`` asks for no subgraph, as in v2):
 #: a faster source of the auth-graph facts (e.g. a chain cover index) may replace the walk.
 AuthGraphFacts = Callable[[Sequence[Collection[str]], "set[str] | None"],
                           "tuple[set[str], set[str] | None]"]
@@ -40,19 +41,18 @@ class UnsupportedStateRes(ValueError):
 
 def split(state_sets: Sequence[StateMap]) -> tuple[dict[StateKey, str], dict[StateKey, set[str]]]:
     """(unconflicted, conflicted): a key is unconflicted iff every set has it with the same
-    event; a key missing from some set is conflicted among the events the others have."""
-    first, rest = state_sets[0], state_sets[1:]
-    unconflicted: dict[StateKey, str] = {}
+    event; a key missing from some set is conflicted among the events the others have.
+
+    Big rooms have ~all keys unconflicted: one comprehension per further set finds them, and
+    the conflicted keys are the (few) others, found with key-view differences."""
+    unconflicted = dict(state_sets[0])
+    for other in state_sets[1:]:
+        get = other.get
+        unconflicted = {k: v for k, v in unconflicted.items() if get(k) == v}
     conflicted: dict[StateKey, set[str]] = {}
-    for key, event_id in first.items():
-        if all(s.get(key) == event_id for s in rest):
-            unconflicted[key] = event_id
-        else:
-            conflicted[key] = {s[key] for s in state_sets if key in s}
-    for s in rest:
-        for key, event_id in s.items():
-            if key not in first:
-                conflicted.setdefault(key, set()).add(event_id)
+    for s in state_sets:
+        for key in s.keys() - unconflicted.keys():
+            conflicted.setdefault(key, set()).add(s[key])
     return unconflicted, conflicted
 
 
@@ -118,7 +118,7 @@ def conflicted_subgraph(conflicted_ids: Collection[str], events: Mapping[str, Ev
 def graph_facts_by_walking(events: Mapping[str, Event]) -> AuthGraphFacts:
     """The auth difference and (v2.1) conflicted subgraph computed by walking the events."""
     def facts(state_sets, conflicted_ids):
-        difference = auth_difference(state_sets, events)
+        difference = auth_difference([set(s.values()) for s in state_sets], events)
         subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
         return difference, subgraph
     return facts
@@ -274,8 +274,7 @@ def resolve(version: RoomVersion, state_sets: Sequence[StateMap], events: Mappin
     v2_1 = version.state_res is StateResAlgorithm.V2_1
     conflicted_ids = set().union(*conflicted.values())
     facts = graph_facts or graph_facts_by_walking(events)
-    difference, subgraph = facts([set(s.values()) for s in state_sets],
-                                 conflicted_ids if v2_1 else None)
+    difference, subgraph = facts(state_sets, conflicted_ids if v2_1 else None)
     full = conflicted_ids | difference
     if v2_1 and subgraph:
         full |= subgraph
