@@ -57,17 +57,23 @@ def _is_user_id(value) -> bool:
 # --- power levels -------------------------------------------------------------------------
 
 def _as_int(value, version: RoomVersion) -> int:
-    """A power level value: JSON integers only from v10; before that ``int()`` semantics
-    (numeric strings, and floats up to v5)."""
+    """Validate a power level in a *new* power-levels event: JSON integers only from v10;
+    before that ``int()`` semantics (numeric strings, and floats up to v5)."""
     if type(value) is int:
         return value
-    if version.enforce_int_power_levels or isinstance(value, bool):
+    if version.enforce_int_power_levels:
         raise AuthFailed(f"power level {value!r} is not an integer")
+    if isinstance(value, float) and not version.allow_float_power_levels:
+        raise AuthFailed(f"power level {value!r} is a float")
+    return _level(value)
+
+
+def _level(value) -> int:
+    """Read a level from an accepted event: ``int()`` semantics in every version (as
+    Synapse reads them; the strict types only gate new power-levels events)."""
+    if type(value) is int:
+        return value
     try:
-        if isinstance(value, float):
-            if not version.allow_float_power_levels:
-                raise AuthFailed(f"power level {value!r} is a float")
-            return int(value)
         return int(value)
     except (TypeError, ValueError, OverflowError):
         raise AuthFailed(f"power level {value!r} is not a number") from None
@@ -102,7 +108,7 @@ def user_power_level(user_id: str, state: StateMap) -> int:
         level = users.get(user_id) if isinstance(users, dict) else None
         if level is None:
             level = pl.content.get("users_default", 0)
-        return _as_int(level, version)
+        return _level(level)
     return 100 if user_id in creators(create) else 0
 
 
@@ -111,7 +117,7 @@ def _named_level(state: StateMap, name: str, version: RoomVersion) -> int:
     default = _DEFAULT_NAMED_LEVELS[name]
     if pl is None:
         return default
-    return _as_int(pl.content.get(name, default), version)
+    return _level(pl.content.get(name, default))
 
 
 def _send_level(event: Event, state: StateMap) -> int:
@@ -125,7 +131,7 @@ def _send_level(event: Event, state: StateMap) -> int:
             level = pl.content.get("state_default", 50)
         else:
             level = pl.content.get("events_default", 0)
-    return _as_int(level, event.version)
+    return _level(level)
 
 
 # --- auth events selection ------------------------------------------------------------------
@@ -453,8 +459,8 @@ def _check_power_levels(event: Event, state: StateMap, sender_level: int) -> Non
     old = old_event.content
 
     def changed(old_map, new_map, name, scoped_to_users):
-        old_level = _as_int(old_map[name], version) if name in old_map else None
-        new_level = _as_int(new_map[name], version) if name in new_map else None
+        old_level = _level(old_map[name]) if name in old_map else None
+        new_level = _level(new_map[name]) if name in new_map else None
         if old_level is not None and new_level is not None and old_level == new_level:
             return
         if scoped_to_users and name != event.sender and old_level == sender_level:
