@@ -518,3 +518,18 @@ def is_allowed(event: Event, state: StateMap) -> bool:
         return True
     except AuthFailed:
         return False
+
+
+def redaction_takes_effect(redaction: Event, target: Event, state: StateMap) -> bool:
+    """Whether an *accepted* redaction may prune ``target`` (checked once both are held).
+
+    v1-2 decided it in the auth rules. From v3 the redaction event only needs the send level;
+    it takes effect if its sender has the redact level in ``state`` (its auth state) or is on
+    the same server as the target's sender (spec: v3 "handling redactions")."""
+    if target.room_id != redaction.room_id:
+        return False
+    if redaction.version.redaction_in_auth_rules:
+        return True
+    if user_power_level(redaction.sender, state) >= _named_level(state, "redact", redaction.version):
+        return True
+    return domain(redaction.sender) == domain(target.sender)

@@ -223,3 +223,45 @@ def test_joins_by_join_rule_and_prior_membership(version_id, rule, bob_was):
     except AuthFailed:
         ours = False
     assert ours == _synapse_allows(version_id, state, join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(version_id=st.sampled_from(["3", "6", "10", "11", "12"]),
+       redacter=st.sampled_from(USERS), author=st.sampled_from(USERS),
+       redact_level=st.sampled_from([None, 0, 50, 100]),
+       levels=st.dictionaries(st.sampled_from(USERS), st.sampled_from([0, 50, 100]), max_size=3))
+def test_redactions_take_effect_as_in_synapse(version_id, redacter, author, redact_level, levels):
+    """v3+: redact level, or the same server as the redacted event's sender (Synapse:
+    ``check_redaction`` flags the event for the domain re-check done when it is read)."""
+    from synapse.event_auth import check_redaction
+    from streams.matrix.auth import redaction_takes_effect
+
+    version = KNOWN_ROOM_VERSIONS[version_id]
+    rv = SYNAPSE_VERSIONS[version_id]
+    create = {"room_version": version_id}
+    if not version.implicit_room_creator:
+        create["creator"] = USERS[0]
+    pl = {"users": {u: lvl for u, lvl in levels.items()
+                    if not (version.creators_have_infinite_power and u == USERS[0])}}
+    if redact_level is not None:
+        pl["redact"] = redact_level
+    state = [_pdu(USERS[0], "m.room.create", create, "")]
+    if version.room_id_from_create_event:
+        del state[0]["room_id"]
+        state[0] = with_content_hash(state[0])
+    room_id = parse_event(state[0], version).room_id
+    state.append(with_content_hash(dict(_pdu(USERS[0], "m.room.power_levels", pl, ""), room_id=room_id)))
+    target = with_content_hash(dict(_pdu(author, "m.room.message", {"body": "x"}), room_id=room_id))
+    target_id = parse_event(target, version).event_id
+    content, extra = ({"redacts": target_id}, {}) if version.redaction.value >= 11 \
+        else ({}, {"redacts": target_id})
+    redaction = with_content_hash(dict(_pdu(redacter, "m.room.redaction", content), room_id=room_id, **extra))
+    ours_state = {parse_event(p, version).key: parse_event(p, version) for p in state}
+    ours = redaction_takes_effect(parse_event(redaction, version), parse_event(target, version), ours_state)
+    synapse_state = {}
+    for p in state:
+        e = make_event_from_dict(dict(p), rv)
+        synapse_state[(e.type, e.state_key)] = e
+    needs_recheck = check_redaction(rv, make_event_from_dict(dict(redaction), rv), synapse_state)
+    theirs = not needs_recheck or redacter.split(":")[1] == author.split(":")[1]
+    assert ours == theirs
