@@ -10,7 +10,7 @@ other a moderator bans 10 of those members, changes the same four keys (some of 
 and the other 36 members rename themselves differently. That gives 50 conflicted keys over
 two state sets of ~10,000 entries each. Room versions 10 (state res v2) and 12 (v2.1).
 
-Measured (median of ``--repeat`` runs, one process, nothing else of ours running):
+Measured (median of ``--repeat`` rounds, each running the three in turn, one process):
 * **synapse**: ``resolve_events_with_store`` with its events already in memory (the store
   answers ``get_events`` from a dict, as a warm event cache would) and the auth difference /
   conflicted subgraph precomputed (as its chain cover index would give them), so only the
@@ -152,14 +152,18 @@ class _Store:
                                conflicted_subgraph=set(self.subgraph) if conflicted_state is not None else None)
 
 
-def _median_seconds(fn, repeat: int) -> tuple[float, object]:
-    times, result = [], None
+def _interleaved_medians(fns: dict, repeat: int) -> tuple[dict, dict]:
+    """Median seconds of each function, run in turn within every round (so a load change on
+    the shared machine hits all of them alike); and each one's last result."""
+    times = {name: [] for name in fns}
+    results = {}
     for _ in range(repeat):
-        gc.collect()
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+        for name, fn in fns.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}, results
 
 
 def bench(version_id: str, members: int, repeat: int) -> dict:
@@ -180,12 +184,15 @@ def bench(version_id: str, members: int, repeat: int) -> dict:
         return difference, (subgraph if conflicted_or_none is not None else None)
 
     store = _Store(synapse_events, difference, subgraph)
-    theirs_s, theirs = _median_seconds(lambda: dict(_run_sync(synapse_v2.resolve_events_with_store(
-        _Clock(), room.room_id, SYNAPSE_VERSIONS[version_id], state_sets, None, store))), repeat)
-    ours_s, ours = _median_seconds(
-        lambda: resolve(v, state_sets, room.events, (), graph_facts=precomputed), repeat)
-    walk_s, walked = _median_seconds(lambda: resolve(v, state_sets, room.events, ()), repeat)
-    assert ours == theirs == walked, "results differ"
+    seconds, results = _interleaved_medians({
+        "synapse": lambda: dict(_run_sync(synapse_v2.resolve_events_with_store(
+            _Clock(), room.room_id, SYNAPSE_VERSIONS[version_id], state_sets, None, store))),
+        "ours": lambda: resolve(v, state_sets, room.events, (), graph_facts=precomputed),
+        "walking": lambda: resolve(v, state_sets, room.events, ()),
+    }, repeat)
+    ours = results["ours"]
+    assert ours == results["synapse"] == results["walking"], "results differ"
+    theirs_s, ours_s, walk_s = seconds["synapse"], seconds["ours"], seconds["walking"]
     changed = sum(1 for k in conflicted if ours.get(k) in state_sets[1].values()
                   and ours.get(k) != state_sets[0].get(k))
     return {"version": version_id, "events": len(room.events), "conflicted_keys": len(conflicted),
