@@ -44,15 +44,23 @@ def split(state_sets: Sequence[StateMap]) -> tuple[dict[StateKey, str], dict[Sta
     event; a key missing from some set is conflicted among the events the others have.
 
     Big rooms have ~all keys unconflicted: one comprehension per further set finds them, and
-    the conflicted keys are the (few) others, found with key-view differences."""
-    unconflicted = dict(state_sets[0])
+    a set holding only unconflicted entries is not looked at again."""
+    unconflicted: Mapping[StateKey, str] = state_sets[0]
     for other in state_sets[1:]:
         get = other.get
         unconflicted = {k: v for k, v in unconflicted.items() if get(k) == v}
+    unconflicted = dict(unconflicted)
     conflicted: dict[StateKey, set[str]] = {}
     for s in state_sets:
-        for key in s.keys() - unconflicted.keys():
-            conflicted.setdefault(key, set()).add(s[key])
+        if len(s) == len(unconflicted):
+            continue  # every entry of s is unconflicted
+        for key, event_id in s.items():
+            if key not in unconflicted:
+                events = conflicted.get(key)
+                if events is None:
+                    conflicted[key] = {event_id}
+                else:
+                    events.add(event_id)
     return unconflicted, conflicted
 
 
