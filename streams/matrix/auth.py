@@ -512,13 +512,6 @@ def auth_state_from(event: Event, state: Mapping[tuple[str, str], str],
     return out
 
 
-def is_allowed(event: Event, state: StateMap) -> bool:
-    try:
-        check_state_dependent(event, state)
-        return True
-    except AuthFailed:
-        return False
-
 
 def redaction_takes_effect(redaction: Event, target: Event, state: StateMap) -> bool:
     """Whether an *accepted* redaction may prune ``target`` (checked once both are held).

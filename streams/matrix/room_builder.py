@@ -41,11 +41,12 @@ class RoomBuilder:
 
     def send(self, sender: str, event_type: str, content: dict, *, state_key: str | None = None,
              prev_ids: list[str] | None = None, extra: dict | None = None,
-             auth_ids: list[str] | None = None) -> str:
+             auth_ids: list[str] | None = None, auth_from: dict | None = None) -> str:
         """Create, authorize and add one event; returns its ID (check ``rejected``).
 
-        ``auth_ids`` overrides the selection of auth events (to build what a buggy or
-        stale server would send)."""
+        ``auth_ids`` overrides the selection of auth events, ``auth_from`` selects them from
+        another state than the one before the event (to build what a buggy or stale server
+        would send)."""
         if prev_ids is None:
             prev_ids = [self.order[-1]] if self.order else []
         before = self.state_at(prev_ids)
@@ -64,7 +65,8 @@ class RoomBuilder:
             pdu["event_id"] = f"${next(self._serial)}:{sender.partition(':')[2]}"
         draft = parse_event(with_content_hash(self._as_refs(pdu)), self.version)
         if auth_ids is None:
-            auth_ids = [before[k] for k in sorted(auth_types_for_event(draft)) if k in before]
+            source = before if auth_from is None else auth_from
+            auth_ids = [source[k] for k in sorted(auth_types_for_event(draft)) if k in source]
         if self.version.room_id_from_create_event:
             auth_ids = [a for a in auth_ids if self.events[a].key != ("m.room.create", "")]
         pdu["auth_events"] = auth_ids

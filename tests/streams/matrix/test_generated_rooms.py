@@ -115,8 +115,11 @@ def play(room: RoomBuilder, actions, linear: bool = False) -> None:
             else:
                 args = ("m.room.redaction", {}, None, {"redacts": redacts})
         extra = args[3] if len(args) > 3 else None
+        # now and then a server with a stale view: auth events picked from an older state
+        stale = room.state_after[room.order[(pick * 31) % len(room.order)]] \
+            if pick % 9 == 0 else None
         event_id = room.send(sender, args[0], args[1], state_key=args[2], prev_ids=prevs,
-                             extra=extra)
+                             extra=extra, auth_from=stale)
         for p in prevs:
             if p in tips:
                 tips.remove(p)
@@ -157,6 +160,9 @@ def check_against_synapse(room: RoomBuilder) -> None:
             ours = resolve(room.version, [room.state_after[e] for e in sets], room.events,
                            room.rejected.keys())
             assert ours == oracle.resolve(room.room_id, [state_after[e] for e in sets]), sets
+            # deterministic: the order of the state sets does not matter
+            assert ours == resolve(room.version, [room.state_after[e] for e in reversed(sets)],
+                                   room.events, room.rejected.keys())
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
