@@ -66,6 +66,8 @@ def redact(event: dict, version: RoomVersion) -> dict:
     rules = version.redaction
     kept = _KEPT_TOP_LEVEL_V11 if rules is RedactionRules.R11 else _KEPT_TOP_LEVEL
     out = {k: v for k, v in event.items() if k in kept}
+    if version.room_id_from_create_event and event.get("type") == "m.room.create":
+        out.pop("room_id", None)  # v12: a create event has none to keep (its ID names the room)
     out["content"] = _kept_content(
         rules, version.special_case_aliases_auth, event.get("type"), event.get("content"))
     unsigned = event.get("unsigned")

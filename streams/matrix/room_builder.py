@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from .auth import AuthFailed, MissingAuthEvent, auth_state_from, auth_types_for_event, \
-    check_state_dependent, check_state_independent
+    check_against_auth_events, check_state_dependent
 from .event_format import Event, parse_event, with_content_hash
 from .room_versions import RoomVersion
 from .state_res import resolve
@@ -77,10 +77,9 @@ class RoomBuilder:
         self.order.append(event.event_id)
         self.state_before[event.event_id] = before
         try:
-            check_state_independent(event, self.events.get, self.rejected.keys())
+            # receipt steps 4 and 5: against its own auth events, then the state before it
+            check_against_auth_events(event, self.events.get, self.rejected.keys())
             if not is_create:
-                own = {self.events[a].key: self.events[a] for a in event.auth_event_ids}
-                check_state_dependent(event, own)
                 check_state_dependent(event, auth_state_from(event, before, self.events.get))
         except (AuthFailed, MissingAuthEvent) as e:
             self.rejected[event.event_id] = str(e)
