@@ -197,3 +197,36 @@ def test_v12_redaction_drops_room_id_from_every_create_typed_event():
     v12 = KNOWN_ROOM_VERSIONS["12"]
     assert "room_id" not in redact(pdu, v12)
     assert compute_event_id(pdu, v12) == make_event_from_dict(dict(pdu), SYNAPSE_VERSIONS["12"]).event_id
+
+
+_fields = st.fixed_dictionaries({}, optional={
+    "type": st.one_of(st.sampled_from(_TYPES), _json), "sender": st.one_of(st.just("@a:x"), _json),
+    "content": st.one_of(_content, _json), "depth": st.one_of(st.integers(-5, 2**60), _json),
+    "origin_server_ts": st.one_of(st.integers(0, 10), _json), "hashes": st.one_of(st.just({}), _json),
+    "prev_events": st.one_of(st.just([]), st.just([["$x", {}]]), st.just(["$x"]), _json),
+    "auth_events": st.one_of(st.just([]), st.just([["$x", {}]]), st.just(["$x"]), _json),
+    "room_id": st.one_of(st.just("!r:x"), _json), "state_key": st.one_of(st.just(""), _json),
+    "event_id": st.one_of(st.just("$e:x"), _json), "redacts": _json,
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(version_id=st.sampled_from(VERSIONS), pdu=st.one_of(_fields, _json))
+def test_malformed_pdus_get_bad_event_format_and_nothing_else(version_id, pdu):
+    """Whatever arrives, the result is an event or a BadEventFormat with a reason; and an
+    event that parses is judged by the auth rules without any other exception."""
+    from streams.matrix.auth import AuthFailed, check_state_dependent
+    version = KNOWN_ROOM_VERSIONS[version_id]
+    try:
+        event = parse_event(pdu, version)
+    except BadEventFormat as e:
+        assert str(e)
+        return
+    create = parse_event(with_content_hash({
+        "type": "m.room.create", "state_key": "", "sender": "@a:x", "content": {"creator": "@a:x"},
+        "depth": 1, "origin_server_ts": 1, "prev_events": [], "auth_events": [], "room_id": "!r:x",
+        **({} if version.event_ids_are_hashes else {"event_id": "$c:x"})}), version)
+    try:
+        check_state_dependent(event, {create.key: create})
+    except AuthFailed:
+        pass
