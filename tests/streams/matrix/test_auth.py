@@ -265,3 +265,65 @@ def test_redactions_take_effect_as_in_synapse(version_id, redacter, author, reda
     needs_recheck = check_redaction(rv, make_event_from_dict(dict(redaction), rv), synapse_state)
     theirs = not needs_recheck or redacter.split(":")[1] == author.split(":")[1]
     assert ours == theirs
+
+
+@pytest.mark.parametrize("problem", [None, "wrong_mxid", "wrong_token", "bad_signature",
+                                     "other_sender", "target_banned", "no_signed",
+                                     "second_key", "urlsafe_key"])
+@pytest.mark.parametrize("version_id", ["6", "10", "12"])
+def test_third_party_invites_agree_with_synapse(version_id, problem):
+    """An invite backed by a third-party invite: the token's event, its sender, and an
+    ed25519 signature by one of its public keys (real keys, verified by both)."""
+    import base64
+
+    import nacl.signing
+
+    from streams.matrix import canonical_json
+
+    def b64(raw, urlsafe=False):
+        return (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(raw).rstrip(b"=").decode()
+
+    key = nacl.signing.SigningKey.generate()
+    other_key = nacl.signing.SigningKey.generate()
+    version = KNOWN_ROOM_VERSIONS[version_id]
+    public = b64(bytes(key.verify_key), urlsafe=problem == "urlsafe_key")
+    create = {"room_version": version_id}
+    if not version.implicit_room_creator:
+        create["creator"] = USERS[0]
+    state = [_pdu(USERS[0], "m.room.create", create, "")]
+    if version.room_id_from_create_event:
+        del state[0]["room_id"]
+        state[0] = with_content_hash(state[0])
+    room_id = parse_event(state[0], version).room_id
+
+    def in_room(pdu):
+        return with_content_hash(dict(pdu, room_id=room_id))
+
+    tpi_content = {"display_name": "x", "key_validity_url": "https://id/x",
+                   "public_key": public if problem != "second_key" else b64(bytes(other_key.verify_key))}
+    if problem == "second_key":
+        tpi_content["public_keys"] = [{"public_key": public}]
+    state += [in_room(_pdu(USERS[0], "m.room.member", {"membership": "join"}, USERS[0])),
+              in_room(_pdu(USERS[2], "m.room.member", {"membership": "join"}, USERS[2])),
+              in_room(_pdu(USERS[2] if problem == "other_sender" else USERS[0],
+                           "m.room.third_party_invite", tpi_content, "tok"))]
+    if problem == "target_banned":
+        state.append(in_room(_pdu(USERS[0], "m.room.member", {"membership": "ban"}, USERS[1])))
+    signed = {"mxid": USERS[2] if problem == "wrong_mxid" else USERS[1],
+              "token": "other" if problem == "wrong_token" else "tok"}
+    signer = other_key if problem == "bad_signature" else key
+    signed["signatures"] = {"id.example": {"ed25519:0": b64(
+        signer.sign(canonical_json.encode(signed)).signature)}}
+    content = {"membership": "invite", "third_party_invite": {"display_name": "x", "signed": signed}}
+    if problem == "no_signed":
+        del content["third_party_invite"]["signed"]
+    invite = in_room(_pdu(USERS[0], "m.room.member", content, USERS[1]))
+
+    ours_state = {parse_event(p, version).key: parse_event(p, version) for p in state}
+    try:
+        check_state_dependent(parse_event(invite, version), ours_state)
+        ours = True
+    except AuthFailed:
+        ours = False
+    assert ours == _synapse_allows(version_id, state, invite)
+    assert ours == (problem in (None, "second_key", "urlsafe_key"))
