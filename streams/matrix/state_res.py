@@ -220,7 +220,7 @@ def iterative_auth_checks(ordered_ids: Iterable[str], base: Mapping[StateKey, st
                 auth_state[auth_event.key] = auth_event
         for key in auth_types_for_event(event):
             current = state.get(key)
-            if current is not None and current not in rejected:
+            if current is not None and current not in rejected and current in events:
                 auth_state[key] = events[current]
         if event_id in rejected:
             continue
