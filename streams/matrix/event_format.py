@@ -185,9 +185,7 @@ def parse_event(pdu: dict, version: RoomVersion) -> Event:
     room_id = pdu.get("room_id")
     if version.room_id_from_create_event:
         if is_create:
-            if "room_id" in pdu:
-                # rule 1 rejects it; kept parseable so that the verdict is "rejected"
-                pass
+            # a create event carrying a room_id still parses: auth rule 1 rejects it
             room_id = room_id_from_create_event_id(event_id)
         else:
             if not isinstance(room_id, str) or not room_id.startswith("!"):

@@ -8,4 +8,4 @@ try:
     import synapse.event_auth  # noqa: F401  (import order, see above)
 except ImportError:  # fail, never skip: the oracle is part of the tests
     pytest.exit("matrix-synapse is missing: pip install 'matrix-synapse==1.163.2' "
-                "(it is in requirements.txt)", returncode=1)
+                "(requirements-test.in; make test installs it)", returncode=1)
