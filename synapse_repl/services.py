@@ -204,6 +204,15 @@ class RedisServer:
 # --- A standalone Spark cluster (master + one worker) -------------------------------------------
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, so a
+    killed test run leaves no JVM behind (Linux's PR_SET_PDEATHSIG; kept across exec)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 @dataclass
 class SparkStandaloneCluster:
     """A standalone Spark master and one worker on loopback, run from pyspark's own
@@ -249,7 +258,7 @@ class SparkStandaloneCluster:
             ["bash", spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
              "--port", str(self.port), "--webui-port", str(self.webui_port)],
             env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "master.log"), "ab"),
-            stderr=subprocess.STDOUT, start_new_session=True,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
         )
         try:
             _wait_for_port(self.port, self.master, "spark master", timeout)
@@ -258,7 +267,7 @@ class SparkStandaloneCluster:
                  "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
                  "--work-dir", env["SPARK_WORKER_DIR"]],
                 env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "worker.log"), "ab"),
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
             )
             self._wait_worker_alive(timeout)
         except BaseException:
@@ -266,14 +275,21 @@ class SparkStandaloneCluster:
             raise
         return self
 
-    def alive_workers(self) -> int:
-        """Workers the master reports ALIVE (its web UI's JSON)."""
+    def master_state(self) -> dict:
+        """What the master reports on its web UI's JSON: workers, applications, cores."""
         import json
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=2) as answer:
-            state = json.load(answer)
-        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+            return json.load(answer)
+
+    def alive_workers(self) -> int:
+        return sum(1 for w in self.master_state().get("workers", []) if w.get("state") == "ALIVE")
+
+    def applications(self) -> list[str]:
+        """Names of the applications (drivers) that ran or run on the cluster."""
+        state = self.master_state()
+        return [app["name"] for app in (*state.get("activeapps", []), *state.get("completedapps", []))]
 
     def _wait_worker_alive(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
