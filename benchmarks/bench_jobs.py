@@ -1,6 +1,6 @@
 """Batch jobs end to end on PostgreSQL, against a single-process Python run of the same work.
 
-    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick]
+    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick] [--cluster]
 
 Starts a throwaway PostgreSQL (fsync on), generates ``--events`` events in ``--rooms`` rooms
 through the real persist path (``generate_rooms``: big churny rooms, many small ones, every
@@ -14,6 +14,10 @@ history visibility, backfilled history), then measures, on that one database:
   psycopg, the same per-room functions (``topology.room_orderings``, ``visibility.ranges_of_room``)
   in a loop, the result copied into a staging table and swapped in with the same statements.
 * the visibility table's size (rows) against one row per visible (event, user) pair.
+* ``--cluster``: the four jobs (both recomputations, both checks) on ``local[2]`` and on a
+  standalone Spark cluster started here (a master and one worker of 2 cores, from pyspark's
+  distribution; executors in JVMs of their own, the project's code shipped to them), one
+  after the other on the same data in the same run; the single-process twins are skipped.
 
 Goals: each job <= 120 s end to end with local[2]; the range encoding >= 10x smaller.
 Exit status 0 whether or not the goals are met.
@@ -116,12 +120,55 @@ def _copy(stage, rows: list[tuple]) -> None:
                 copy.write_row([None if pd.isna(v) else v for v in row])
 
 
+CLUSTER_JOBS = ("topological_ordering", "visibility", "check_topological_ordering", "check_visibility")
+
+
+def compare_masters(run_job, spark_version: str) -> None:
+    """The jobs on local[2], then on a standalone cluster (1 worker, 2 cores), same data."""
+    from streams.jobs.session import spark_session, stop_spark
+    from synapse_repl.services import SparkStandaloneCluster
+
+    t0 = time.monotonic()
+    cluster = SparkStandaloneCluster(cores=2, memory="2g").start()
+    print(f"standalone cluster (master + 1 worker, 2 cores, 2g) started in {time.monotonic() - t0:.1f} s "
+          f"at {cluster.url}", flush=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_EXECUTOR_MEMORY", "2g")
+    times: dict[str, dict[str, float]] = {}
+    try:
+        for label, master in (("local[2]", "local[2]"), ("cluster", cluster.url)):
+            stop_spark()
+            t0 = time.monotonic()
+            spark_session(master)
+            times.setdefault("session start-up", {})[label] = time.monotonic() - t0
+            print(f"spark {spark_version} {label} session start-up: {times['session start-up'][label]:.1f} s",
+                  flush=True)
+            for job in CLUSTER_JOBS:
+                t0 = time.monotonic()
+                run = run_job(job, trigger=f"bench {label}")
+                times.setdefault(job, {})[label] = time.monotonic() - t0
+                print(f"  {label:8s} {job:28s} {times[job][label]:7.1f} s  ({run.status}; rows in {run.rows_in:,}, "
+                      f"rows out {run.rows_out:,}, differences {run.differences})", flush=True)
+                if run.status != "succeeded":
+                    raise RuntimeError(f"{job} on {label}: {run.error[-2000:]}")
+        stop_spark()
+    finally:
+        cluster.stop()
+    print()
+    print(f"{'job':28s} {'local[2] s':>11s} {'cluster s':>10s} {'cluster/local':>14s}")
+    print("-" * 66)
+    for job, by in times.items():
+        print(f"{job:28s} {by['local[2]']:11.1f} {by['cluster']:10.1f} {by['cluster'] / by['local[2]']:14.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=None, help="events to generate (default 1,000,000; --quick 100,000)")
     parser.add_argument("--rooms", type=int, default=None, help="rooms (default 10,000; --quick 1,000)")
     parser.add_argument("--users", type=int, default=None, help="users (default rooms x 2)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cluster", action="store_true",
+                        help="compare local[2] with a standalone Spark cluster started here (jobs only)")
     parser.add_argument("--data-dir", help="keep the generated PostgreSQL cluster here and reuse it next time "
                                            "(the same --events/--rooms/--users): skips the generation")
     args = parser.parse_args(argv)
@@ -166,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         from streams.jobs.runner import run_job
         from streams.jobs.session import spark_session
 
+        if args.cluster:
+            compare_masters(run_job, spark_version)
+            print(f"total time {time.monotonic() - t_begin:.0f} s")
+            return 0
         t0 = time.monotonic()
         spark_session()
         startup = time.monotonic() - t0
