@@ -63,7 +63,9 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         run = JobRun.objects.create(job=name, parameters=params, trigger=trigger, started_at=timezone.now())
     elif (run.job, run.parameters) != (name, params):
         raise ValueError(f"run #{run.pk} is {run.job} {run.parameters}, not {name} {params}")
-    else:  # a run that took the lock meanwhile may have taken it for a dead one's: it is not
+    else:
+        # A run that took the lock before this process did may have marked this record failed,
+        # taking it for a dead process's run; it is alive again from here.
         run.status, run.error, run.ended_at = JobRun.Status.RUNNING, "", None
     lock = JobLock(name)
     try:
