@@ -1,6 +1,6 @@
 """Batch jobs end to end on PostgreSQL, against a single-process Python run of the same work.
 
-    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick]
+    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick] [--cluster [--repeat N]]
 
 Starts a throwaway PostgreSQL (fsync on), generates ``--events`` events in ``--rooms`` rooms
 through the real persist path (``generate_rooms``: big churny rooms, many small ones, every
@@ -14,6 +14,11 @@ history visibility, backfilled history), then measures, on that one database:
   psycopg, the same per-room functions (``topology.room_orderings``, ``visibility.ranges_of_room``)
   in a loop, the result copied into a staging table and swapped in with the same statements.
 * the visibility table's size (rows) against one row per visible (event, user) pair.
+* ``--cluster``: the four jobs (both recomputations, both checks) on ``local[2]`` and on a
+  standalone Spark cluster started here (a master and one worker of 2 cores, from pyspark's
+  distribution; executors in JVMs of their own, the project's code shipped to them), on the
+  same data in the same run, ``--repeat`` rounds alternating which goes first (medians);
+  the single-process twins are skipped.
 
 Goals: each job <= 120 s end to end with local[2]; the range encoding >= 10x smaller.
 Exit status 0 whether or not the goals are met.
@@ -116,12 +121,67 @@ def _copy(stage, rows: list[tuple]) -> None:
                 copy.write_row([None if pd.isna(v) else v for v in row])
 
 
+CLUSTER_JOBS = ("topological_ordering", "visibility", "check_topological_ordering", "check_visibility")
+
+
+def compare_masters(run_job, spark_version: str, repeat: int) -> None:
+    """The jobs on local[2] and on a standalone cluster (1 worker, 2 cores), same data, in
+    ``repeat`` rounds that alternate which goes first (the driver's JVM is one for both, and
+    warms up); medians."""
+    import statistics
+
+    from streams.jobs.session import spark_session, stop_spark
+    from synapse_repl.services import SparkStandaloneCluster
+
+    t0 = time.monotonic()
+    cluster = SparkStandaloneCluster(cores=2, memory="2g").start()
+    print(f"standalone cluster (master + 1 worker, 2 cores, 2g) started in {time.monotonic() - t0:.1f} s "
+          f"at {cluster.url}", flush=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_EXECUTOR_MEMORY", "2g")
+    masters = [("local[2]", "local[2]"), ("cluster", cluster.url)]
+    times: dict[str, dict[str, list[float]]] = {}
+    startup = "start-up (session + 1 Python task)"
+    try:
+        for round_ in range(repeat):
+            for label, master in (masters if round_ % 2 == 0 else masters[::-1]):
+                stop_spark()
+                t0 = time.monotonic()
+                session = spark_session(master)
+                # on the cluster, executors and their Python workers start with the first task
+                session.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).count()
+                times.setdefault(startup, {}).setdefault(label, []).append(time.monotonic() - t0)
+                print(f"round {round_ + 1}: spark {spark_version} {label} {startup}: "
+                      f"{times[startup][label][-1]:.1f} s", flush=True)
+                for job in CLUSTER_JOBS:
+                    t0 = time.monotonic()
+                    run = run_job(job, trigger=f"bench {label}")
+                    times.setdefault(job, {}).setdefault(label, []).append(time.monotonic() - t0)
+                    print(f"  {label:8s} {job:28s} {times[job][label][-1]:7.1f} s  ({run.status}; rows in "
+                          f"{run.rows_in:,}, rows out {run.rows_out:,}, differences {run.differences})", flush=True)
+                    if run.status != "succeeded":
+                        raise RuntimeError(f"{job} on {label}: {run.error[-2000:]}")
+        stop_spark()
+    finally:
+        cluster.stop()
+    print()
+    print(f"medians of {repeat} round(s)")
+    print(f"{'job':36s} {'local[2] s':>11s} {'cluster s':>10s} {'cluster/local':>14s}")
+    print("-" * 74)
+    for job, by in times.items():
+        local, remote = statistics.median(by["local[2]"]), statistics.median(by["cluster"])
+        print(f"{job:36s} {local:11.1f} {remote:10.1f} {remote / local:14.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=None, help="events to generate (default 1,000,000; --quick 100,000)")
     parser.add_argument("--rooms", type=int, default=None, help="rooms (default 10,000; --quick 1,000)")
     parser.add_argument("--users", type=int, default=None, help="users (default rooms x 2)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cluster", action="store_true",
+                        help="compare local[2] with a standalone Spark cluster started here (jobs only)")
+    parser.add_argument("--repeat", type=int, default=1, help="--cluster: rounds, alternating which goes first")
     parser.add_argument("--data-dir", help="keep the generated PostgreSQL cluster here and reuse it next time "
                                            "(the same --events/--rooms/--users): skips the generation")
     args = parser.parse_args(argv)
@@ -166,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         from streams.jobs.runner import run_job
         from streams.jobs.session import spark_session
 
+        if args.cluster:
+            compare_masters(run_job, spark_version, args.repeat)
+            print(f"total time {time.monotonic() - t_begin:.0f} s")
+            return 0
         t0 = time.monotonic()
         spark_session()
         startup = time.monotonic() - t0

@@ -47,20 +47,24 @@ def start_job(request: HttpRequest) -> HttpResponse:
     from streams.tasks import run_job_task
 
     if settings.CELERY_TASK_ALWAYS_EAGER:
-        # Embedded default: no Celery worker; run it beside the request, not inside it.
-        threading.Thread(target=_run_here, args=(job, rooms, trigger), name=f"job {job}", daemon=True).start()
+        # Embedded default: no Celery worker. The job runs in a child process (its JVM ends
+        # with it, not resident in this one), waited for by a thread beside the request.
+        from streams.jobs.child import create_run
+
+        run = create_run(job, rooms, trigger)
+        threading.Thread(target=_run_in_child, args=(run,), name=f"job {job} #{run.pk}", daemon=True).start()
     else:
         run_job_task.delay(job, rooms, trigger=trigger)
     messages.info(request, f"{job} started; its run appears below.")
     return redirect("dashboard:streams")
 
 
-def _run_here(job: str, rooms: list[str] | None, trigger: str) -> None:
+def _run_in_child(run) -> None:
     from django.db import connection
 
-    from streams.tasks import run_job_task
+    from streams.jobs.child import run_in_child
 
     try:
-        run_job_task.apply(args=(job, rooms), kwargs={"trigger": trigger})
+        run_in_child(run)
     finally:
         connection.close()

@@ -1,25 +1,56 @@
-"""Celery beat entries from crontab strings kept in settings (and so in the environment)."""
+"""Celery beat entries from schedule strings kept in settings (and so in the environment).
+
+A schedule is a crontab ``"minute hour day-of-month month day-of-week"`` or an interval
+``"@every 30s"`` (``s``, ``m`` or ``h``; for tests and demos that cannot wait for a minute
+boundary); an empty string turns it off.
+"""
 from __future__ import annotations
+
+import re
+from datetime import timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 
+_EVERY = re.compile(r"@every\s+(\d+)\s*([smh])")
+_UNIT = {"s": "seconds", "m": "minutes", "h": "hours"}
+
+
+def parse_schedule(name: str, text: str):
+    """``text`` as a Celery schedule (a crontab or a fixed interval); raises naming ``name``."""
+    from celery.schedules import crontab, schedule
+
+    every = _EVERY.fullmatch(text.strip())
+    if every:
+        interval = timedelta(**{_UNIT[every.group(2)]: int(every.group(1))})
+        if not interval:
+            raise ImproperlyConfigured(f"schedule {name!r}: {text!r}: the interval must be positive")
+        return schedule(run_every=interval)
+    fields = text.split()
+    if len(fields) != 5:
+        raise ImproperlyConfigured(f"schedule {name!r}: {text!r} is not 'minute hour day month weekday' "
+                                   "nor '@every N(s|m|h)'")
+    try:
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        return crontab(minute=minute, hour=hour, day_of_month=day_of_month,
+                       month_of_year=month_of_year, day_of_week=day_of_week)
+    except ValueError as e:
+        raise ImproperlyConfigured(f"schedule {name!r}: {text!r}: {e}") from e
+
+
+def half_an_hour_later(text: str) -> str:
+    """The crontab ``text`` at minute 30 instead (the visibility job, after the orderings it
+    ranges over); an interval or an empty schedule stays as it is."""
+    if not text.strip() or text.strip().startswith("@"):
+        return text
+    return " ".join(["30", *text.split()[1:]])
+
 
 def beat_schedule(schedules: dict[str, tuple[str, str]]) -> dict[str, dict]:
-    """``{"name": ("m h dom mon dow", job)}`` -> ``CELERY_BEAT_SCHEDULE`` (empty cron: off)."""
-    from celery.schedules import crontab
-
+    """``{"name": (schedule, job)}`` -> ``CELERY_BEAT_SCHEDULE`` (empty schedule: off)."""
     out = {}
-    for name, (cron, job) in schedules.items():
-        if not cron.strip():
+    for name, (text, job) in schedules.items():
+        if not text.strip():
             continue
-        fields = cron.split()
-        if len(fields) != 5:
-            raise ImproperlyConfigured(f"schedule {name!r}: {cron!r} is not 'minute hour day month weekday'")
-        try:
-            minute, hour, day_of_month, month_of_year, day_of_week = fields
-            entry = crontab(minute=minute, hour=hour, day_of_month=day_of_month,
-                            month_of_year=month_of_year, day_of_week=day_of_week)
-        except ValueError as e:
-            raise ImproperlyConfigured(f"schedule {name!r}: {cron!r}: {e}") from e
-        out[name] = {"task": "streams.run_job", "schedule": entry, "args": (job,), "kwargs": {"trigger": "beat"}}
+        out[name] = {"task": "streams.run_job", "schedule": parse_schedule(name, text), "args": (job,),
+                     "kwargs": {"trigger": "beat"}}
     return out

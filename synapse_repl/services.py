@@ -199,3 +199,129 @@ class RedisServer:
         self.kill()
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# --- A standalone Spark cluster (master + one worker) -------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, so a
+    killed test run leaves no JVM behind (Linux's PR_SET_PDEATHSIG; kept across exec)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class SparkStandaloneCluster:
+    """A standalone Spark master and one worker on loopback, run from pyspark's own
+    distribution (``bin/spark-class``; pyspark ships no ``sbin/start-master.sh``).
+
+    The jobs' tests and ``benchmarks/bench_jobs.py --cluster`` run against it as they would
+    against ``spark://spark-master:7077``: executors are separate JVMs the worker launches,
+    with their own Python workers, so nothing of the driver's process is shared with them.
+    """
+
+    cores: int = 1
+    memory: str = "1g"
+    directory: str = ""
+    port: int = 0
+    webui_port: int = 0
+    master: subprocess.Popen | None = field(default=None, repr=False)
+    worker: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def spark_home() -> str:
+        try:
+            import pyspark
+        except ImportError as e:  # pragma: no cover - pinned in requirements.txt
+            raise MissingBinary(f"pyspark is not installed ({e}): pip install -r requirements.txt") from e
+        return os.path.dirname(pyspark.__file__)
+
+    def start(self, timeout: float = 90.0) -> "SparkStandaloneCluster":
+        if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+            raise MissingBinary("java not found: install the Debian package openjdk-17-jre-headless")
+        home = self.spark_home()
+        if not self.directory:
+            self.directory = tempfile.mkdtemp(prefix="synapse_repl_spark_")
+        self.port, self.webui_port = free_port(), free_port()
+        env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
+               "SPARK_LOG_DIR": self.directory, "SPARK_WORKER_DIR": os.path.join(self.directory, "work")}
+        env.pop("SPARK_CONF_DIR", None)
+        spark_class = os.path.join(home, "bin", "spark-class")
+        self.master = subprocess.Popen(
+            ["bash", spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(self.port), "--webui-port", str(self.webui_port)],
+            env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "master.log"), "ab"),
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        try:
+            _wait_for_port(self.port, self.master, "spark master", timeout)
+            self.worker = subprocess.Popen(
+                ["bash", spark_class, "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
+                 "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
+                 "--work-dir", env["SPARK_WORKER_DIR"]],
+                env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "worker.log"), "ab"),
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+            self._wait_worker_alive(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def master_state(self) -> dict:
+        """What the master reports on its web UI's JSON: workers, applications, cores."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=2) as answer:
+            return json.load(answer)
+
+    def alive_workers(self) -> int:
+        return sum(1 for w in self.master_state().get("workers", []) if w.get("state") == "ALIVE")
+
+    def applications(self) -> list[str]:
+        """Names of the applications (drivers) that ran or run on the cluster."""
+        state = self.master_state()
+        return [app["name"] for app in (*state.get("activeapps", []), *state.get("completedapps", []))]
+
+    def _wait_worker_alive(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, proc in (("master", self.master), ("worker", self.worker)):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"spark {name} exited with status {proc.returncode} during start-up:\n"
+                                       + self.log_tail(name))
+            try:
+                if self.alive_workers() >= 1:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no spark worker registered within {timeout:.0f} s:\n" + self.log_tail("worker"))
+            time.sleep(0.2)
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        try:
+            with open(os.path.join(self.directory, f"{name}.log"), errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        for proc in (self.worker, self.master):  # the worker first: it kills its executors
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)

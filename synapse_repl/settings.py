@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from .schedules import beat_schedule
+from .schedules import beat_schedule, half_an_hour_later
 from .secret import load_or_create_secret_key
 from .security import celery_redis_ssl, replication_secret
 from .startup import database_url_problem, redis_url_problem
@@ -130,13 +130,13 @@ CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Batch jobs (streams/jobs): nightly recomputation, hourly consistency checks. Each schedule is
-# a crontab "minute hour day-of-month month day-of-week"; an empty value turns it off.
+# a crontab "minute hour day-of-month month day-of-week" or an interval "@every 30s" (s, m, h);
+# an empty value turns it off.
 _RECOMPUTE_CRON = os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *")
 _CHECK_CRON = os.environ.get("JOBS_CHECK_CRON", "17 * * * *")
 JOB_SCHEDULES = {
     "nightly topological ordering": (_RECOMPUTE_CRON, "topological_ordering"),
-    "nightly visibility": (" ".join(["30", *_RECOMPUTE_CRON.split()[1:]]) if _RECOMPUTE_CRON.strip() else "",
-                           "visibility"),  # half an hour after the orderings it ranges over
+    "nightly visibility": (half_an_hour_later(_RECOMPUTE_CRON), "visibility"),  # after the orderings
     "hourly ordering check": (_CHECK_CRON, "check_topological_ordering"),
     "hourly visibility check": (_CHECK_CRON, "check_visibility"),
 }

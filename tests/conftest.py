@@ -140,3 +140,20 @@ def default_database(request, transactional_db):
         yield request.param
     finally:
         connections["default"] = postgres
+
+
+# --- Spark on a standalone cluster (issue 15.3; streams/jobs) ----------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark_cluster():
+    """A standalone Spark master and one worker (1 core, 1 GiB) on loopback, from pyspark's
+    own distribution, shared by the whole run. Fails (never skips) where it cannot start."""
+    from synapse_repl.services import SparkStandaloneCluster
+
+    try:
+        cluster = _started(SparkStandaloneCluster(cores=1, memory="1g"))
+    except RuntimeError as e:
+        pytest.fail(f"the standalone Spark cluster did not start: {e}", pytrace=False)
+    yield cluster
+    cluster.stop()

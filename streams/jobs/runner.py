@@ -47,13 +47,26 @@ def load_jobs() -> None:
     from . import definitions  # noqa: F401
 
 
-def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "manual") -> JobRun:
-    """Run job ``name`` (on ``rooms`` only, if given) and return its finished record."""
+def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "manual",
+            run: JobRun | None = None) -> JobRun:
+    """Run job ``name`` (on ``rooms`` only, if given) and return its finished record.
+
+    ``run``: a record made beforehand by whoever launched this process (``jobs.child``), so
+    that the launcher can still record the outcome if this process dies; its job and rooms
+    must be ``name`` and ``rooms``.
+    """
     load_jobs()
     if name not in JOBS:
         raise UnknownJob(f"unknown job {name!r}; known: {', '.join(sorted(JOBS))}")
     params = {"rooms": list(rooms)} if rooms else {}
-    run = JobRun.objects.create(job=name, parameters=params, trigger=trigger, started_at=timezone.now())
+    if run is None:
+        run = JobRun.objects.create(job=name, parameters=params, trigger=trigger, started_at=timezone.now())
+    elif (run.job, run.parameters) != (name, params):
+        raise ValueError(f"run #{run.pk} is {run.job} {run.parameters}, not {name} {params}")
+    else:
+        # A run that took the lock before this process did may have marked this record failed,
+        # taking it for a dead process's run; it is alive again from here.
+        run.status, run.error, run.ended_at = JobRun.Status.RUNNING, "", None
     lock = JobLock(name)
     try:
         if not lock.acquire():

@@ -15,8 +15,10 @@ class Command(BaseCommand):
         parser.add_argument("--rooms", nargs="+", metavar="ROOM_ID", help="only these rooms")
         parser.add_argument("--via-celery", action="store_true",
                             help="send it to the Celery workers instead and wait for the result")
+        parser.add_argument("--run", type=int, metavar="ID",
+                            help="fill in this job run record (made by the process that launched this one)")
 
-    def handle(self, *args, job: str, rooms, via_celery: bool, **options) -> None:
+    def handle(self, *args, job: str, rooms, via_celery: bool, run: int | None = None, **options) -> None:
         from streams.jobs.runner import JOBS, load_jobs, run_job
         from streams.models import JobRun
 
@@ -33,10 +35,16 @@ class Command(BaseCommand):
             result = run_job_task.delay(job, rooms, trigger="run_job --via-celery").get()
             run = JobRun.objects.get(pk=result["run"])
         else:
+            record = None
+            if run is not None:
+                try:
+                    record = JobRun.objects.get(pk=run)
+                except JobRun.DoesNotExist:
+                    raise CommandError(f"no job run #{run}") from None
             try:
-                run = run_job(job, rooms, trigger="run_job")
+                run = run_job(job, rooms, trigger="run_job", run=record)
             except Exception as e:
-                run = JobRun.objects.filter(job=job).first()
+                run = record or JobRun.objects.filter(job=job).first()
                 raise CommandError(f"{job} failed (run #{run.pk if run else '?'}): {e}") from e
         self.stdout.write(
             f"{run.job} run #{run.pk}: {run.status} in {run.duration_seconds or 0:.1f} s; "

@@ -88,3 +88,17 @@ def test_run_job_command(spark):
     assert JobRun.objects.get(job="check_visibility").parameters == {"rooms": ["!nowhere:hs"]}
     with pytest.raises(CommandError, match="unknown job"):
         call_command("run_job", "nope")
+
+
+def test_a_record_made_by_the_launcher_is_filled_in(test_jobs):
+    """jobs.child makes the record first; the runner fills that one in, even if another run
+    took it for a dead process's meanwhile, and refuses a record of another job."""
+    made = JobRun.objects.create(job="test_count", parameters={"rooms": ["!x"]}, trigger="dashboard (t)",
+                                 started_at=timezone.now(), status=JobRun.Status.FAILED, error="ended before...")
+    run = run_job("test_count", ["!x"], run=made)
+    assert run.pk == made.pk and JobRun.objects.count() == 1
+    stored = JobRun.objects.get(pk=made.pk)
+    assert (stored.status, stored.error, stored.trigger, stored.rows_in) == (
+        JobRun.Status.SUCCEEDED, "", "dashboard (t)", 1)
+    with pytest.raises(ValueError, match="not test_fail"):
+        run_job("test_fail", ["!x"], run=made)

@@ -1,0 +1,79 @@
+"""Running a job in a child process (``manage.py run_job --run N``), for a process that must
+not host Spark itself: the web process on the embedded default, where Celery is eager and a
+job started from the dashboard would otherwise leave the driver's JVM (some 670 MB) resident
+in it for good. The child exits with its JVM when the job ends.
+
+The launcher makes the :class:`JobRun` first and hands its id to the child, so that whatever
+happens to the child (killed, out of memory, a broken environment) the run is recorded.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+from ..models import JobRun
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+#: how much of a dead child's output the run's error keeps
+ERROR_TAIL = 20000
+
+
+def child_environment(using: str = "default") -> dict[str, str]:
+    """This process's environment, with the database, state directory and Spark master this
+    process actually uses (a test's database, a settings override) rather than the ones its
+    environment named at start-up."""
+    from urllib.parse import quote
+
+    env = os.environ.copy()
+    params = connections[using].settings_dict
+    if connections[using].vendor == "postgresql":
+        auth = quote(params.get("USER") or "", safe="")
+        if params.get("PASSWORD"):
+            auth += ":" + quote(params["PASSWORD"], safe="")
+        host = params.get("HOST") or "localhost"
+        port = f":{params['PORT']}" if params.get("PORT") else ""
+        env["DATABASE_URL"] = f"postgres://{auth + '@' if auth else ''}{host}{port}/{quote(params['NAME'], safe='')}"
+    else:
+        env["DATABASE_URL"] = f"sqlite:///{params['NAME']}"
+    env["STATE_DIR"] = str(settings.STATE_DIR)
+    env["SPARK_MASTER"] = settings.SYNAPSE_REPL["SPARK_MASTER"]
+    return env
+
+
+def create_run(job: str, rooms: Sequence[str] | None, trigger: str) -> JobRun:
+    """The record the child will fill in (``running`` until it does)."""
+    return JobRun.objects.create(job=job, parameters={"rooms": list(rooms)} if rooms else {},
+                                 trigger=trigger, started_at=timezone.now())
+
+
+def run_in_child(run: JobRun, timeout: float | None = None) -> JobRun:
+    """Run ``run``'s job in a ``manage.py run_job`` child, wait for it, return the record as the
+    child left it; a child that ended without recording an outcome leaves it ``failed`` with
+    its exit status and the end of its output."""
+    rooms = run.parameters.get("rooms") or []
+    command = [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_job", run.job, "--run", str(run.pk)]
+    if rooms:
+        command += ["--rooms", *rooms]
+    try:
+        child = subprocess.run(command, cwd=PROJECT_ROOT, env=child_environment(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        ending = f"exited with status {child.returncode}"
+        output = child.stdout.decode(errors="replace")
+    except subprocess.TimeoutExpired as e:  # subprocess.run killed it
+        ending = f"was killed after {timeout:.0f} s"
+        output = (e.stdout or b"").decode(errors="replace")
+    run.refresh_from_db()
+    if run.status == JobRun.Status.RUNNING:
+        run.status = JobRun.Status.FAILED
+        run.ended_at = timezone.now()
+        run.error = f"the job's process {ending} before recording an outcome:\n{output}"[-ERROR_TAIL:]
+        run.save(update_fields=["status", "ended_at", "error"])
+    return run

@@ -1,0 +1,162 @@
+"""The jobs on a real standalone Spark cluster (a master and a worker from pyspark's
+distribution, executors in JVMs of their own), launched through a real Celery worker
+process on the suite's Redis, give what ``local[*]`` gives on the same data; Celery beat
+fires a job on its schedule.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from streams.models import JobRun
+from synapse_repl.processes import ProcessGroup
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+#: the checks first (they see the damage), then the recomputations that repair it
+JOBS = ("check_topological_ordering", "check_visibility", "topological_ordering", "visibility")
+
+
+@pytest.fixture(scope="module")
+def cluster_celery(tmp_path_factory, django_db_setup, django_db_blocker, redis_server, spark_cluster):
+    """A Celery worker process (solo pool, one task at a time) whose jobs' driver runs on the
+    standalone cluster; the ProcessGroup, so a test can start beat beside it."""
+    d = connection.settings_dict
+    pg_url = f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
+    tmp_path = tmp_path_factory.mktemp("celery_cluster")
+    group = ProcessGroup(tmp_path)
+    group.env = {**os.environ, "DATABASE_URL": pg_url, "REDIS_URL": redis_server.url,
+                 "STATE_DIR": str(tmp_path / "state"), "SPARK_MASTER": spark_cluster.url,
+                 "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DRIVER_MEMORY": "1g", "SPARK_SHUFFLE_PARTITIONS": "2", "SPARK_EXECUTOR_MEMORY": "1g",
+                 "JOBS_RECOMPUTE_CRON": "", "JOBS_CHECK_CRON": ""}
+    group.start("celery", "-m", "celery", "-A", "synapse_repl", "worker", "--pool", "solo",
+                "--prefetch-multiplier", "1", "--loglevel", "INFO", "-Q", "celery", "--without-heartbeat",
+                "--without-mingle", "--without-gossip")
+    from synapse_repl.celery import app
+
+    saved = dict(app.conf)
+    app.conf.update(broker_url=redis_server.url, result_backend=redis_server.url, task_always_eager=False)
+    try:
+        yield group
+    finally:
+        app.conf.update({k: saved[k] for k in ("broker_url", "result_backend", "task_always_eager")})
+        group.stop()
+
+
+def through_celery(job: str) -> JobRun:
+    from streams.tasks import run_job_task
+
+    answer = run_job_task.apply_async(args=(job,), kwargs={"trigger": "test"}).get(timeout=600)
+    return JobRun.objects.get(pk=answer["run"])
+
+
+def outcome(run: JobRun) -> tuple:
+    """What a run found and did, by value (its sample in a stable order)."""
+    sample = sorted(json.dumps(d, sort_keys=True, default=str) for d in run.difference_sample)
+    return run.status, run.error, run.rows_in, run.rows_out, run.differences, sample
+
+
+def stored() -> dict[str, list[tuple]]:
+    """Every value the jobs read or write, in a stable order."""
+    queries = {
+        "events": "SELECT event_id, topological_ordering, depth FROM events ORDER BY event_id",
+        "memberships": "SELECT event_id, topological_ordering FROM room_memberships ORDER BY event_id",
+        "ranges": "SELECT room_id, user_id, start_topological, start_stream, end_topological, end_stream "
+                  "FROM room_visibility_ranges ORDER BY 1, 2, 3, 4",
+    }
+    with connection.cursor() as cursor:
+        out = {}
+        for name, sql in queries.items():
+            cursor.execute(sql)
+            out[name] = cursor.fetchall()
+        return out
+
+
+def restore(state: dict[str, list[tuple]]) -> None:
+    with connection.cursor() as cursor:
+        cursor.executemany("UPDATE events SET topological_ordering = %s, depth = %s WHERE event_id = %s",
+                           [(t, d, e) for e, t, d in state["events"]])
+        cursor.executemany("UPDATE room_memberships SET topological_ordering = %s WHERE event_id = %s",
+                           [(t, e) for e, t in state["memberships"]])
+        cursor.execute("DELETE FROM room_visibility_ranges")
+        cursor.executemany("INSERT INTO room_visibility_ranges (room_id, user_id, start_topological, start_stream, "
+                           "end_topological, end_stream) VALUES (%s, %s, %s, %s, %s, %s)", state["ranges"])
+
+
+def damage() -> str:
+    """Orderings changed behind the persist path's back, a user's range lost, an intruder's
+    gained; returns the user who lost one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT event_id FROM events ORDER BY stream_ordering")
+        events = [e for (e,) in cursor.fetchall()]
+        cursor.execute("UPDATE events SET topological_ordering = topological_ordering + 1000, depth = depth + 1000 "
+                       "WHERE event_id = ANY(%s)", [[events[3], events[len(events) // 2], events[-2]]])
+        cursor.execute("SELECT room_id, user_id, start_topological, start_stream FROM room_visibility_ranges "
+                       "ORDER BY 1, 2, 3, 4")
+        ranges = cursor.fetchall()
+        victim = ranges[len(ranges) // 3]
+        cursor.execute("DELETE FROM room_visibility_ranges WHERE room_id = %s AND user_id = %s "
+                       "AND start_topological = %s AND start_stream = %s", victim)
+        cursor.execute("INSERT INTO room_visibility_ranges (room_id, user_id, start_topological, start_stream, "
+                       "end_topological, end_stream) VALUES (%s, '@intruder:hs', 0, -9999999, NULL, NULL)",
+                       [ranges[0][0]])
+    return victim[1]
+
+
+def test_jobs_and_checks_on_the_cluster_match_local(cluster_celery, spark_cluster, spark):
+    from streams.jobs.runner import run_job
+
+    call_command("generate_rooms", rooms=8, users=20, events=700, seed=21, batch=350, no_progress=True)
+    victim = damage()
+    damaged = stored()
+
+    on_cluster = {job: outcome(through_celery(job)) for job in JOBS}
+    after_cluster = stored()
+    assert any(name.startswith("synapse_repl jobs") for name in spark_cluster.applications()), \
+        spark_cluster.master_state()
+
+    restore(damaged)
+    assert stored() == damaged
+    local = {job: outcome(run_job(job, trigger="test")) for job in JOBS}  # the suite's local[2]
+    after_local = stored()
+
+    for job in JOBS:
+        assert on_cluster[job] == local[job], job
+    assert after_cluster == after_local
+    # ... and both did the work: they saw the damage and repaired it
+    assert all(o[0] == JobRun.Status.SUCCEEDED for o in local.values())
+    assert local["check_topological_ordering"][4] == 3
+    users = {json.loads(d)["user_id"] for d in local["check_visibility"][5]}
+    assert {"@intruder:hs", victim} <= users
+    assert local["topological_ordering"][3] == 3
+    assert after_local["events"] != damaged["events"] and after_local["ranges"] != damaged["ranges"]
+
+
+def test_beat_fires_a_job_on_its_schedule(cluster_celery):
+    call_command("generate_rooms", rooms=2, users=5, events=60, seed=22, batch=60, no_progress=True)
+    beat = cluster_celery.start(
+        "beat", "-m", "celery", "-A", "synapse_repl", "beat", "--loglevel", "INFO",
+        "-s", str(cluster_celery.tmp / "beat-schedule"),
+        env={"JOBS_CHECK_CRON": "@every 4s", "JOBS_RECOMPUTE_CRON": ""})
+    try:
+        deadline = time.monotonic() + 180
+        while not JobRun.objects.filter(trigger="beat", status=JobRun.Status.SUCCEEDED).exists():
+            assert beat.poll() is None, (cluster_celery.tmp / "beat.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (cluster_celery.tmp / "beat.log").read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        beat.terminate()
+        beat.wait(timeout=20)
+    from synapse_repl.celery import app
+
+    app.control.purge()  # what beat queued since; then one task after anything the worker holds
+    through_celery("check_topological_ordering")
+    run = JobRun.objects.filter(trigger="beat", status=JobRun.Status.SUCCEEDED).earliest("started_at")
+    assert run.job in ("check_topological_ordering", "check_visibility")
+    assert run.rows_in == 60 and run.differences == 0
+    assert "Scheduler: Sending due task hourly" in (cluster_celery.tmp / "beat.log").read_text()
