@@ -14,9 +14,12 @@ from django.core.exceptions import ImproperlyConfigured
 from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
 from .security import celery_redis_ssl, replication_secret
+from .state_dir import secure_state_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
+# Before anything creates a file there (SQLite, its WAL, secrets): 0700, files 0600.
+secure_state_dir(STATE_DIR)
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -226,11 +229,15 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = STATE_DIR / "staticfiles"
 LOGIN_URL = "/admin/login/"
+# The debug error page masks URL passwords in the settings it shows, too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "synapse_repl.redaction.RedactingExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # Every line goes through redaction: no URL's password reaches a log (docs/security.md).
+    "formatters": {"plain": {"()": "synapse_repl.redaction.RedactingFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }

@@ -40,9 +40,9 @@ from streams.replication.worker import (
     BaseReplicationWorker,
     RedisReplicationWorker,
     ReplicationWorker,
-    redact_url,
 )
 from streams.replication.tls import client_context_from_settings
+from synapse_repl.redaction import redact_text, redact_url
 
 
 class JsonlSink:
@@ -152,9 +152,9 @@ class Command(BaseCommand):
         except (ValueError, ImproperlyConfigured) as e:
             if sink:
                 sink.close()
-            raise CommandError(str(e)) from e
+            raise CommandError(redact_text(str(e))) from e
         self.stdout.write(f"replication worker {options['name']}: {where}, "
-                          f"catch-up {catchup_url}, streams {', '.join(streams)}\n")
+                          f"catch-up {redact_url(catchup_url)}, streams {', '.join(streams)}\n")
         self.stdout.flush()
         try:
             asyncio.run(self._run(worker))

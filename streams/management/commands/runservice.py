@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import instance_name, repl_setting
+from synapse_repl.redaction import redact_url
 
 
 def split_listen(value: str, name: str) -> tuple[str, int]:
@@ -78,4 +79,4 @@ def start_job_worker() -> str:
         cwd=settings.BASE_DIR,
     )
     atexit.register(worker.terminate)
-    return f"Celery worker + beat (pid {worker.pid}) on {settings.REDIS_URL}"
+    return f"Celery worker + beat (pid {worker.pid}) on {redact_url(settings.REDIS_URL)}"
