@@ -53,7 +53,11 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # database refusing connections -> 503 with the reason (synapse_repl/errors.py)
+    "synapse_repl.errors.DatabaseUnavailableMiddleware",
     "streams.replication.auth.ReplicationSecretMiddleware",
+    # a NUL byte anywhere in the path, query or form -> 400 (PostgreSQL refuses NUL in text)
+    "synapse_repl.errors.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
