@@ -16,9 +16,12 @@ from django.conf import settings  # noqa: E402
 
 from dashboard.origin import SameOriginValidator  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from synapse_repl.security import TrustedRootPath, require_replication_secret  # noqa: E402
+from synapse_repl.security import (  # noqa: E402
+    TrustedRootPath, require_replication_secret, require_strong_secrets,
+)
 
 require_replication_secret()
+require_strong_secrets()
 
 application = TrustedRootPath(ProtocolTypeRouter({
     "http": django_asgi_app,

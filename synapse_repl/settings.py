@@ -205,6 +205,10 @@ API_MAX_LIMIT = _env_number("API_MAX_LIMIT", 1000)
 AUTHENTICATION_BACKENDS = ["synapse_repl.login_throttle.ThrottledModelBackend"]
 LOGIN_MAX_FAILURES = _env_number("LOGIN_MAX_FAILURES", 5)
 LOGIN_FAILURE_WINDOW_SECONDS = _env_number("LOGIN_FAILURE_WINDOW_SECONDS", 300)
+# Wrong bearer tokens (API_TOKEN, REPLICATION_SECRET) per client address: beyond this many in
+# the window, 429 with Retry-After (synapse_repl/bearer_throttle.py); 0 turns it off.
+BEARER_MAX_FAILURES = _env_number("BEARER_MAX_FAILURES", 10)
+BEARER_FAILURE_WINDOW_SECONDS = _env_number("BEARER_FAILURE_WINDOW_SECONDS", 300)
 # DJANGO_PROFILE=production: served over HTTPS (directly or behind a proxy that sets
 # X-Forwarded-Proto, with SECURE_PROXY_SSL_HEADER=on): secure cookies, HSTS, redirect to HTTPS.
 # Each knob can be set on its own too. `manage.py check --deploy` is clean in this profile.

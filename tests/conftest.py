@@ -23,6 +23,16 @@ def pytest_configure(config):
     os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counts():
+    """Each test starts with no failed logins or wrong bearer tokens counted for the test
+    client's address (the counts live in the per-process default cache)."""
+    from django.core.cache import caches
+
+    caches["default"].clear()
+    yield
+
+
 def _started(server):
     try:
         return server.start()

@@ -34,10 +34,16 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         from daphne.cli import CommandLineInterface
 
-        from synapse_repl.security import HOW_TO_SET_A_SECRET
+        from django.core.exceptions import ImproperlyConfigured
+
+        from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
 
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
+        try:
+            require_strong_secrets()
+        except ImproperlyConfigured as e:
+            raise CommandError(str(e)) from None
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         from dashboard.management.commands.demo import embedded_default
