@@ -53,6 +53,17 @@ class RedactingFormatter(logging.Formatter):
         return redact_text(super().format(record))
 
 
+class RedactingWrapper(logging.Formatter):
+    """Another formatter's lines, redacted (for handlers set up by others, as Celery's)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(self.inner.format(record))
+
+
 class RedactingExceptionReporterFilter(SafeExceptionReporterFilter):
     """Django's debug error page hides settings named like secrets; this also masks the
     password of every URL in the others (``DATABASE_URL``, ``REDIS_URL``, Celery's, the

@@ -11,7 +11,9 @@ Stream data includes private events, to-device messages and account data, so whe
 is configured every request under the prefix must carry exactly one
 ``Authorization: Bearer <secret>`` header, as with Synapse's ``worker_replication_secret``:
 missing → 401 ``M_MISSING_TOKEN``; more than one, another scheme or another secret → 403
-``M_FORBIDDEN``. The comparison takes constant time (:func:`hmac.compare_digest`).
+``M_FORBIDDEN``. The comparison takes constant time (:func:`hmac.compare_digest`). Wrong
+secrets are counted per client address; past ``BEARER_MAX_FAILURES`` the address gets 429
+(:mod:`synapse_repl.bearer_throttle`).
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ default this process's ``INSTANCE_NAME``), ``limit`` (rows per page, default 100
 ``REPLICATION_CATCHUP_MAX_RANGE`` (the worker asks for longer ranges piece by piece); beyond
 either cap the answer is 400 with a message. Answer: ``{"updates": [[token, row], ...],
 "upto_token": N, "limited": bool}``; a limited answer covers every row up to ``upto_token``
-(rows sharing a token are never split) and the caller continues from there.
+(rows sharing a token are never split) and the caller continues from there. Tokens past 64
+bits and ``instance_name`` values with control characters are refused (400) before any query.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from ..conf import instance_name as this_instance
-from ..identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
 from ..conf import repl_setting
+from ..identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
 from ..registry import STREAMS
 from ..updates import TARGET_ROW_COUNT, get_updates_since
 from .auth import replication_secret_required

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from synapse_repl.redaction import RedactingExceptionReporterFilter, RedactingFormatter, redact_text, redact_url
+from synapse_repl.redaction import (
+    RedactingExceptionReporterFilter, RedactingFormatter, RedactingWrapper, redact_text, redact_url,
+)
 
 
 def test_redact_url():
@@ -41,3 +43,20 @@ def test_debug_page_settings_are_redacted(settings):
     safe = repr(RedactingExceptionReporterFilter().get_safe_settings())
     assert "page-secret" not in safe and "layer-secret" not in safe
     assert "postgres://u:***@h/d" in safe
+
+
+def test_celery_log_handlers_are_wrapped():
+    from synapse_repl.celery import redact_celery_logs
+
+    logger = logging.getLogger("celery-test")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+    logger.addHandler(handler)
+    try:
+        redact_celery_logs(logger=logger)
+        redact_celery_logs(logger=logger)  # idempotent
+        assert isinstance(handler.formatter, RedactingWrapper)
+        record = logging.LogRecord("x", logging.INFO, __file__, 1, "broker %s", ("redis://:cel-secret@h/0",), None)
+        assert handler.format(record) == "[INFO] broker redis://:***@h/0"
+    finally:
+        logger.removeHandler(handler)
