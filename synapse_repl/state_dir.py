@@ -6,7 +6,7 @@ admin password and Celery beat's schedule. SQLite creates the WAL and shared-mem
 itself, later and with the process's umask, so chmod after creation cannot cover them: every
 process of the service runs with a umask that takes group and other bits away (``0o077``),
 set before anything opens the database. The directory is made 0700, and what an older
-install left readable in it (directory 0755, files 0644) is tightened at start-up.
+install left readable in it (directory 0755, its files 0644) is tightened at start-up.
 """
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from pathlib import Path
 
 #: Bits no file the service creates may have: group and others get nothing.
 PRIVATE_UMASK = 0o077
+#: What the service keeps there (names, or prefixes: the database's -wal/-shm/-journal, the
+#: schedule's dbm suffixes). Only these are tightened, so a STATE_DIR set by mistake to a
+#: directory holding other things (a checkout) keeps their modes.
+STATE_FILES = ("db.sqlite3", "secret_key", "replication_secret", "admin_password", "celerybeat-schedule")
 
 
 def secure_state_dir(path: Path) -> None:
@@ -32,9 +36,8 @@ def secure_state_dir(path: Path) -> None:
         _tighten(path, 0o700, uid)
         with os.scandir(path) as entries:
             for entry in entries:
-                if entry.is_symlink():
-                    continue
-                _tighten(Path(entry.path), 0o700 if entry.is_dir() else 0o600, uid)
+                if entry.name.startswith(STATE_FILES) and entry.is_file(follow_symlinks=False):
+                    _tighten(Path(entry.path), 0o600, uid)
     except OSError:
         pass
 

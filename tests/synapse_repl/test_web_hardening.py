@@ -133,13 +133,14 @@ def test_an_older_state_dir_is_tightened_at_start_up(tmp_path):
     state = tmp_path / "var"
     state.mkdir(mode=0o755)
     state.chmod(0o755)
-    (state / "db.sqlite3").write_bytes(b"")
-    (state / "admin_password").write_text("x")
-    for p in state.iterdir():
-        p.chmod(0o644)
+    for name in ("db.sqlite3", "db.sqlite3-wal", "admin_password", "celerybeat-schedule.db", "README"):
+        (state / name).write_text("x")
+        (state / name).chmod(0o644)
     settings_in_subprocess({"STATE_DIR": str(state)}, "settings.SECRET_KEY")
     assert oct(state.stat().st_mode & 0o777) == "0o700"
-    assert set(_modes(state).values()) == {"0o600"}, _modes(state)
+    modes = _modes(state)
+    assert modes.pop("README") == "0o644"  # not the service's: left as it was
+    assert set(modes.values()) == {"0o600"}, modes
 
 
 # --- the live WebSocket's origin ---------------------------------------------------------------
