@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dashboard.origin import parse_origin, same_origin
 
-HOSTS = ["localhost", "127.0.0.1", "example.org"]
+HOSTS = ["localhost", "127.0.0.1", "[::1]", "example.org"]
 
 
 def test_parse_origin_fills_default_ports():
@@ -25,5 +25,22 @@ def test_same_origin_needs_scheme_host_and_port():
     assert not same_origin("http://example.org", "example.org", "https", HOSTS)  # other scheme
     assert not same_origin("http://127.0.0.1:8000", "localhost:8000", "http", HOSTS)  # other host
     assert not same_origin("http://evil.example:8000", "evil.example:8000", "http", HOSTS)  # not allowed
+    assert same_origin("http://[::1]:8000", "[::1]:8000", "http", HOSTS)
+    assert not same_origin("http://[::1]:8001", "[::1]:8000", "http", HOSTS)
     assert not same_origin(None, "localhost:8000", "http", HOSTS)
     assert not same_origin("http://localhost:8000", None, "http", HOSTS)
+
+
+def test_page_scheme_behind_a_tls_proxy_or_in_production(settings):
+    from dashboard.origin import page_scheme
+
+    settings.SECURE_SSL_REDIRECT = False
+    assert page_scheme({"type": "websocket"}, {}) == "http"
+    assert page_scheme({"type": "websocket", "scheme": "wss"}, {}) == "https"
+    # a proxy's X-Forwarded-Proto counts only when SECURE_PROXY_SSL_HEADER says to trust it
+    assert page_scheme({"type": "websocket"}, {b"x-forwarded-proto": b"https"}) == "http"
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    assert page_scheme({"type": "websocket"}, {b"x-forwarded-proto": b"https"}) == "https"
+    assert page_scheme({"type": "websocket"}, {b"x-forwarded-proto": b"http"}) == "http"
+    settings.SECURE_SSL_REDIRECT = True  # every page is served over HTTPS
+    assert page_scheme({"type": "websocket"}, {}) == "https"
