@@ -9,6 +9,8 @@ use (503), with a message, never a bare 500 (docs/security.md).
   database refusing connections (PostgreSQL out of ``max_connections``, stopped, unreachable;
   SQLite locked) answers 503 with the reason and ``Retry-After``, wherever in the request it
   happened (a view, or a middleware such as the session's).
+* :class:`database_errors_as_one_line`: the same for ``runservice`` and ``runreplication``:
+  one line on stderr naming the fix, exit status 1.
 
 Answers are JSON (``{"errcode", "error"}``, as the catch-up endpoint's) under ``/api/``,
 ``/_synapse/`` and for ``*.json``; plain text elsewhere.
@@ -23,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from django.views import defaults
 
-from .redaction import redact_text
+from .redaction import redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,40 @@ class DatabaseUnavailableMiddleware(MiddlewareMixin):
         if is_database_unavailable(exception):
             return database_unavailable(request, exception)
         return None
+
+
+def database_unavailable_line(error: BaseException) -> str:
+    """One line for a command that cannot start (or go on) without its database: what
+    PostgreSQL said, where ``DATABASE_URL`` points (password masked) and what to do."""
+    from django.conf import settings
+
+    said = redact_text(" ".join(str(error).split()))[:300]
+    where = redact_url(getattr(settings, "DATABASE_URL", ""))
+    if any(s in said.lower() for s in _OUT_OF_CONNECTIONS):
+        fix = "raise PostgreSQL's max_connections (or the role's limit) or stop what holds the connections"
+        what = "the database has no free connections"
+    elif "database is locked" in said.lower():
+        fix = "stop the other process holding SQLite's write lock"
+        what = "the database is locked"
+    else:
+        fix = "start the database or fix DATABASE_URL"
+        what = "the database cannot be reached"
+    return f"{what} (DATABASE_URL={where}): {said}; {fix}"
+
+
+class database_errors_as_one_line:
+    """Context manager for management commands: an unavailable database ends the command
+    with one line (``CommandError``: exit status 1), not a hundred-line traceback."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is not None and is_database_unavailable(error):
+            from django.core.management.base import CommandError
+
+            raise CommandError(database_unavailable_line(error)) from None
+        return False
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

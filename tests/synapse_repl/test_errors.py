@@ -39,13 +39,28 @@ print(json.dumps(out))
 """
 
 
+def _env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    return {"PATH": os.environ["PATH"], "STATE_DIR": str(tmp_path), "DATABASE_URL": database_url,
+            "REPLICATION_SECRET": "r" * 40, "API_TOKEN": "a" * 40, "ALLOWED_HOSTS": "testserver",
+            "WEB_LISTEN": f"127.0.0.1:{free_port()}", "REPLICATION_LISTEN": f"127.0.0.1:{free_port()}"}
+
+
 def _requests_against(database_url: str, tmp_path: Path) -> dict:
-    env = {"PATH": os.environ["PATH"], "STATE_DIR": str(tmp_path), "DATABASE_URL": database_url,
-           "REPLICATION_SECRET": "r" * 40, "API_TOKEN": "a" * 40, "ALLOWED_HOSTS": "testserver"}
-    done = subprocess.run([sys.executable, "-c", REQUESTS], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", REQUESTS], cwd=ROOT, env=_env(database_url, tmp_path),
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _assert_one_line_exit(command: str, database_url: str, tmp_path: Path, reason: str) -> None:
+    """``command`` exits 1 with one line on stderr naming the reason and the fix (no traceback,
+    no password)."""
+    done = subprocess.run([sys.executable, "manage.py", command], cwd=ROOT, env=_env(database_url, tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (command, done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip().count("\n") == 0, done.stderr[-2000:]
+    assert reason in done.stderr and "DATABASE_URL=" in done.stderr, done.stderr
+    assert "db-password" not in done.stderr
 
 
 def _assert_503(answers: dict, reason: str) -> None:
@@ -72,8 +87,11 @@ def test_postgresql_out_of_connections_is_a_503_with_the_reason(pg_url, tmp_path
     admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
     try:
         held = psycopg.connect(host=d["HOST"], port=d["PORT"], user=role, dbname=d["NAME"])
+        url = f"postgres://{role}:db-password@{d['HOST']}:{d['PORT']}/{d['NAME']}"
         try:
-            answers = _requests_against(f"postgres://{role}@{d['HOST']}:{d['PORT']}/{d['NAME']}", tmp_path)
+            answers = _requests_against(url, tmp_path)
+            # runreplication exited with a 100-line traceback; now one line, exit status 1
+            _assert_one_line_exit("runreplication", url, tmp_path, "no free connections")
         finally:
             held.close()
         _assert_503(answers, "no free connections")
@@ -84,8 +102,10 @@ def test_postgresql_out_of_connections_is_a_503_with_the_reason(pg_url, tmp_path
 
 def test_postgresql_unreachable_is_a_503_with_the_reason(tmp_path):
     """Nothing listening where DATABASE_URL points (PostgreSQL stopped)."""
-    _assert_503(_requests_against(f"postgres://nobody@127.0.0.1:{free_port()}/none", tmp_path),
-                "cannot be reached")
+    url = f"postgres://nobody:db-password@127.0.0.1:{free_port()}/none"
+    _assert_503(_requests_against(url, tmp_path), "cannot be reached")
+    for command in ("runreplication", "runservice"):
+        _assert_one_line_exit(command, url, tmp_path, "cannot be reached")
 
 
 @pytest.mark.django_db

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand
 
 from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
+from synapse_repl.errors import database_errors_as_one_line
 
 
 class Command(BaseCommand):
@@ -18,7 +19,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, listen: str | None = None, **options) -> None:
         host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
-        asyncio.run(self._serve(host, port))
+        with database_errors_as_one_line():  # PostgreSQL down or out of connections: one line
+            asyncio.run(self._serve(host, port))
 
     async def _serve(self, host: str, port: int) -> None:
         from streams.replication.endpoint import start_endpoint

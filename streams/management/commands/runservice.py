@@ -46,7 +46,13 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from None
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
+        from django.db import connection
+
         from dashboard.management.commands.demo import embedded_default
+        from synapse_repl.errors import database_errors_as_one_line
+
+        with database_errors_as_one_line():  # before any child starts: one line, exit 1
+            connection.ensure_connection()
 
         replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)
         atexit.register(replication.terminate)
