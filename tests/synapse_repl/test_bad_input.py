@@ -3,6 +3,8 @@ and on SQLite: Python's int digit limit, NUL bytes PostgreSQL refuses, integers 
 SQLite refuses, Unicode digits, and admin searches too costly to run (docs/security.md)."""
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -59,7 +61,8 @@ CATCHUP_CASES = [
 
 def test_catchup_bad_input_is_a_400_with_a_message(catchup):
     for params, needle in CATCHUP_CASES:
-        r = catchup.get("/_synapse/replication/get_repl_stream_updates/receipts/", params)
+        # a fresh transaction ID each time: an answer kept under a used one would be replayed
+        r = catchup.get(f"/_synapse/replication/get_repl_stream_updates/receipts/{uuid.uuid4().hex}", params)
         assert r.status_code == 400, (params, r.status_code, r.content[:300])
         assert r.json()["errcode"] == "M_INVALID_PARAM" and needle in r.json()["error"], params
 

@@ -3,6 +3,8 @@ throttled per address: past BEARER_MAX_FAILURES, 429 with Retry-After, even for 
 token, until the window has passed; other addresses and token-less requests are unaffected."""
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.core.cache import cache
 from django.test import Client
@@ -12,7 +14,8 @@ from synapse_repl.bearer_throttle import BearerThrottle
 pytestmark = pytest.mark.django_db(transaction=True)
 
 API = "/api/sync?user_id=@a:hs"
-CATCHUP = "/_synapse/replication/get_repl_stream_updates/receipts/?from_token=0&upto_token=1"
+# {txn}: a fresh transaction ID per request (an answer kept under a used one is replayed)
+CATCHUP = "/_synapse/replication/get_repl_stream_updates/receipts/{txn}?from_token=0&upto_token=1"
 
 
 @pytest.fixture
@@ -25,7 +28,7 @@ def limits(settings):
 
 def _get(path: str, token: str | None, address: str):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token is not None else {}
-    return Client().get(path, REMOTE_ADDR=address, **headers)
+    return Client().get(path.replace("{txn}", uuid.uuid4().hex), REMOTE_ADDR=address, **headers)
 
 
 @pytest.mark.parametrize("path, right, wrong_status", [

@@ -27,7 +27,7 @@ c = Client(raise_request_exception=False, HTTP_COOKIE='sessionid=' + 'x' * 32)
 out = {}
 for name, path, headers in [
     ('api', '/api/sync?user_id=@a:hs', {'HTTP_AUTHORIZATION': 'Bearer ' + settings.API_TOKEN}),
-    ('catchup', '/_synapse/replication/get_repl_stream_updates/receipts/?from_token=0&upto_token=1',
+    ('catchup', '/_synapse/replication/get_repl_stream_updates/receipts/' + os.urandom(8).hex() + '?from_token=0&upto_token=1',
      {'HTTP_AUTHORIZATION': 'Bearer ' + settings.REPLICATION_SECRET}),
     ('status', '/status.json', {}),
     ('admin', '/admin/', {}),
@@ -59,7 +59,7 @@ def _assert_one_line_exit(command: str, database_url: str, tmp_path: Path, reaso
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, (command, done.returncode, done.stderr[-2000:])
     assert done.stderr.strip().count("\n") == 0, done.stderr[-2000:]
-    assert reason in done.stderr and "DATABASE_URL=" in done.stderr, done.stderr
+    assert reason in done.stderr and "DATABASE_URL" in done.stderr, done.stderr
     assert "db-password" not in done.stderr
 
 
@@ -91,7 +91,7 @@ def test_postgresql_out_of_connections_is_a_503_with_the_reason(pg_url, tmp_path
         try:
             answers = _requests_against(url, tmp_path)
             # runreplication exited with a 100-line traceback; now one line, exit status 1
-            _assert_one_line_exit("runreplication", url, tmp_path, "no free connections")
+            _assert_one_line_exit("runreplication", url, tmp_path, "too many connections")
         finally:
             held.close()
         _assert_503(answers, "no free connections")
@@ -105,7 +105,7 @@ def test_postgresql_unreachable_is_a_503_with_the_reason(tmp_path):
     url = f"postgres://nobody:db-password@127.0.0.1:{free_port()}/none"
     _assert_503(_requests_against(url, tmp_path), "cannot be reached")
     for command in ("runreplication", "runservice"):
-        _assert_one_line_exit(command, url, tmp_path, "cannot be reached")
+        _assert_one_line_exit(command, url, tmp_path, "fix DATABASE_URL")
 
 
 @pytest.mark.django_db

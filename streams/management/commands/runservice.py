@@ -37,6 +37,7 @@ class Command(BaseCommand):
         from django.core.exceptions import ImproperlyConfigured
 
         from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
+        from synapse_repl.startup import check_startable
 
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
@@ -46,13 +47,9 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from None
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
-        from django.db import connection
-
+        check_startable(database=True, redis=True,
+                        listen=((host, port, "WEB_LISTEN"), (rhost, rport, "REPLICATION_LISTEN")))
         from dashboard.management.commands.demo import embedded_default
-        from synapse_repl.errors import database_errors_as_one_line
-
-        with database_errors_as_one_line():  # before any child starts: one line, exit 1
-            connection.ensure_connection()
 
         replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)
         atexit.register(replication.terminate)
