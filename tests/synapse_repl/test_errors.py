@@ -118,3 +118,23 @@ def test_nul_anywhere_is_a_400_before_any_view(settings):
     assert r.status_code == 400 and r.json()["errcode"] == "M_INVALID_PARAM"
     r = client.get("/connections/\x00")
     assert r.status_code == 400 and "the path contains a NUL" in r.content.decode()
+
+
+def test_a_database_error_escaping_a_command_is_one_line(settings):
+    """What ``runreplication`` does with a database error that escapes it once serving."""
+    from django.core.management.base import CommandError
+    from django.db import OperationalError
+
+    from synapse_repl.errors import database_errors_as_one_line
+
+    settings.DATABASE_URL = "postgres://u:db-password@db.example:5432/synapse"
+    with pytest.raises(CommandError) as e:
+        with database_errors_as_one_line():
+            raise OperationalError('connection failed: FATAL:  sorry,\n too many clients already')
+    line = str(e.value)
+    assert "\n" not in line and "db-password" not in line
+    assert line.startswith("the database has no free connections (DATABASE_URL=postgres://u:***@db.example")
+    assert "too many clients already" in line and "max_connections" in line
+    with pytest.raises(ValueError):  # anything else goes through untouched
+        with database_errors_as_one_line():
+            raise ValueError("not the database")
