@@ -12,10 +12,14 @@ import json
 from typing import Callable
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.db.models import Q
+from django.http import HttpResponseBadRequest, QueryDict
+from django.utils.text import smart_split
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from .identifiers import fits_stream_id
 from .models import (
     AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, JobRun, Receipt,
     StreamPosition, StreamReservation,
@@ -51,11 +55,11 @@ class InputFilter(admin.SimpleListFilter):
         if not value:
             return queryset
         if self.integer:
-            try:
-                value = int(value)
-            except ValueError:
-                messages.error(request, f"{self.title}: {value!r} is not a whole number")
+            if not fits_stream_id(value):  # ASCII digits, 64 bits (int() takes "٣" and 5,000 digits)
+                messages.error(request, f"{self.title}: {value[:40]!r} is not a whole number "
+                                        "(a stream ID is a 64-bit integer)")
                 return queryset.none()
+            value = int(value)
         return queryset.filter(**{self.lookup: value})
 
     def choices(self, changelist):
@@ -76,8 +80,36 @@ def input_filter(title: str, parameter: str, lookup: str, *, integer: bool = Fal
     })
 
 
+#: Admin searches: each term is an OR over every search field, ANDed with the others, so a
+#: search's cost grows with its terms (2,000 took 15 s); nobody types more than a few.
+MAX_SEARCH_TERMS = 10
+MAX_SEARCH_CHARACTERS = 256
+
+
+def bad_changelist_query(query: QueryDict) -> str | None:
+    """Why a list page's query cannot be run (``None``: it can): a NUL byte anywhere
+    (PostgreSQL refuses it in text), or a search too long or with too many terms."""
+    for key, values in query.lists():
+        if any("\x00" in v for v in (key, *values)):
+            return f"{key[:40]!r}: NUL characters are not allowed in searches and filters"
+    search = query.get(SEARCH_VAR, "")
+    terms = sum(1 for _ in smart_split(search))
+    if terms > MAX_SEARCH_TERMS:
+        return f"the search has {terms} terms; at most {MAX_SEARCH_TERMS} terms are allowed"
+    if len(search) > MAX_SEARCH_CHARACTERS:
+        return (f"the search is {len(search)} characters long; at most {MAX_SEARCH_CHARACTERS} "
+                "characters are allowed")
+    return None
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Shows rows, never adds, changes or deletes them."""
+
+    def changelist_view(self, request, extra_context=None):
+        problem = bad_changelist_query(request.GET)
+        if problem is not None:
+            return HttpResponseBadRequest(f"Bad request: {problem}.", content_type="text/plain; charset=utf-8")
+        return super().changelist_view(request, extra_context)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -119,7 +151,7 @@ class FactAdmin(ReadOnlyAdmin):
         """A whole number in the search box finds the fact with that stream ID (IDs, rooms and
         users are searched by any other text)."""
         term = search_term.strip()
-        if term.lstrip("-").isdigit():
+        if fits_stream_id(term):  # not str.isdigit(): it takes "²", which int() refuses
             return queryset.filter(Q(**{self.stream_id_field: int(term)})), False
         return super().get_search_results(request, queryset, search_term)
 

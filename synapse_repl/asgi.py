@@ -1,5 +1,5 @@
 """ASGI entry point: HTTP through Django; WebSocket for the live dashboard and admin pages
-(session auth, same-origin only). The root path is the operator's, never a client's
+(session auth; same origin only: scheme, host and port, :mod:`dashboard.origin`). The root path is the operator's, never a client's
 (:class:`~synapse_repl.security.TrustedRootPath`), and without a ``REPLICATION_SECRET`` the
 application refuses to load: it would serve the replication endpoints to anybody."""
 import os
@@ -11,16 +11,19 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from django.conf import settings  # noqa: E402
 
+from dashboard.origin import SameOriginValidator  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from synapse_repl.security import TrustedRootPath, require_replication_secret  # noqa: E402
+from synapse_repl.security import (  # noqa: E402
+    TrustedRootPath, require_replication_secret, require_strong_secrets,
+)
 
 require_replication_secret()
+require_strong_secrets()
 
 application = TrustedRootPath(ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 }), root_path=settings.WEB_ROOT_PATH)

@@ -11,6 +11,9 @@
 * :func:`celery_redis_ssl`: certificate checks for Celery on ``rediss://``.
 * :func:`check_replication_secret`: ``manage.py check --deploy`` warns when a full-mode
   cluster leaves the replication HTTP endpoints open.
+* :func:`weak_secrets`, :func:`require_strong_secrets`, :func:`check_secret_strength`: a bearer
+  secret (``API_TOKEN``, ``REPLICATION_SECRET``) shorter than :data:`MIN_SECRET_LENGTH` stops
+  a production web process from starting and is named by ``check --deploy`` in any profile.
 """
 from __future__ import annotations
 
@@ -64,6 +67,39 @@ def require_replication_secret() -> None:
         raise ImproperlyConfigured(HOW_TO_SET_A_SECRET)
 
 
+#: Bearer secrets shorter than this can be guessed (``API_TOKEN=a`` was accepted): 32
+#: characters of ``secrets.token_urlsafe`` are 192 bits.
+MIN_SECRET_LENGTH = 32
+BEARER_SECRETS = ("API_TOKEN", "REPLICATION_SECRET")
+HOW_TO_MAKE_A_SECRET = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def weak_secrets() -> list[str]:
+    """One sentence per bearer secret that is set but shorter than :data:`MIN_SECRET_LENGTH`
+    (an unset ``API_TOKEN`` means staff sessions only: not weak)."""
+    from django.conf import settings
+
+    weak = []
+    for name in BEARER_SECRETS:
+        value = getattr(settings, name, "") or ""
+        if value and len(value) < MIN_SECRET_LENGTH:
+            weak.append(f"{name} is {len(value)} characters long, shorter than {MIN_SECRET_LENGTH}")
+    return weak
+
+
+def require_strong_secrets() -> None:
+    """In the production profile, raise ``ImproperlyConfigured`` (one line, with the fix) when
+    a bearer secret is too short to resist guessing."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    weak = weak_secrets()
+    if weak and getattr(settings, "PRODUCTION", False):
+        raise ImproperlyConfigured(
+            f"{'; '.join(weak)}: the production profile (DJANGO_PROFILE=production) refuses to start "
+            f"with a guessable secret. Make one with {HOW_TO_MAKE_A_SECRET}")
+
+
 class TrustedRootPath:
     """ASGI middleware: every HTTP and WebSocket scope gets the configured ``root_path``.
 
@@ -111,3 +147,10 @@ def check_replication_secret(app_configs, **kwargs) -> list[checks.CheckMessage]
         hint="Set REPLICATION_SECRET to a long random string in every process of the cluster.",
         id="synapse_repl.W001",
     )]
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_secret_strength(app_configs, **kwargs) -> list[checks.CheckMessage]:
+    return [checks.Warning(f"{sentence}: it can be guessed.",
+                           hint=f"Make one with {HOW_TO_MAKE_A_SECRET}", id="synapse_repl.W002")
+            for sentence in weak_secrets()]

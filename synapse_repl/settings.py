@@ -14,10 +14,13 @@ from django.core.exceptions import ImproperlyConfigured
 from .schedules import beat_schedule, half_an_hour_later
 from .secret import load_or_create_secret_key
 from .security import celery_redis_ssl, replication_secret
+from .state_dir import secure_state_dir
 from .startup import database_url_problem, redis_url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
+# Before anything creates a file there (SQLite, its WAL, secrets): 0700, files 0600.
+secure_state_dir(STATE_DIR)
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -51,7 +54,11 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # database refusing connections -> 503 with the reason (synapse_repl/errors.py)
+    "synapse_repl.errors.DatabaseUnavailableMiddleware",
     "streams.replication.auth.ReplicationSecretMiddleware",
+    # a NUL byte anywhere in the path, query or form -> 400 (PostgreSQL refuses NUL in text)
+    "synapse_repl.errors.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -209,6 +216,10 @@ API_MAX_LIMIT = _env_number("API_MAX_LIMIT", 1000)
 AUTHENTICATION_BACKENDS = ["synapse_repl.login_throttle.ThrottledModelBackend"]
 LOGIN_MAX_FAILURES = _env_number("LOGIN_MAX_FAILURES", 5)
 LOGIN_FAILURE_WINDOW_SECONDS = _env_number("LOGIN_FAILURE_WINDOW_SECONDS", 300)
+# Wrong bearer tokens (API_TOKEN, REPLICATION_SECRET) per client address: beyond this many in
+# the window, 429 with Retry-After (synapse_repl/bearer_throttle.py); 0 turns it off.
+BEARER_MAX_FAILURES = _env_number("BEARER_MAX_FAILURES", 10)
+BEARER_FAILURE_WINDOW_SECONDS = _env_number("BEARER_FAILURE_WINDOW_SECONDS", 300)
 # DJANGO_PROFILE=production: served over HTTPS (directly or behind a proxy that sets
 # X-Forwarded-Proto, with SECURE_PROXY_SSL_HEADER=on): secure cookies, HSTS, redirect to HTTPS.
 # Each knob can be set on its own too. `manage.py check --deploy` is clean in this profile.
@@ -237,11 +248,15 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = STATE_DIR / "staticfiles"
 LOGIN_URL = "/admin/login/"
+# The debug error page masks URL passwords in the settings it shows, too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "synapse_repl.redaction.RedactingExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # Every line goes through redaction: no URL's password reaches a log (docs/security.md).
+    "formatters": {"plain": {"()": "synapse_repl.redaction.RedactingFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }

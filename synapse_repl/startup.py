@@ -15,7 +15,8 @@ import errno
 import os
 import shutil
 import socket
-from urllib.parse import urlsplit
+
+from .redaction import redact_url  # (error lines end up in logs)
 
 #: The ``DATABASE_URL`` schemes this project runs on (PostgreSQL, or SQLite embedded).
 DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
@@ -25,19 +26,6 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 class StartupError(Exception):
     """This process cannot start: the message says why and what to do about it (one line)."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (error lines end up in logs)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if not password:
-        return url
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
 
 
 def _one_line(text: object) -> str:

@@ -7,6 +7,9 @@ from django.urls import include, path, re_path
 from dashboard.metrics import counting_catchups
 from streams.replication.catchup import get_repl_stream_updates, without_txn_id
 
+# A database that refuses connections answers 503 with the reason, wherever it failed.
+handler500 = "synapse_repl.errors.server_error"
+
 # Catch-up requests are counted for /metrics.
 get_repl_stream_updates = counting_catchups(get_repl_stream_updates)
 

@@ -23,6 +23,16 @@ def pytest_configure(config):
     os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counts():
+    """Each test starts with no failed logins or wrong bearer tokens counted for the test
+    client's address (the counts live in the per-process default cache)."""
+    from django.core.cache import caches
+
+    caches["default"].clear()
+    yield
+
+
 def pytest_terminal_summary(terminalreporter):
     """CI's supply-chain verdict (.ci/audit.py's one-line banner, passed as AUDIT_VERDICT by
     .ci/run), repeated among the closing lines, just above pytest's own summary line."""

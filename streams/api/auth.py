@@ -1,4 +1,5 @@
-"""Who may call /api/: a bearer token equal to the API_TOKEN setting, or a staff session."""
+"""Who may call /api/: a bearer token equal to the API_TOKEN setting, or a staff session.
+Wrong tokens are throttled per address (:mod:`synapse_repl.bearer_throttle`)."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +8,8 @@ from typing import Any, Callable
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
+
+from synapse_repl.bearer_throttle import BearerThrottle, too_many_guesses
 
 
 def api_view(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -19,7 +22,13 @@ def api_view(view: Callable[..., Any]) -> Callable[..., Any]:
         header = request.headers.get("Authorization", "")
         token = getattr(settings, "API_TOKEN", "")
         if header.startswith("Bearer "):
+            throttle = BearerThrottle.from_settings()
+            keys = throttle.address_keys(request)
+            if throttle.enabled and throttle.blocked(keys):
+                return too_many_guesses(throttle, keys)
             if not token or not hmac.compare_digest(header[7:].encode(), token.encode()):
+                if throttle.enabled:
+                    throttle.failed(keys)
                 return JsonResponse({"error": "invalid API token"}, status=401)
         elif not (request.user.is_authenticated and request.user.is_staff):
             return JsonResponse({"error": "authentication required: 'Authorization: Bearer <API_TOKEN>' "

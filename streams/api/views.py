@@ -6,6 +6,7 @@ from typing import Any, Callable
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
+from streams.identifiers import bad_identifier, is_whole_number
 from streams.storage import reads
 from streams.storage.sql import StorageUnsupported
 from streams.storage.tokens import BadToken, RoomStreamToken
@@ -26,10 +27,9 @@ def _int(request: HttpRequest, name: str, default: int, lo: int = 1, hi: int | N
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadParam(f"{name} must be an integer, not {raw!r}") from None
+    if not is_whole_number(raw) or len(raw) > 19:
+        raise BadParam(f"{name} must be an integer between {lo} and {hi}, not {raw[:40]!r}")
+    value = int(raw)
     if not lo <= value <= hi:
         raise BadParam(f"{name} must be between {lo} and {hi}")
     return value
@@ -45,12 +45,23 @@ def _token(request: HttpRequest, name: str) -> RoomStreamToken | None:
         raise BadParam(f"{name}: {e}") from None
 
 
+def _identifier(name: str, value: str) -> str:
+    """A user, room or event ID from the path or the query: no NUL or control characters
+    (PostgreSQL refuses NUL outright), at most 255 characters."""
+    problem = bad_identifier(name, value)
+    if problem:
+        raise BadParam(problem)
+    return value
+
+
 def _user(request: HttpRequest, required: bool = True) -> str | None:
     user = request.GET.get("user_id") or None
     if user is None and required:
         raise BadParam("user_id is required")
-    if user is not None and not (user.startswith("@") and ":" in user):
-        raise BadParam(f"user_id must look like @name:server, not {user!r}")
+    if user is not None:
+        _identifier("user_id", user)
+        if not (user.startswith("@") and ":" in user):
+            raise BadParam(f"user_id must look like @name:server, not {user!r}")
     return user
 
 
@@ -72,9 +83,11 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @_guarded
 def room_state(request: HttpRequest, room_id: str) -> Any:
+    _identifier("room_id", room_id)
     at = request.GET.get("at")
     if not at:
         raise BadParam("at=<event_id> is required")
+    _identifier("at", at)
     event = reads.get_event(at, user_id=_user(request, required=False))
     if event.room_id != room_id:
         raise reads.NotFound(f"event {at} is not in {room_id}")
@@ -85,6 +98,7 @@ def room_state(request: HttpRequest, room_id: str) -> Any:
 
 @_guarded
 def room_messages(request: HttpRequest, room_id: str) -> Any:
+    _identifier("room_id", room_id)
     direction = request.GET.get("dir", "b")
     if direction not in ("b", "f"):
         raise BadParam("dir must be 'b' or 'f'")
@@ -95,6 +109,7 @@ def room_messages(request: HttpRequest, room_id: str) -> Any:
 
 @_guarded
 def room_topological(request: HttpRequest, room_id: str) -> Any:
+    _identifier("room_id", room_id)
     page = reads.topological_events(room_id, user_id=_user(request, required=False),
                                     from_token=_token(request, "from"), limit=_int(request, "limit", 100))
     return json_response(page)
@@ -102,6 +117,7 @@ def room_topological(request: HttpRequest, room_id: str) -> Any:
 
 @_guarded
 def event(request: HttpRequest, event_id: str) -> Any:
+    _identifier("event_id", event_id)
     row = reads.get_event(event_id, user_id=_user(request, required=False))
     return json_response({"event": row, "token": row.token, "stream_ordering": row.stream_ordering})
 

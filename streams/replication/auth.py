@@ -11,7 +11,9 @@ Stream data includes private events, to-device messages and account data, so whe
 is configured every request under the prefix must carry exactly one
 ``Authorization: Bearer <secret>`` header, as with Synapse's ``worker_replication_secret``:
 missing → 401 ``M_MISSING_TOKEN``; more than one, another scheme or another secret → 403
-``M_FORBIDDEN``. The comparison takes constant time (:func:`hmac.compare_digest`).
+``M_FORBIDDEN``. The comparison takes constant time (:func:`hmac.compare_digest`). Wrong
+secrets are counted per client address; past ``BEARER_MAX_FAILURES`` the address gets 429
+(:mod:`synapse_repl.bearer_throttle`).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from typing import Any, Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
+
+from synapse_repl.bearer_throttle import BearerThrottle, too_many_guesses
 
 PREFIX = "/_synapse/replication/"
 
@@ -67,7 +71,18 @@ def refusal(request: HttpRequest) -> JsonResponse | None:
     secret = getattr(settings, "REPLICATION_SECRET", "")
     if not secret:
         return JsonResponse({"errcode": "M_UNKNOWN", "error": NO_SECRET_MESSAGE}, status=503)
-    return check_authorization(_authorization_values(request), secret)
+    values = _authorization_values(request)
+    throttle = BearerThrottle.from_settings()
+    if not values or not throttle.enabled:
+        return check_authorization(values, secret)
+    # A wrong secret is a guess: counted per address, and past the limit refused unchecked.
+    keys = throttle.address_keys(request)
+    if throttle.blocked(keys):
+        return too_many_guesses(throttle, keys)
+    refused = check_authorization(values, secret)
+    if refused is not None:
+        throttle.failed(keys)
+    return refused
 
 
 def replication_secret_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

@@ -13,7 +13,8 @@ default this process's ``INSTANCE_NAME``), ``limit`` (rows per page, default 100
 ``REPLICATION_CATCHUP_MAX_RANGE`` (the worker asks for longer ranges piece by piece); beyond
 either cap the answer is 400 with a message. Answer: ``{"updates": [[token, row], ...],
 "upto_token": N, "limited": bool}``; a limited answer covers every row up to ``upto_token``
-(rows sharing a token are never split) and the caller continues from there.
+(rows sharing a token are never split) and the caller continues from there. Tokens past 64
+bits and ``instance_name`` values with control characters are refused (400) before any query.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from django.views.decorators.http import require_GET
 
 from ..conf import instance_name as this_instance
 from ..conf import repl_setting
+from ..identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
 from ..registry import STREAMS
 from ..updates import TARGET_ROW_COUNT, get_updates_since
 from .auth import replication_secret_required
@@ -60,12 +62,14 @@ def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
     if spec is None:
         return JsonResponse({"errcode": "M_UNKNOWN", "error": "Unknown stream"}, status=400)
     try:
-        from_token = int(request.GET["from_token"])
-        upto_token = int(request.GET["upto_token"])
+        raw_tokens = request.GET["from_token"], request.GET["upto_token"]
     except KeyError as e:
         return _error(f"missing query parameter {e.args[0]}")
-    except ValueError:
+    if not all(is_whole_number(t) for t in raw_tokens):
         return _error("from_token and upto_token must be integers")
+    if not all(fits_stream_id(t) for t in raw_tokens):
+        return _error(f"from_token and upto_token must be at most {MAX_STREAM_ID}")
+    from_token, upto_token = (int(t) for t in raw_tokens)
     if from_token < 0 or upto_token < 0:
         return _error("tokens must not be negative")
     max_range = repl_setting("REPLICATION_CATCHUP_MAX_RANGE")
@@ -73,14 +77,17 @@ def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
         return _error(f"upto_token - from_token is {upto_token - from_token}, more than the "
                       f"allowed {max_range} (REPLICATION_CATCHUP_MAX_RANGE): ask in pieces")
     max_limit = repl_setting("REPLICATION_CATCHUP_MAX_LIMIT")
-    try:
-        # Unasked, Synapse's page size (or the cap, when an operator set it lower).
-        limit = int(request.GET.get("limit", min(TARGET_ROW_COUNT, max_limit)))
-    except ValueError:
+    # Unasked, Synapse's page size (or the cap, when an operator set it lower).
+    raw_limit = request.GET.get("limit", str(min(TARGET_ROW_COUNT, max_limit)))
+    if not fits_stream_id(raw_limit):
         return _error("limit must be an integer")
+    limit = int(raw_limit)
     if not 0 < limit <= max_limit:
         return _error(f"limit must be between 1 and {max_limit} (REPLICATION_CATCHUP_MAX_LIMIT)")
     writer = request.GET.get("instance_name") or this_instance()
+    problem = bad_identifier("instance_name", writer)
+    if problem:
+        return _error(problem)
     result = get_updates_since(spec, writer, from_token, upto_token, limit=limit)
     return JsonResponse({
         "updates": [[token, row] for token, row in result.updates],

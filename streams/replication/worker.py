@@ -51,9 +51,10 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio.connection import parse_url as parse_redis_url
+
+from synapse_repl.redaction import redact_url
 
 from .auth import bearer_header
 from .commands import (
@@ -737,16 +738,6 @@ class ReplicationWorker(BaseReplicationWorker):
 
 
 # --- Redis -------------------------------------------------------------------------------------
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    user = f"{parts.username}:" if parts.username else ":"
-    return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
 
 
 class RedisReplicationWorker(BaseReplicationWorker):

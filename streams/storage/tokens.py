@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_LIVE = re.compile(r"s(-?\d+)")
-_HISTORIC = re.compile(r"t(\d+)-(-?\d+)")
+from ..identifiers import fits_stream_id
+
+# ASCII digits only: \d would also take digits of other scripts, which int() accepts.
+_LIVE = re.compile(r"s(-?[0-9]+)")
+_HISTORIC = re.compile(r"t([0-9]+)-(-?[0-9]+)")
 
 
 class BadToken(ValueError):
@@ -20,15 +23,18 @@ class RoomStreamToken:
 
     @classmethod
     def parse(cls, text: str) -> "RoomStreamToken":
-        m = _LIVE.fullmatch(text)
-        if m:
+        m = _LIVE.fullmatch(text) or _HISTORIC.fullmatch(text)
+        if m and not all(fits_stream_id(g) for g in m.groups()):
+            # past 64 bits (or Python's int() digit limit): no stored position can be there
+            raise BadToken(f"room stream token {text[:40]!r}{'...' if len(text) > 40 else ''} is out of range: "
+                           "positions are 64-bit integers")
+        if m and m.re is _LIVE:
             return cls(int(m.group(1)))
-        m = _HISTORIC.fullmatch(text)
         if m:
             return cls(int(m.group(2)), int(m.group(1)))
         if text.startswith("m"):
-            raise BadToken(f"multi-writer token {text!r} is not supported by this store; use s<stream> or t<topo>-<stream>")
-        raise BadToken(f"invalid room stream token {text!r}: expected s<stream> or t<topological>-<stream>")
+            raise BadToken(f"multi-writer token {text[:40]!r} is not supported by this store; use s<stream> or t<topo>-<stream>")
+        raise BadToken(f"invalid room stream token {text[:40]!r}: expected s<stream> or t<topological>-<stream>")
 
     def __str__(self) -> str:
         if self.topological is None:

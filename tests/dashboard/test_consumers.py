@@ -34,7 +34,8 @@ def session_cookie(user) -> bytes:
 
 
 def communicator(cookie: bytes | None = None, origin: bytes = b"http://localhost") -> WebsocketCommunicator:
-    headers = [(b"origin", origin)]
+    # A browser sends the page's Host; the origin must match it (scheme, host and port).
+    headers = [(b"origin", origin), (b"host", b"localhost")]
     if cookie:
         headers.append((b"cookie", cookie))
     return WebsocketCommunicator(application, "/ws/live/", headers=headers)
@@ -109,6 +110,11 @@ def test_foreign_origin_is_refused(staff_cookie):
         comm = communicator(staff_cookie, origin=b"http://evil.example")
         connected, _ = await comm.connect()
         assert not connected
+        # the same host on another port, or over the other scheme, is another origin
+        for origin in (b"http://localhost:8001", b"https://localhost"):
+            comm = communicator(staff_cookie, origin=origin)
+            connected, _ = await comm.connect()
+            assert not connected, origin
 
     run(scenario)
 

@@ -267,3 +267,37 @@ def test_limits_come_from_the_environment(tmp_path):
         "settings.SYNAPSE_REPL['REPLICATION_CATCHUP_MAX_LIMIT'], settings.LOGIN_MAX_FAILURES, "
         "settings.SYNAPSE_REPL['REPLICATION_ALLOWED_NETWORKS']")
     assert out == "(250, 7, 2.5, 30, 9, '127.0.0.0/8,::1/128')"
+
+
+# --- weak secrets ---------------------------------------------------------------------------------
+
+
+def test_production_refuses_to_start_with_a_short_secret(tmp_path):
+    """DJANGO_PROFILE=production with API_TOKEN=a or REPLICATION_SECRET=x: runservice says so
+    in one line and exits; the ASGI application (what daphne loads) refuses too; long ones
+    start."""
+    strong = "s" * 32
+    base = {"STATE_DIR": str(tmp_path), "DJANGO_PROFILE": "production"}
+    service = _manage({**base, "API_TOKEN": "a", "REPLICATION_SECRET": strong}, "runservice")
+    assert service.returncode != 0
+    assert service.stderr.strip().count("\n") == 0, service.stderr  # one line, no traceback
+    assert "API_TOKEN is 1 characters long, shorter than 32" in service.stderr
+    assert "token_urlsafe" in service.stderr
+
+    def load_asgi(env):
+        return subprocess.run([sys.executable, "-c", "import synapse_repl.asgi"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, env={"PATH": os.environ["PATH"], **base, **env})
+
+    asgi = load_asgi({"REPLICATION_SECRET": "x"})
+    assert asgi.returncode != 0 and "REPLICATION_SECRET is 1 characters long" in asgi.stderr
+    ok = load_asgi({"API_TOKEN": strong, "REPLICATION_SECRET": strong})
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_check_deploy_names_short_secrets_in_any_profile(tmp_path):
+    for profile in ({}, {"DJANGO_PROFILE": "production"}):
+        weak = _manage({"STATE_DIR": str(tmp_path), "API_TOKEN": "a", "REPLICATION_SECRET": "x", **profile},
+                       "check", "--deploy")
+        out = weak.stdout + weak.stderr
+        assert out.count("synapse_repl.W002") == 2, out
+        assert "API_TOKEN is 1 characters long" in out and "REPLICATION_SECRET is 1 characters long" in out

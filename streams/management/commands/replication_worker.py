@@ -43,9 +43,9 @@ from streams.replication.worker import (
     RedisReplicationWorker,
     ReplicationWorker,
     parse_instance_map,
-    redact_url,
 )
 from streams.replication.tls import client_context_from_settings
+from synapse_repl.redaction import redact_text, redact_url
 
 
 class JsonlSink:
@@ -169,10 +169,10 @@ class Command(BaseCommand):
         except (ValueError, ImproperlyConfigured) as e:
             if sink:
                 sink.close()
-            raise CommandError(str(e)) from e
+            raise CommandError(redact_text(str(e))) from e
         self.stdout.write(f"replication worker {options['name']}: {where}, "
-                          f"catch-up {catchup_url}"
-                          + "".join(f", {w} at {u}" for w, u in sorted(instance_urls.items()))
+                          f"catch-up {redact_url(catchup_url)}"
+                          + "".join(f", {w} at {redact_url(u)}" for w, u in sorted(instance_urls.items()))
                           + f", streams {', '.join(streams)}\n")
         self.stdout.flush()
         try:

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 
 from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
+from synapse_repl.errors import database_errors_as_one_line
 from synapse_repl.startup import check_startable, listen_problem
 
 
@@ -23,7 +24,9 @@ class Command(BaseCommand):
         host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), setting)
         check_startable(database=True, listen=((host, port, setting),))
         try:
-            asyncio.run(self._serve(host, port))
+            # the database gone or out of connections once serving: one line, exit 1
+            with database_errors_as_one_line():
+                asyncio.run(self._serve(host, port))
         except OSError as e:  # taken between the check and the bind
             if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
                 raise

@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import instance_name, repl_setting
+from synapse_repl.redaction import redact_url
 
 
 def split_listen(value: str, name: str) -> tuple[str, int]:
@@ -31,12 +32,18 @@ class Command(BaseCommand):
     help = "Serve the web UI (WEB_LISTEN) and the TCP replication endpoint (REPLICATION_LISTEN)."
 
     def handle(self, *args, **options) -> None:
-        from synapse_repl.security import HOW_TO_SET_A_SECRET
+        from django.core.exceptions import ImproperlyConfigured
+
+        from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
         from synapse_repl.startup import check_startable
         from synapse_repl.supervisor import Supervisor
 
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
+        try:
+            require_strong_secrets()
+        except ImproperlyConfigured as e:
+            raise CommandError(str(e)) from None
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         check_startable(database=True, redis=True,
@@ -154,4 +161,4 @@ def start_job_worker(supervisor) -> str:
         sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
         "--loglevel", "INFO", "--schedule", str(settings.STATE_DIR / "celerybeat-schedule")],
         cwd=str(settings.BASE_DIR))
-    return f"Celery worker + beat on {settings.REDIS_URL}"
+    return f"Celery worker + beat on {redact_url(settings.REDIS_URL)}"

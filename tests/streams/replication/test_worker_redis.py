@@ -26,7 +26,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from streams.replication.commands import batch_updates
-from streams.replication.worker import RedisReplicationWorker, redact_url
+from streams.replication.worker import RedisReplicationWorker
+from synapse_repl.redaction import redact_url
 
 from .test_worker import MANAGE_PY, RecordingHarness, _jsonl, catchup, run, wait_until  # noqa: F401 (fixture)
 
