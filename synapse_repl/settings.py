@@ -170,6 +170,8 @@ SYNAPSE_REPL = {
     "REPLICATION_SEND_BUFFER_BYTES": _env_number("REPLICATION_SEND_BUFFER_BYTES", 0),
     "REPLICATION_CATCHUP_MAX_RANGE": _env_number("REPLICATION_CATCHUP_MAX_RANGE", 1_000_000),
     "REPLICATION_CATCHUP_MAX_LIMIT": _env_number("REPLICATION_CATCHUP_MAX_LIMIT", 1000),
+    # How often an endpoint writes the USER_IP sightings it collected to user_ips (Synapse: 5 s).
+    "USER_IP_FLUSH_SECONDS": _env_number("USER_IP_FLUSH_SECONDS", 5.0, float),
 }
 
 # --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------
