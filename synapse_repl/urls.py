@@ -6,6 +6,7 @@ from django.urls import include, path, re_path
 
 from dashboard.metrics import counting_catchups
 from streams.replication.catchup import get_repl_stream_updates
+from streams.replication.typing_http import set_typing
 
 # Catch-up requests are counted for /metrics.
 get_repl_stream_updates = counting_catchups(get_repl_stream_updates)
@@ -18,6 +19,8 @@ urlpatterns = [
     # Synapse's own form carries a transaction ID as the last segment.
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/<str:txn_id>",
          get_repl_stream_updates, name="repl-stream-updates-txn"),
+    # Typing changes for the typing writer (in memory: this process, when it is the writer).
+    path("_synapse/replication/typing", set_typing, name="repl-typing"),
     # One process serves its own few static files (admin and dashboard assets); no separate
     # web server or collectstatic step is needed to run it.
     re_path(r"^static/(?P<path>.*)$", partial(serve_static, insecure=True)),

@@ -8,6 +8,8 @@ default this process's ``INSTANCE_NAME``), ``limit`` (rows per page, default 100
 either cap the answer is 400 with a message. Answer: ``{"updates": [[token, row], ...],
 "upto_token": N, "limited": bool}``; a limited answer covers every row up to ``upto_token``
 (rows sharing a token are never split) and the caller continues from there.
+``typing`` is answered from this process's memory when it is the typing writer
+(streams/typing.py), 400 otherwise.
 """
 from __future__ import annotations
 
@@ -53,7 +55,17 @@ def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str 
     if not 0 < limit <= max_limit:
         return _error(f"limit must be between 1 and {max_limit} (REPLICATION_CATCHUP_MAX_LIMIT)")
     writer = request.GET.get("instance_name") or this_instance()
-    result = get_updates_since(spec, writer, from_token, upto_token, limit=limit)
+    if spec.name == "typing":
+        # In memory, in its writer: this process must be it (Synapse asks the typing writer).
+        from ..id_generator import NotAWriter
+        from ..runtime import runtime
+
+        try:
+            result = runtime().typing().updates_since(from_token, upto_token, limit)
+        except NotAWriter as e:
+            return JsonResponse({"errcode": "M_UNKNOWN", "error": str(e)}, status=400)
+    else:
+        result = get_updates_since(spec, writer, from_token, upto_token, limit=limit)
     return JsonResponse({
         "updates": [[token, row] for token, row in result.updates],
         "upto_token": result.upto_token,
