@@ -181,8 +181,11 @@ class Command(BaseCommand):
                 batch.append({"room_id": room, "user_id": user, "typing": now_typing, "timeout": 120_000})
             try:
                 answer = send_typing(url, batch, secret=settings.REPLICATION_SECRET)
-            except (RuntimeError, OSError) as e:
+            except RuntimeError as e:
                 raise CommandError(str(e)) from None
+            except OSError as e:
+                raise CommandError(f"could not reach the typing writer at {url}: {e} "
+                                   "(it keeps the stream in memory: start it, or give its address with --url)") from None
             sent += len(batch)
             if rate:
                 delay = started + sent / rate - time.monotonic()
