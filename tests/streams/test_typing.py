@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -131,7 +132,7 @@ def test_relay_passes_a_typing_writer_restart_on_as_a_position_below():
 class TypingCluster(ProcessGroup):
     def __init__(self, pg_url, tmp, redis_url) -> None:
         super().__init__(tmp)
-        self.env = {**__import__("os").environ, "DATABASE_URL": pg_url, "SERVER_NAME": SERVER_NAME,
+        self.env = {**os.environ, "DATABASE_URL": pg_url, "SERVER_NAME": SERVER_NAME,
                     "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
         self.repl_port, self.web_port = free_port(), free_port()
         self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}")
