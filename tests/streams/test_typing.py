@@ -265,3 +265,52 @@ def test_typing_view_and_catch_up_in_this_process(client, settings):
     page = client.get(f"/_synapse/replication/get_repl_stream_updates/typing/?from_token={start}"
                       f"&upto_token={start + 2}", headers=auth).json()
     assert page == {"updates": [[start + 2, ["!v:hs", ["@a:hs", "@b:hs"]]]], "upto_token": start + 2, "limited": False}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_typing_in_the_endpoints_own_process_reaches_a_tcp_worker():
+    """The embedded default's shape (no Redis): the endpoint runs in the typing writer's
+    process, and the in-memory layer carries the typing RDATA to its TCP connections."""
+    from asgiref.sync import sync_to_async
+    from django.apps import apps
+    from django.conf import settings
+
+    from streams.replication.endpoint import start_endpoint
+    from streams.runtime import runtime
+
+    assert not settings.REDIS_URL
+    config = apps.get_app_config("streams")
+    old_runtime, config.runtime = getattr(config, "runtime", None), None
+    port = free_port()
+
+    async def run() -> list[str]:
+        endpoint, server = await start_endpoint("127.0.0.1", port)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"NAME embedded-worker\nREPLICATE \n")
+            await writer.drain()
+            typing = await sync_to_async(runtime().typing, thread_sensitive=False)()
+            await sync_to_async(typing.apply, thread_sensitive=False)(
+                [("!e:hs", "@a:hs", True, 30_000), ("!e:hs", "@b:hs", True, 30_000)])
+            lines: list[str] = []
+            while not any(line.startswith("RDATA typing") and " 2 " in line for line in lines):
+                line = await asyncio.wait_for(reader.readline(), WAIT)
+                assert line, f"connection closed after {lines}"
+                lines.append(line.decode().rstrip("\n"))
+            writer.close()
+            return [line for line in lines if " typing " in line]
+        finally:
+            server.close()
+            await endpoint.relay.stop()
+            await endpoint.broadcast.stop()
+            await endpoint.user_ips.stop()
+            if config.runtime is not None:  # its streamer publishes from this loop: stop it here
+                await sync_to_async(config.runtime.close, thread_sensitive=False)()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+
+    try:
+        lines = asyncio.run(run())
+    finally:
+        config.runtime = old_runtime
+    assert lines[-2:] == ['RDATA typing master 1 ["!e:hs",["@a:hs"]]', 'RDATA typing master 2 ["!e:hs",["@a:hs","@b:hs"]]']
