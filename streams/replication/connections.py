@@ -134,4 +134,7 @@ def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
             for at, name, peer, reason in reversed(endpoint.recent_disconnects)
         ],
         "counters": endpoint.counters.as_dict(),
+        # USER_IP: received, written to user_ips, upsert statements, refused, waiting
+        "user_ips": endpoint.user_ips.counters(),
+        "user_syncs": {"total": endpoint.syncing.total, "refused": endpoint.syncing.refused},
     }

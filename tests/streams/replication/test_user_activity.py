@@ -219,6 +219,17 @@ def test_user_ip_lands_in_user_ips(two_endpoints):
     wait_until(lambda: UserIp.objects.count() == 3 and UserIp.objects.filter(last_seen=1049).exists(),
                "three user_ips rows, the latest sighting of each")
     rows = sorted(UserIp.objects.values_list("user_id", "access_token", "ip", "user_agent", "device_id", "last_seen"))
+    from dashboard.endpoint_status import endpoint_statuses
+
+    def counters():
+        found = [e["user_ips"] for e in endpoint_statuses()]
+        done = sum(c["received"] for c in found) == 52 and not any(c["pending"] for c in found)
+        return found if done else None
+
+    found = wait_until(counters, "both endpoints' USER_IP counters")
+    assert sorted(c["received"] for c in found) == [2, 50] and sum(c["refused"] for c in found) == 0
+    # coalesced: alice's 50 sightings are one row per write, not 50 writes
+    assert 3 <= sum(c["written"] for c in found) <= 4 and sum(c["writes"] for c in found) <= 4
     assert rows == [("@alice:hs", "tok1", "10.0.0.1", "Firefox", "DEVA", 1049),
                     ("@alice:hs", "tok1", "10.0.0.9", "Firefox", "DEVA", 3000),
                     ("@bob:hs", "tok2", "10.0.0.2", "curl", None, 2000)]
