@@ -40,6 +40,8 @@ MAX_INSTANCES_PER_CONNECTION = 64
 MAX_SYNCS_TOTAL = 200_000
 
 UserIpKey = tuple[str, str, str]  # (user_id, access_token, ip)
+#: ``last_seen`` must fit the column (BIGINT): one value beyond it would fail the whole batch.
+MAX_LAST_SEEN = 2**63 - 1
 
 
 def user_ip_problem(cmd: Any) -> str | None:
@@ -52,6 +54,8 @@ def user_ip_problem(cmd: Any) -> str | None:
         return f"address not a string of 1 to {MAX_IP} characters"
     if type(cmd.user_agent) is not str:
         return "user agent not a string"
+    if not 0 <= cmd.last_seen <= MAX_LAST_SEEN:
+        return "last_seen out of range (a BIGINT of milliseconds)"
     if cmd.device_id is not None and len(cmd.device_id) > MAX_DEVICE_ID:
         return f"device ID longer than {MAX_DEVICE_ID} characters"
     if "\x00" in cmd.user_id + cmd.access_token + cmd.ip + cmd.user_agent + (cmd.device_id or ""):

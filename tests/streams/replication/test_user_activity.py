@@ -57,7 +57,9 @@ def test_user_ip_batch_is_bounded_and_refuses_what_cannot_be_stored():
     assert batch.add(user_ip(ip="1.1.1.1", seen=9))  # a known key still updates
     assert not batch.add(user_ip(user="@" + "x" * 300 + ":hs"))
     assert not batch.add(user_ip(ip="9" * 100))
-    assert batch.refused == 3 and len(batch) == 2
+    assert not batch.add(user_ip(ip="1.1.1.1", seen=2**63))  # beyond BIGINT: would fail the whole write
+    assert not batch.add(user_ip(ip="1.1.1.1", seen=-1))
+    assert batch.refused == 5 and len(batch) == 2
     long_agent = UserIpBatch()
     long_agent.add(user_ip(ua="A" * 5000))
     assert len(long_agent.take()[0][3]) == 512
@@ -266,3 +268,20 @@ def test_commands_in_this_file_parse():
     """The lines the tests send are valid commands (else the tests would test ERROR paths)."""
     assert isinstance(parse_line("CLEAR_USER_SYNC inst2"), ClearUserSyncCommand)
     assert isinstance(parse_line("USER_SYNC inst1 @alice:hs DEV1 end 500"), UserSyncCommand)
+
+
+@pytest.mark.django_db(transaction=True)  # write_user_ips closes its connection
+def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
+    write_user_ips([("@alice:hs", "syt_secret_token_abcd", "10.0.0.1", "Firefox", "D1", 1_700_000_000_000),
+                    ("@bob:hs", "tok", "10.0.0.2", "curl", None, 10**17)])  # a peer's odd clock
+    page = admin_client.get("/admin/streams/userip/").content.decode()
+    assert "@alice:hs" in page and "10.0.0.1" in page and "…abcd" in page
+    assert "syt_secret_token" not in page
+    assert "Nov. 14, 2023" in page and "100000000000000000" in page  # a date; the odd clock as is
+    filtered = admin_client.get("/admin/streams/userip/?by_user_id=@bob:hs").content.decode()
+    assert "@bob:hs" in filtered and "@alice:hs" not in filtered
+    row = UserIp.objects.get(user_id="@alice:hs")
+    assert "syt_secret_token" not in admin_client.get(f"/admin/streams/userip/{row.pk}/change/").content.decode()
+    assert admin_client.get("/admin/streams/userip/add/").status_code == 403
+    assert admin_client.post(f"/admin/streams/userip/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert UserIp.objects.count() == 2
