@@ -58,8 +58,13 @@ def user_ip_problem(cmd: Any) -> str | None:
         return "last_seen out of range (a BIGINT of milliseconds)"
     if cmd.device_id is not None and len(cmd.device_id) > MAX_DEVICE_ID:
         return f"device ID longer than {MAX_DEVICE_ID} characters"
-    if "\x00" in cmd.user_id + cmd.access_token + cmd.ip + cmd.user_agent + (cmd.device_id or ""):
+    text = cmd.user_id + cmd.access_token + cmd.ip + cmd.user_agent + (cmd.device_id or "")
+    if "\x00" in text:
         return "NUL character"
+    try:
+        text.encode("utf-8")  # a lone surrogate (JSON "\ud800") would fail the whole batch
+    except UnicodeEncodeError:
+        return "not valid Unicode"
     return None
 
 

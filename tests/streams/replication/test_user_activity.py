@@ -59,7 +59,8 @@ def test_user_ip_batch_is_bounded_and_refuses_what_cannot_be_stored():
     assert not batch.add(user_ip(ip="9" * 100))
     assert not batch.add(user_ip(ip="1.1.1.1", seen=2**63))  # beyond BIGINT: would fail the whole write
     assert not batch.add(user_ip(ip="1.1.1.1", seen=-1))
-    assert batch.refused == 5 and len(batch) == 2
+    assert not batch.add(user_ip(ip="1.1.1.1", ua="\\ud800"))  # a lone surrogate: PostgreSQL refuses it
+    assert batch.refused == 6 and len(batch) == 2
     long_agent = UserIpBatch()
     long_agent.add(user_ip(ua="A" * 5000))
     assert len(long_agent.take()[0][3]) == 512
