@@ -68,6 +68,11 @@ def user_ip_problem(cmd: Any) -> str | None:
     return None
 
 
+def _showable(value: str) -> bool:
+    """At most 255 printable characters (no NUL: PostgreSQL's jsonb refuses it)."""
+    return 0 < len(value) <= MAX_USER_ID and value.isprintable()
+
+
 class UserIpBatch:
     """USER_IP commands not yet written, one entry per Synapse key; the latest sighting wins."""
 
@@ -191,7 +196,11 @@ class SyncingUsers:
     refused: int = 0
 
     def user_sync(self, connection: str, cmd: Any) -> bool:
-        """Apply one USER_SYNC; False (and counted) when a cap refuses a new entry."""
+        """Apply one USER_SYNC; False (and counted) when a cap refuses a new entry, or its
+        IDs could not be shown (they end up in the endpoint's snapshot, a JSON column)."""
+        if not all(_showable(v) for v in (cmd.instance_id, cmd.user_id, cmd.device_id or "-")):
+            self.refused += 1
+            return False
         instances = self.by_connection.setdefault(connection, {})
         pair = (cmd.user_id, cmd.device_id)
         if not cmd.is_syncing:

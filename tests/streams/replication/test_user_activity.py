@@ -91,6 +91,9 @@ def test_syncing_users_caps():
     assert not s.user_sync("c2", sync("j3", "@v:hs"))  # instance IDs per connection
     assert not s.user_sync("c3", sync("k1", "@w:hs"))  # endpoint total (5)
     assert s.refused == 3 and s.total == 5 and "c3" not in s.by_connection
+    ids = SyncingUsers()
+    assert not ids.user_sync("c1", sync("i1", "@nul\x00:hs")) and not ids.user_sync("c1", sync("i1", "@" + "x" * 300))
+    assert ids.refused == 2 and ids.total == 0 and ids.by_connection == {}
 
 
 def test_syncing_by_user_skips_stale_endpoints():
