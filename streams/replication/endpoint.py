@@ -57,6 +57,8 @@ class Endpoint:
         stream queue to the lowest ack, and this project has no federation stream
         (docs/replication.md)."""
         acks = info.federation_acks
+        if not (0 < len(cmd.instance_name) <= 255 and cmd.instance_name.isprintable()):
+            return  # shown in the snapshot (a JSON column): no NUL, no control characters
         if cmd.instance_name in acks or len(acks) < MAX_FEDERATION_ACKS:
             acks[cmd.instance_name] = cmd.token
 

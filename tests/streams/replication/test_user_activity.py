@@ -289,3 +289,18 @@ def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
     assert admin_client.get("/admin/streams/userip/add/").status_code == 403
     assert admin_client.post(f"/admin/streams/userip/{row.pk}/delete/", {"post": "yes"}).status_code == 403
     assert UserIp.objects.count() == 2
+
+
+def test_federation_acks_kept_bounded_for_operators():
+    from types import SimpleNamespace
+
+    from streams.replication.commands import FederationAckCommand
+    from streams.replication.endpoint import MAX_FEDERATION_ACKS, Endpoint
+
+    endpoint = Endpoint(server_name="hs", relay=None)
+    info = SimpleNamespace(federation_acks={})
+    for n in range(MAX_FEDERATION_ACKS + 5):
+        endpoint.federation_ack(info, FederationAckCommand(f"fed{n}", n))
+    endpoint.federation_ack(info, FederationAckCommand("fed0", 99))  # a known sender moves on
+    endpoint.federation_ack(info, FederationAckCommand("bad\x00", 1))
+    assert len(info.federation_acks) == MAX_FEDERATION_ACKS and info.federation_acks["fed0"] == 99
