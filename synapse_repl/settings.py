@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .schedules import beat_schedule
 from .secret import load_or_create_secret_key
 from .security import celery_redis_ssl, replication_secret
+from .startup import database_url_problem, redis_url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
@@ -80,6 +81,8 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
+if database_url_problem(DATABASE_URL):  # one line naming the fix (manage.py), not a traceback
+    raise ImproperlyConfigured(database_url_problem(DATABASE_URL))
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # One writer at a time (like Synapse on SQLite): take the write lock at BEGIN so two
@@ -94,6 +97,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels -------------------------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL and redis_url_problem(REDIS_URL):
+    raise ImproperlyConfigured(redis_url_problem(REDIS_URL))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -170,6 +175,9 @@ SYNAPSE_REPL = {
     "REPLICATION_SEND_BUFFER_BYTES": _env_number("REPLICATION_SEND_BUFFER_BYTES", 0),
     "REPLICATION_CATCHUP_MAX_RANGE": _env_number("REPLICATION_CATCHUP_MAX_RANGE", 1_000_000),
     "REPLICATION_CATCHUP_MAX_LIMIT": _env_number("REPLICATION_CATCHUP_MAX_LIMIT", 1000),
+    # "w1=http://10.0.0.1:8000,w2=http://...": where a worker fetches each writer's catch-up
+    # (Synapse's instance_map); writers not named: the worker's --catchup-url.
+    "REPLICATION_INSTANCE_MAP": os.environ.get("REPLICATION_INSTANCE_MAP", ""),
     # How often an endpoint writes the USER_IP sightings it collected to user_ips (Synapse: 5 s).
     "USER_IP_FLUSH_SECONDS": _env_number("USER_IP_FLUSH_SECONDS", 5.0, float),
 }

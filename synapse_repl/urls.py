@@ -5,7 +5,7 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
 from dashboard.metrics import counting_catchups
-from streams.replication.catchup import get_repl_stream_updates
+from streams.replication.catchup import get_repl_stream_updates, without_txn_id
 from streams.replication.typing_http import set_typing
 
 # Catch-up requests are counted for /metrics.
@@ -14,9 +14,9 @@ get_repl_stream_updates = counting_catchups(get_repl_stream_updates)
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("streams.api.urls")),
+    # Synapse's form carries a transaction ID as the last segment; without it: 404, as Synapse.
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/",
-         get_repl_stream_updates, name="repl-stream-updates"),
-    # Synapse's own form carries a transaction ID as the last segment.
+         without_txn_id, name="repl-stream-updates-without-txn"),
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/<str:txn_id>",
          get_repl_stream_updates, name="repl-stream-updates-txn"),
     # Typing changes for the typing writer (in memory: this process, when it is the writer).

@@ -23,6 +23,15 @@ def pytest_configure(config):
     os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """CI's supply-chain verdict (.ci/audit.py's one-line banner, passed as AUDIT_VERDICT by
+    .ci/run), repeated among the closing lines, just above pytest's own summary line."""
+    verdict = os.environ.get("AUDIT_VERDICT", "").strip()
+    if verdict:
+        terminalreporter.write_sep("-", "supply chain (.ci/audit.py)")
+        terminalreporter.write_line(verdict)
+
+
 def _started(server):
     try:
         return server.start()

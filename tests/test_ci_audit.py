@@ -34,3 +34,34 @@ def test_strict_mode_fails_when_something_could_not_be_audited():
     verdict.add({"dependencies": REPORT["dependencies"][2:]})
     assert verdict.unaudited and not verdict.failed(strict=False)
     assert verdict.failed(strict=True)
+
+
+def test_banner_says_plainly_when_nothing_could_be_audited():
+    verdict = audit.Verdict()
+    verdict.add({"dependencies": [
+        {"name": "django", "version": "5.2.19", "skip_reason": "Dependency not found on PyPI"},
+        {"name": "redis", "version": "8.1.0", "skip_reason": "Dependency not found on PyPI"}]})
+    banner = verdict.banner(strict=False)
+    assert banner.startswith("SUPPLY CHAIN: NOT CHECKED: none of the 2 locked packages could be audited")
+    assert "\n" not in banner
+    assert not verdict.failed(strict=False)
+    assert verdict.failed(strict=True) and "FAILED" in verdict.banner(strict=True)
+
+
+def test_banner_counts_a_package_in_both_locks_once():
+    verdict = audit.Verdict()
+    verdict.add({"dependencies": REPORT["dependencies"][2:]})  # redis audited, private not
+    verdict.add({"dependencies": REPORT["dependencies"][2:3]})  # redis again (the test lock)
+    assert verdict.banner(strict=False) == ("SUPPLY CHAIN: PARTLY CHECKED: 1 of 2 locked packages "
+                                            "audited, no fixable vulnerability; 1 could not be audited")
+    clean = audit.Verdict()
+    clean.add({"dependencies": REPORT["dependencies"][2:3]})
+    assert clean.banner(strict=True) == ("SUPPLY CHAIN: ok: all 1 locked packages audited, "
+                                         "no fixable vulnerability")
+
+
+def test_banner_names_the_fix_when_a_locked_package_is_vulnerable():
+    verdict = audit.Verdict()
+    verdict.add(REPORT)
+    assert verdict.banner(strict=False).startswith(
+        "SUPPLY CHAIN: FAILED: 1 known vulnerabilities with a fix in the locked packages (upgrade them")

@@ -1,5 +1,11 @@
-"""``GET /_synapse/replication/get_repl_stream_updates/<stream>/[<txn_id>]``: catch-up for a
+"""``GET /_synapse/replication/get_repl_stream_updates/<stream>/<txn_id>``: catch-up for a
 worker that missed updates (replication spec §10.2). See docs/replication.md.
+
+As in Synapse, ``<txn_id>`` is a fresh random ID per request and the answer is kept under it
+for 30 minutes (:mod:`.txn_cache`, per process): a repeated ID gets the first answer again,
+whatever the stream and tokens asked for, so callers must never reuse one. Only answers are
+kept, not refusals (400). The form without ``<txn_id>`` is not served: 404
+``M_UNRECOGNIZED``, Synapse's answer to it (our workers before this change used it).
 
 Query: ``from_token``, ``upto_token`` (integers, required), ``instance_name`` (the writer;
 default this process's ``INSTANCE_NAME``), ``limit`` (rows per page, default 100, at most
@@ -13,7 +19,7 @@ either cap the answer is 400 with a message. Answer: ``{"updates": [[token, row]
 """
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from ..conf import instance_name as this_instance
@@ -21,6 +27,10 @@ from ..conf import repl_setting
 from ..registry import STREAMS
 from ..updates import TARGET_ROW_COUNT, get_updates_since
 from .auth import replication_secret_required
+from .txn_cache import TxnResponseCache
+
+#: This process's answers by transaction ID (JSON bytes: never mutated once kept).
+RESPONSES = TxnResponseCache()
 
 
 def _error(message: str) -> JsonResponse:
@@ -29,7 +39,25 @@ def _error(message: str) -> JsonResponse:
 
 @replication_secret_required
 @require_GET
-def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str | None = None) -> JsonResponse:
+def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str) -> HttpResponse:
+    kept = RESPONSES.get(txn_id)
+    if kept is None:
+        answer = _updates(request, stream_name)
+        if answer.status_code != 200:
+            return answer
+        kept = RESPONSES.add(txn_id, answer.content)
+    return HttpResponse(kept, content_type="application/json")
+
+
+@replication_secret_required
+def without_txn_id(request: HttpRequest, stream_name: str) -> JsonResponse:
+    """The form without ``<txn_id>``: Synapse has no such route, nor do we."""
+    return JsonResponse({"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request: "
+                         "get_repl_stream_updates needs a transaction ID, "
+                         f".../get_repl_stream_updates/{stream_name}/<txn_id>"}, status=404)
+
+
+def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
     spec = STREAMS.get(stream_name)
     if spec is None:
         return JsonResponse({"errcode": "M_UNKNOWN", "error": "Unknown stream"}, status=400)

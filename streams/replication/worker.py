@@ -23,8 +23,10 @@ Both feed the follower the same way, and run the decisions it returns:
   to the Django cache, then calls ``on_facts(stream, writer, token, rows)``. A slow callback
   only holds up its own stream; the reading loop, and so PING handling, never waits for it.
 * ``FetchCatchUp`` becomes a task that GETs one page of the catch-up endpoint (§10.2; stdlib
-  ``urllib`` in a thread) and hands the result back to the follower, which answers with the
-  rows to deliver and the next page, the end, or a retry after a back-off delay.
+  ``urllib`` in a thread) -- the writer's own (``instance_urls``) or ``catchup_url``, with a
+  fresh transaction ID each time, as Synapse's form requires -- and hands the result back to
+  the follower, which answers with the rows to deliver and the next page, the end, or a retry
+  after a back-off delay.
 
 The follower guarantees the order of decisions (one catch-up in flight per stream, that
 stream's commands parked behind it); each lane keeps that order to the callback. A lost
@@ -40,6 +42,7 @@ import asyncio
 import inspect
 import json
 import logging
+import secrets
 import time
 import urllib.error
 import urllib.parse
@@ -113,11 +116,21 @@ class CatchUpError(Exception):
     """A catch-up page could not be fetched or read; the follower retries it."""
 
 
+def new_txn_id() -> str:
+    """A transaction ID for one catch-up request: random, never reused. The server keeps its
+    answer under the ID for 30 minutes (Synapse does, and so does our endpoint): a reused ID
+    would get that old answer back, and stale tokens would pass for "caught up"."""
+    return secrets.token_urlsafe(12)
+
+
 def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int,
                         upto_token: int, *, timeout: float = HTTP_TIMEOUT, secret: str = "",
                         max_range: int | None = None, page_limit: int | None = None,
-                        ssl_context: Any = None) -> CatchUpPage:
-    """GET one page of ``(from_token, upto_token]`` of ``writer`` on ``stream`` (blocking).
+                        ssl_context: Any = None,
+                        txn_id: Callable[[], str] = new_txn_id) -> CatchUpPage:
+    """GET one page of ``(from_token, upto_token]`` of ``writer`` on ``stream`` (blocking),
+    from ``<base_url>/_synapse/replication/get_repl_stream_updates/<stream>/<txn_id>``, with a
+    fresh ``txn_id()`` for every request (retries included).
 
     ``secret``: sent as ``Authorization: Bearer`` (``REPLICATION_SECRET``). ``max_range``: the
     server's ``REPLICATION_CATCHUP_MAX_RANGE``; a longer range is asked for in pieces (the
@@ -134,7 +147,7 @@ def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int
         params["limit"] = page_limit
     query = urllib.parse.urlencode(params)
     url = (f"{base_url.rstrip('/')}/_synapse/replication/get_repl_stream_updates/"
-           f"{urllib.parse.quote(stream, safe='')}/?{query}")
+           f"{urllib.parse.quote(stream, safe='')}/{txn_id()}?{query}")
     request = urllib.request.Request(url, headers=bearer_header(secret))
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=ssl_context) as response:
@@ -146,13 +159,30 @@ def fetch_catch_up_page(base_url: str, stream: str, writer: str, from_token: int
             # The server caps pages lower than we asked (REPLICATION_CATCHUP_MAX_LIMIT differs).
             logger.warning("catch-up: %s refused limit=%d (%r); asking without it", base_url, page_limit, body)
             return fetch_catch_up_page(base_url, stream, writer, from_token, asked_upto, timeout=timeout,
-                                       secret=secret, max_range=max_range, ssl_context=ssl_context)
+                                       secret=secret, max_range=max_range, ssl_context=ssl_context,
+                                       txn_id=txn_id)
         raise CatchUpError(f"GET {url}: HTTP {e.code} {body!r}") from e
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CatchUpError(f"GET {url}: {e!r}") from e
     if upto_token < asked_upto and not page.limited:
         return CatchUpPage(page.updates, upto_token, True)
     return page
+
+
+def parse_instance_map(text: str) -> dict[str, str]:
+    """``"w1=http://10.0.0.1:8000,w2=http://10.0.0.2:8000"`` -> writer name -> catch-up base
+    URL (``REPLICATION_INSTANCE_MAP``, ``replication_worker --instance-url``). Raises
+    ``ValueError`` naming the part it cannot read."""
+    result: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, url = (x.strip() for x in part.partition("="))
+        scheme = urlsplit(url).scheme if sep else ""
+        if not name or scheme not in ("http", "https") or not urlsplit(url).netloc:
+            raise ValueError(f"cannot read {part!r}: expected writer=http://host:port")
+        if name in result:
+            raise ValueError(f"writer {name!r} is given twice")
+        result[name] = url
+    return result
 
 
 # --- the caches stream -----------------------------------------------------------------------
@@ -275,6 +305,10 @@ class BaseReplicationWorker:
     restarted. ``initial_tokens`` says where this process already is per (stream, writer);
     others start at 0, i.e. from the beginning of the stream.
 
+    Catch-up requests for a writer go to ``instance_urls[writer]`` when the map names it (as
+    Synapse's workers ask the writer itself, through its ``instance_map``), else to
+    ``catchup_url``.
+
     Subclasses implement :meth:`_attempt` (one connection, from connect to loss; feed the
     commands it receives to :meth:`_dispatch`) and :meth:`_interrupt` (make it return soon).
     """
@@ -288,6 +322,7 @@ class BaseReplicationWorker:
         name: str,
         server_name: str,
         catchup_url: str,
+        instance_urls: Mapping[str, str] | None = None,
         on_facts: FactsCallback | None = None,
         on_reset: Callable[[str, str], Any] | None = None,
         streams: Collection[str] | None = None,
@@ -312,6 +347,7 @@ class BaseReplicationWorker:
         self.name = name
         self.server_name = server_name
         self.catchup_url = catchup_url
+        self.instance_urls = dict(instance_urls or {})
         self.follower = StreamFollower(name, streams, initial_tokens)
         self.invalidator = DjangoCacheInvalidator(cache) if apply_caches else None
         self._on_facts = on_facts
@@ -319,7 +355,7 @@ class BaseReplicationWorker:
         self._on_facts_is_coro = on_facts is not None and inspect.iscoroutinefunction(on_facts)
         self._on_reset = on_reset
         self._fetch_page = fetch_page or (
-            lambda s, w, f, u: fetch_catch_up_page(self.catchup_url, s, w, f, u,
+            lambda s, w, f, u: fetch_catch_up_page(self.catchup_url_for(w), s, w, f, u,
                                                    secret=replication_secret,
                                                    max_range=catchup_max_range,
                                                    page_limit=catchup_page_limit))
@@ -346,6 +382,10 @@ class BaseReplicationWorker:
     def counters(self) -> dict[str, Any]:
         """Progress counters: facts, rows, connections, catch-up requests and failures..."""
         return {**self._counters, "facts_by_stream": dict(self._facts_by_stream)}
+
+    def catchup_url_for(self, writer: str) -> str:
+        """The base URL of the catch-up endpoint that serves ``writer``'s facts."""
+        return self.instance_urls.get(writer, self.catchup_url)
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish (from any thread, or a signal handler)."""

@@ -111,7 +111,7 @@ def test_metrics_in_prometheus_format(staff_client, receipts_written, settings):
     # The catch-up endpoint wants the replication secret, staff or not (whatever value the
     # settings hold in this run: generated on the embedded default).
     settings.REPLICATION_SECRET = "metrics-test-secret"
-    caught_up = staff_client.get("/_synapse/replication/get_repl_stream_updates/receipts/?from_token=0&upto_token=1",
+    caught_up = staff_client.get("/_synapse/replication/get_repl_stream_updates/receipts/txn-metrics?from_token=0&upto_token=1",
                                  HTTP_AUTHORIZATION="Bearer metrics-test-secret")
     assert caught_up.status_code == 200, caught_up.content
     response = staff_client.get("/metrics")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import os
 import signal
 import time
@@ -157,8 +158,8 @@ class TypingCluster(ProcessGroup):
     def catch_up(self, from_token: int, upto_token: int) -> dict:
         from django.conf import settings
 
-        url = (f"{self.web_url}/_synapse/replication/get_repl_stream_updates/typing/?instance_name=master"
-               f"&from_token={from_token}&upto_token={upto_token}")
+        url = (f"{self.web_url}/_synapse/replication/get_repl_stream_updates/typing/{secrets.token_hex(5)}"
+               f"?instance_name=master&from_token={from_token}&upto_token={upto_token}")
         request = urllib.request.Request(url, headers=bearer_header(settings.REPLICATION_SECRET))
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
@@ -262,7 +263,7 @@ def test_typing_view_and_catch_up_in_this_process(client, settings):
     answer = client.post("/_synapse/replication/typing", json.dumps(body), content_type="application/json",
                          headers=auth).json()
     assert answer == {"stream_id": start + 2, "writer": runtime().instance_name}
-    page = client.get(f"/_synapse/replication/get_repl_stream_updates/typing/?from_token={start}"
+    page = client.get(f"/_synapse/replication/get_repl_stream_updates/typing/txn{start}?from_token={start}"
                       f"&upto_token={start + 2}", headers=auth).json()
     assert page == {"updates": [[start + 2, ["!v:hs", ["@a:hs", "@b:hs"]]]], "upto_token": start + 2, "limited": False}
 

@@ -15,6 +15,7 @@ from streams.models import Room
 from streams.runtime import runtime
 from streams.storage import BadEvent, StorageUnsupported, persist_events
 from streams.storage.generator import RoomGenerator
+from synapse_repl.startup import check_startable
 
 
 class Command(BaseCommand):
@@ -36,6 +37,7 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from None
         if batch < 1:
             raise CommandError("--batch must be >= 1")
+        check_startable(database=True, redis=True)
         rt = runtime()
         try:
             if Room.objects.filter(room_id=gen.room_ids()[0]).exists():

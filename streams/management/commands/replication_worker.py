@@ -10,8 +10,10 @@ Two ways to follow the cluster:
   ``SERVER_NAME``), and once subscribed PUBLISHes ``REPLICATE ``; writers answer with their
   positions and publish their RDATA/POSITION there. ``--connect`` cannot be combined with it.
 
-Either way, gaps are fetched from the catch-up endpoint (``--catchup-url``, default
-``http://WEB_LISTEN``), ``caches`` rows are applied to the local Django cache and, with
+Either way, gaps are fetched from the catch-up endpoint of the writer that wrote the facts:
+``--instance-url WRITER=URL`` (repeatable; over the ``REPLICATION_INSTANCE_MAP`` setting, as
+Synapse's ``instance_map``), else ``--catchup-url`` (default ``http://WEB_LISTEN``);
+``caches`` rows are applied to the local Django cache and, with
 ``--jsonl``, every fact received is appended to a file as one JSON line
 ``{"stream", "writer", "token", "rows"}`` (with ``--jsonl-timestamps`` also ``"at"``, when the
 worker delivered it, ``time.time()``: for latency measurements such as benchmarks/soak.py).
@@ -40,6 +42,7 @@ from streams.replication.worker import (
     BaseReplicationWorker,
     RedisReplicationWorker,
     ReplicationWorker,
+    parse_instance_map,
     redact_url,
 )
 from streams.replication.tls import client_context_from_settings
@@ -101,7 +104,11 @@ class Command(BaseCommand):
         parser.add_argument("--redis-url", default=None, metavar="URL",
                             help="Redis to follow (default: REDIS_URL); implies --redis")
         parser.add_argument("--catchup-url", default=None, metavar="URL",
-                            help="base URL of the catch-up endpoint (default: http://WEB_LISTEN)")
+                            help="base URL of the catch-up endpoint for writers without "
+                                 "--instance-url (default: http://WEB_LISTEN)")
+        parser.add_argument("--instance-url", action="append", default=[], metavar="WRITER=URL",
+                            help="catch-up base URL of one writer (repeatable; over "
+                                 "REPLICATION_INSTANCE_MAP)")
         parser.add_argument("--server-name", default=None,
                             help="expected SERVER name, and with --redis the channel "
                                  "(default: SERVER_NAME)")
@@ -119,6 +126,15 @@ class Command(BaseCommand):
                                "the Redis channel, not a replication endpoint")
         catchup_url = options["catchup_url"] or f"http://{repl_setting('WEB_LISTEN')}"
         server_name = options["server_name"] or repl_setting("SERVER_NAME")
+        try:
+            instance_urls = parse_instance_map(repl_setting("REPLICATION_INSTANCE_MAP"))
+        except ValueError as e:
+            raise CommandError(f"REPLICATION_INSTANCE_MAP: {e}") from None
+        for value in options["instance_url"]:
+            try:
+                instance_urls.update(parse_instance_map(value))
+            except ValueError as e:
+                raise CommandError(f"--instance-url: {e}") from None
         streams = list(STREAMS)
         if options["streams"]:
             streams = [s.strip() for s in options["streams"].split(",") if s.strip()]
@@ -138,6 +154,7 @@ class Command(BaseCommand):
         # The same REPLICATION_SECRET as the web process (on the embedded default: the one
         # generated into STATE_DIR), and its catch-up range and page caps (docs/security.md).
         common = dict(name=options["name"], server_name=server_name, catchup_url=catchup_url,
+                      instance_urls=instance_urls,
                       streams=streams, on_facts=sink,
                       initial_tokens=sink.positions if sink else None,
                       replication_secret=settings.REPLICATION_SECRET,
@@ -154,7 +171,9 @@ class Command(BaseCommand):
                 sink.close()
             raise CommandError(str(e)) from e
         self.stdout.write(f"replication worker {options['name']}: {where}, "
-                          f"catch-up {catchup_url}, streams {', '.join(streams)}\n")
+                          f"catch-up {catchup_url}"
+                          + "".join(f", {w} at {u}" for w, u in sorted(instance_urls.items()))
+                          + f", streams {', '.join(streams)}\n")
         self.stdout.flush()
         try:
             asyncio.run(self._run(worker))

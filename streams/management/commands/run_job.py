@@ -1,7 +1,10 @@
 """``manage.py run_job JOB [--rooms ROOM ...]``: run a batch job here and now."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from synapse_repl.startup import check_startable
 
 
 class Command(BaseCommand):
@@ -20,6 +23,10 @@ class Command(BaseCommand):
         load_jobs()
         if job not in JOBS:
             raise CommandError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
+        # Spark starts a JVM in the process that runs the job: this one, unless Celery has a
+        # broker (without REDIS_URL, Celery runs the task eagerly, here).
+        here = not (via_celery and settings.REDIS_URL)
+        check_startable(database=True, redis=via_celery, java=here)
         if via_celery:
             from streams.tasks import run_job_task
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 
 from django.core.management.base import BaseCommand
 
 from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
+from synapse_repl.startup import check_startable, listen_problem
 
 
 class Command(BaseCommand):
@@ -17,8 +19,15 @@ class Command(BaseCommand):
         parser.add_argument("--listen", default=None, help="host:port (default: REPLICATION_LISTEN)")
 
     def handle(self, *args, listen: str | None = None, **options) -> None:
-        host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
-        asyncio.run(self._serve(host, port))
+        setting = "--listen" if listen else "REPLICATION_LISTEN"
+        host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), setting)
+        check_startable(database=True, listen=((host, port, setting),))
+        try:
+            asyncio.run(self._serve(host, port))
+        except OSError as e:  # taken between the check and the bind
+            if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+                raise
+            raise listen_problem(e, host, port, setting) from None
 
     async def _serve(self, host: str, port: int) -> None:
         from streams.replication.endpoint import start_endpoint

@@ -34,11 +34,14 @@ class Command(BaseCommand):
         from daphne.cli import CommandLineInterface
 
         from synapse_repl.security import HOW_TO_SET_A_SECRET
+        from synapse_repl.startup import check_startable
 
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
+        check_startable(database=True, redis=True,
+                        listen=((host, port, "WEB_LISTEN"), (rhost, rport, "REPLICATION_LISTEN")))
         from dashboard.management.commands.demo import embedded_default
 
         replication = subprocess.Popen([sys.executable, "manage.py", "runreplication"], cwd=settings.BASE_DIR)

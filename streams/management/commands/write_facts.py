@@ -26,6 +26,7 @@ from tqdm import tqdm
 from streams.id_generator import NotAWriter
 from streams.registry import STREAMS
 from streams.runtime import runtime
+from synapse_repl.startup import check_startable
 
 
 class Command(BaseCommand):
@@ -63,6 +64,8 @@ class Command(BaseCommand):
                                "and typing")
         if count < 0 or per_txn < 1 or rate < 0 or concurrency < 1:
             raise CommandError("--count must be >= 0, --per-txn >= 1, --rate >= 0 and --concurrency >= 1")
+        # Before writing anything: the database, and Redis that every write is announced on.
+        check_startable(database=True, redis=True)
 
         rt = runtime()
         try:

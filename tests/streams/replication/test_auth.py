@@ -10,7 +10,7 @@ from streams.replication.auth import check_authorization
 from streams.replication.worker import CatchUpError, fetch_catch_up_page
 from streams.runtime import StreamRuntime
 
-URL = "/_synapse/replication/get_repl_stream_updates/receipts/"
+URL = "/_synapse/replication/get_repl_stream_updates/receipts/txn-auth"  # Synapse's form
 QUERY = {"from_token": 0, "upto_token": 1}
 SECRET = "s3cret-for-tests"
 
@@ -114,10 +114,10 @@ def test_the_view_refuses_even_where_the_middleware_does_not_look(rf, secret):
     from streams.replication.catchup import get_repl_stream_updates
 
     request = rf.get("/anything/else/", QUERY)
-    response = get_repl_stream_updates(request, "receipts")
+    response = get_repl_stream_updates(request, "receipts", "txn-direct")
     assert response.status_code == 401
     request = rf.get("/anything/else/", QUERY, headers={"Authorization": f"Bearer {SECRET}"})
-    assert get_repl_stream_updates(request, "receipts").status_code == 200
+    assert get_repl_stream_updates(request, "receipts", "txn-direct").status_code == 200
 
 
 @pytest.mark.django_db
@@ -125,7 +125,7 @@ def test_no_secret_configured_serves_nothing(client, settings):
     settings.REPLICATION_SECRET = ""
     response = client.get(URL, QUERY)
     assert response.status_code == 503 and "REPLICATION_SECRET is not set" in response.json()["error"]
-    response = client.get(URL.rstrip("/") + "/txn1", QUERY)
+    response = client.get(URL.rsplit("/", 1)[0] + "/", QUERY)  # the form without a txn_id
     assert response.status_code == 503
 
 
@@ -177,23 +177,24 @@ def _raw_get(port: int, target: str, headers: dict[str, str]) -> tuple[int, byte
 TOKENS = "?instance_name=master&from_token=0&upto_token=100"
 DRESSED = [
     # (request target, extra headers): every way a path to the catch-up data can be dressed
-    ("/x/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {"Daphne-Root-Path": "/x"}),
+    # (with a txn_id: the form that serves data; the form without one is 404 anyway)
+    ("/x/_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {"Daphne-Root-Path": "/x"}),
     ("/x/_synapse/replication/get_repl_stream_updates/to_device/txn1" + TOKENS, {"Daphne-Root-Path": "/x"}),
-    ("/%78/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {"Daphne-Root-Path": "/%78"}),
-    ("/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {"Daphne-Root-Path": "/_synapse"}),
-    ("/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/%78/_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {"Daphne-Root-Path": "/%78"}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {"Daphne-Root-Path": "/_synapse"}),
+    ("/_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
     ("/_synapse/replication/get_repl_stream_updates/to_device/txn1" + TOKENS, {}),
     ("/_synapse/replication/get_repl_stream_updates/to_device/txn1/" + TOKENS, {}),
-    ("/_synapse/replication%2Fget_repl_stream_updates%2Fto_device%2F" + TOKENS, {}),
-    ("/_synapse%2Freplication/get_repl_stream_updates/to_device/" + TOKENS, {}),
+    ("/_synapse/replication%2Fget_repl_stream_updates%2Fto_device%2Ftxn0" + TOKENS, {}),
+    ("/_synapse%2Freplication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
     ("/_synapse/replication/get_repl_stream_updates/to_device%2Ftxn1" + TOKENS, {}),
-    ("//_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
-    ("/_synapse//replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
-    ("/_synapse/replication//get_repl_stream_updates/to_device/" + TOKENS, {}),
-    ("/./_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
-    ("/x/../_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
-    ("/%5F%73ynapse/replication/get_repl_stream_updates/to_device/" + TOKENS, {}),
-    ("/_synapse/replication/get_repl_stream_updates/receipts/" + TOKENS, {"X-Script-Name": "/x"}),
+    ("//_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
+    ("/_synapse//replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
+    ("/_synapse/replication//get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
+    ("/./_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
+    ("/x/../_synapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
+    ("/%5F%73ynapse/replication/get_repl_stream_updates/to_device/txn0" + TOKENS, {}),
+    ("/_synapse/replication/get_repl_stream_updates/receipts/txn0" + TOKENS, {"X-Script-Name": "/x"}),
 ]
 
 
@@ -209,10 +210,11 @@ def test_the_real_web_process_serves_with_the_secret_and_ignores_a_client_root_p
     fail), and a client's Daphne-Root-Path never changes what a path means."""
     port, secret = real_daphne
     auth = {"Authorization": f"Bearer {secret}"}
-    for target in ("/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS,
-                   "/_synapse/replication/get_repl_stream_updates/to_device/txn-a" + TOKENS):
-        status, body = _raw_get(port, target, auth)
-        assert status == 200 and len(json.loads(body)["updates"]) == 3, body
+    status, body = _raw_get(port, "/_synapse/replication/get_repl_stream_updates/to_device/txn-a" + TOKENS, auth)
+    assert status == 200 and len(json.loads(body)["updates"]) == 3, body
+    # Without a txn_id, as Synapse: 404 M_UNRECOGNIZED (once the secret let it that far).
+    status, body = _raw_get(port, "/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS, auth)
+    assert status == 404 and json.loads(body)["errcode"] == "M_UNRECOGNIZED", body
     status, _ = _raw_get(port, "/x/_synapse/replication/get_repl_stream_updates/to_device/" + TOKENS,
                          {**auth, "Daphne-Root-Path": "/x"})
     assert status == 404

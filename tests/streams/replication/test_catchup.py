@@ -7,11 +7,17 @@ from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.registry import get_stream
 from streams.replication.auth import bearer_header
+from streams.replication.worker import new_txn_id
 from streams.runtime import StreamRuntime
 from streams.updates import get_updates_since
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/_synapse/replication/get_repl_stream_updates/{}/"
+
+
+def url(stream: str) -> str:
+    """Synapse's form, with a fresh transaction ID (a repeated one gets a kept answer)."""
+    return URL.format(stream) + new_txn_id()
 
 
 @pytest.fixture
@@ -45,7 +51,7 @@ def test_pages_without_splitting_a_token(rt, client):
     seen: list[tuple[int, list]] = []
     current, pages = ids[0] - 1, 0
     while True:
-        data = client.get(URL.format("events"), {"from_token": current, "upto_token": ids[-1],
+        data = client.get(url("events"), {"from_token": current, "upto_token": ids[-1],
                                                  "instance_name": "master"}).json()
         pages += 1
         seen += [(t, row) for t, row in data["updates"]]
@@ -78,17 +84,17 @@ def test_one_token_with_more_rows_than_a_page(rt):
 def test_filters_by_writer_and_defaults_to_this_instance(rt, client):
     rng = random.Random(3)
     ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(3)])
-    data = client.get(URL.format("receipts") + "abcdef1234", {"from_token": 0, "upto_token": ids[-1]}).json()
+    data = client.get(url("receipts"), {"from_token": 0, "upto_token": ids[-1]}).json()
     assert [t for t, _ in data["updates"]] == ids
     assert data["upto_token"] == ids[-1] and data["limited"] is False
-    other = client.get(URL.format("receipts"), {"from_token": 0, "upto_token": ids[-1], "instance_name": "w2"}).json()
+    other = client.get(url("receipts"), {"from_token": 0, "upto_token": ids[-1], "instance_name": "w2"}).json()
     assert other["updates"] == []
 
 
 def test_backfill_tokens_are_positive(rt, client):
     rng = random.Random(4)
     ids = rt.writer("backfill").append([[(Event, Event.synthetic(rng, i))] for i in range(2)])
-    data = client.get(URL.format("backfill"), {"from_token": 0, "upto_token": -ids[-1]}).json()
+    data = client.get(url("backfill"), {"from_token": 0, "upto_token": -ids[-1]}).json()
     assert [t for t, _ in data["updates"]] == [-i for i in ids]
     assert len(data["updates"][0][1]) == 6
 
@@ -102,13 +108,13 @@ def test_backfill_tokens_are_positive(rt, client):
     ("events", {"from_token": 0, "upto_token": 1, "limit": 0}, 400, "limit"),
 ])
 def test_bad_requests(client, stream, params, status, message):
-    response = client.get(URL.format(stream), params)
+    response = client.get(url(stream), params)
     assert response.status_code == status
     assert message in response.json()["error"]
 
 
 def test_post_not_allowed(client):
-    assert client.post(URL.format("events")).status_code == 405
+    assert client.post(url("events")).status_code == 405
 
 
 def test_range_and_page_size_caps(rt, client, settings):
@@ -118,13 +124,13 @@ def test_range_and_page_size_caps(rt, client, settings):
     ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(5), i))]
                                         for i in range(30)])
     base = ids[0] - 1  # the sequence is shared with earlier tests: IDs need not start at 1
-    too_long = client.get(URL.format("receipts"), {"from_token": base, "upto_token": base + 51})
+    too_long = client.get(url("receipts"), {"from_token": base, "upto_token": base + 51})
     assert too_long.status_code == 400
     assert "REPLICATION_CATCHUP_MAX_RANGE" in too_long.json()["error"]
-    too_big = client.get(URL.format("receipts"), {"from_token": base, "upto_token": base + 50, "limit": 21})
+    too_big = client.get(url("receipts"), {"from_token": base, "upto_token": base + 50, "limit": 21})
     assert too_big.status_code == 400
     assert "REPLICATION_CATCHUP_MAX_LIMIT" in too_big.json()["error"]
-    page = client.get(URL.format("receipts"), {"from_token": base, "upto_token": ids[-1], "limit": 20}).json()
+    page = client.get(url("receipts"), {"from_token": base, "upto_token": ids[-1], "limit": 20}).json()
     assert [t for t, _ in page["updates"]] == ids[:20] and page["limited"]
 
 
@@ -167,3 +173,61 @@ def test_worker_asks_for_big_pages_and_falls_back_when_refused(rt, live_server, 
     refused = fetch_catch_up_page(live_server.url, "receipts", "master", start, ids[-1],
                                   secret=settings.REPLICATION_SECRET, page_limit=1000)
     assert [t for t, _ in refused.updates] == ids[:50] and refused.limited
+
+
+# --- Synapse's transaction IDs ---------------------------------------------------------------
+
+
+def test_a_repeated_txn_id_gets_the_first_answer_whatever_is_asked(rt, client):
+    """As Synapse (checked against the real one in tests/interop/): the answer is kept under the
+    txn_id alone for 30 minutes, so a reused ID gets a stale answer -- for any stream, any
+    tokens. This is why the worker must never reuse one."""
+    rng = random.Random(8)
+    w = rt.writer("receipts")
+    first_ids = w.append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(2)])
+    txn = URL.format("receipts") + "same-txn-id"
+    first = client.get(txn, {"from_token": first_ids[0] - 1, "upto_token": first_ids[-1]})
+    assert first.status_code == 200
+    assert [t for t, _ in first.json()["updates"]] == first_ids
+    later_ids = w.append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(2, 5)])
+    # Same ID, more rows written, a wider range: still the first answer.
+    again = client.get(txn, {"from_token": first_ids[0] - 1, "upto_token": later_ids[-1]})
+    assert again.status_code == 200 and again.json() == first.json()
+    # Same ID under another stream's path: the first answer too (Synapse keys by the ID alone).
+    other_stream = client.get(URL.format("events") + "same-txn-id", {"from_token": 0, "upto_token": 1})
+    assert other_stream.json() == first.json()
+    # A fresh ID is answered afresh.
+    fresh = client.get(url("receipts"), {"from_token": first_ids[0] - 1, "upto_token": later_ids[-1]})
+    assert [t for t, _ in fresh.json()["updates"]] == first_ids + later_ids
+
+
+def test_a_refusal_is_not_kept(rt, client):
+    path = URL.format("receipts") + "refused-then-asked-well"
+    assert client.get(path, {"from_token": "x", "upto_token": 1}).status_code == 400
+    answer = client.get(path, {"from_token": 0, "upto_token": 1})
+    assert answer.status_code == 200 and "updates" in answer.json()
+
+
+def test_the_form_without_a_txn_id_is_unrecognized_as_in_synapse(client):
+    response = client.get(URL.format("receipts"), {"from_token": 0, "upto_token": 1})
+    assert response.status_code == 404
+    assert response.json()["errcode"] == "M_UNRECOGNIZED"
+    assert "transaction ID" in response.json()["error"]
+
+
+def test_fetch_catch_up_page_sends_a_fresh_txn_id_each_time(rt, live_server, settings):
+    """Two requests for the same range, rows written in between: the second sees them (with a
+    reused ID it would get the first, stale answer)."""
+    from streams.replication.worker import fetch_catch_up_page
+
+    rng = random.Random(9)
+    w = rt.writer("receipts")
+    ids = w.append([[(Receipt, Receipt.synthetic(rng, 0))]])
+    start = ids[0] - 1
+    first = fetch_catch_up_page(live_server.url, "receipts", "master", start, start + 10,
+                                secret=settings.REPLICATION_SECRET)
+    more = w.append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(1, 3)])
+    second = fetch_catch_up_page(live_server.url, "receipts", "master", start, start + 10,
+                                 secret=settings.REPLICATION_SECRET)
+    assert [t for t, _ in first.updates] == ids
+    assert [t for t, _ in second.updates] == ids + [t for t in more if t <= start + 10]

@@ -24,7 +24,7 @@ import pytest
 from django.core.cache import caches
 
 from streams.replication import worker as worker_module
-from streams.replication.worker import DjangoCacheInvalidator, ReplicationWorker
+from streams.replication.worker import DjangoCacheInvalidator, ReplicationWorker, parse_instance_map
 from synapse_repl.processes import jsonl_records
 
 SERVER_NAME = "test.hs"
@@ -117,14 +117,18 @@ class FakeReplicationServer:
 
 class CatchUpSource:
     """Serves ``get_repl_stream_updates`` pages from ``facts[(stream, writer)]``, like
-    Synapse: rows in ``(from, upto]``, whole tokens, limited past ``page_size`` rows."""
+    Synapse: rows in ``(from, upto]``, whole tokens, limited past ``page_size`` rows; the
+    path must end with a transaction ID (404 ``M_UNRECOGNIZED`` without), and an answer is
+    kept under its ID: a repeated ID gets the first answer back (``txn_ids``: every ID seen)."""
 
-    PATH = re.compile(r"^/_synapse/replication/get_repl_stream_updates/([^/]+)/$")
+    PATH = re.compile(r"^/_synapse/replication/get_repl_stream_updates/([^/]+)/([^/]+)$")
 
     def __init__(self, page_size: int = 100) -> None:
         self.page_size = page_size
         self.facts: dict[tuple[str, str], dict[int, list]] = defaultdict(dict)
         self.requests: list[tuple[str, str, int, int]] = []
+        self.txn_ids: list[str] = []
+        self.kept: dict[str, dict] = {}
         self.fail_next = 0
         self.delay = 0.0
         self.lock = threading.Lock()
@@ -156,13 +160,23 @@ class CatchUpSource:
                            int(query.get("from_token", -1)), int(query.get("upto_token", -1)))
                 with source.lock:
                     source.requests.append(request)
+                    if match:
+                        source.txn_ids.append(match[2])
                     fail = source.fail_next > 0
                     source.fail_next -= fail
+                    kept = source.kept.get(match[2]) if match else None
                 time.sleep(source.delay)
-                if fail or not match:
+                if not match:
+                    self._reply(404, {"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
+                elif kept is not None:
+                    self._reply(200, kept)
+                elif fail:
                     self._reply(502, {"errcode": "M_UNKNOWN", "error": "writer unavailable"})
                 else:
-                    self._reply(200, source.page(*request))
+                    answer = source.page(*request)
+                    with source.lock:
+                        answer = source.kept.setdefault(match[2], answer)
+                    self._reply(200, answer)
 
             def _reply(self, status: int, body: dict) -> None:
                 data = json.dumps(body).encode()
@@ -398,6 +412,64 @@ def test_reconnect_after_a_drop_neither_repeats_nor_skips(catchup):
     run(scenario())
 
 
+def test_every_catch_up_request_has_a_fresh_txn_id(catchup):
+    """The catch-up source keeps each answer under its txn_id, as Synapse does: a worker that
+    reused an ID would get (0, 3] again for the second gap and skip facts 4-6 silently."""
+    for token in (1, 2, 3):
+        catchup.add("receipts", "master", token, ["!r", "m.read", "@u", f"${token}", None, {}])
+
+    async def scenario():
+        async with FakeReplicationServer() as server, Harness(server, catchup) as h:
+            peer = await server.accept()
+            await peer.handshake("POSITION receipts master 3 3")
+            await wait_until(lambda: len(h.facts) == 3, what="the first three facts")
+            peer.drop()
+            for token in (4, 5, 6):
+                catchup.add("receipts", "master", token, ["!r", "m.read", "@u", f"${token}", None, {}])
+            peer = await server.accept()
+            await peer.handshake("POSITION receipts master 6 6")
+            await wait_until(lambda: len(h.facts) == 6, what="all six facts")
+            assert h.tokens("receipts") == [1, 2, 3, 4, 5, 6]
+            assert catchup.requests == [("receipts", "master", 0, 3), ("receipts", "master", 3, 6)]
+            assert len(set(catchup.txn_ids)) == len(catchup.txn_ids) == 2
+
+    run(scenario())
+
+
+def test_catch_up_asks_the_writer_named_in_the_instance_map(catchup):
+    """instance_urls (REPLICATION_INSTANCE_MAP, --instance-url): w2's facts come from w2's own
+    endpoint; writers not in the map from catchup_url."""
+    other = CatchUpSource()
+    other.url = other.start()
+    try:
+        catchup.add("receipts", "master", 1, ["!r", "m.read", "@u", "$1", None, {}])
+        other.add("receipts", "w2", 2, ["!r", "m.read", "@v", "$2", None, {}])
+
+        async def scenario():
+            async with FakeReplicationServer() as server, \
+                    Harness(server, catchup, instance_urls={"w2": other.url}) as h:
+                peer = await server.accept()
+                await peer.handshake("POSITION receipts master 1 1", "POSITION receipts w2 2 2")
+                await wait_until(lambda: len(h.facts) == 2, what="a fact of each writer")
+                assert sorted((w, t) for _, w, t, _ in h.facts) == [("master", 1), ("w2", 2)]
+                assert catchup.requests == [("receipts", "master", 0, 1)]
+                assert other.requests == [("receipts", "w2", 0, 2)]
+
+        run(scenario())
+    finally:
+        other.httpd.shutdown()
+        other.httpd.server_close()
+
+
+def test_parse_instance_map():
+    assert parse_instance_map("") == {}
+    assert parse_instance_map(" w1=http://10.0.0.1:8000 , w2=https://h:1/prefix") == {
+        "w1": "http://10.0.0.1:8000", "w2": "https://h:1/prefix"}
+    for bad in ("w1", "w1=", "=http://h:1", "w1=ftp://h", "w1=http://", "w1=http://a:1,w1=http://b:1"):
+        with pytest.raises(ValueError):
+            parse_instance_map(bad)
+
+
 def test_caches_rows_invalidate_the_django_cache(catchup):
     cache = caches["default"]
     cache.clear()
@@ -559,3 +631,13 @@ def test_jsonl_sink_timestamps_only_when_asked(tmp_path):
     resumed = JsonlSink(str(tmp_path / "stamped.jsonl"))
     resumed.close()
     assert resumed.positions == {("events", "w1"): 7}
+
+
+def test_command_refuses_an_unreadable_instance_map(settings):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--instance-url: cannot read 'w1'"):
+        call_command("replication_worker", "--name", "w", "--instance-url", "w1")
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_INSTANCE_MAP": "w1=nowhere"}
+    with pytest.raises(CommandError, match="REPLICATION_INSTANCE_MAP: cannot read 'w1=nowhere'"):
+        call_command("replication_worker", "--name", "w")
