@@ -8,6 +8,7 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.streams_page, name="streams"),
     path("connections/", views.connections_page, name="connections"),
+    path("connections/users/", views.syncing_users_page, name="syncing-users"),
     path("status.json", views.streams_json, name="streams-json"),
     path("metrics", metrics_view, name="metrics"),
     path("jobs/start", start_job, name="start-job"),

@@ -31,6 +31,20 @@ def connections_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/connections.html", _context(endpoints=endpoint_statuses(), page="connections"))
 
 
+@staff_member_required
+def syncing_users_page(request: HttpRequest) -> HttpResponse:
+    """Per user, which workers' syncing processes report it as syncing (USER_SYNC), from the
+    endpoints' latest snapshots; ``?user=`` narrows to one user ID (or a prefix of it)."""
+    from streams.replication.user_activity import syncing_by_user
+
+    query = request.GET.get("user", "").strip()[:255]
+    users = syncing_by_user(endpoint_statuses())
+    if query:
+        users = {user: reports for user, reports in users.items() if user.startswith(query)}
+    return render(request, "dashboard/syncing_users.html", _context(
+        users=sorted(users.items())[:1000], user_count=len(users), query=query, page="connections"))
+
+
 @staff_json
 def streams_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"streams": [

@@ -35,6 +35,7 @@ class StreamRuntime:
         self.notifier = PositionNotifier()
         self._generators: dict[str, MultiWriterIdGenerator] = {}
         self._writers: dict[str, StreamWriter] = {}
+        self._typing = None  # TypingWriter, when this process writes the typing stream
         self._lock = threading.Lock()
         self.streamer = None
 
@@ -76,6 +77,36 @@ class StreamRuntime:
                     writer.journal = WireJournal()
             return writer
 
+    def is_writer_of(self, stream_name: str) -> bool:
+        writers = self.writers.get(stream_name)
+        return writers is None or self.instance_name in writers
+
+    def typing(self):
+        """This process's typing writer (in memory, streams/typing.py); built on first use,
+        when it announces that it starts from 0. Raises ``NotAWriter`` elsewhere."""
+        from .id_generator import NotAWriter
+        from .typing import TypingWriter
+
+        with self._lock:
+            if self._typing is None:
+                if not self.is_writer_of("typing"):
+                    raise NotAWriter(f"{self.instance_name} is not the writer of typing (writer: "
+                                     f"{', '.join(self.writers.get('typing') or ())})")
+                self._typing = TypingWriter(self.instance_name, self.notifier, clock=self.clock)
+                if self.streamer is not None:
+                    self._typing.journal = WireJournal()
+                typing = self._typing
+            else:
+                return self._typing
+        typing.announce()
+        return typing
+
+    def journal_for(self, stream_name: str) -> WireJournal | None:
+        """Where the streamer takes the rows of this process's advances on ``stream_name``."""
+        if stream_name == "typing":
+            return self._typing.journal if self._typing is not None else None
+        return self.writer(stream_name).journal
+
     def db_streams(self) -> list[str]:
         return [name for name, spec in STREAMS.items() if spec.db_backed]
 
@@ -92,6 +123,8 @@ class StreamRuntime:
                 return
             for writer in self._writers.values():
                 writer.journal = WireJournal()
+            if self._typing is not None:
+                self._typing.journal = WireJournal()
             self.streamer = ReplicationStreamer(
                 self, loop=loop, layer=layer, redis_url=redis_url,
                 server_name=server_name or settings.SYNAPSE_REPL["SERVER_NAME"],
@@ -102,6 +135,9 @@ class StreamRuntime:
             self.streamer.close()
             self.streamer = None
         with self._lock:
+            if self._typing is not None:
+                self._typing.close()
+                self._typing = None
             for gen in self._generators.values():
                 gen.close()
             self._generators.clear()

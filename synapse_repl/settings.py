@@ -188,6 +188,8 @@ SYNAPSE_REPL = {
     # "w1=http://10.0.0.1:8000,w2=http://...": where a worker fetches each writer's catch-up
     # (Synapse's instance_map); writers not named: the worker's --catchup-url.
     "REPLICATION_INSTANCE_MAP": os.environ.get("REPLICATION_INSTANCE_MAP", ""),
+    # How often an endpoint writes the USER_IP sightings it collected to user_ips (Synapse: 5 s).
+    "USER_IP_FLUSH_SECONDS": _env_number("USER_IP_FLUSH_SECONDS", 5.0, float),
 }
 
 # --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------

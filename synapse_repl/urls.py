@@ -6,6 +6,7 @@ from django.urls import include, path, re_path
 
 from dashboard.metrics import counting_catchups
 from streams.replication.catchup import get_repl_stream_updates, without_txn_id
+from streams.replication.typing_http import set_typing
 
 # A database that refuses connections answers 503 with the reason, wherever it failed.
 handler500 = "synapse_repl.errors.server_error"
@@ -21,6 +22,8 @@ urlpatterns = [
          without_txn_id, name="repl-stream-updates-without-txn"),
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/<str:txn_id>",
          get_repl_stream_updates, name="repl-stream-updates-txn"),
+    # Typing changes for the typing writer (in memory: this process, when it is the writer).
+    path("_synapse/replication/typing", set_typing, name="repl-typing"),
     # One process serves its own few static files (admin and dashboard assets); no separate
     # web server or collectstatic step is needed to run it.
     re_path(r"^static/(?P<path>.*)$", partial(serve_static, insecure=True)),

@@ -8,6 +8,7 @@ from .storage import (
     BackwardExtremity, CurrentStateEvent, EventEdge, EventToStateGroup, ForwardExtremity, Redaction,
     Rejection, Room, RoomMembership, StateGroup, StateGroupEdge, StateGroupState, VisibilityRange,
 )
+from .user_ips import UserIp
 
 __all__ = (
     "BackwardExtremity",
@@ -35,4 +36,5 @@ __all__ = (
     "StreamPosition",
     "StreamReservation",
     "StreamSequence",
+    "UserIp",
 )

@@ -15,6 +15,8 @@ either cap the answer is 400 with a message. Answer: ``{"updates": [[token, row]
 "upto_token": N, "limited": bool}``; a limited answer covers every row up to ``upto_token``
 (rows sharing a token are never split) and the caller continues from there. Tokens past 64
 bits and ``instance_name`` values with control characters are refused (400) before any query.
+``typing`` is answered from this process's memory when it is the typing writer
+(streams/typing.py), 400 otherwise.
 """
 from __future__ import annotations
 
@@ -88,7 +90,17 @@ def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
     problem = bad_identifier("instance_name", writer)
     if problem:
         return _error(problem)
-    result = get_updates_since(spec, writer, from_token, upto_token, limit=limit)
+    if spec.name == "typing":
+        # In memory, in its writer: this process must be it (Synapse asks the typing writer).
+        from ..id_generator import NotAWriter
+        from ..runtime import runtime
+
+        try:
+            result = runtime().typing().updates_since(from_token, upto_token, limit)
+        except NotAWriter as e:
+            return JsonResponse({"errcode": "M_UNKNOWN", "error": str(e)}, status=400)
+    else:
+        result = get_updates_since(spec, writer, from_token, upto_token, limit=limit)
     return JsonResponse({
         "updates": [[token, row] for token, row in result.updates],
         "upto_token": result.upto_token,

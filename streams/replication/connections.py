@@ -22,6 +22,7 @@ from ..registry import STREAMS
 if TYPE_CHECKING:
     from .consumer import ConnectionInfo
     from .endpoint import Endpoint
+    from .user_activity import SyncingUsers
 
 #: Sent by ``start_endpoint`` once it listens: ``endpoint=Endpoint, host=str, port=int``.
 #: Receivers run on the endpoint's event loop (they may start tasks there).
@@ -32,6 +33,9 @@ DISCONNECT_REASONS = ("ping timeout", "failed to keep up", "bad line", "connecti
 
 #: Syncing users listed per connection in a snapshot (the count is always exact).
 MAX_USERS_LISTED = 50
+#: USER_SYNC entries (user, device, syncing process) per connection in a snapshot, for the
+#: per-user page; a worker reporting more shows only the first ones (by user ID).
+MAX_SYNCS_LISTED = 1000
 
 
 def disconnect_reason(text: str) -> str:
@@ -90,8 +94,13 @@ class EndpointCounters:
         }
 
 
-def connection_snapshot(info: ConnectionInfo) -> dict[str, Any]:
-    users = sorted({user for per_instance in info.syncing_users.values() for user, _ in per_instance})
+def connection_snapshot(info: ConnectionInfo, syncing: SyncingUsers | None = None) -> dict[str, Any]:
+    """One connection for operators; ``syncing``: the endpoint's USER_SYNC state."""
+    if syncing is not None:
+        users = sorted(syncing.users_of_connection(info.channel_name))
+        syncs = syncing.of_connection(info.channel_name, MAX_SYNCS_LISTED)
+    else:
+        users, syncs = [], []
     if info.replicating:
         streams = sorted(STREAMS)
     else:
@@ -106,6 +115,9 @@ def connection_snapshot(info: ConnectionInfo) -> dict[str, Any]:
         "streams": streams,
         "syncing_users": users[:MAX_USERS_LISTED],
         "syncing_user_count": len(users),
+        # per (user, device, syncing process): the dashboard's per-user page reads these
+        "syncing": syncs,
+        "federation_acks": dict(info.federation_acks),
         "commands_in": info.commands_in,
         "lines_out": info.lines_out,
     }
@@ -115,11 +127,14 @@ def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
     """Everything operators see of one endpoint, as JSON-able data."""
     return {
         "server_name": endpoint.server_name,
-        "connections": sorted((connection_snapshot(i) for i in list(endpoint.connections.values())),
+        "connections": sorted((connection_snapshot(i, endpoint.syncing) for i in list(endpoint.connections.values())),
                               key=lambda c: (c["connected_at"], c["peer"])),
         "recent_disconnects": [
             {"at": at, "name": name, "peer": peer, "reason": disconnect_reason(reason), "detail": reason}
             for at, name, peer, reason in reversed(endpoint.recent_disconnects)
         ],
         "counters": endpoint.counters.as_dict(),
+        # USER_IP: received, written to user_ips, upsert statements, refused, waiting
+        "user_ips": endpoint.user_ips.counters(),
+        "user_syncs": {"total": endpoint.syncing.total, "refused": endpoint.syncing.refused},
     }

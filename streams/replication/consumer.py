@@ -56,8 +56,6 @@ class ConnectionInfo:
     last_ping_at: float | None = None
     replicating: bool = False
     legacy_streams: dict[str, str] = field(default_factory=dict)
-    #: USER_SYNC state: instance_id -> {(user_id, device_id)}
-    syncing_users: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)
     federation_acks: dict[str, int] = field(default_factory=dict)
     commands_in: int = 0
     lines_out: int = 0
@@ -145,26 +143,16 @@ class ReplicationConsumer(AsyncConsumer):
         elif isinstance(cmd, LegacyReplicateCommand):
             await self.endpoint.legacy.subscribe(self, cmd)
         elif isinstance(cmd, UserSyncCommand):
-            users = self.info.syncing_users.setdefault(cmd.instance_id, set())
-            if cmd.is_syncing:
-                users.add((cmd.user_id, cmd.device_id))
-            else:
-                users.discard((cmd.user_id, cmd.device_id))
-                if not users:
-                    del self.info.syncing_users[cmd.instance_id]
+            self.endpoint.user_sync(self.info, cmd)
         elif isinstance(cmd, ClearUserSyncCommand):
-            self.info.syncing_users.pop(cmd.instance_id, None)
+            self.endpoint.clear_user_sync(self.info, cmd)
         elif isinstance(cmd, FederationAckCommand):
-            self.info.federation_acks[cmd.instance_name] = cmd.token
+            self.endpoint.federation_ack(self.info, cmd)
         elif isinstance(cmd, UserIpCommand):
             self.endpoint.user_ip(cmd)
         elif isinstance(cmd, (RemoteServerUpCommand, LockReleasedCommand)):
-            # Every instance must hear of it: pass it on to the other connections.
-            await self.channel_layer.group_send(CONNECTIONS_GROUP, {
-                "type": "replication.relay_command",
-                "data": (cmd.to_line() + "\n").encode(),
-                "origin": self.channel_name,
-            })
+            # Every instance of the cluster must hear of it (broadcast.py).
+            await self.endpoint.broadcast.from_worker(self.channel_name, cmd.to_line())
         elif isinstance(cmd, ErrorCommand):
             logger.warning("replication %s (%s) reported error: %s", self.info.name, self.info.peer, cmd.data)
 

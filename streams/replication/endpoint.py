@@ -15,10 +15,13 @@ from ..conf import repl_setting
 from .connections import EndpointCounters, disconnect_reason, endpoint_started
 from .consumer import ConnectionInfo
 from .relay import ReplicationRelay
+from .user_activity import SyncingUsers, UserIpRecorder
 
 logger = logging.getLogger(__name__)
 
 RECENT_DISCONNECTS = 100
+#: Federation senders whose last FEDERATION_ACK a connection keeps (a worker runs one).
+MAX_FEDERATION_ACKS = 16
 
 
 @dataclass
@@ -30,21 +33,40 @@ class Endpoint:
     connections: dict[str, ConnectionInfo] = field(default_factory=dict)
     close_reason: dict[str, str] = field(default_factory=dict)
     recent_disconnects: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_DISCONNECTS))
-    user_ips: dict[str, Any] = field(default_factory=dict)
+    #: USER_IP -> the user_ips table, in batches; USER_SYNC state per connection
+    user_ips: UserIpRecorder = field(default_factory=UserIpRecorder)
+    syncing: SyncingUsers = field(default_factory=SyncingUsers)
     legacy: Any = None
+    broadcast: Any = None  #: CommandBroadcast (REMOTE_SERVER_UP, LOCK_RELEASED)
     bridge: Any = None
     counters: EndpointCounters = field(default_factory=EndpointCounters)
 
     def disconnected(self, info: ConnectionInfo, reason: str) -> None:
         self.connections.pop(info.channel_name, None)
+        self.syncing.connection_lost(info.channel_name)  # its workers' syncs end with it
         reason = self.close_reason.pop(info.channel_name, reason)
         self.counters.disconnects[disconnect_reason(reason)] += 1
         self.recent_disconnects.append((time.time(), info.name, info.peer, reason))
         logger.info("replication %s (%s) disconnected: %s", info.name, info.peer, reason)
 
     def user_ip(self, cmd: Any) -> None:
-        self.user_ips[cmd.user_id] = cmd
+        self.user_ips.record(cmd)
 
+    def federation_ack(self, info: ConnectionInfo, cmd: Any) -> None:
+        """Kept for operators only: Synapse's main process trims its in-memory ``federation``
+        stream queue to the lowest ack, and this project has no federation stream
+        (docs/replication.md)."""
+        acks = info.federation_acks
+        if not (0 < len(cmd.instance_name) <= 255 and cmd.instance_name.isprintable()):
+            return  # shown in the snapshot (a JSON column): no NUL, no control characters
+        if cmd.instance_name in acks or len(acks) < MAX_FEDERATION_ACKS:
+            acks[cmd.instance_name] = cmd.token
+
+    def user_sync(self, info: ConnectionInfo, cmd: Any) -> None:
+        self.syncing.user_sync(info.channel_name, cmd)
+
+    def clear_user_sync(self, info: ConnectionInfo, cmd: Any) -> None:
+        self.syncing.clear_instance(info.channel_name, cmd.instance_id)
 
 
 async def start_endpoint(host: str, port: int, *, using: str = "default") -> tuple[Endpoint, asyncio.AbstractServer]:
@@ -52,6 +74,7 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     from asgiref.sync import sync_to_async
 
     from ..runtime import runtime
+    from .broadcast import CommandBroadcast
     from .legacy import LegacyStreamer
     from .tcp import serve
 
@@ -63,6 +86,8 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     await relay.start()
     endpoint = Endpoint(server_name=repl_setting("SERVER_NAME"), relay=relay)
     endpoint.legacy = LegacyStreamer(endpoint, using=using)
+    endpoint.user_ips = UserIpRecorder(interval=repl_setting("USER_IP_FLUSH_SECONDS"), using=using)
+    endpoint.user_ips.start()
     rt = await sync_to_async(runtime, thread_sensitive=False)()
     if not settings.REDIS_URL:
         # In-memory layer: writes made in this process publish from this loop.
@@ -81,6 +106,8 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
             volunteer_every=1.0,
         )
         endpoint.bridge.start()
+    endpoint.broadcast = CommandBroadcast(endpoint)
+    await endpoint.broadcast.start()
     server = await serve(endpoint, host, port)
     # Operators' tools (the dashboard) publish the endpoint's connections from here.
     for receiver, error in endpoint_started.send_robust(Endpoint, endpoint=endpoint, host=host, port=port):

@@ -190,6 +190,12 @@ class SynapseRedisBridge:
                 return False
             await asyncio.sleep(0.05)
 
+    async def publish_command_lines(self, lines: Iterable[str | bytes]) -> bool:
+        """Publish lines that are not a writer's (``REMOTE_SERVER_UP``, ``LOCK_RELEASED``,
+        ``USER_IP``...), in order with everything else this bridge publishes."""
+        async with self._lock:
+            return await self.publish_lines(lines)
+
     async def answer_replicate(self) -> None:
         """Someone (re)subscribed: say where every writer we speak for stands."""
         async with self._lock:

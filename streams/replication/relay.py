@@ -33,6 +33,7 @@ from channels.layers import get_channel_layer
 
 from ..registry import STREAMS
 from .commands import PositionCommand
+from .follower import RESETTABLE_STREAMS
 from .streamer import LINES_GROUP
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class ReplicationRelay:
         self.seq = 0  # number of the last line batch sent to the connections group
         self.relayed_messages = 0
         self.repairs = 0
+        self.resets = 0
         self.cluster_layer = get_channel_layer()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -158,6 +160,16 @@ class ReplicationRelay:
             return
         prev, new = int(message["prev"]), int(message["new"])
         last = self.last_sent.get(key)
+        if last is not None and prev < last and key[0] in RESETTABLE_STREAMS:
+            # An in-memory stream's writer restarted (its tokens start again from 0; a live
+            # writer's next batch starts where its last ended): workers must start over too.
+            # POSITION prev prev is below their token: they reset to it, then take the batch.
+            self.last_sent[key] = new
+            self._changed_at[key] = time.monotonic()
+            self.resets += 1
+            reset = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
+            await self._send(reset + message["data"], message["count"] + 1)
+            return
         if last is not None and new <= last:
             return  # already covered
         self.last_sent[key] = new

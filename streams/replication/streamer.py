@@ -170,7 +170,7 @@ class ReplicationStreamer:
         stream_name, writer = advance.stream_name, advance.instance_name
         factor = -1 if get_stream(stream_name).backwards else 1
         prev, new = factor * advance.prev_token, factor * advance.new_token
-        journal = self.runtime.writer(stream_name).journal
+        journal = self.runtime.journal_for(stream_name)
         facts = journal.take(prev, new, factor) if journal is not None else []
         wire_facts = [(factor * stream_id, rows) for stream_id, rows in facts]
         lines = [line.encode() for line in build_lines(stream_name, writer, prev, new, wire_facts)]

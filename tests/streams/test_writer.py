@@ -191,7 +191,8 @@ def test_write_facts_rate_limit():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["typing", "--count", "1"], "in memory"),
+    (["typing", "--count", "1", "--url", "http://127.0.0.1:9"], "could not reach the typing writer"),
+    (["typing", "--count", "1", "--per-txn", "0"], "--per-txn"),
     (["nope", "--count", "1"], "unknown stream"),
     (["receipts", "--count", "1", "--per-txn", "0"], "--per-txn"),
     (["receipts", "--count", "-1"], "--count"),

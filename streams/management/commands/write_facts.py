@@ -33,7 +33,8 @@ class Command(BaseCommand):
     help = "Write synthetic facts to a stream through the real writer path."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("stream", help=f"one of: {', '.join(n for n, s in STREAMS.items() if s.db_backed)}")
+        parser.add_argument("stream", help=f"one of: {', '.join(n for n, s in STREAMS.items() if s.db_backed)}, "
+                                           "typing")
         parser.add_argument("--count", type=int, required=True, help="how many facts to write")
         parser.add_argument("--rate", type=float, default=0.0, help="facts per second (default: as fast as possible)")
         parser.add_argument("--per-txn", type=int, default=1, help="facts per transaction (default 1)")
@@ -44,14 +45,23 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=1, metavar="N",
                             help="transactions in flight at once: N threads, each on its own database "
                                  "connection (PostgreSQL only; default 1; docs/streams.md)")
+        parser.add_argument("--url", default=None, metavar="URL",
+                            help="typing only: the web address of the typing writer, which keeps the "
+                                 "stream in memory (default http://WEB_LISTEN)")
 
     def handle(self, *args, stream: str, count: int, rate: float, per_txn: int, seed: int | None,
-               no_progress: bool, stamps: str | None = None, concurrency: int = 1, **options) -> None:
+               no_progress: bool, stamps: str | None = None, concurrency: int = 1, url: str | None = None,
+               **options) -> None:
         spec = STREAMS.get(stream)
         if spec is None:
             raise CommandError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}")
+        if stream == "typing":
+            if count < 0 or per_txn < 1 or rate < 0:
+                raise CommandError("--count must be >= 0, --per-txn >= 1 and --rate >= 0")
+            return self._write_typing(count, rate, per_txn, seed, url)
         if not spec.db_backed:
-            raise CommandError(f"stream {stream} is kept in memory; write_facts writes database-backed streams")
+            raise CommandError(f"stream {stream} is kept in memory; write_facts writes database-backed streams "
+                               "and typing")
         if count < 0 or per_txn < 1 or rate < 0 or concurrency < 1:
             raise CommandError("--count must be >= 0, --per-txn >= 1, --rate >= 0 and --concurrency >= 1")
         # Before writing anything: the database, and Redis that every write is announced on.
@@ -149,3 +159,41 @@ class Command(BaseCommand):
                 + (f"; {concurrency} transactions in flight" if concurrency > 1 else "")
             )
             rt.close()
+
+    def _write_typing(self, count: int, rate: float, per_txn: int, seed: int | None, url: str | None) -> None:
+        """Typing changes, sent to the typing writer (it keeps them in memory: this process
+        cannot be it). Each change toggles one (room, user): every change is a new row."""
+        from django.conf import settings
+
+        from streams.conf import repl_setting
+        from streams.replication.typing_http import send_typing
+
+        url = url or f"http://{repl_setting('WEB_LISTEN')}"
+        server = repl_setting("SERVER_NAME")
+        rng = random.Random(seed)
+        typing: set[tuple[str, str]] = set()
+        started = time.monotonic()
+        sent, answer = 0, {}
+        while sent < count:
+            batch = []
+            for _ in range(min(per_txn, count - sent)):
+                room, user = f"!typing{rng.randrange(10)}:{server}", f"@user{rng.randrange(20)}:{server}"
+                # (a room/user pair drawn twice in one request still toggles: tracked here)
+                now_typing = (room, user) not in typing
+                (typing.add if now_typing else typing.discard)((room, user))
+                batch.append({"room_id": room, "user_id": user, "typing": now_typing, "timeout": 120_000})
+            try:
+                answer = send_typing(url, batch, secret=settings.REPLICATION_SECRET)
+            except RuntimeError as e:
+                raise CommandError(str(e)) from None
+            except OSError as e:
+                raise CommandError(f"could not reach the typing writer at {url}: {e} "
+                                   "(it keeps the stream in memory: start it, or give its address with --url)") from None
+            sent += len(batch)
+            if rate:
+                delay = started + sent / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        elapsed = time.monotonic() - started
+        self.stdout.write(f"sent {sent} typing changes to {answer.get('writer', '?')} at {url} in {elapsed:.2f} s; "
+                          f"position {answer.get('stream_id', '?')}")
