@@ -14,6 +14,7 @@ from django.conf import settings
 from ..conf import repl_setting
 from .connections import EndpointCounters, disconnect_reason, endpoint_started
 from .consumer import ConnectionInfo
+from .peer_state import RecentUserIps, SyncingUsersBudget
 from .relay import ReplicationRelay
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,11 @@ class Endpoint:
     connections: dict[str, ConnectionInfo] = field(default_factory=dict)
     close_reason: dict[str, str] = field(default_factory=dict)
     recent_disconnects: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_DISCONNECTS))
-    user_ips: dict[str, Any] = field(default_factory=dict)
+    #: the latest USER_IP per user, at most REPLICATION_MAX_USER_IPS users
+    user_ips: RecentUserIps = field(default_factory=lambda: RecentUserIps(int(repl_setting("REPLICATION_MAX_USER_IPS"))))
+    #: syncing (user, device) pairs of every connection, against REPLICATION_MAX_SYNCING_USERS
+    syncing_budget: SyncingUsersBudget = field(
+        default_factory=lambda: SyncingUsersBudget(int(repl_setting("REPLICATION_MAX_SYNCING_USERS"))))
     legacy: Any = None
     bridge: Any = None
     counters: EndpointCounters = field(default_factory=EndpointCounters)
@@ -43,7 +48,7 @@ class Endpoint:
         logger.info("replication %s (%s) disconnected: %s", info.name, info.peer, reason)
 
     def user_ip(self, cmd: Any) -> None:
-        self.user_ips[cmd.user_id] = cmd
+        self.user_ips.add(cmd)
 
 
 
