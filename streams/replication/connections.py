@@ -125,4 +125,16 @@ def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
             for at, name, peer, reason in reversed(endpoint.recent_disconnects)
         ],
         "counters": endpoint.counters.as_dict(),
+        "history_reads": history_reads(endpoint),
     }
+
+
+def history_reads(endpoint: Endpoint) -> dict[str, int]:
+    """The legacy REPLICATE history reads (started, replaced, cancelled, completed, pages, rows,
+    restarted; ``active`` now and ``most_active`` at once) and the peer state held."""
+    legacy = getattr(endpoint, "legacy", None)
+    out: dict[str, int] = {}
+    if legacy is not None:
+        out.update(legacy.counters)
+        out["active"], out["most_active"] = legacy.active, legacy.most_active
+    return out
