@@ -147,7 +147,8 @@ class LegacyStreamer:
         self.using = using
         self.readers = int(repl_setting("REPLICATION_HISTORY_READERS")) if readers is None else readers
         self._slots: asyncio.Semaphore | None = None
-        #: started, replaced, cancelled, completed, pages, rows, restarted (after buffer overflow)
+        #: reads started = replaced + cancelled (the connection went) + completed + failed (+ active);
+        #: pages and rows read; restarted (read on after too many live lines came meanwhile)
         self.counters: collections.Counter[str] = collections.Counter()
         self.active = 0
         self.most_active = 0
@@ -195,8 +196,10 @@ class LegacyStreamer:
         return True
 
     def stop_all(self, consumer: "ReplicationConsumer") -> None:
+        """The connection went: its reads end with it."""
         for name in list(consumer.legacy_reads):
-            self.stop(consumer, name)
+            if self.stop(consumer, name):
+                self.counters["cancelled"] += 1
 
     async def _run(self, consumer: "ReplicationConsumer", read: HistoryRead) -> None:
         spec = STREAMS[read.name]
@@ -227,10 +230,8 @@ class LegacyStreamer:
             data = (LegacyPositionCommand(read.name, read.upto).to_line() + "\n").encode() + b"".join(read.buffer)
             self.counters["completed"] += 1
             await consumer.send_lines(data, 1 + read.buffered)
-        except asyncio.CancelledError:
-            self.counters["cancelled"] += 1
-            raise
         except Exception:
+            self.counters["failed"] += 1
             logger.exception("legacy history read of %s failed", read.name)
             await consumer._error_and_close("Internal error reading history", reason="history read failed")
         finally:
