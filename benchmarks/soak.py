@@ -174,7 +174,7 @@ class SoakResult:
     #: with --attack: what the attackers saw, a new worker's time to its first POSITION, and
     #: each endpoint's VmRSS (KiB) just before the attack, at its highest and at the end
     attack: dict[str, int] = field(default_factory=dict)
-    first_position_ms: dict[str, float] = field(default_factory=dict)
+    first_position_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     endpoint_rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
@@ -233,11 +233,11 @@ class SoakResult:
                              f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.0f} ms")
         if self.attack:
             lines.append("attackers: " + ", ".join(f"{k} {n}" for k, n in sorted(self.attack.items())))
-            if self.first_position_ms:
-                fp = self.first_position_ms
-                lines.append(f"a new worker's first POSITION during the attack, {fp['n']:.0f} probes: "
-                             f"p50 {fp['p50']:.1f} ms, p99 {fp['p99']:.1f} ms, max {fp['max']:.1f} ms "
-                             f"(goal: p99 < 50 ms)")
+            for phase, fp in self.first_position_ms.items():
+                if fp:
+                    lines.append(f"a new worker's first POSITION {phase} the attack, {fp['n']:.0f} probes: "
+                                 f"p50 {fp['p50']:.1f} ms, p99 {fp['p99']:.1f} ms, max {fp['max']:.1f} ms"
+                                 + (" (goal: p99 < 50 ms)" if phase == "during" else ""))
             lines.append("endpoint RSS during the attack (VmRSS, MiB; goal: within +50 MB of before):")
             for name, (before, high, end) in sorted(self.endpoint_rss_kib.items()):
                 lines.append(f"  {name:<10} before {before / 1024:7.1f}  highest {high / 1024:7.1f} "
@@ -550,19 +550,28 @@ class Attackers:
         self.ports, self.squatters, self.storm_every, self.probe_every = ports, squatters, storm_every, probe_every
         self.stopping = threading.Event()
         self.outcomes: Counter = Counter()
-        self.first_position_ms: list[float] = []
+        #: the prober's times to the first POSITION: "before" the attack (the baseline of the
+        #: same run) and "during" it
+        self.first_position_ms: dict[str, list[float]] = {"before": [], "during": []}
+        self.phase = "before"
         self.lock = threading.Lock()
+        self.prober = threading.Thread(target=self._probe, name="probe", daemon=True)
         self.threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
-                        for f in (self._storm, self._user_ip_flood, self._squat, self._nul_names, self._probe)]
+                        for f in (self._storm, self._user_ip_flood, self._squat, self._nul_names)]
+
+    def start_probe(self) -> None:
+        self.prober.start()
 
     def start(self) -> None:
+        self.phase = "during"
         for t in self.threads:
             t.start()
 
     def stop(self) -> None:
         self.stopping.set()
-        for t in self.threads:
-            t.join(timeout=30)
+        for t in [self.prober, *self.threads]:
+            if t.is_alive():
+                t.join(timeout=30)
 
     def _count(self, what: str, n: int = 1) -> None:
         with self.lock:
@@ -594,18 +603,17 @@ class Attackers:
         return received
 
     def _storm(self) -> None:
-        while not self.stopping.wait(self.storm_every):
-            for port in self.ports:
-                socks = [s for s in (self._connect(port, rcvbuf=4096) for _ in range(4)) if s]
-                for s in socks:
-                    try:
-                        s.sendall(b"NAME storm\n" + b"REPLICATE events 0\n" * 25)
-                    except OSError:
-                        pass
-                self._count("storm connections", len(socks))
-                self.stopping.wait(3.0)
-                for s in socks:
-                    s.close()
+        while not self.stopping.wait(self.storm_every - 3.0):
+            socks = [s for port in self.ports for s in (self._connect(port, rcvbuf=4096) for _ in range(4)) if s]
+            for s in socks:
+                try:
+                    s.sendall(b"NAME storm\n" + b"REPLICATE events 0\n" * 25)
+                except OSError:
+                    pass
+            self._count("storm connections", len(socks))
+            self.stopping.wait(3.0)
+            for s in socks:
+                s.close()
 
     def _user_ip_flood(self) -> None:
         rng = random.Random(14)
@@ -690,7 +698,7 @@ class Attackers:
                         raise OSError(f"closed: {buf[-100:]!r}")
                     buf += chunk
                 with self.lock:
-                    self.first_position_ms.append((time.perf_counter() - started) * 1000)
+                    self.first_position_ms[self.phase].append((time.perf_counter() - started) * 1000)
             except OSError:
                 self._count("probe without POSITION")
             finally:
@@ -776,10 +784,11 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         injector = FaultInjector(cluster, start + cfg.duration, log)
         fuzzer = Fuzzer(cluster.endpoint_ports, cfg.fuzz_interval, cfg.seed, cluster.endpoint_lock)
         if cfg.attack:
-            time.sleep(5)  # the endpoints settled under the writers' load: their baseline
+            attackers = Attackers(cluster.endpoint_ports, squatters=cfg.squatters)
+            attackers.start_probe()
+            time.sleep(10)  # the endpoints settled under the writers' load, probed: the baseline
             endpoints = {f"endpoint{i}": cluster.by_name[f"endpoint{i}"].pid for i in range(len(cluster.endpoint_ports))}
             baseline = {name: rss_kib(pid) or 0 for name, pid in endpoints.items()}
-            attackers = Attackers(cluster.endpoint_ports, squatters=cfg.squatters)
             attackers.start()
             log(f"attackers start; endpoint RSS before: "
                 + ", ".join(f"{n} {kib / 1024:.1f} MiB" for n, kib in sorted(baseline.items())))
@@ -805,7 +814,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
                     if samples:
                         result.endpoint_rss_kib[name] = (baseline[name], max(samples), samples[-1])
             result.attack = dict(attackers.outcomes)
-            result.first_position_ms = _summary(attackers.first_position_ms)
+            result.first_position_ms = {phase: _summary(ms) for phase, ms in attackers.first_position_ms.items()}
 
         # Stop writing (SIGTERM: after the transaction in progress), then let workers drain.
         for w in WRITERS:

@@ -169,8 +169,8 @@ SYNAPSE_REPL = {
     # A TCP peer must send REPLICATE within this many seconds, and finish any line it starts.
     "REPLICATION_HANDSHAKE_TIMEOUT": _env_number("REPLICATION_HANDSHAKE_TIMEOUT", 30.0, float),
     "REPLICATION_LINE_TIMEOUT": _env_number("REPLICATION_LINE_TIMEOUT", 30.0, float),
-    # Legacy REPLICATE history reads running at once in one endpoint (each a page at a time).
-    "REPLICATION_HISTORY_READERS": _env_number("REPLICATION_HISTORY_READERS", 2),
+    # Legacy REPLICATE history pages (500 rows) one endpoint reads per second, all connections together.
+    "REPLICATION_HISTORY_PAGE_RATE": _env_number("REPLICATION_HISTORY_PAGE_RATE", 10.0, float),
     # State peers create: USER_SYNC pairs per connection and in all, USER_IP users kept.
     "REPLICATION_MAX_SYNCING_USERS_PER_CONNECTION": _env_number("REPLICATION_MAX_SYNCING_USERS_PER_CONNECTION", 10_000),
     "REPLICATION_MAX_SYNCING_USERS": _env_number("REPLICATION_MAX_SYNCING_USERS", 50_000),

@@ -14,8 +14,8 @@ Netcat users get a working session::
 A history read is the most expensive thing a peer can ask for, so (docs/security.md) it is a
 :class:`HistoryRead` task of its own, read :data:`PAGE_ROWS` rows at a time: a page is read
 only once the connection has written the previous one (back-pressure), paid for from the
-connection's command budget (``ratelimit.HISTORY_PAGE_COST``), and read in one of at most
-``REPLICATION_HISTORY_READERS`` slots of the whole endpoint. A connection has at most one read
+connection's command budget (``ratelimit.HISTORY_PAGE_COST``), and read one at a time in
+the whole endpoint, at most ``REPLICATION_HISTORY_PAGE_RATE`` pages a second in all. A connection has at most one read
 per stream: a second ``REPLICATE`` of the same stream replaces it (as Synapse's old server
 re-subscribed). A connection that goes cancels its reads.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from .commands import (
     batch_updates,
     parse_line,
 )
-from .ratelimit import HISTORY_PAGE_COST
+from .ratelimit import HISTORY_PAGE_COST, TokenBucket
 
 if TYPE_CHECKING:
     from .consumer import ReplicationConsumer
@@ -140,12 +141,15 @@ class LegacyStreamer:
     """The endpoint's legacy subscriptions: starts, replaces and cancels history reads, and
     counts them for operators and tests (``counters``)."""
 
-    def __init__(self, endpoint: "Endpoint", *, using: str = "default", readers: int | None = None) -> None:
+    def __init__(self, endpoint: "Endpoint", *, using: str = "default", page_rate: float | None = None) -> None:
         from ..conf import repl_setting
 
         self.endpoint = endpoint
         self.using = using
-        self.readers = int(repl_setting("REPLICATION_HISTORY_READERS")) if readers is None else readers
+        rate = float(repl_setting("REPLICATION_HISTORY_PAGE_RATE")) if page_rate is None else page_rate
+        #: Pages of the whole endpoint: the CPU all history reads together may take, whatever
+        #: the kernel's send buffers absorb before back-pressure starts (MiBs per connection).
+        self.page_budget = TokenBucket(rate, max(1, int(rate)), time.monotonic())
         self._slots: asyncio.Semaphore | None = None
         #: reads started = replaced + cancelled (the connection went) + completed + failed (+ active);
         #: pages and rows read; restarted (read on after too many live lines came meanwhile)
@@ -155,8 +159,9 @@ class LegacyStreamer:
 
     @property
     def slots(self) -> asyncio.Semaphore:
+        """One page read at a time, waiting readers served in turn (FIFO)."""
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.readers)
+            self._slots = asyncio.Semaphore(1)
         return self._slots
 
     async def subscribe(self, consumer: "ReplicationConsumer", cmd: LegacyReplicateCommand) -> None:
@@ -211,6 +216,8 @@ class LegacyStreamer:
                     await consumer.writable()  # the previous page has left (back-pressure)
                     await consumer.pay(HISTORY_PAGE_COST)
                     async with self.slots:
+                        while not self.page_budget.take(time.monotonic()):
+                            await asyncio.sleep(self.page_budget.wait_time(time.monotonic()))
                         data, count = await sync_to_async(read.read_page, thread_sensitive=False)(spec, self.using)
                     self.counters["pages"] += 1
                     if count:

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The kernel's queue of connections not yet accepted (asyncio's default: 100). Beyond it the
+#: kernel drops SYNs and the client retries a second later: a burst of squatters must not
+#: make a worker's connect take a second. At least REPLICATION_MAX_CONNECTIONS (the kernel
+#: caps it at net.core.somaxconn, 4096).
+LISTEN_BACKLOG = 1024
 #: Synapse's ``max_line_buffer``: commands queued for a connection that does not read.
 MAX_PENDING_COMMANDS = 10_000
 ABORT_AFTER_SECONDS = 5.0
@@ -149,6 +154,6 @@ async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractSer
     server = await loop.create_server(
         lambda: AdmissionProtocol(policy, lambda ticket: ReplicationServerProtocol(endpoint, app, max_pending, ticket),
                                   ssl_context, send_buffer),
-        host, port)
+        host, port, backlog=max(LISTEN_BACKLOG, policy.max_connections))
     logger.info("replication endpoint %s listening on %s:%d", endpoint.server_name, host, port)
     return server

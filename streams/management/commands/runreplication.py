@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 from django.core.management.base import BaseCommand
 
 from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
+
+
+#: Seconds a thread may hold the GIL while the event loop waits for it (Python's default: 0.005).
+SWITCH_INTERVAL = 0.001
 
 
 class Command(BaseCommand):
@@ -18,6 +23,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, listen: str | None = None, **options) -> None:
         host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
+        # The event loop must get the GIL back quickly from threads (history pages, database
+        # polls): every wait for it delays every connection (5 ms by default, per hand-over).
+        sys.setswitchinterval(SWITCH_INTERVAL)
         asyncio.run(self._serve(host, port))
 
     async def _serve(self, host: str, port: int) -> None:

@@ -179,8 +179,7 @@ def test_300_idle_connections_from_one_address_and_a_worker_still_connects(pg_ur
         snapshot = snapshot_after(t0, lambda s: s["counters"]["disconnects"].get("evicted") == 300 + 1 + 20 - 200)
         names = [c["name"] for c in snapshot["connections"]]
         assert len(names) == 200 and names.count("worker") == 1  # the oldest squatters went, never the worker
-        assert idle[0].read_line() == f"SERVER {SERVER_NAME}" and idle[0].read_line().startswith("PING")
-        assert idle[0].read_line() == "ERROR Too many connections" and idle[0].read_line() is None
+        assert read_all(idle[0])[-1] == "ERROR Too many connections"  # the oldest went first
         worker.send("PING 2")
         with pytest.raises(TimeoutError):  # still connected, nothing to say
             while (line := worker.read_line(timeout=0.5)) is not None:
