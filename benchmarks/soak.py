@@ -553,9 +553,14 @@ class Attackers:
         #: the prober's times to the first POSITION: "before" the attack (the baseline of the
         #: same run) and "during" it
         self.first_position_ms: dict[str, list[float]] = {"before": [], "during": []}
-        self.phase = "before"
         self.lock = threading.Lock()
-        self.prober = threading.Thread(target=self._probe, name="probe", daemon=True)
+        # The prober is a process of its own: the attackers' threads here must not hold its GIL.
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.probe_stop, self.probe_during, self.probe_out = ctx.Event(), ctx.Event(), ctx.Queue()
+        self.prober = ctx.Process(target=probe_loop, name="probe", daemon=True,
+                                  args=(ports, probe_every, self.probe_stop, self.probe_during, self.probe_out))
         self.threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
                         for f in (self._storm, self._user_ip_flood, self._squat, self._nul_names)]
 
@@ -563,15 +568,32 @@ class Attackers:
         self.prober.start()
 
     def start(self) -> None:
-        self.phase = "during"
+        self.probe_during.set()
         for t in self.threads:
             t.start()
 
     def stop(self) -> None:
         self.stopping.set()
-        for t in [self.prober, *self.threads]:
+        self.probe_stop.set()
+        for t in self.threads:
             if t.is_alive():
                 t.join(timeout=30)
+        if self.prober.is_alive() or self.prober.exitcode is not None:
+            import queue
+
+            while True:
+                try:
+                    item = self.probe_out.get(timeout=30)
+                except queue.Empty:
+                    break  # the prober died: what it measured so far
+                if item is None:
+                    break
+                phase, ms = item
+                if ms is None:
+                    self._count("probe without POSITION")
+                else:
+                    self.first_position_ms[phase].append(ms)
+            self.prober.join(timeout=30)
 
     def _count(self, what: str, n: int = 1) -> None:
         with self.lock:
@@ -616,7 +638,8 @@ class Attackers:
                 s.close()
 
     def _user_ip_flood(self) -> None:
-        rng = random.Random(14)
+        # Distinct 255-byte user IDs, made cheaply: this process also times the prober.
+        prefix, n = "@" + "u" * 229, 0
         while not self.stopping.wait(1.0):
             for port in self.ports:
                 sock = self._connect(port)
@@ -624,8 +647,8 @@ class Attackers:
                     continue
                 lines = [b"NAME flood\nPING 1\nREPLICATE \n"]
                 for _ in range(200):
-                    user = "@" + "".join(rng.choice("abcdefghijklmnop") for _ in range(240)) + ":soak.example"
-                    lines.append(f'USER_IP {user} ["tok","10.0.0.1","UA",null,1]\n'.encode())
+                    n += 1
+                    lines.append(f'USER_IP {prefix}{n:012d}:soak.example ["tok","10.0.0.1","UA",null,1]\n'.encode())
                 lines.append(b'USER_IP @' + b"u" * 16_000 + b':soak.example ["tok","10.0.0.1","UA",null,1]\n')
                 try:
                     sock.sendall(b"".join(lines))
@@ -677,32 +700,35 @@ class Attackers:
             for s in socks:
                 s.close()
 
-    def _probe(self) -> None:
-        """A new worker: NAME, PING, REPLICATE; the time until its first POSITION line."""
-        i = 0
-        while not self.stopping.wait(self.probe_every):
-            port = self.ports[i % len(self.ports)]
-            i += 1
-            started = time.perf_counter()
-            sock = self._connect(port)
-            if sock is None:
-                self._count("probe refused")
-                continue
-            try:
-                sock.sendall(f"NAME probe\nPING {int(time.time() * 1000)}\nREPLICATE \n".encode())
-                buf = b""
-                sock.settimeout(10)
-                while b"\nPOSITION " not in b"\n" + buf:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        raise OSError(f"closed: {buf[-100:]!r}")
-                    buf += chunk
-                with self.lock:
-                    self.first_position_ms[self.phase].append((time.perf_counter() - started) * 1000)
-            except OSError:
-                self._count("probe without POSITION")
-            finally:
-                sock.close()
+
+def probe_loop(ports: list[int], every: float, stop, during, out) -> None:
+    """A new worker every ``every`` s (in a process of its own): NAME, PING, REPLICATE; puts
+    (phase, ms until its first POSITION line, or None) on ``out``, then None when stopped."""
+    i = 0
+    while not stop.wait(every):
+        phase = "during" if during.is_set() else "before"
+        port = ports[i % len(ports)]
+        i += 1
+        started = time.perf_counter()
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            out.put((phase, None))
+            continue
+        try:
+            sock.sendall(f"NAME probe\nPING {int(time.time() * 1000)}\nREPLICATE \n".encode())
+            buf = b""
+            while b"\nPOSITION " not in b"\n" + buf:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise OSError(f"closed: {buf[-100:]!r}")
+                buf += chunk
+            out.put((phase, (time.perf_counter() - started) * 1000))
+        except OSError:
+            out.put((phase, None))
+        finally:
+            sock.close()
+    out.put(None)
 
 
 def disconnect_reasons(tmp: Path) -> Counter:
@@ -849,6 +875,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
             fuzzer.stopping.set()
         if attackers is not None:
             attackers.stopping.set()
+            attackers.probe_stop.set()
         cluster.stop_all()
         if redis.proc is None or redis.proc.poll() is not None:
             redis.start(port=redis.port)
