@@ -1,6 +1,7 @@
 """Soak test under faults: a whole cluster runs for a while as its parts are killed and fuzzed.
 
     .venv/bin/python benchmarks/soak.py [--duration SECONDS] [--workers N] [--rate R] [--keep]
+                                        [--attack] [--no-faults]
 
 Starts a throwaway PostgreSQL and Redis (synapse_repl/services.py), migrates a fresh database
 and runs, as separate OS processes (synapse_repl/processes.py, as the cluster tests do):
@@ -29,6 +30,14 @@ workers, facts delivered through catch-up after a restart included, and over the
 committed outside fault windows). Exit status 1 if anything was duplicated or missing, a
 process died on its own, a fuzzed connection was not closed with ERROR, or a fault did not
 recover.
+
+``--attack`` adds issue 14's attackers against both endpoints (:class:`Attackers`: a legacy
+REPLICATE storm, a USER_IP flood with long IDs, idle squatters beyond the per-address cap,
+NAMEs with a NUL byte) and a prober connecting as a new worker four times a second; printed:
+what the attackers got, the prober's time to its first POSITION (p50/p99/max), and each
+endpoint's RSS before the attack, at its highest and at the end. With ``--no-faults`` nothing
+is killed, so the endpoints live through the whole attack (the fuzzer still runs). Exit
+status 1 also if a 16 KB USER_IP or a NUL NAME was not refused.
 """
 from __future__ import annotations
 
@@ -81,6 +90,9 @@ class SoakConfig:
     drain_timeout: float = 300.0
     seed: int = 1
     progress: bool = True
+    faults: bool = True  #: False: no fault injector (the attackers alone beside the workers)
+    attack: bool = False  #: issue 14's attackers (:class:`Attackers`) against the endpoints
+    squatters: int = 250  #: idle connections per endpoint, with --attack
 
     @property
     def n_redis_workers(self) -> int:
@@ -159,6 +171,11 @@ class SoakResult:
     steady_latency_ms: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: with --attack: what the attackers saw, a new worker's time to its first POSITION, and
+    #: each endpoint's VmRSS (KiB) just before the attack, at its highest and at the end
+    attack: dict[str, int] = field(default_factory=dict)
+    first_position_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    endpoint_rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def total_duplicates(self) -> int:
@@ -177,7 +194,8 @@ class SoakResult:
                 and not self.crashes
                 and self.fuzz.get("not closed with ERROR", 0) == 0
                 and all(f.recovered_after is not None for f in self.faults)
-                and all(code == 0 for code in self.writer_exits.values()))
+                and all(code == 0 for code in self.writer_exits.values())
+                and not any(n for what, n in self.attack.items() if "not refused" in what))
 
     def report(self) -> str:
         lines = [f"soak: {self.seconds:.0f} s, load average at the end {self.load[0]:.2f} {self.load[1]:.2f} "
@@ -213,6 +231,17 @@ class SoakResult:
             if lat:
                 lines.append(f"delivery latency (commit -> worker's sink), {what}, {lat['n']:.0f} deliveries: "
                              f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.0f} ms")
+        if self.attack:
+            lines.append("attackers: " + ", ".join(f"{k} {n}" for k, n in sorted(self.attack.items())))
+            for phase, fp in self.first_position_ms.items():
+                if fp:
+                    lines.append(f"a new worker's first POSITION {phase} the attack, {fp['n']:.0f} probes: "
+                                 f"p50 {fp['p50']:.1f} ms, p99 {fp['p99']:.1f} ms, max {fp['max']:.1f} ms"
+                                 + (" (goal: p99 < 50 ms)" if phase == "during" else ""))
+            lines.append("endpoint RSS during the attack (VmRSS, MiB; goal: within +50 MB of before):")
+            for name, (before, high, end) in sorted(self.endpoint_rss_kib.items()):
+                lines.append(f"  {name:<10} before {before / 1024:7.1f}  highest {high / 1024:7.1f} "
+                             f"({(high - before) / 1024:+.1f})  end {end / 1024:7.1f} ({(end - before) / 1024:+.1f})")
         lines.append("RESULT: " + ("OK" if self.ok else "FAILED"))
         return "\n".join(lines)
 
@@ -503,6 +532,205 @@ class Fuzzer(threading.Thread):
             self.examples.append(f"sent {payload[:80]!r}, got {received[-200:]!r}")
 
 
+class Attackers:
+    """Issue 14's attackers beside the healthy workers (``--attack``), each a thread against
+    both TCP endpoints, and a prober that times a new worker's first POSITION:
+
+    * a legacy ``REPLICATE`` storm: every ``storm_every`` s, 4 connections that never read send
+      25 ``REPLICATE events 0`` each, and go 3 s later;
+    * a ``USER_IP`` flood: connections sending 200 ``USER_IP`` lines with distinct 255-byte
+      user IDs (kept, up to REPLICATION_MAX_USER_IPS), then one with a 16 KB ID (refused);
+    * idle squatters: ``squatters`` connections per endpoint from the workers' own address
+      (more than REPLICATION_MAX_CONNECTIONS_PER_ADDRESS), reopened as the endpoint closes them;
+    * ``NAME`` lines with a NUL byte (refused).
+    """
+
+    def __init__(self, ports: list[int], *, squatters: int = 250, storm_every: float = 5.0,
+                 probe_every: float = 0.25) -> None:
+        self.ports, self.squatters, self.storm_every, self.probe_every = ports, squatters, storm_every, probe_every
+        self.stopping = threading.Event()
+        self.outcomes: Counter = Counter()
+        #: the prober's times to the first POSITION: "before" the attack (the baseline of the
+        #: same run) and "during" it
+        self.first_position_ms: dict[str, list[float]] = {"before": [], "during": []}
+        self.lock = threading.Lock()
+        # The prober is a process of its own: the attackers' threads here must not hold its GIL.
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.probe_stop, self.probe_during, self.probe_out = ctx.Event(), ctx.Event(), ctx.Queue()
+        self.prober = ctx.Process(target=probe_loop, name="probe", daemon=True,
+                                  args=(ports, probe_every, self.probe_stop, self.probe_during, self.probe_out))
+        self.threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
+                        for f in (self._storm, self._user_ip_flood, self._squat, self._nul_names)]
+
+    def start_probe(self) -> None:
+        self.prober.start()
+
+    def start(self) -> None:
+        self.probe_during.set()
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.probe_stop.set()
+        for t in self.threads:
+            if t.is_alive():
+                t.join(timeout=30)
+        if self.prober.is_alive() or self.prober.exitcode is not None:
+            import queue
+
+            while True:
+                try:
+                    item = self.probe_out.get(timeout=30)
+                except queue.Empty:
+                    break  # the prober died: what it measured so far
+                if item is None:
+                    break
+                phase, ms = item
+                if ms is None:
+                    self._count("probe without POSITION")
+                else:
+                    self.first_position_ms[phase].append(ms)
+            self.prober.join(timeout=30)
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.outcomes[what] += n
+
+    @staticmethod
+    def _connect(port: int, rcvbuf: int | None = None) -> socket.socket | None:
+        sock = socket.socket()
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.settimeout(5)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    @staticmethod
+    def _read_to_close(sock: socket.socket, timeout: float = 10) -> bytes:
+        sock.settimeout(timeout)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except OSError:
+            pass
+        sock.close()
+        return received
+
+    def _storm(self) -> None:
+        while not self.stopping.wait(self.storm_every - 3.0):
+            socks = [s for port in self.ports for s in (self._connect(port, rcvbuf=4096) for _ in range(4)) if s]
+            for s in socks:
+                try:
+                    s.sendall(b"NAME storm\n" + b"REPLICATE events 0\n" * 25)
+                except OSError:
+                    pass
+            self._count("storm connections", len(socks))
+            self.stopping.wait(3.0)
+            for s in socks:
+                s.close()
+
+    def _user_ip_flood(self) -> None:
+        # Distinct 255-byte user IDs, made cheaply: this process also times the prober.
+        prefix, n = "@" + "u" * 229, 0
+        while not self.stopping.wait(1.0):
+            for port in self.ports:
+                sock = self._connect(port)
+                if sock is None:
+                    continue
+                lines = [b"NAME flood\nPING 1\nREPLICATE \n"]
+                for _ in range(200):
+                    n += 1
+                    lines.append(f'USER_IP {prefix}{n:012d}:soak.example ["tok","10.0.0.1","UA",null,1]\n'.encode())
+                lines.append(b'USER_IP @' + b"u" * 16_000 + b':soak.example ["tok","10.0.0.1","UA",null,1]\n')
+                try:
+                    sock.sendall(b"".join(lines))
+                except OSError:
+                    pass
+                received = self._read_to_close(sock)
+                self._count("USER_IP 16 KB ID refused" if b"ERROR invalid USER_IP" in received
+                            else "USER_IP 16 KB ID not refused")
+
+    def _nul_names(self) -> None:
+        while not self.stopping.wait(2.0):
+            for port in self.ports:
+                sock = self._connect(port)
+                if sock is None:
+                    continue
+                try:
+                    sock.sendall(b"NAME evil\x00name\nPING 1\nREPLICATE \n")
+                except OSError:
+                    pass
+                received = self._read_to_close(sock)
+                self._count("NUL NAME refused" if b"ERROR invalid NAME" in received else "NUL NAME not refused")
+
+    def _squat(self) -> None:
+        open_: dict[int, list[socket.socket]] = {port: [] for port in self.ports}
+        while not self.stopping.wait(0.5):
+            for port, socks in open_.items():
+                alive = []
+                for s in socks:
+                    try:
+                        data = s.recv(65536, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        alive.append(s)
+                        continue
+                    except OSError:
+                        data = b""
+                    if data and b"ERROR" not in data:
+                        alive.append(s)  # SERVER, PING: still open
+                        continue
+                    self._count("squatters closed by the endpoint")
+                    s.close()
+                while len(alive) < self.squatters and not self.stopping.is_set():
+                    s = self._connect(port)
+                    if s is None:
+                        break
+                    alive.append(s)
+                    self._count("squatter connections")
+                open_[port] = alive
+        for socks in open_.values():
+            for s in socks:
+                s.close()
+
+
+def probe_loop(ports: list[int], every: float, stop, during, out) -> None:
+    """A new worker every ``every`` s (in a process of its own): NAME, PING, REPLICATE; puts
+    (phase, ms until its first POSITION line, or None) on ``out``, then None when stopped."""
+    i = 0
+    while not stop.wait(every):
+        phase = "during" if during.is_set() else "before"
+        port = ports[i % len(ports)]
+        i += 1
+        started = time.perf_counter()
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            out.put((phase, None))
+            continue
+        try:
+            sock.sendall(f"NAME probe\nPING {int(time.time() * 1000)}\nREPLICATE \n".encode())
+            buf = b""
+            while b"\nPOSITION " not in b"\n" + buf:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise OSError(f"closed: {buf[-100:]!r}")
+                buf += chunk
+            out.put((phase, (time.perf_counter() - started) * 1000))
+        except OSError:
+            out.put((phase, None))
+        finally:
+            sock.close()
+    out.put(None)
+
+
 def disconnect_reasons(tmp: Path) -> Counter:
     """``disconnected: <reason>`` lines of every endpoint log, by reason (the dashboard's names)."""
     from streams.replication.connections import disconnect_reason
@@ -549,7 +777,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
     for i in range(cfg.workers):
         cluster.workers[f"wk{i:02d}"] = "redis" if i >= cfg.workers - n_redis else "tcp"
     result = SoakResult()
-    injector = fuzzer = None
+    injector = fuzzer = attackers = None
     stop_watch = threading.Event()
     try:
         cluster.start_web()
@@ -581,7 +809,17 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         start = time.monotonic()
         injector = FaultInjector(cluster, start + cfg.duration, log)
         fuzzer = Fuzzer(cluster.endpoint_ports, cfg.fuzz_interval, cfg.seed, cluster.endpoint_lock)
-        injector.start()
+        if cfg.attack:
+            attackers = Attackers(cluster.endpoint_ports, squatters=cfg.squatters)
+            attackers.start_probe()
+            time.sleep(10)  # the endpoints settled under the writers' load, probed: the baseline
+            endpoints = {f"endpoint{i}": cluster.by_name[f"endpoint{i}"].pid for i in range(len(cluster.endpoint_ports))}
+            baseline = {name: rss_kib(pid) or 0 for name, pid in endpoints.items()}
+            attackers.start()
+            log(f"attackers start; endpoint RSS before: "
+                + ", ".join(f"{n} {kib / 1024:.1f} MiB" for n, kib in sorted(baseline.items())))
+        if cfg.faults:
+            injector.start()
         fuzzer.start()
         while time.monotonic() < start + cfg.duration or injector.is_alive():
             time.sleep(0.5)
@@ -589,9 +827,20 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
                 break
         fuzzer.stopping.set()
         fuzzer.join()
-        injector.join()
+        if cfg.faults:
+            injector.join()
         if injector.error:
             log(f"fault injector stopped: {injector.error}")
+        if attackers is not None:
+            attackers.stop()
+            cluster.sample_rss()
+            with cluster.lock:
+                for name, pid in endpoints.items():
+                    samples = [kib for _, kib in cluster.rss_samples.get((name, pid), [])]
+                    if samples:
+                        result.endpoint_rss_kib[name] = (baseline[name], max(samples), samples[-1])
+            result.attack = dict(attackers.outcomes)
+            result.first_position_ms = {phase: _summary(ms) for phase, ms in attackers.first_position_ms.items()}
 
         # Stop writing (SIGTERM: after the transaction in progress), then let workers drain.
         for w in WRITERS:
@@ -624,6 +873,9 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         stop_watch.set()
         if fuzzer is not None:
             fuzzer.stopping.set()
+        if attackers is not None:
+            attackers.stopping.set()
+            attackers.probe_stop.set()
         cluster.stop_all()
         if redis.proc is None or redis.proc.poll() is not None:
             redis.start(port=redis.port)
@@ -672,12 +924,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-pause", type=float, default=5.0,
                         help="seconds between a fault's recovery and the next fault (default 5)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--attack", action="store_true",
+                        help="issue 14's attackers beside the workers: legacy REPLICATE storm, USER_IP flood "
+                             "with long IDs, idle squatters, NUL names; reports endpoint RSS and a new "
+                             "worker's time to its first POSITION")
+    parser.add_argument("--no-faults", action="store_true", help="no fault injector (the fuzzer still runs)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, jsonl files)")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.duration < 0 or args.rate <= 0:
         parser.error("--workers >= 1, --duration >= 0, --rate > 0")
     cfg = SoakConfig(duration=args.duration, workers=args.workers, redis_workers=args.redis_workers,
-                     rate=args.rate, fault_pause=args.fault_pause, seed=args.seed)
+                     rate=args.rate, fault_pause=args.fault_pause, seed=args.seed,
+                     attack=args.attack, faults=not args.no_faults)
 
     from benchmarks._setup import migrated_database
 

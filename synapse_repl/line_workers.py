@@ -2,7 +2,7 @@
 
 A real worker (``manage.py replication_worker``) is a process of ~100 MiB: 200 of them do not
 fit on a 2-core machine beside the endpoint they load. Here a worker is one TCP connection
-that sends ``NAME`` and ``REPLICATE`` and a PING every few seconds (or the endpoint would drop
+that sends ``NAME``, ``PING`` and ``REPLICATE`` and a PING every few seconds (or the endpoint would drop
 it for a ping timeout), and one thread reads every reading connection, keeping per connection
 the ``RDATA`` tokens of one stream and writer and when each arrived (``time.time()``, to
 compare with a writer's ``--stamps``). A *non-reading* worker never reads a byte: its receive
@@ -75,7 +75,7 @@ class LineWorkers:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, IDLE_RCVBUF)
         sock.settimeout(10)
         sock.connect(self.address)
-        sock.sendall(f"NAME {name}\nREPLICATE \n".encode())
+        sock.sendall(f"NAME {name}\nPING {int(time.time() * 1000)}\nREPLICATE \n".encode())  # as Synapse
         sock.setblocking(False)
         worker = LineWorker(name, sock, reads)
         self.workers.append(worker)

@@ -181,6 +181,15 @@ SYNAPSE_REPL = {
     "REPLICATION_COMMAND_RATE": _env_number("REPLICATION_COMMAND_RATE", 1000.0, float),
     "REPLICATION_COMMAND_BURST": _env_number("REPLICATION_COMMAND_BURST", 5000),
     "REPLICATION_MAX_PENDING_COMMANDS": _env_number("REPLICATION_MAX_PENDING_COMMANDS", 10_000),
+    # A TCP peer must send REPLICATE within this many seconds, and finish any line it starts.
+    "REPLICATION_HANDSHAKE_TIMEOUT": _env_number("REPLICATION_HANDSHAKE_TIMEOUT", 30.0, float),
+    "REPLICATION_LINE_TIMEOUT": _env_number("REPLICATION_LINE_TIMEOUT", 30.0, float),
+    # Legacy REPLICATE history pages (500 rows) one endpoint reads per second, all connections together.
+    "REPLICATION_HISTORY_PAGE_RATE": _env_number("REPLICATION_HISTORY_PAGE_RATE", 10.0, float),
+    # State peers create: USER_SYNC pairs per connection and in all, USER_IP users kept.
+    "REPLICATION_MAX_SYNCING_USERS_PER_CONNECTION": _env_number("REPLICATION_MAX_SYNCING_USERS_PER_CONNECTION", 10_000),
+    "REPLICATION_MAX_SYNCING_USERS": _env_number("REPLICATION_MAX_SYNCING_USERS", 50_000),
+    "REPLICATION_MAX_USER_IPS": _env_number("REPLICATION_MAX_USER_IPS", 10_000),
     # Kernel send buffer per TCP connection, bytes (0: the kernel's autotuning, up to 4 MiB).
     "REPLICATION_SEND_BUFFER_BYTES": _env_number("REPLICATION_SEND_BUFFER_BYTES", 0),
     "REPLICATION_CATCHUP_MAX_RANGE": _env_number("REPLICATION_CATCHUP_MAX_RANGE", 1_000_000),

@@ -11,6 +11,16 @@ is closed without a byte; a peer over a cap gets ``ERROR Too many connections`` 
 everybody else is upgraded to TLS if configured (after the check, so a refused peer never
 sees a TLS handshake either) and handed to the replication protocol, every event then passed
 through as is.
+
+Connections that squat the caps must not lock workers out (issue 14): each admitted connection
+holds a :class:`Ticket` that the replication consumer keeps up to date. When a cap is reached,
+the newcomer takes the place of the oldest connection still in its handshake (no REPLICATE
+yet), or else of the oldest that never sent a PING (Synapse's workers PING at once; a netcat
+session does not); that one gets ``ERROR Too many connections`` and is closed. A worker
+finishes its handshake within milliseconds, so squatters cannot push it out. And the last
+tenth of ``REPLICATION_MAX_CONNECTIONS`` is kept for addresses that hold fewer than a tenth of
+``REPLICATION_MAX_CONNECTIONS_PER_ADDRESS``: a few addresses that hold many connections each
+cannot take every slot from a new worker host.
 """
 from __future__ import annotations
 
@@ -20,7 +30,7 @@ import ipaddress
 import logging
 import socket
 import ssl
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -55,6 +65,43 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return address
 
 
+class Ticket:
+    """One admitted connection as the caps see it: its address, whether it finished its
+    handshake and PINGs (kept up to date by the consumer: :meth:`update`), and ``evict``, the
+    adapter's way of closing it when a newcomer takes its place."""
+
+    __slots__ = ("host", "handshake_done", "pings", "evict", "released")
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.handshake_done = False
+        self.pings = False
+        self.evict: Callable[[], None] | None = None
+        self.released = False
+
+    def update(self, *, handshake_done: bool, pings: bool) -> None:
+        self.handshake_done = handshake_done
+        self.pings = pings
+
+    @property
+    def eviction_rank(self) -> int | None:
+        """0: still in its handshake; 1: never PINGed; None: a worker, never evicted."""
+        if not self.handshake_done:
+            return 0
+        if not self.pings:
+            return 1
+        return None
+
+
+class Admission(NamedTuple):
+    """:meth:`PeerPolicy.admit`'s answer: the verdict, the newcomer's ticket when admitted,
+    and the connection it displaced (to be closed by the caller), if any."""
+
+    verdict: str
+    ticket: Ticket | None = None
+    evicted: Ticket | None = None
+
+
 class PeerPolicy:
     """Allowed networks and connection caps, counting the connections it admitted."""
 
@@ -62,9 +109,14 @@ class PeerPolicy:
         self.networks = networks
         self.max_connections = max_connections
         self.max_per_address = max_per_address
+        #: Slots kept for addresses holding fewer than ``small_share`` connections.
+        self.reserve = max_connections // 10
+        self.small_share = max(1, max_per_address // 10)
         self.open: collections.Counter[str] = collections.Counter()
         self.total = 0
         self.refused: collections.Counter[str] = collections.Counter()
+        self.evictions = 0
+        self.tickets: dict[Ticket, None] = {}  # admitted, oldest first
 
     @classmethod
     def from_settings(cls) -> "PeerPolicy":
@@ -79,22 +131,58 @@ class PeerPolicy:
             return False
         return any(address in network for network in self.networks)
 
-    def admit(self, host: str) -> str:
-        """:data:`ADMITTED` (and counted until :meth:`release`) or the reason for refusing."""
+    def admit(self, host: str) -> Admission:
+        """Admitted (and counted until :meth:`release` of its ticket), possibly in place of
+        an evicted connection, or the reason for refusing."""
         if not self.allowed(host):
-            verdict = NOT_ALLOWED
+            return self._refuse(NOT_ALLOWED)
+        evicted = None
+        if self.open[host] >= self.max_per_address:
+            evicted = self._evict(host)
+            if evicted is None:
+                return self._refuse(TOO_MANY_FROM_ADDRESS)
         elif self.total >= self.max_connections:
-            verdict = TOO_MANY
-        elif self.open[host] >= self.max_per_address:
-            verdict = TOO_MANY_FROM_ADDRESS
-        else:
-            self.open[host] += 1
-            self.total += 1
-            return ADMITTED
-        self.refused[verdict] += 1
-        return verdict
+            evicted = self._evict(None)
+            if evicted is None:
+                return self._refuse(TOO_MANY)
+        elif self.total >= self.max_connections - self.reserve and self.open[host] >= self.small_share:
+            evicted = self._evict(host)  # the reserve is for small addresses
+            if evicted is None:
+                return self._refuse(TOO_MANY)
+        ticket = Ticket(host)
+        self.tickets[ticket] = None
+        self.open[host] += 1
+        self.total += 1
+        return Admission(ADMITTED, ticket, evicted)
 
-    def release(self, host: str) -> None:
+    def _refuse(self, verdict: str) -> Admission:
+        self.refused[verdict] += 1
+        return Admission(verdict)
+
+    def _evict(self, host: str | None) -> Ticket | None:
+        """Release the oldest evictable connection (of ``host``, if given) and return it."""
+        best: Ticket | None = None
+        for ticket in self.tickets:
+            rank = ticket.eviction_rank
+            if rank is None or (host is not None and ticket.host != host):
+                continue
+            if rank == 0:
+                best = ticket
+                break
+            if best is None:
+                best = ticket
+        if best is not None:
+            self.release(best)
+            self.evictions += 1
+        return best
+
+    def release(self, ticket: Ticket) -> None:
+        """The connection is gone (or evicted): its slot is free. Idempotent."""
+        if ticket.released:
+            return
+        ticket.released = True
+        self.tickets.pop(ticket, None)
+        host = ticket.host
         self.total -= 1
         self.open[host] -= 1
         if self.open[host] <= 0:
@@ -104,7 +192,7 @@ class PeerPolicy:
 class AdmissionProtocol(asyncio.Protocol):
     """Decides on one accepted socket, then passes every event to ``make_protocol()``'s."""
 
-    def __init__(self, policy: PeerPolicy, make_protocol: Callable[[], asyncio.Protocol],
+    def __init__(self, policy: PeerPolicy, make_protocol: Callable[[Ticket], asyncio.Protocol],
                  ssl_context: ssl.SSLContext | None = None, send_buffer: int = 0) -> None:
         self.policy = policy
         self.make_protocol = make_protocol
@@ -114,7 +202,8 @@ class AdmissionProtocol(asyncio.Protocol):
         #: ``net.ipv4.tcp_wmem``'s maximum, 4 MiB by default, before our own queue even starts)
         self.send_buffer = send_buffer
         self.inner: asyncio.Protocol | None = None
-        self.host: str | None = None  # set while counted by the policy
+        self.host: str | None = None
+        self.ticket: Ticket | None = None  # set while counted by the policy
         self.upgrade: asyncio.Task | None = None
         #: Data decrypted before the TLS hand-over finished (a client speaks right after its
         #: handshake, maybe in the same packet): delivered first, in order.
@@ -124,7 +213,7 @@ class AdmissionProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if peer else "?"
-        verdict = self.policy.admit(host)
+        verdict, ticket, evicted = self.policy.admit(host)
         if verdict == NOT_ALLOWED:
             logger.warning("replication: refused %s: %s", host, verdict)
             transport.close()  # nothing written: the peer learns nothing about us
@@ -135,7 +224,13 @@ class AdmissionProtocol(asyncio.Protocol):
                 transport.write(b"ERROR Too many connections\n")  # type: ignore[attr-defined]
             transport.close()
             return
-        self.host = host
+        if evicted is not None:
+            logger.warning("replication: %s took the place of a connection from %s still in its handshake "
+                           "or never PINGing", host, evicted.host)
+            if evicted.evict is not None:
+                evicted.evict()
+        self.host, self.ticket = host, ticket
+        ticket.evict = transport.abort  # until the replication protocol takes over
         if self.send_buffer > 0:
             sock = transport.get_extra_info("socket")
             if sock is not None:
@@ -161,16 +256,16 @@ class AdmissionProtocol(asyncio.Protocol):
         self._hand_over(tls_transport)
 
     def _hand_over(self, transport: asyncio.BaseTransport) -> None:
-        self.inner = self.make_protocol()
+        self.inner = self.make_protocol(self.ticket)
         self.inner.connection_made(transport)
         early, self.early = self.early, []
         for data in early:
             self.inner.data_received(data)
 
     def _release(self) -> None:
-        if self.host is not None:
-            self.policy.release(self.host)
-            self.host = None
+        if self.ticket is not None:
+            self.policy.release(self.ticket)
+            self.ticket = None
 
     # -- passed through ---------------------------------------------------------------------
 

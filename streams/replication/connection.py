@@ -81,12 +81,16 @@ class ReplicationConnection:
 
     Public state, read-only for callers: ``our_role``, ``their_role``, ``last_sent``,
     ``last_received`` (times of the last line we produced / the last valid command we
-    took) and ``peer_sends_pings`` (the peer sent at least one PING, which arms
-    :meth:`timed_out`).
+    took), ``peer_sends_pings`` (the peer sent at least one PING, which arms
+    :meth:`timed_out`), ``connected_at`` and ``handshake_done`` (the peer sent a REPLICATE;
+    until then :meth:`handshake_overdue` may answer True). ``handshake_timeout`` and
+    ``line_timeout`` (seconds, None: never) arm :meth:`handshake_overdue` and
+    :meth:`line_overdue`.
     """
 
     def __init__(
-        self, our_role: str, *, now: float, max_line_length: int = MAX_LINE_LENGTH
+        self, our_role: str, *, now: float, max_line_length: int = MAX_LINE_LENGTH,
+        handshake_timeout: float | None = None, line_timeout: float | None = None,
     ) -> None:
         if our_role not in _PEER_OF:
             raise ValueError(f"our_role must be 'server' or 'client', not {our_role!r}")
@@ -96,6 +100,12 @@ class ReplicationConnection:
         self.last_sent = now
         self.last_received = now
         self.peer_sends_pings = False
+        self.connected_at = now
+        self.handshake_timeout = handshake_timeout
+        self.line_timeout = line_timeout
+        #: The peer sent a REPLICATE (either generation): it is following streams.
+        self.handshake_done = False
+        self._partial_since: float | None = None  # when the unterminated line began
         self._may_send = _MAY_SEND[our_role]
         self._may_receive = _MAY_SEND[self.their_role]
         self._lines: deque[bytes] = deque()  # complete lines, newline stripped
@@ -106,8 +116,9 @@ class ReplicationConnection:
 
     # --- receiving ------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> None:
-        """Feed bytes read from the peer; ``b""`` means the peer closed (EOF)."""
+    def receive_data(self, data: bytes, now: float | None = None) -> None:
+        """Feed bytes read from the peer; ``b""`` means the peer closed (EOF). ``now`` (when
+        given) dates an unterminated line, for :meth:`line_overdue`."""
         if not data:
             self._eof = True
             return
@@ -115,10 +126,15 @@ class ReplicationConnection:
             raise LocalProtocolError("received data after EOF")
         if self._partial_too_long:
             return  # the connection is already condemned; don't buffer without bound
+        had_partial = bool(self._partial)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         if lines:
             self._lines.extend(lines)
+        if not self._partial:
+            self._partial_since = None
+        elif lines or not had_partial:  # a new unterminated line began in this chunk
+            self._partial_since = now
         if len(self._partial) > self.max_line_length:
             self._partial_too_long = True
             self._partial = b""
@@ -191,6 +207,8 @@ class ReplicationConnection:
             self._fail(f"invalid command: {name}")
         if name == "PING":
             self.peer_sends_pings = True
+        elif name == "REPLICATE":
+            self.handshake_done = True
         return cmd
 
     def _fail(self, error_text: str, cause: BaseException | None = None) -> NoReturn:
@@ -274,3 +292,16 @@ class ReplicationConnection:
         a PING, so it promised to keep talking, and nothing valid arrived for more than
         ``PING_TIMEOUT`` seconds."""
         return self.peer_sends_pings and now - self.last_received > PING_TIMEOUT
+
+    def handshake_overdue(self, now: float) -> bool:
+        """Whether to give up on a peer that has not subscribed (no REPLICATE) within
+        ``handshake_timeout`` seconds of connecting: it holds a connection slot for nothing.
+        Synapse's workers send NAME, PING and REPLICATE at once."""
+        return (self.handshake_timeout is not None and not self.handshake_done
+                and now - self.connected_at > self.handshake_timeout)
+
+    def line_overdue(self, now: float) -> bool:
+        """Whether an unterminated line has been arriving for longer than ``line_timeout``
+        seconds (a slow-loris peer sending a byte at a time)."""
+        return (self.line_timeout is not None and self._partial_since is not None
+                and now - self._partial_since > self.line_timeout)

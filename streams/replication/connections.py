@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 endpoint_started = Signal()
 
 #: The reasons a connection ends, as operators see them (and as /metrics labels them).
-DISCONNECT_REASONS = ("ping timeout", "failed to keep up", "bad line", "connection lost")
+DISCONNECT_REASONS = ("ping timeout", "failed to keep up", "bad line", "connection lost",
+                      "handshake timeout", "line timeout", "evicted", "command rate exceeded")
 
 #: Syncing users listed per connection in a snapshot (the count is always exact).
 MAX_USERS_LISTED = 50
@@ -55,6 +56,8 @@ class EndpointCounters:
     rdata_sent: int = 0
     position_sent: int = 0
     other_sent: int = 0
+    #: times a connection's history read waited for its command budget (HISTORY_PAGE_COST)
+    throttled: int = 0
     disconnects: collections.Counter = field(default_factory=collections.Counter)
 
     def lines_sent(self, message: dict[str, Any], legacy: bool = False) -> None:
@@ -90,7 +93,7 @@ class EndpointCounters:
         return {
             "started_at": self.started_at, "connections": self.connections,
             "rdata_sent": self.rdata_sent, "position_sent": self.position_sent,
-            "other_sent": self.other_sent, "disconnects": dict(self.disconnects),
+            "other_sent": self.other_sent, "throttled": self.throttled, "disconnects": dict(self.disconnects),
         }
 
 
@@ -137,4 +140,16 @@ def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
         # USER_IP: received, written to user_ips, upsert statements, refused, waiting
         "user_ips": endpoint.user_ips.counters(),
         "user_syncs": {"total": endpoint.syncing.total, "refused": endpoint.syncing.refused},
+        "history_reads": history_reads(endpoint),
     }
+
+
+def history_reads(endpoint: Endpoint) -> dict[str, int]:
+    """The legacy REPLICATE history reads (started, replaced, cancelled, completed, pages, rows,
+    restarted; ``active`` now and ``most_active`` at once) and the peer state held."""
+    legacy = getattr(endpoint, "legacy", None)
+    out: dict[str, int] = {}
+    if legacy is not None:
+        out.update(legacy.counters)
+        out["active"], out["most_active"] = legacy.active, legacy.most_active
+    return out

@@ -36,13 +36,16 @@ from .commands import (
 )
 from .connection import CLOSED, NEED_DATA, ReplicationConnection
 from .legacy import to_legacy
-from .ratelimit import TokenBucket
+from .ratelimit import TokenBucket, command_cost
 from .relay import CONNECTIONS_GROUP, LOCAL_LAYER
+from .validation import check_inbound
 
 logger = logging.getLogger(__name__)
 
 #: How often the keepalive decisions are taken (PING due after 5 s idle, timeout after 25 s).
 TICK_SECONDS = 1.0
+#: How much of a peer's ERROR text is logged.
+MAX_LOGGED_ERROR = 200
 
 
 @dataclass
@@ -59,6 +62,8 @@ class ConnectionInfo:
     federation_acks: dict[str, int] = field(default_factory=dict)
     commands_in: int = 0
     lines_out: int = 0
+    #: a USER_SYNC was refused by a cap (warned once per connection)
+    warned_syncing_cap: bool = False
     #: the transport side (``pending_commands``: its outbound queue), for operators
     outbound: Any = field(default=None, repr=False)
 
@@ -78,7 +83,13 @@ class ReplicationConsumer(AsyncConsumer):
     async def replication_connect(self, event: dict[str, Any]) -> None:
         self.endpoint = self.scope["endpoint"]
         now = time.time()
-        self.conn = ReplicationConnection("server", now=now)
+        self.conn = ReplicationConnection(
+            "server", now=now, handshake_timeout=float(repl_setting("REPLICATION_HANDSHAKE_TIMEOUT")),
+            line_timeout=float(repl_setting("REPLICATION_LINE_TIMEOUT")))
+        #: The admission ticket (streams.replication.admission): tells the caps whether this
+        #: connection is still in its handshake, and so may be evicted for a newcomer.
+        self.ticket = self.scope.get("admission")
+        self.legacy_reads: dict[str, Any] = {}  # stream -> legacy.HistoryRead in flight
         # Inbound command rate limit (docs/security.md); past it: ERROR and close.
         self.bucket = TokenBucket(repl_setting("REPLICATION_COMMAND_RATE"),
                                   int(repl_setting("REPLICATION_COMMAND_BURST")), time.monotonic())
@@ -97,17 +108,18 @@ class ReplicationConsumer(AsyncConsumer):
         if self.rate_exceeded:
             return  # closing: read nothing more from a flooding peer
         now = time.time()
-        self.conn.receive_data(event["bytes"])
+        self.conn.receive_data(event["bytes"], now)
         while True:
             try:
                 cmd = self.conn.next_event(now)
+                if cmd is NEED_DATA or cmd is CLOSED:
+                    return
+                cmd = check_inbound(cmd)
             except RemoteProtocolError as e:
                 logger.warning("replication %s (%s): %s", self.info.name, self.info.peer, e.error_text)
                 await self._error_and_close(e.error_text, reason="bad line")
                 return
-            if cmd is NEED_DATA or cmd is CLOSED:
-                return
-            if not self.bucket.take(time.monotonic()):
+            if not self.bucket.take(time.monotonic(), command_cost(cmd)):
                 self.rate_exceeded = True
                 logger.warning("replication %s (%s): more than %s commands/s, disconnecting",
                                self.info.name, self.info.peer, self.bucket.rate)
@@ -118,6 +130,7 @@ class ReplicationConsumer(AsyncConsumer):
 
     async def replication_disconnect(self, event: dict[str, Any]) -> None:
         self.endpoint.relay.detach(self.channel_name)
+        self.endpoint.legacy.stop_all(self)
         self.endpoint.disconnected(self.info, event.get("reason", "connection lost"))
         task = getattr(self, "ticker", None)
         if task is not None:
@@ -130,6 +143,8 @@ class ReplicationConsumer(AsyncConsumer):
     # -- commands from the worker ---------------------------------------------------------------
 
     async def _handle(self, cmd: Command, now: float) -> None:
+        if self.ticket is not None:
+            self.ticket.update(handshake_done=self.conn.handshake_done, pings=self.conn.peer_sends_pings)
         if isinstance(cmd, PingCommand):
             self.info.last_ping_at = now
         elif isinstance(cmd, NameCommand):
@@ -143,7 +158,12 @@ class ReplicationConsumer(AsyncConsumer):
         elif isinstance(cmd, LegacyReplicateCommand):
             await self.endpoint.legacy.subscribe(self, cmd)
         elif isinstance(cmd, UserSyncCommand):
-            self.endpoint.user_sync(self.info, cmd)
+            if not self.endpoint.user_sync(self.info, cmd) and not self.info.warned_syncing_cap:
+                self.info.warned_syncing_cap = True
+                logger.warning("replication %s (%s): syncing users over the cap (%d per connection, "
+                               "%d in all): further USER_SYNC starts are dropped", self.info.name,
+                               self.info.peer, self.endpoint.syncing.max_per_connection,
+                               self.endpoint.syncing.max_total)
         elif isinstance(cmd, ClearUserSyncCommand):
             self.endpoint.clear_user_sync(self.info, cmd)
         elif isinstance(cmd, FederationAckCommand):
@@ -154,7 +174,8 @@ class ReplicationConsumer(AsyncConsumer):
             # Every instance of the cluster must hear of it (broadcast.py).
             await self.endpoint.broadcast.from_worker(self.channel_name, cmd.to_line())
         elif isinstance(cmd, ErrorCommand):
-            logger.warning("replication %s (%s) reported error: %s", self.info.name, self.info.peer, cmd.data)
+            logger.warning("replication %s (%s) reported error: %r", self.info.name, self.info.peer,
+                           cmd.data[:MAX_LOGGED_ERROR])
 
     # -- lines from the relay ---------------------------------------------------------------
 
@@ -167,6 +188,8 @@ class ReplicationConsumer(AsyncConsumer):
             return
         self.expected_seq = seq + 1
         data, count = event["data"], event["count"]
+        for read in self.legacy_reads.values():
+            read.offer(data)  # lines of a stream whose history is being read wait for it
         if count and (self.info.legacy_streams or self.info.replicating):
             self.endpoint.counters.lines_sent(event, legacy=bool(self.info.legacy_streams))
         if self.info.legacy_streams:
@@ -190,6 +213,26 @@ class ReplicationConsumer(AsyncConsumer):
             self.endpoint.counters.commands_sent(c.NAME for c in cmds)
             await self.send({"type": "replication.send", "bytes": data, "count": len(cmds)})
 
+    async def send_lines(self, data: bytes, count: int) -> None:
+        """Lines already encoded (a page of legacy history)."""
+        self.info.lines_out += count
+        self.endpoint.counters.other_sent += count
+        await self.send({"type": "replication.send", "bytes": data, "count": count})
+
+    async def writable(self) -> None:
+        """Returns once the transport has room (nothing waits in its queue)."""
+        await self.send({"type": "replication.drain"})
+
+    async def pay(self, cost: int) -> None:
+        """Spend ``cost`` tokens of this connection's command budget on work the endpoint does
+        for it, waiting for them (never below a tenth of the burst, kept for its commands)."""
+        bucket = self.bucket
+        cost = max(1, min(cost, bucket.burst // 2))
+        keep = bucket.burst // 10
+        while not bucket.take(time.monotonic(), cost, keep):
+            self.endpoint.counters.throttled += 1
+            await asyncio.sleep(bucket.wait_time(time.monotonic(), cost, keep))
+
     async def _error_and_close(self, text: str, *, reason: str) -> None:
         try:
             await self._send([ErrorCommand(text)])
@@ -203,6 +246,12 @@ class ReplicationConsumer(AsyncConsumer):
             now = time.time()
             if self.conn.timed_out(now):
                 await self._error_and_close("ping timeout", reason="ping timeout")
+                return
+            if self.conn.handshake_overdue(now):
+                await self._error_and_close("handshake timeout", reason="handshake timeout")
+                return
+            if self.conn.line_overdue(now):
+                await self._error_and_close("line timeout", reason="line timeout")
                 return
             if self.conn.ping_due(now):
                 await self._send([PingCommand(str(int(now * 1000)))])

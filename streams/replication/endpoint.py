@@ -35,7 +35,9 @@ class Endpoint:
     recent_disconnects: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_DISCONNECTS))
     #: USER_IP -> the user_ips table, in batches; USER_SYNC state per connection
     user_ips: UserIpRecorder = field(default_factory=UserIpRecorder)
-    syncing: SyncingUsers = field(default_factory=SyncingUsers)
+    syncing: SyncingUsers = field(default_factory=lambda: SyncingUsers(
+        max_per_connection=int(repl_setting("REPLICATION_MAX_SYNCING_USERS_PER_CONNECTION")),
+        max_total=int(repl_setting("REPLICATION_MAX_SYNCING_USERS"))))
     legacy: Any = None
     broadcast: Any = None  #: CommandBroadcast (REMOTE_SERVER_UP, LOCK_RELEASED)
     bridge: Any = None
@@ -62,8 +64,9 @@ class Endpoint:
         if cmd.instance_name in acks or len(acks) < MAX_FEDERATION_ACKS:
             acks[cmd.instance_name] = cmd.token
 
-    def user_sync(self, info: ConnectionInfo, cmd: Any) -> None:
-        self.syncing.user_sync(info.channel_name, cmd)
+    def user_sync(self, info: ConnectionInfo, cmd: Any) -> bool:
+        """False when a cap refused it (the connection stays; the caller warns once)."""
+        return self.syncing.user_sync(info.channel_name, cmd)
 
     def clear_user_sync(self, info: ConnectionInfo, cmd: Any) -> None:
         self.syncing.clear_instance(info.channel_name, cmd.instance_id)
@@ -86,7 +89,8 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     await relay.start()
     endpoint = Endpoint(server_name=repl_setting("SERVER_NAME"), relay=relay)
     endpoint.legacy = LegacyStreamer(endpoint, using=using)
-    endpoint.user_ips = UserIpRecorder(interval=repl_setting("USER_IP_FLUSH_SECONDS"), using=using)
+    endpoint.user_ips = UserIpRecorder(interval=repl_setting("USER_IP_FLUSH_SECONDS"), using=using,
+                                        max_pending=int(repl_setting("REPLICATION_MAX_USER_IPS")))
     endpoint.user_ips.start()
     rt = await sync_to_async(runtime, thread_sensitive=False)()
     if not settings.REDIS_URL:

@@ -19,19 +19,32 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The kernel's queue of connections not yet accepted (asyncio's default: 100). Beyond it the
+#: kernel drops SYNs and the client retries a second later: a burst of squatters must not
+#: make a worker's connect take a second. At least REPLICATION_MAX_CONNECTIONS (the kernel
+#: caps it at net.core.somaxconn, 4096).
+LISTEN_BACKLOG = 1024
 #: Synapse's ``max_line_buffer``: commands queued for a connection that does not read.
 MAX_PENDING_COMMANDS = 10_000
 ABORT_AFTER_SECONDS = 5.0
 
 
 class ReplicationServerProtocol(asyncio.Protocol):
-    def __init__(self, endpoint: Endpoint, app: Callable, max_pending: int = MAX_PENDING_COMMANDS) -> None:
+    def __init__(self, endpoint: Endpoint, app: Callable, max_pending: int = MAX_PENDING_COMMANDS,
+                 ticket: Any = None) -> None:
         self.endpoint = endpoint
         self.app = app
         self.max_pending = max_pending
         self.transport: asyncio.Transport | None = None
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.paused = False
+        #: set while the transport takes writes without queueing (``replication.drain`` waits)
+        self.writable = asyncio.Event()
+        self.writable.set()
+        #: the admission ticket (admission.py): how the caps evict this connection
+        self.ticket = ticket
+        if ticket is not None:
+            ticket.evict = self.evict
         self.pending: collections.deque[bytes] = collections.deque()
         self.pending_commands = 0
         self.closing = False
@@ -43,7 +56,8 @@ class ReplicationServerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         host, port = transport.get_extra_info("peername")[:2]
-        scope = {"type": "replication", "client": (host, port), "endpoint": self.endpoint, "protocol": self}
+        scope = {"type": "replication", "client": (host, port), "endpoint": self.endpoint, "protocol": self,
+                 "admission": self.ticket}
         self.inbox.put_nowait({"type": "replication.connect", "peer": f"{host}:{port}"})
         self.task = asyncio.create_task(self._run(scope))
 
@@ -61,6 +75,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.writable.set()  # nobody waits for a connection that is gone
         if self.abort_timer is not None:
             self.abort_timer.cancel()  # aborting a finished transport raises
         reason = "connection lost" if exc is None else f"connection lost: {exc}"
@@ -68,9 +83,11 @@ class ReplicationServerProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self.writable.clear()
 
     def resume_writing(self) -> None:
         self.paused = False
+        self.writable.set()
         if self.pending and self.transport is not None:
             self.transport.write(b"".join(self.pending))
             self.pending.clear()
@@ -89,20 +106,34 @@ class ReplicationServerProtocol(asyncio.Protocol):
             self.pending.append(event["bytes"])
             self.pending_commands += event.get("count", 1)
             if self.pending_commands > self.max_pending:
-                self.closing = True
-                self.pending.clear()
-                self.transport.write(b"ERROR Failed to keep up\n")
-                self.inbox.put_nowait({"type": "replication.disconnect", "reason": "failed to keep up"})
-                self.transport.close()
-                # A peer that never reads never lets the close finish: reset it soon (unless
-                # it has finished by then: connection_lost cancels this).
-                self.abort_timer = asyncio.get_running_loop().call_later(ABORT_AFTER_SECONDS, self.transport.abort)
+                self._drop(b"ERROR Failed to keep up\n", "failed to keep up")
+        elif kind == "replication.drain":
+            await self.writable.wait()
         elif kind == "replication.close":
             self.closing = True
             if self.pending:
                 self.transport.write(b"".join(self.pending))
                 self.pending.clear()
             self.transport.close()
+
+
+    def _drop(self, error_line: bytes, reason: str) -> None:
+        """Close at once with ``error_line``, whatever is queued."""
+        assert self.transport is not None
+        self.closing = True
+        self.writable.set()
+        self.pending.clear()
+        self.transport.write(error_line)
+        self.inbox.put_nowait({"type": "replication.disconnect", "reason": reason})
+        self.transport.close()
+        # A peer that never reads never lets the close finish: reset it soon (unless
+        # it has finished by then: connection_lost cancels this).
+        self.abort_timer = asyncio.get_running_loop().call_later(ABORT_AFTER_SECONDS, self.transport.abort)
+
+    def evict(self) -> None:
+        """A newcomer took this connection's slot (admission.py)."""
+        if not self.closing and self.transport is not None:
+            self._drop(b"ERROR Too many connections\n", "evicted")
 
 
 async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractServer:
@@ -121,8 +152,8 @@ async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractSer
     send_buffer = int(repl_setting("REPLICATION_SEND_BUFFER_BYTES"))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: AdmissionProtocol(policy, lambda: ReplicationServerProtocol(endpoint, app, max_pending),
+        lambda: AdmissionProtocol(policy, lambda ticket: ReplicationServerProtocol(endpoint, app, max_pending, ticket),
                                   ssl_context, send_buffer),
-        host, port)
+        host, port, backlog=max(LISTEN_BACKLOG, policy.max_connections))
     logger.info("replication endpoint %s listening on %s:%d", endpoint.server_name, host, port)
     return server

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
+import sys
 
 from django.core.management.base import BaseCommand
 
@@ -11,6 +12,10 @@ from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
 from synapse_repl.errors import database_errors_as_one_line
 from synapse_repl.startup import check_startable, listen_problem
+
+
+#: Seconds a thread may hold the GIL while the event loop waits for it (Python's default: 0.005).
+SWITCH_INTERVAL = 0.001
 
 
 class Command(BaseCommand):
@@ -23,6 +28,9 @@ class Command(BaseCommand):
         setting = "--listen" if listen else "REPLICATION_LISTEN"
         host, port = split_listen(listen or repl_setting("REPLICATION_LISTEN"), setting)
         check_startable(database=True, listen=((host, port, setting),))
+        # The event loop must get the GIL back quickly from threads (history pages, database
+        # polls): every wait for it delays every connection (5 ms by default, per hand-over).
+        sys.setswitchinterval(SWITCH_INTERVAL)
         try:
             # the database gone or out of connections once serving: one line, exit 1
             with database_errors_as_one_line():

@@ -54,7 +54,7 @@ class Command(BaseCommand):
         # The TCP endpoint runs in this process, on daphne's event loop: one in-memory channel
         # layer for what the service writes; other local processes' facts it reads from the
         # database (streams/replication/local_scan.py).
-        start_endpoint_in_process(rhost, rport)
+        endpoint = start_endpoint_in_process(rhost, rport)
         fatal: list[str] = []
         supervisor = Supervisor(on_fatal=lambda reason: (fatal.append(reason), stop_reactor()))
         try:
@@ -87,6 +87,7 @@ class Command(BaseCommand):
                              "stop what holds the port or set WEB_LISTEN")
         finally:
             supervisor.stop()
+            stop_endpoint_in_process(endpoint)
         if fatal:
             raise CommandError(f"stopped: {fatal[0]}")
 
@@ -104,7 +105,7 @@ def check_port_free(host: str, port: int, name: str) -> None:
                                f"stop what holds the port or set {name}") from None
 
 
-def start_endpoint_in_process(host: str, port: int) -> None:
+def start_endpoint_in_process(host: str, port: int):
     """Bind the replication endpoint on daphne's event loop before daphne runs it; a port
     that cannot be bound stops the service here, in one line."""
     import daphne.server  # installs the asyncio reactor on daphne's loop
@@ -113,12 +114,26 @@ def start_endpoint_in_process(host: str, port: int) -> None:
 
     loop = daphne.server.twisted_loop
     try:
-        loop.run_until_complete(start_endpoint(host, port))
+        endpoint, _server = loop.run_until_complete(start_endpoint(host, port))
     except OSError as e:
         raise CommandError(
             f"cannot listen for replication on REPLICATION_LISTEN={host}:{port}: "
             f"{e.strerror or e}; stop what holds the port or set REPLICATION_LISTEN"
         ) from None
+    return endpoint
+
+
+def stop_endpoint_in_process(endpoint) -> None:
+    """After daphne: the endpoint's USER_IP sightings not yet written go to the table, and its
+    broadcast subscription ends (as ``runreplication`` does at SIGTERM)."""
+    import daphne.server
+
+    loop = daphne.server.twisted_loop
+    for stop in (endpoint.broadcast.stop, endpoint.user_ips.stop):
+        try:
+            loop.run_until_complete(stop())
+        except Exception as e:  # shutting down: say it, do not hide the reason we stopped
+            print(f"replication endpoint: {stop.__qualname__} at shutdown: {e}", file=sys.stderr)
 
 
 def stop_reactor() -> None:

@@ -26,19 +26,64 @@ def test_default_is_loopback_only():
 
 def test_caps_count_admitted_connections_until_released():
     p = policy()
-    assert p.admit("10.1.1.1") == NOT_ALLOWED
-    assert p.admit("127.0.0.1") == ADMITTED
-    assert p.admit("127.0.0.1") == ADMITTED
-    assert p.admit("127.0.0.1") == TOO_MANY_FROM_ADDRESS
-    assert p.admit("127.0.0.2") == ADMITTED
-    assert p.admit("127.0.0.3") == TOO_MANY
+    assert p.admit("10.1.1.1").verdict == NOT_ALLOWED
+    a1, a2 = p.admit("127.0.0.1"), p.admit("127.0.0.1")
+    assert a1.verdict == a2.verdict == ADMITTED
+    for a in (a1, a2):  # workers: nobody may take their place
+        a.ticket.update(handshake_done=True, pings=True)
+    assert p.admit("127.0.0.1").verdict == TOO_MANY_FROM_ADDRESS
+    b = p.admit("127.0.0.2")
+    assert b.verdict == ADMITTED
+    b.ticket.update(handshake_done=True, pings=True)
+    assert p.admit("127.0.0.3").verdict == TOO_MANY
     assert p.total == 3 and p.open == {"127.0.0.1": 2, "127.0.0.2": 1}
-    p.release("127.0.0.1")
-    assert p.admit("127.0.0.3") == ADMITTED
-    for host in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
-        p.release(host)
-    assert p.total == 0 and not p.open
+    p.release(a1.ticket)
+    p.release(a1.ticket)  # idempotent
+    c = p.admit("127.0.0.3")
+    assert c.verdict == ADMITTED and c.evicted is None
+    for t in (a2.ticket, b.ticket, c.ticket):
+        p.release(t)
+    assert p.total == 0 and not p.open and not p.tickets
     assert p.refused == {NOT_ALLOWED: 1, TOO_MANY_FROM_ADDRESS: 1, TOO_MANY: 1}
+
+
+def test_a_newcomer_takes_the_place_of_the_oldest_connection_in_its_handshake():
+    """Squatters (connections that never subscribe) cannot lock a worker out: at a cap, the
+    oldest still in its handshake is evicted, then the oldest that never PINGed; workers never."""
+    p = policy(total=4, per_address=3)
+    squat = [p.admit("127.0.0.1") for _ in range(3)]
+    assert p.admit("127.0.0.1").verdict == ADMITTED  # in place of the oldest squatter
+    assert p.evictions == 1 and squat[0].ticket.released and not squat[1].ticket.released
+    assert p.open["127.0.0.1"] == 3
+    # The per-address cap evicts only from the same address.
+    other = p.admit("127.0.0.2")
+    other.ticket.update(handshake_done=True, pings=True)
+    assert p.total == 4
+    # The global cap: any address; handshaking first, then the never-PINGing, oldest first.
+    squat[1].ticket.update(handshake_done=True, pings=False)  # a netcat session
+    got = p.admit("127.0.0.3")
+    assert got.evicted is squat[2].ticket
+    got.ticket.update(handshake_done=True, pings=True)
+    last = p.admit("127.0.0.4")
+    assert p.evictions == 3 and p.total == 4
+    assert last.verdict == ADMITTED and p.admit("127.0.0.5").verdict == ADMITTED  # evicts `last`
+    assert last.ticket.released
+    # Only workers left (and one that will be): refused.
+    for t in list(p.tickets):
+        t.update(handshake_done=True, pings=True)
+    assert p.admit("127.0.0.6").verdict == TOO_MANY
+    assert other.evicted is None and not other.ticket.released
+
+
+def test_the_last_tenth_is_kept_for_small_addresses():
+    p = policy(total=20, per_address=20)
+    assert p.reserve == 2 and p.small_share == 2
+    big = [p.admit("127.0.0.1") for _ in range(18)]
+    for a in big:
+        a.ticket.update(handshake_done=True, pings=True)
+    assert p.admit("127.0.0.1").verdict == TOO_MANY  # 18 of 20: the rest is reserved
+    assert p.admit("127.0.0.2").verdict == ADMITTED  # a new worker host gets in
+    assert p.admit("127.0.0.2").verdict == ADMITTED
 
 
 def test_bad_network_is_named():

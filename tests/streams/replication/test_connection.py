@@ -547,3 +547,42 @@ def test_next_events_refuses_what_the_peer_may_not_send():
     assert conn.next_events(0) == [NameCommand("w")]
     with pytest.raises(RemoteProtocolError, match="invalid command: RDATA"):
         conn.next_events(0)
+
+
+# --- deadlines against squatters (issue 14.3) ----------------------------------------------
+
+
+def test_handshake_deadline_until_a_replicate_arrives():
+    conn = ReplicationConnection("server", now=100.0, handshake_timeout=10.0)
+    conn.receive_data(b"NAME squatter\nPING 1\n", 101.0)
+    assert [conn.next_event(101.0), conn.next_event(101.0)] and conn.next_event(101.0) is NEED_DATA
+    assert not conn.handshake_overdue(110.0) and conn.handshake_overdue(110.5)
+    conn.receive_data(b"REPLICATE \n", 110.2)
+    conn.next_event(110.2)
+    assert conn.handshake_done and not conn.handshake_overdue(1000.0)
+    # A legacy subscription is a handshake too; a client never has a deadline by default.
+    legacy = ReplicationConnection("server", now=0.0, handshake_timeout=1.0)
+    legacy.receive_data(b"REPLICATE receipts 0\n", 0.5)
+    legacy.next_event(0.5)
+    assert not legacy.handshake_overdue(5.0)
+    assert not ReplicationConnection("client", now=0.0).handshake_overdue(1e9)
+
+
+def test_a_partial_line_has_a_deadline_from_its_first_byte():
+    conn = ReplicationConnection("server", now=0.0, line_timeout=5.0)
+    assert not conn.line_overdue(100.0)  # nothing pending
+    for t in range(6):  # a byte a second: the line began at 10
+        conn.receive_data(b"PING 1"[t:t + 1], 10.0 + t)
+    assert not conn.line_overdue(15.0) and conn.line_overdue(15.5)
+    conn.receive_data(b"\nREP", 15.2)  # the line ended; a new one began now
+    assert conn.next_event(15.2) == PingCommand("1")
+    assert not conn.line_overdue(20.0) and conn.line_overdue(20.3)
+    conn.receive_data(b"LICATE \n", 20.25)
+    conn.next_event(20.25)
+    assert not conn.line_overdue(1e9)  # nothing unterminated
+
+
+def test_no_partial_line_deadline_without_a_clock():
+    conn = ReplicationConnection("server", now=0.0, line_timeout=1.0)
+    conn.receive_data(b"PIN")  # the worker's own reads pass no time
+    assert not conn.line_overdue(1e9)

@@ -109,18 +109,23 @@ def test_peer_outside_allowed_networks_gets_not_one_byte(pg_url, tmp_path, tls):
         assert "refused 127.0.0.1: address not allowed" in wait_for_log(read_log, "refused 127.0.0.1")
 
 
+def worker_from(source: str, port: int) -> LineClient:
+    """A connection that finished its handshake (NAME, PING, REPLICATE) and so holds its slot."""
+    c = connect_from(source, port)
+    assert c.read_line() == f"SERVER {SERVER_NAME}"
+    c.send("NAME w", "PING 1", "REPLICATE ")
+    c.read_until(lambda line: line.startswith("POSITION to_device"))
+    return c
+
+
 def test_global_and_per_address_connection_caps(pg_url, tmp_path):
     with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_MAX_CONNECTIONS="5",
                           REPLICATION_MAX_CONNECTIONS_PER_ADDRESS="3") as (port, read_log):
-        first = [connect_from("127.0.0.1", port) for _ in range(3)]
-        for c in first:
-            assert c.read_line() == f"SERVER {SERVER_NAME}"
+        first = [worker_from("127.0.0.1", port) for _ in range(3)]
         over_address = connect_from("127.0.0.1", port)
         assert over_address.read_line() == "ERROR Too many connections"
         assert over_address.read_line() is None  # closed
-        others = [connect_from("127.0.0.2", port) for _ in range(2)]  # 5 in all
-        for c in others:
-            assert c.read_line() == f"SERVER {SERVER_NAME}"
+        others = [worker_from("127.0.0.2", port) for _ in range(2)]  # 5 in all
         over_total = connect_from("127.0.0.3", port)
         assert over_total.read_line() == "ERROR Too many connections"
         assert over_total.read_line() is None

@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.replication.ratelimit import TokenBucket
+from streams.replication.commands import parse_line
+from streams.replication.ratelimit import HISTORY_REQUEST_COST, TokenBucket, command_cost
 
 
 def test_burst_then_rate():
@@ -37,3 +38,25 @@ def test_never_more_than_burst_plus_rate_times_elapsed(rate, burst, gaps):
         now += gap
         taken += bucket.take(now)
     assert taken <= burst + rate * now + 1e-6
+
+
+def test_commands_are_weighed_by_what_they_cost_the_endpoint():
+    assert command_cost(parse_line("PING 1")) == 1
+    assert command_cost(parse_line("REPLICATE ")) == 1
+    assert command_cost(parse_line("REPLICATE receipts NOW")) == 1
+    assert command_cost(parse_line("REPLICATE receipts 0")) == HISTORY_REQUEST_COST > 1
+    assert command_cost(parse_line("REMOTE_SERVER_UP example.com")) > 1
+    # With the default burst (5000), 50 history reads at once and no more.
+    bucket = TokenBucket(rate=1000, burst=5000, now=0.0)
+    taken = [bucket.take(0.0, HISTORY_REQUEST_COST) for _ in range(60)]
+    assert taken.count(True) == 50 and not any(taken[50:])
+
+
+def test_work_paid_from_the_bucket_keeps_a_reserve_and_says_how_long_to_wait():
+    bucket = TokenBucket(rate=10, burst=100, now=0.0)
+    assert bucket.take(0.0, 50, keep=10)
+    assert not bucket.take(0.0, 50, keep=10)  # 50 left: 40 would go below the reserve
+    assert bucket.wait_time(0.0, 50, keep=10) == pytest.approx(1.0)
+    assert bucket.take(1.0, 50, keep=10) and bucket.tokens == pytest.approx(10)
+    assert bucket.take(1.0)  # the reserve is there for commands
+    assert bucket.wait_time(100.0, 1) == 0.0

@@ -1,0 +1,68 @@
+"""The legacy generation's history reads (streams/replication/legacy.py), without sockets:
+pages merged across writers, and live lines kept while reading."""
+import random
+
+import pytest
+
+from streams.conf import stream_writers
+from streams.models import Receipt
+from streams.registry import get_stream
+from streams.replication import legacy
+from streams.replication.commands import LegacyRdataCommand
+from streams.replication.legacy import HistoryRead
+from streams.runtime import StreamRuntime
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def two_writers():
+    writers = stream_writers("receipts=master,w2")
+    runtimes = [StreamRuntime(instance_name=name, writers=writers) for name in ("master", "w2")]
+    yield runtimes
+    for rt in runtimes:
+        rt.close()
+
+
+def test_pages_merge_every_writer_in_token_order(two_writers):
+    rng = random.Random(5)
+    ids: dict[str, list[int]] = {"master": [], "w2": []}
+    for chunk in range(12):  # interleaved runs of different lengths
+        rt = two_writers[chunk % 2]
+        n = 3 + chunk * 2
+        ids[rt.instance_name] += rt.writer("receipts").append(
+            [[(Receipt, Receipt.synthetic(rng, chunk * 100 + i))] for i in range(n)])
+    positions = {w: tokens[-1] for w, tokens in ids.items()}
+    start = min(ids["master"][0], ids["w2"][0]) + 4
+    read = HistoryRead("receipts", start, positions)
+    assert read.upto == max(positions.values())
+    sent: list[int] = []
+    pages = 0
+    while not read.done:
+        data, count = read.read_page(get_stream("receipts"), "default", limit=7)
+        pages += 1
+        assert all(len(c.carry) <= 7 for c in read.writers.values())  # memory: a page per writer
+        lines = data.decode().splitlines()
+        assert len(lines) == count <= 14
+        sent += [LegacyRdataCommand.from_body(line.removeprefix("RDATA ")).token for line in lines]
+    expected = sorted(t for tokens in ids.values() for t in tokens if t > start)
+    assert sent == expected  # every row once, in token order across both writers
+    assert pages > len(expected) // 14
+
+
+def test_live_lines_wait_for_the_read_and_overflow_to_a_new_target(monkeypatch):
+    read = HistoryRead("receipts", 0, {"master": 10})
+    batch = ("RDATA receipts master 9 [\"!r:hs\",\"m.read\",\"@u:hs\",\"$e\",null,{}]\n"
+             "RDATA receipts master 11 [\"!r:hs\",\"m.read\",\"@u:hs\",\"$f\",null,{}]\n"
+             "RDATA events master 12 [\"ev\",[]]\n"
+             "POSITION receipts master 11 11\n").encode()
+    read.offer(batch)
+    assert read.buffered == 2  # token 11 and its POSITION: 9 is history, events is not ours
+    assert read.buffer[0].startswith(b"RDATA receipts 11 ")
+    monkeypatch.setattr(legacy, "MAX_BUFFERED_LINES", 3)
+    read.offer(batch)
+    assert read.overflowed and read.buffered == 0 and read.buffer == []
+    read.extend({"master": 11, "w2": 4})  # read on to where the writers are now
+    assert not read.overflowed and read.upto == 11
+    assert read.writers["master"].target == 11 and read.writers["w2"].target == 4
+
