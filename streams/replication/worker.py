@@ -177,8 +177,8 @@ def parse_instance_map(text: str) -> dict[str, str]:
     result: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, url = (x.strip() for x in part.partition("="))
-        scheme = urlsplit(url).scheme if sep else ""
-        if not name or scheme not in ("http", "https") or not urlsplit(url).netloc:
+        scheme = urllib.parse.urlsplit(url).scheme if sep else ""
+        if not name or scheme not in ("http", "https") or not urllib.parse.urlsplit(url).netloc:
             raise ValueError(f"cannot read {part!r}: expected writer=http://host:port")
         if name in result:
             raise ValueError(f"writer {name!r} is given twice")

@@ -191,7 +191,7 @@ def test_a_port_in_use_stops_the_service_in_one_line(tmp_path, taken):
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert f"{taken}={env[taken]}" in lines[0] and "in use" in lines[0]
+    assert f"{env[taken]} ({taken})" in lines[0] and "in use" in lines[0] and f"set {taken}" in lines[0]
     # ... and nothing was left serving (the web UI without an endpoint, or the reverse).
     other = "WEB_LISTEN" if taken == "REPLICATION_LISTEN" else "REPLICATION_LISTEN"
     with pytest.raises(OSError):

@@ -1,41 +1,42 @@
 """Legacy ``REPLICATE <stream> <token>``: facts the relay sends while the backlog is being
-read must not be skipped (the connection is not subscribed yet, so those live lines are
-dropped; the backlog must then reach past them)."""
+read are not skipped: the read (``legacy.HistoryRead``) keeps the live lines above its target
+and they follow its POSITION, so the subscriber ends with every fact once."""
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
-
+from streams.registry import STREAMS
 from streams.replication import legacy
-from streams.replication.commands import LegacyPositionCommand, LegacyRdataCommand, LegacyReplicateCommand
+from streams.replication.commands import RdataCommand
 from streams.updates import Updates
 
 
-def test_facts_written_during_the_backlog_read_are_sent(monkeypatch):
-    table = {t: [f"row{t}"] for t in range(1, 6)}
-    positions = {("receipts", "master"): 5}
-    reads: list[tuple[int, int]] = []
+def _lines(data: bytes) -> list[str]:
+    return data.decode().splitlines()
+
+
+def test_facts_written_during_the_backlog_read_follow_its_position(monkeypatch):
+    table = {t: ["!room:hs", "m.read", f"@u{t}:hs", {}] for t in range(1, 6)}
 
     def fake_updates(spec, writer, current, upto, *, limit, using):
-        reads.append((current, upto))
-        if len(reads) == 1:
-            # Meanwhile the writer commits fact 6 and the relay sends it on: this connection
-            # is not subscribed yet, so that live line is dropped.
-            table[6] = ["row6"]
-            positions[("receipts", "master")] = 6
-        return Updates([(t, r) for t, r in sorted(table.items()) if current < t <= upto], upto, False)
+        rows = [(t, r) for t, r in sorted(table.items()) if current < t <= upto][:limit]
+        return Updates(rows, rows[-1][0] if len(rows) == limit else upto, len(rows) == limit)
 
     monkeypatch.setattr(legacy, "get_updates_since", fake_updates)
+    read = legacy.HistoryRead("receipts", 0, {"master": 5})
     sent = []
-
-    async def send(cmds):
-        sent.extend(cmds)
-
-    consumer = SimpleNamespace(info=SimpleNamespace(legacy_streams={}), _send=send)
-    endpoint = SimpleNamespace(relay=SimpleNamespace(positions=lambda: dict(positions)))
-    streamer = legacy.LegacyStreamer(endpoint)
-    asyncio.run(streamer.subscribe(consumer, LegacyReplicateCommand("receipts", "0")))
-    tokens = [c.token for c in sent if isinstance(c, LegacyRdataCommand)]
-    assert tokens == [1, 2, 3, 4, 5, 6]
-    assert sent[-1] == LegacyPositionCommand("receipts", 6)
-    assert consumer.info.legacy_streams == {"receipts": "6"}
+    data, _ = read.read_page(STREAMS["receipts"], "default", limit=2)
+    sent += _lines(data)
+    # Meanwhile the writer commits facts 5 (already in the read's range) and 6, and the relay
+    # passes them on: the connection is not subscribed yet.
+    table[6] = ["!room:hs", "m.read", "@u6:hs", {}]
+    live = b"".join((RdataCommand("receipts", "master", t, table[t]).to_line() + "\n").encode() for t in (5, 6))
+    read.offer(live)
+    while not read.done:
+        data, _ = read.read_page(STREAMS["receipts"], "default", limit=2)
+        sent += _lines(data)
+    # What LegacyStreamer sends once the read is done: its POSITION, then the kept lines.
+    sent += _lines((legacy.LegacyPositionCommand("receipts", read.upto).to_line() + "\n").encode())
+    sent += _lines(b"".join(read.buffer))
+    tokens = [int(line.split(" ", 3)[2]) for line in sent if line.startswith("RDATA ")]
+    assert sent[tokens.index(5) + 1] == "POSITION receipts 5"  # the read's end, then live
+    assert tokens == [1, 2, 3, 4, 5, 6]  # 5 once (read), 6 once (kept from the live batch)
+    assert read.upto == 5 and read.buffered == 1
