@@ -170,6 +170,16 @@ class ReplicationRelay:
             reset = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
             await self._send(reset + message["data"], message["count"] + 1)
             return
+        if last is None and key[0] in RESETTABLE_STREAMS:
+            # The first batch this endpoint hears of an in-memory stream's writer (its run
+            # started after the endpoint's, or its first change): announce where the batch
+            # starts, then the batch. A bare POSITION at its end would make a worker that never
+            # heard of the writer start there, skipping the batch's rows for good.
+            self.last_sent[key] = new
+            self._changed_at[key] = time.monotonic()
+            start = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
+            await self._send(start + message["data"], message["count"] + 1)
+            return
         if last is not None and new <= last:
             return  # already covered
         self.last_sent[key] = new

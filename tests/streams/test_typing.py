@@ -115,7 +115,7 @@ def test_relay_passes_a_typing_writer_restart_on_as_a_position_below():
             return {"stream": stream, "writer": "tw", "prev": prev, "new": new,
                     "data": "".join(line + "\n" for line in lines).encode(), "count": len(lines)}
 
-        await relay.on_lines(batch("typing", 0, 2, 'RDATA typing tw 2 ["!r",["@a"]]'))  # first heard: position
+        await relay.on_lines(batch("typing", 0, 2, 'RDATA typing tw 2 ["!r",["@a"]]'))  # first heard: where it starts, then the rows
         await relay.on_lines(batch("typing", 2, 3, 'RDATA typing tw 3 ["!r",[]]'))  # contiguous: relayed
         await relay.on_lines(batch("typing", 0, 1, 'RDATA typing tw 1 ["!r",["@b"]]'))  # the writer restarted
         await relay.on_lines(batch("typing", 1, 2, 'RDATA typing tw 2 ["!r",[]]'))
@@ -123,8 +123,12 @@ def test_relay_passes_a_typing_writer_restart_on_as_a_position_below():
         await relay.on_lines(batch("receipts", 0, 3, "POSITION receipts tw 0 3"))  # old news: dropped
         return sent
 
+    # The first batch heard is passed on after a POSITION where it starts: a bare POSITION at
+    # its end made a worker that never heard of the writer start there and skip its rows
+    # (the embedded default lost each run's first typing change).
     assert asyncio.run(run()) == [
-        "POSITION typing tw 2 2", 'RDATA typing tw 3 ["!r",[]]', "POSITION typing tw 0 0",
+        "POSITION typing tw 0 0", 'RDATA typing tw 2 ["!r",["@a"]]',
+        'RDATA typing tw 3 ["!r",[]]', "POSITION typing tw 0 0",
         'RDATA typing tw 1 ["!r",["@b"]]', 'RDATA typing tw 2 ["!r",[]]', "POSITION receipts tw 5 5"]
 
 
