@@ -149,6 +149,12 @@ JOB_SCHEDULES = {
 }
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 
+# --- /health/ready (synapse_repl/health.py) ------------------------------------------------
+# Readiness also requires this host's replication endpoint (REPLICATION_LISTEN) to be running,
+# and, with Redis, a Celery worker answering; 0 leaves either out (a web-only process).
+HEALTH_CHECK_ENDPOINT = os.environ.get("HEALTH_CHECK_ENDPOINT", "1") != "0"
+HEALTH_CHECK_CELERY = os.environ.get("HEALTH_CHECK_CELERY", "1") != "0"
+
 # --- This process and its cluster -----------------------------------------------------------
 # Bearer token for the read-only /api/ endpoints (empty: staff sessions only).
 API_TOKEN = os.environ.get("API_TOKEN", "")

@@ -36,6 +36,17 @@
     });
   }
 
+  // The banner: red with the reasons while a part this process depends on (database, Redis,
+  // the replication endpoint, Celery) is failing, not just when the socket is down.
+  var health = null;
+  function showHealth() {
+    if (health && health.status === "failing") {
+      setStatus("failing", "Not ready — " + (health.reasons || []).join("; "));
+    } else {
+      setStatus("live", "Live");
+    }
+  }
+
   function clock(t) { return new Date(t * 1000).toLocaleTimeString(); }
 
   function ago(t, now) {
@@ -264,8 +275,13 @@
     socket.onopen = function () { retryDelay = 1000; };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
-      if (message.type === "snapshot" || message.type === "update") {
-        setStatus("live", "Live");
+      if (message.type === "snapshot" || message.type === "health") {
+        if (message.health !== undefined) health = message.health;
+        if (message.type === "health") health = message;
+        showHealth();
+      }
+      if ((message.type === "snapshot" || message.type === "update") && message.streams) {
+        if (message.type === "update") showHealth();
         render(message);
       }
     };
