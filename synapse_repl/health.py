@@ -62,7 +62,8 @@ def check_redis(url: str) -> Check:
 def endpoint_key(listen: str, host: str | None = None) -> str:
     """The status row key the endpoint listening on ``listen`` on this host writes
     (dashboard.endpoint_status.start_publishing)."""
-    return f"{host or socket.gethostname()} {listen}"
+    address, _, port = listen.rpartition(":")
+    return f"{host or socket.gethostname()} {address.strip('[]')}:{port}"
 
 
 def pid_alive(pid: int) -> bool:

@@ -118,6 +118,27 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             assert page.evaluate("window.loadedOnce") == "yes"
             page.screenshot(path=str(tmp_path / "connections.png"), full_page=True)
 
+            # A part the service needs fails (here the database loses its stream_sequences
+            # table): the banner turns red with the reason, and /health/ready says 503; back
+            # when the table is.
+            import psycopg
+            import urllib.error
+            import urllib.request
+
+            with psycopg.connect(env["DATABASE_URL"], autocommit=True) as db:
+                db.execute("ALTER TABLE stream_sequences RENAME TO stream_sequences_away")
+                try:
+                    expect(status).to_have_attribute("data-state", "failing", timeout=WAIT_MS)
+                    expect(status).to_contain_text("database")
+                    with pytest.raises(urllib.error.HTTPError) as probe:
+                        urllib.request.urlopen(base + "/health/ready", timeout=10)
+                    assert probe.value.code == 503
+                    page.screenshot(path=str(tmp_path / "failing.png"))
+                finally:
+                    db.execute("ALTER TABLE stream_sequences_away RENAME TO stream_sequences")
+            expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+            assert urllib.request.urlopen(base + "/health/ready", timeout=10).status == 200
+
             # The server goes away: the page says so (and keeps trying to reconnect).
             stop(proc)
             expect(status).to_have_attribute("data-state", "disconnected", timeout=WAIT_MS)
