@@ -206,7 +206,7 @@
         var gone = e.recent_disconnects.slice(0, 20).map(function (d) {
           return el("tr", {className: "reason-" + d.reason.replace(/ /g, "-")}, [
             el("td", {text: clock(d.at)}), el("td", {text: d.name}), el("td", {text: d.peer}),
-            el("td", {className: d.reason === "connection lost" ? "" : "warn", text: d.reason}),
+            el("td", {className: (d.reason === "shut down" || d.reason === "connection lost") ? "" : "warn", text: d.reason}),
             el("td", {className: "muted", text: d.detail === d.reason ? "" : d.detail}),
           ]);
         });

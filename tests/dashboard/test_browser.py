@@ -111,10 +111,11 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             row = page.locator(".connections tr", has_text="browser-worker")
             expect(row).to_contain_text("@carol:test", timeout=WAIT_MS)
             page.evaluate("window.loadedOnce = 'yes'")
-            worker.close()
+            worker.shutdown(socket.SHUT_WR)  # as a stopping worker does: in order (FIN)
             gone = page.locator(".disconnects tr", has_text="browser-worker")
-            expect(gone).to_contain_text("connection lost", timeout=WAIT_MS)
+            expect(gone).to_contain_text("shut down", timeout=WAIT_MS)  # closed in order, not lost
             expect(row).to_have_count(0)
+            worker.close()
             assert page.evaluate("window.loadedOnce") == "yes"
             page.screenshot(path=str(tmp_path / "connections.png"), full_page=True)
 
