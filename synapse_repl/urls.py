@@ -31,5 +31,7 @@ urlpatterns = [
     # One process serves its own few static files (admin and dashboard assets); no separate
     # web server or collectstatic step is needed to run it.
     re_path(r"^static/(?P<path>.*)$", partial(serve_static, insecure=True)),
+    # Browsers ask every site for /favicon.ico: answer it instead of a 404 on every page.
+    path("favicon.ico", partial(serve_static, path="dashboard/favicon.ico", insecure=True)),
     path("", include("dashboard.urls")),
 ]
