@@ -259,6 +259,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# One time format with the zone on every page (synapse_repl/formats/en/formats.py); the live
+# pages' script formats the same way (static/dashboard/live.js, clock()).
+FORMAT_MODULE_PATH = ["synapse_repl.formats"]
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"

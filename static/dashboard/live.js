@@ -47,7 +47,8 @@
     }
   }
 
-  function clock(t) { return new Date(t * 1000).toLocaleTimeString(); }
+  // The server's format (synapse_repl/formats): "2026-11-24 06:05:38 UTC".
+  function clock(t) { return new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") + " UTC"; }
 
   function ago(t, now) {
     if (t === null || t === undefined) return "never";

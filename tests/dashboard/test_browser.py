@@ -101,6 +101,23 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
             assert (tmp_path / "streams.png").stat().st_size > 10_000
 
+            # At 760 px: no page is wider than the window (tables scroll in their own box), no
+            # table header breaks mid-word, and every time shown has one format with the zone.
+            page.set_viewport_size({"width": 760, "height": 900})
+            for path in ("/", "/connections/", "/admin/"):
+                page.goto(base + path)
+                expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+                expect(page.locator('[data-live="updated"]').first).to_have_text(
+                    re.compile(r"updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"), timeout=WAIT_MS)
+                assert page.evaluate("document.documentElement.scrollWidth") <= 760, path
+                broken = page.evaluate("""() => [...document.querySelectorAll("th")].filter(th => {
+                    const range = document.createRange(); range.selectNodeContents(th);
+                    return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
+                }).map(th => th.textContent)""")
+                assert broken == [], (path, broken)
+                page.screenshot(path=str(tmp_path / f"{path.strip('/') or 'streams'}-760.png"), full_page=True)
+            page.set_viewport_size({"width": 1280, "height": 900})
+
             # A worker connects to the replication endpoint (runservice's child process): the
             # connections page shows it, then its disconnect and the reason, live.
             page.goto(base + "/connections/")

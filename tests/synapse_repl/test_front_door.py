@@ -47,3 +47,15 @@ def test_favicon_is_served(client):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("image/")
     assert b"".join(response.streaming_content if response.streaming else [response.content])
+
+
+def test_server_rendered_times_have_one_format_with_the_zone():
+    import re
+    from datetime import datetime, timezone
+
+    from django.template import Context, Template
+
+    when = datetime(2026, 11, 24, 6, 5, 38, tzinfo=timezone.utc)
+    text = Template("{{ t }}|{{ t|date:'DATETIME_FORMAT' }}|{{ t|time }}").render(Context({"t": when}))
+    assert text == "2026-11-24 06:05:38 UTC|2026-11-24 06:05:38 UTC|06:05:38 UTC"
+    assert not re.search(r"[ap]\.m\.|AM|PM", text)
