@@ -22,7 +22,7 @@ and every worker must end with every fact in the database exactly once.
 
 Printed at the end: facts written (from the database), facts delivered per worker, duplicates
 and missing (both must be 0), disconnects by reason until the shutdown (the endpoints' logs,
-which survive their restarts; ``connection lost`` includes ``wait_port``'s start-up probes,
+which survive their restarts; ``shut down`` (closed in order) includes ``wait_port``'s start-up probes,
 the fuzzer's connections are the ``bad line`` ones), fuzzer outcomes, faults injected, peak
 RSS (VmHWM, sampled every second and just before each kill) of each process, and delivery
 latency (the worker's delivery time minus the writer's commit stamp; p50/p99/max over all

@@ -2,7 +2,8 @@
 
 Staff only: for anybody else the socket is closed with code 4403 right after the handshake,
 before any data is sent. A connected page first gets a ``snapshot`` (the latest state and the facts/s history),
-then an ``update`` for every refresh of this process's :class:`~dashboard.feed.LiveFeed`.
+then an ``update`` for every refresh of this process's :class:`~dashboard.feed.LiveFeed`, and a
+``health`` (ok/failing per part, with the reasons) after every readiness check.
 """
 from __future__ import annotations
 
@@ -46,3 +47,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def dashboard_update(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "update", **event["payload"]})
+
+    async def dashboard_health(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "health", **event["payload"]})

@@ -110,6 +110,8 @@ class LiveFeed:
         self.history: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max(1, int(HISTORY_SECONDS / self.refresh)))
         self.state: dict[str, Any] | None = None
+        #: the latest readiness (synapse_repl.health.banner_view): the page's Live banner
+        self.health: dict[str, Any] | None = None
         self.batches_heard = 0
         self.refreshes = 0
         self._wake = asyncio.Event()
@@ -206,6 +208,12 @@ class LiveFeed:
                 await self.refresh_once(tick)
             except Exception:
                 logger.exception("dashboard feed: refresh failed")
+            if tick or self.health is None:
+                # Even when the refresh failed (the database is down): the banner says why.
+                try:
+                    await self.check_health()
+                except Exception:
+                    logger.exception("dashboard feed: health check failed")
             if self._idle_too_long(loop.time()):
                 # Nobody watches: stop listening. The next page starts a new feed.
                 self.stopping = True
@@ -231,6 +239,17 @@ class LiveFeed:
         self._started.set()
         await get_channel_layer(LOCAL_LAYER).group_send(LIVE_GROUP, {"type": "dashboard.update", "payload": state})
 
+    async def check_health(self) -> None:
+        """Run the readiness checks (on the feed's database thread) and push the result to
+        the pages, so their banner turns red with the reason when a part is down."""
+        from synapse_repl.health import banner_view, readiness
+
+        results = await asyncio.get_running_loop().run_in_executor(self._db, readiness)
+        self.health = banner_view(results)
+        self._started.set()
+        await get_channel_layer(LOCAL_LAYER).group_send(
+            LIVE_GROUP, {"type": "dashboard.health", "payload": self.health})
+
     def _sample(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """Facts per second per stream over the last :data:`RATE_WINDOW_SECONDS` (a trickle
         of single facts would otherwise draw a comb). A stream's IDs come from one sequence
@@ -249,7 +268,7 @@ class LiveFeed:
 
     def snapshot(self) -> dict[str, Any]:
         """What a newly connected page gets: the latest state and the chart's history."""
-        return {**(self.state or {}), "history": list(self.history)}
+        return {**(self.state or {}), "history": list(self.history), "health": self.health}
 
 
 _feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveFeed] = weakref.WeakKeyDictionary()

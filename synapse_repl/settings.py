@@ -149,6 +149,12 @@ JOB_SCHEDULES = {
 }
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 
+# --- /health/ready (synapse_repl/health.py) ------------------------------------------------
+# Readiness also requires this host's replication endpoint (REPLICATION_LISTEN) to be running,
+# and, with Redis, a Celery worker answering; 0 leaves either out (a web-only process).
+HEALTH_CHECK_ENDPOINT = os.environ.get("HEALTH_CHECK_ENDPOINT", "1") != "0"
+HEALTH_CHECK_CELERY = os.environ.get("HEALTH_CHECK_CELERY", "1") != "0"
+
 # --- This process and its cluster -----------------------------------------------------------
 # Bearer token for the read-only /api/ endpoints (empty: staff sessions only).
 API_TOKEN = os.environ.get("API_TOKEN", "")
@@ -253,6 +259,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# One time format with the zone on every page (synapse_repl/formats/en/formats.py); the live
+# pages' script formats the same way (static/dashboard/live.js, clock()).
+FORMAT_MODULE_PATH = ["synapse_repl.formats"]
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"

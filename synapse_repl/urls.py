@@ -5,6 +5,7 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
 from dashboard.metrics import counting_catchups
+from synapse_repl import health
 from streams.replication.catchup import get_repl_stream_updates, without_txn_id
 from streams.replication.typing_http import set_typing
 
@@ -16,6 +17,9 @@ get_repl_stream_updates = counting_catchups(get_repl_stream_updates)
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Unauthenticated probes (load balancers, Kubernetes): ok/failing per part, nothing more.
+    path("health/live", health.live_view, name="health-live"),
+    path("health/ready", health.ready_view, name="health-ready"),
     path("api/", include("streams.api.urls")),
     # Synapse's form carries a transaction ID as the last segment; without it: 404, as Synapse.
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/",
@@ -27,5 +31,7 @@ urlpatterns = [
     # One process serves its own few static files (admin and dashboard assets); no separate
     # web server or collectstatic step is needed to run it.
     re_path(r"^static/(?P<path>.*)$", partial(serve_static, insecure=True)),
+    # Browsers ask every site for /favicon.ico: answer it instead of a 404 on every page.
+    path("favicon.ico", partial(serve_static, path="dashboard/favicon.ico", insecure=True)),
     path("", include("dashboard.urls")),
 ]

@@ -36,7 +36,19 @@
     });
   }
 
-  function clock(t) { return new Date(t * 1000).toLocaleTimeString(); }
+  // The banner: red with the reasons while a part this process depends on (database, Redis,
+  // the replication endpoint, Celery) is failing, not just when the socket is down.
+  var health = null;
+  function showHealth() {
+    if (health && health.status === "failing") {
+      setStatus("failing", "Not ready — " + (health.reasons || []).join("; "));
+    } else {
+      setStatus("live", "Live");
+    }
+  }
+
+  // The server's format (synapse_repl/formats): "2026-11-24 06:05:38 UTC".
+  function clock(t) { return new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") + " UTC"; }
 
   function ago(t, now) {
     if (t === null || t === undefined) return "never";
@@ -195,7 +207,7 @@
         var gone = e.recent_disconnects.slice(0, 20).map(function (d) {
           return el("tr", {className: "reason-" + d.reason.replace(/ /g, "-")}, [
             el("td", {text: clock(d.at)}), el("td", {text: d.name}), el("td", {text: d.peer}),
-            el("td", {className: d.reason === "connection lost" ? "" : "warn", text: d.reason}),
+            el("td", {className: (d.reason === "shut down" || d.reason === "connection lost") ? "" : "warn", text: d.reason}),
             el("td", {className: "muted", text: d.detail === d.reason ? "" : d.detail}),
           ]);
         });
@@ -264,8 +276,13 @@
     socket.onopen = function () { retryDelay = 1000; };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
-      if (message.type === "snapshot" || message.type === "update") {
-        setStatus("live", "Live");
+      if (message.type === "snapshot" || message.type === "health") {
+        if (message.health !== undefined) health = message.health;
+        if (message.type === "health") health = message;
+        showHealth();
+      }
+      if ((message.type === "snapshot" || message.type === "update") && message.streams) {
+        if (message.type === "update") showHealth();
         render(message);
       }
     };

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 endpoint_started = Signal()
 
 #: The reasons a connection ends, as operators see them (and as /metrics labels them).
-DISCONNECT_REASONS = ("ping timeout", "failed to keep up", "bad line", "connection lost",
+DISCONNECT_REASONS = ("ping timeout", "failed to keep up", "bad line", "shut down", "connection lost",
                       "handshake timeout", "line timeout", "evicted", "command rate exceeded")
 
 #: Syncing users listed per connection in a snapshot (the count is always exact).

@@ -78,7 +78,9 @@ class ReplicationServerProtocol(asyncio.Protocol):
         self.writable.set()  # nobody waits for a connection that is gone
         if self.abort_timer is not None:
             self.abort_timer.cancel()  # aborting a finished transport raises
-        reason = "connection lost" if exc is None else f"connection lost: {exc}"
+        # The peer closed its end in order (a worker stopped by SIGTERM, or any process that
+        # ended): "shut down"; an error (reset, timeout) is a connection lost.
+        reason = "shut down" if exc is None else f"connection lost: {exc}"
         self.inbox.put_nowait({"type": "replication.disconnect", "reason": reason})
 
     def pause_writing(self) -> None:

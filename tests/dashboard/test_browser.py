@@ -101,6 +101,23 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
             assert (tmp_path / "streams.png").stat().st_size > 10_000
 
+            # At 760 px: no page is wider than the window (tables scroll in their own box), no
+            # table header breaks mid-word, and every time shown has one format with the zone.
+            page.set_viewport_size({"width": 760, "height": 900})
+            for path in ("/", "/connections/", "/admin/"):
+                page.goto(base + path)
+                expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+                expect(page.locator('[data-live="updated"]').first).to_have_text(
+                    re.compile(r"updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"), timeout=WAIT_MS)
+                assert page.evaluate("document.documentElement.scrollWidth") <= 760, path
+                broken = page.evaluate("""() => [...document.querySelectorAll("th")].filter(th => {
+                    const range = document.createRange(); range.selectNodeContents(th);
+                    return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
+                }).map(th => th.textContent)""")
+                assert broken == [], (path, broken)
+                page.screenshot(path=str(tmp_path / f"{path.strip('/') or 'streams'}-760.png"), full_page=True)
+            page.set_viewport_size({"width": 1280, "height": 900})
+
             # A worker connects to the replication endpoint (runservice's child process): the
             # connections page shows it, then its disconnect and the reason, live.
             page.goto(base + "/connections/")
@@ -111,12 +128,34 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             row = page.locator(".connections tr", has_text="browser-worker")
             expect(row).to_contain_text("@carol:test", timeout=WAIT_MS)
             page.evaluate("window.loadedOnce = 'yes'")
-            worker.close()
+            worker.shutdown(socket.SHUT_WR)  # as a stopping worker does: in order (FIN)
             gone = page.locator(".disconnects tr", has_text="browser-worker")
-            expect(gone).to_contain_text("connection lost", timeout=WAIT_MS)
+            expect(gone).to_contain_text("shut down", timeout=WAIT_MS)  # closed in order, not lost
             expect(row).to_have_count(0)
+            worker.close()
             assert page.evaluate("window.loadedOnce") == "yes"
             page.screenshot(path=str(tmp_path / "connections.png"), full_page=True)
+
+            # A part the service needs fails (here the database loses its stream_sequences
+            # table): the banner turns red with the reason, and /health/ready says 503; back
+            # when the table is.
+            import psycopg
+            import urllib.error
+            import urllib.request
+
+            with psycopg.connect(env["DATABASE_URL"], autocommit=True) as db:
+                db.execute("ALTER TABLE stream_sequences RENAME TO stream_sequences_away")
+                try:
+                    expect(status).to_have_attribute("data-state", "failing", timeout=WAIT_MS)
+                    expect(status).to_contain_text("database")
+                    with pytest.raises(urllib.error.HTTPError) as probe:
+                        urllib.request.urlopen(base + "/health/ready", timeout=10)
+                    assert probe.value.code == 503
+                    page.screenshot(path=str(tmp_path / "failing.png"))
+                finally:
+                    db.execute("ALTER TABLE stream_sequences_away RENAME TO stream_sequences")
+            expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+            assert urllib.request.urlopen(base + "/health/ready", timeout=10).status == 200
 
             # The server goes away: the page says so (and keeps trying to reconnect).
             stop(proc)

@@ -300,3 +300,40 @@ def test_a_feed_nobody_watches_stops(staff_cookie, settings):
         await again.disconnect()
 
     run(scenario)
+
+
+def test_banner_health_turns_failing_with_the_reason_and_back(staff_cookie, settings):
+    """The page's Live banner follows readiness, not just its socket: with this host's
+    endpoint gone the feed pushes a failing ``health`` with the reason; once the endpoint's
+    status row is fresh again (its process alive), an ok one."""
+    import os
+    import subprocess
+    import sys
+
+    from synapse_repl.health import endpoint_key
+
+    settings.DASHBOARD = {**settings.DASHBOARD, "FEED_REFRESH_SECONDS": 0.2}
+    settings.REDIS_URL = ""
+    settings.HEALTH_CHECK_ENDPOINT = True
+    listen = settings.SYNAPSE_REPL["REPLICATION_LISTEN"]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    def row(pid: int) -> None:
+        EndpointStatus.objects.update_or_create(endpoint=endpoint_key(listen), defaults={
+            "server_name": "localhost", "pid": pid, "updated_at": datetime.now(timezone.utc), "snapshot": {}})
+
+    async def scenario():
+        await sync_to_async(row)(gone.pid)
+        comm = communicator(staff_cookie)
+        connected, _ = await comm.connect()
+        assert connected
+        failing = await next_of_type(comm, "health", lambda m: m["status"] == "failing")
+        assert failing["checks"] == {"database": "ok", "endpoint": "failing"}
+        assert any(f"process {gone.pid} gone" in reason for reason in failing["reasons"])
+        await sync_to_async(row)(os.getpid())
+        ok = await next_of_type(comm, "health", lambda m: m["status"] == "ok")
+        assert ok["checks"] == {"database": "ok", "endpoint": "ok"} and ok["reasons"] == []
+        await comm.disconnect()
+
+    run(scenario)

@@ -60,7 +60,7 @@ def test_connections_and_disconnects_are_published(endpoint, writer_runtime):  #
     # (The fixture's readiness probe was an anonymous connection too.)
     workers = lambda s: [d for d in s["recent_disconnects"] if d["name"] == "test-worker"]  # noqa: E731
     status = wait_for_status(lambda s: len(workers(s)) == 2 and not s["connections"], "both disconnects")
-    assert sorted(d["reason"] for d in workers(status)) == ["bad line", "connection lost"]
+    assert sorted(d["reason"] for d in workers(status)) == ["bad line", "shut down"]
     assert status["counters"]["disconnects"]["bad line"] == 1
-    assert status["counters"]["disconnects"]["connection lost"] >= 1
+    assert status["counters"]["disconnects"]["shut down"] >= 1
     assert status["counters"]["connections"] == len(status["recent_disconnects"])

@@ -18,16 +18,23 @@ from streams.storage.generator import RoomGenerator
 from synapse_repl.startup import check_startable
 
 
+#: Without --seed: not the demo's seed 0, so a first generate_rooms next to the demo's rooms
+#: does not collide with them.
+DEFAULT_SEED = 1
+
+
 class Command(BaseCommand):
     help = "Generate synthetic rooms (big churny rooms, many small ones, backfill) through persist_events."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--rooms", type=int, required=True)
-        parser.add_argument("--users", type=int, required=True)
+        parser.add_argument("--rooms", type=int, required=True, help="rooms to create (a few big churny ones, the rest small)")
+        parser.add_argument("--users", type=int, required=True, help="distinct users who join and write in them")
         parser.add_argument("--events", type=int, required=True, help="approximate number of events")
-        parser.add_argument("--seed", type=int, default=0, help="room and event IDs derive from it: one run per seed")
+        parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                            help=f"room and event IDs derive from it: one run per seed (default {DEFAULT_SEED}; "
+                                 "the demo's first-run rooms use seed 0)")
         parser.add_argument("--batch", type=int, default=500, help="events per persist_events call")
-        parser.add_argument("--no-progress", action="store_true")
+        parser.add_argument("--no-progress", action="store_true", help="print no progress bar (logs, scripts)")
 
     def handle(self, *args, rooms: int, users: int, events: int, seed: int, batch: int, no_progress: bool,
                **options) -> None:

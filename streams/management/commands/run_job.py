@@ -7,11 +7,19 @@ from django.core.management.base import BaseCommand, CommandError
 from synapse_repl.startup import check_startable
 
 
+def _job_names() -> list[str]:
+    from dashboard.jobs import job_names
+
+    return job_names()
+
+
 class Command(BaseCommand):
-    help = "Run a batch job (topological_ordering, check_topological_ordering, ...) in this process."
+    @property
+    def help(self) -> str:  # the job names as registered, never a stale list
+        return f"Run a batch job in this process. JOB is one of: {', '.join(_job_names())}."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("job")
+        parser.add_argument("job", metavar="JOB", help=f"the job to run: {', '.join(_job_names())}")
         parser.add_argument("--rooms", nargs="+", metavar="ROOM_ID", help="only these rooms")
         parser.add_argument("--via-celery", action="store_true",
                             help="send it to the Celery workers instead and wait for the result")

@@ -29,7 +29,11 @@ def split_listen(value: str, name: str) -> tuple[str, int]:
 
 
 class Command(BaseCommand):
-    help = "Serve the web UI (WEB_LISTEN) and the TCP replication endpoint (REPLICATION_LISTEN)."
+    help = ("Serve the web UI (WEB_LISTEN) and the TCP replication endpoint (REPLICATION_LISTEN), with the "
+            "demo trickle and a Celery worker beside it. Reads: WEB_LISTEN, REPLICATION_LISTEN, DATABASE_URL, "
+            "REDIS_URL, STATE_DIR, REPLICATION_SECRET, SECRET_KEY, ADMIN_USER, ADMIN_PASSWORD, DEMO, JOBS_WORKER, "
+            "PROXY_HEADERS, INSTANCE_NAME, SERVER_NAME, STREAM_WRITERS, API_TOKEN (README and "
+            "synapse_repl/settings.py list the rest).")
 
     def handle(self, *args, **options) -> None:
         from django.core.exceptions import ImproperlyConfigured

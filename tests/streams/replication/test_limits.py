@@ -134,7 +134,7 @@ def test_global_and_per_address_connection_caps(pg_url, tmp_path):
         assert "refused 127.0.0.3: too many connections" in log
         # A slot freed is a slot given again (the count follows closed connections).
         first[0].close()
-        wait_for_log(read_log, "disconnected: connection lost")
+        wait_for_log(read_log, "disconnected: shut down")
         again = connect_from("127.0.0.3", port)
         assert again.read_line() == f"SERVER {SERVER_NAME}"
         for c in first[1:] + others + [again]:
