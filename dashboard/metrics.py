@@ -97,6 +97,35 @@ class ClusterCollector(Collector):
             for reason, n in sorted(counters["disconnects"].items()):
                 disconnects.add_metric([key, reason], n)
         yield from (up, connections, accepted, queue, sent, disconnects)
+        yield from _job_metrics()
+
+
+def _job_metrics() -> Iterator[Metric]:
+    """The latest finished run of each job: whether it failed and, for checks, how many
+    differences it found (the alert rules page on either)."""
+    from django.db.models import F
+
+    from streams.models.jobs import JobRun
+
+    failed = GaugeMetricFamily(f"{PREFIX}_job_last_run_failed",
+                               "1 if the job's latest finished run failed", labels=["job"])
+    differences = GaugeMetricFamily(f"{PREFIX}_job_last_run_differences",
+                                    "Differences the check's latest finished run found", labels=["job"])
+    ended = GaugeMetricFamily(f"{PREFIX}_job_last_run_end_timestamp_seconds",
+                              "When the job's latest finished run ended (Unix time)", labels=["job"])
+    finished = (JobRun.objects.filter(status__in=[JobRun.Status.SUCCEEDED, JobRun.Status.FAILED])
+                .order_by("job", F("ended_at").desc(nulls_last=True), "-id"))
+    seen: set[str] = set()
+    for run in finished.only("job", "status", "differences", "ended_at").iterator():
+        if run.job in seen:
+            continue
+        seen.add(run.job)
+        failed.add_metric([run.job], 1 if run.status == JobRun.Status.FAILED else 0)
+        if run.differences is not None:
+            differences.add_metric([run.job], run.differences)
+        if run.ended_at is not None:
+            ended.add_metric([run.job], run.ended_at.timestamp())
+    yield from (failed, differences, ended)
 
 
 REGISTRY = CollectorRegistry(auto_describe=False)
