@@ -21,3 +21,23 @@ class EndpointStatus(models.Model):
 
     def __str__(self) -> str:
         return self.endpoint
+
+
+class FactsPerMinute(models.Model):
+    """A stream's facts total at the start of one minute, so the facts/s chart can look back
+    a day after an incident (the live chart keeps 5 minutes in memory). Written by whichever
+    process samples first that minute (the endpoint, a live feed); pruned after
+    :data:`dashboard.facts_history.RETENTION`."""
+
+    stream = models.CharField(_("stream"), max_length=64)
+    minute = models.DateTimeField(_("minute"))
+    facts_total = models.BigIntegerField(_("facts written so far"))
+
+    class Meta:
+        db_table = "dashboard_facts_per_minute"
+        constraints = [models.UniqueConstraint(fields=["minute", "stream"], name="facts_per_minute_unique")]
+        verbose_name = _("facts per minute sample")
+        verbose_name_plural = _("facts per minute samples")
+
+    def __str__(self) -> str:
+        return f"{self.stream} {self.minute:%Y-%m-%d %H:%M}"
