@@ -98,6 +98,24 @@ class ClusterCollector(Collector):
                 disconnects.add_metric([key, reason], n)
         yield from (up, connections, accepted, queue, sent, disconnects)
         yield from _job_metrics()
+        yield from _worker_metrics()
+
+
+def _worker_metrics() -> Iterator[Metric]:
+    """Every worker that reported (TCP or Redis): its lag per stream and whether it reports."""
+    from .worker_status import worker_statuses
+
+    lag = GaugeMetricFamily(f"{PREFIX}_worker_lag", "Stream IDs written that the worker has not applied yet",
+                            labels=["worker", "transport", "stream"])
+    up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while the worker reports and is connected",
+                           labels=["worker", "transport"])
+    for w in worker_statuses():
+        up.add_metric([w["name"], w["transport"]], 0 if w["stale"] or not w["connected"] else 1)
+        if w["stale"]:
+            continue
+        for stream, n in w["lag"].items():
+            lag.add_metric([w["name"], w["transport"], stream], n)
+    yield from (lag, up)
 
 
 def _job_metrics() -> Iterator[Metric]:

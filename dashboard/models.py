@@ -41,3 +41,25 @@ class FactsPerMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class WorkerStatus(models.Model):
+    """Where one replication worker stands, written by that worker (``replication_worker``,
+    TCP or Redis) every few seconds. Workers following over Redis tell no endpoint who they
+    are, and nothing but what Synapse sends may go on its channel, so they report here."""
+
+    name = models.CharField(_("name"), max_length=255, primary_key=True)
+    transport = models.CharField(_("transport"), max_length=16)
+    pid = models.IntegerField(_("process ID"))
+    connected = models.BooleanField(_("connected"), default=False)
+    updated_at = models.DateTimeField(_("updated at"))
+    #: ``{stream: {writer: token}}``: the last token the worker applied per writer
+    positions = models.JSONField(_("positions"), default=dict)
+
+    class Meta:
+        db_table = "dashboard_worker_status"
+        verbose_name = _("replication worker")
+        verbose_name_plural = _("replication workers")
+
+    def __str__(self) -> str:
+        return self.name

@@ -28,7 +28,10 @@ def streams_page(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 def connections_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/connections.html", _context(endpoints=endpoint_statuses(), page="connections"))
+    from .worker_status import worker_statuses
+
+    return render(request, "dashboard/connections.html", _context(
+        endpoints=endpoint_statuses(), workers=worker_statuses(), page="connections"))
 
 
 @staff_member_required

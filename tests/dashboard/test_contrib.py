@@ -15,6 +15,7 @@ import pytest
 import yaml
 from django.utils import timezone
 
+from dashboard import worker_status
 from streams.models.jobs import JobRun
 from tests.dashboard.test_views import endpoint_row, receipts_written, staff_client  # noqa: F401 (fixtures)
 
@@ -77,6 +78,7 @@ def test_every_metric_named_is_on_metrics(staff_client, receipts_written, settin
 
     rt, w, ids = receipts_written
     endpoint_row()
+    worker_status.save("redis-w1", "redis", True, {("receipts", "master"): ids[0]})
     now = timezone.now()
     JobRun.objects.create(job="check_visibility", status=JobRun.Status.SUCCEEDED, started_at=now - timedelta(seconds=5),
                           ended_at=now, differences=3)
