@@ -101,6 +101,13 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
             assert (tmp_path / "streams.png").stat().st_size > 10_000
 
+            # The chart's day view: per-minute samples from the database, fetched once.
+            page.click('[data-live="range"][data-range="day"]')
+            page.wait_for_function("window.factsPerMinutePoints !== undefined", timeout=WAIT_MS)
+            assert page.evaluate("window.factsPerMinuteStatus") == 200
+            expect(page.locator('[data-range="day"]')).to_have_attribute("aria-pressed", "true")
+            page.click('[data-live="range"][data-range="live"]')
+
             # A worker connects to the replication endpoint (runservice's child process): the
             # connections page shows it, then its disconnect and the reason, live.
             page.goto(base + "/connections/")
