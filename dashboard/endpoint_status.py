@@ -21,6 +21,8 @@ from django.dispatch import receiver
 
 from streams.replication.connections import endpoint_snapshot, endpoint_started
 
+from .facts_history import minute_of, record_minute
+
 logger = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL = 0.5
@@ -40,10 +42,18 @@ def start_publishing(sender: Any, endpoint: Any, host: str, port: int, **kwargs:
 async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERVAL) -> None:
     last: dict[str, Any] | None = None
     last_at = 0.0
+    recorded_minute: datetime | None = None
     loop = asyncio.get_running_loop()
     while True:
         snapshot = endpoint_snapshot(endpoint)
         now = loop.time()
+        # The endpoint runs as long as the service does: it keeps the facts/s history going
+        # while no page is open (dashboard.facts_history).
+        if recorded_minute != minute_of(datetime.now(timezone.utc)):
+            try:
+                recorded_minute = await sync_to_async(_record_minute, thread_sensitive=False)()
+            except Exception:
+                logger.exception("could not record the facts per minute")
         if snapshot != last or now - last_at >= HEARTBEAT_SECONDS:
             try:
                 await sync_to_async(save, thread_sensitive=False)(key, endpoint.server_name, snapshot)
@@ -51,6 +61,15 @@ async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERV
             except Exception:
                 logger.exception("could not record the endpoint status")
         await asyncio.sleep(interval)
+
+
+def _record_minute() -> datetime:
+    from django.db import connection
+
+    try:
+        return record_minute()
+    finally:
+        connection.close()
 
 
 def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:

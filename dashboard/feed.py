@@ -17,15 +17,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import logging
 import time
 import weakref
+from datetime import datetime, timezone
 from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from streams.replication.streamer import LINES_GROUP
+
+from .facts_history import minute_of, record_minute
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +127,7 @@ class LiveFeed:
         self.clients = 0
         self.stopping = False
         self._idle_since: float | None = None
+        self._recorded_minute: datetime | None = None
 
     # -- life -------------------------------------------------------------------------------
 
@@ -229,6 +234,15 @@ class LiveFeed:
 
     async def refresh_once(self, sample: bool) -> None:
         state = await asyncio.get_running_loop().run_in_executor(self._db, collect_state)
+        minute = minute_of(datetime.fromtimestamp(state["t"], timezone.utc))
+        if sample and minute != self._recorded_minute:
+            # Also recorded by the endpoint; the first process each minute wins.
+            totals = {s["name"]: s["total"] for s in state["streams"] if s["db_backed"]}
+            try:
+                self._recorded_minute = await asyncio.get_running_loop().run_in_executor(
+                    self._db, functools.partial(record_minute, totals=totals))
+            except Exception:
+                logger.exception("dashboard feed: could not record the facts per minute")
         if sample:
             point = self._sample(state)
             if point is not None:

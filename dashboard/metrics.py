@@ -97,6 +97,53 @@ class ClusterCollector(Collector):
             for reason, n in sorted(counters["disconnects"].items()):
                 disconnects.add_metric([key, reason], n)
         yield from (up, connections, accepted, queue, sent, disconnects)
+        yield from _job_metrics()
+        yield from _worker_metrics()
+
+
+def _worker_metrics() -> Iterator[Metric]:
+    """Every worker that reported (TCP or Redis): its lag per stream and whether it reports."""
+    from .worker_status import worker_statuses
+
+    lag = GaugeMetricFamily(f"{PREFIX}_worker_lag", "Stream IDs written that the worker has not applied yet",
+                            labels=["worker", "transport", "stream"])
+    up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while the worker reports and is connected",
+                           labels=["worker", "transport"])
+    for w in worker_statuses():
+        up.add_metric([w["name"], w["transport"]], 0 if w["stale"] or not w["connected"] else 1)
+        if w["stale"]:
+            continue
+        for stream, n in w["lag"].items():
+            lag.add_metric([w["name"], w["transport"], stream], n)
+    yield from (lag, up)
+
+
+def _job_metrics() -> Iterator[Metric]:
+    """The latest finished run of each job: whether it failed and, for checks, how many
+    differences it found (the alert rules page on either)."""
+    from django.db.models import F
+
+    from streams.models.jobs import JobRun
+
+    failed = GaugeMetricFamily(f"{PREFIX}_job_last_run_failed",
+                               "1 if the job's latest finished run failed", labels=["job"])
+    differences = GaugeMetricFamily(f"{PREFIX}_job_last_run_differences",
+                                    "Differences the check's latest finished run found", labels=["job"])
+    ended = GaugeMetricFamily(f"{PREFIX}_job_last_run_end_timestamp_seconds",
+                              "When the job's latest finished run ended (Unix time)", labels=["job"])
+    finished = (JobRun.objects.filter(status__in=[JobRun.Status.SUCCEEDED, JobRun.Status.FAILED])
+                .order_by("job", F("ended_at").desc(nulls_last=True), "-id"))
+    seen: set[str] = set()
+    for run in finished.only("job", "status", "differences", "ended_at").iterator():
+        if run.job in seen:
+            continue
+        seen.add(run.job)
+        failed.add_metric([run.job], 1 if run.status == JobRun.Status.FAILED else 0)
+        if run.differences is not None:
+            differences.add_metric([run.job], run.differences)
+        if run.ended_at is not None:
+            ended.add_metric([run.job], run.ended_at.timestamp())
+    yield from (failed, differences, ended)
 
 
 REGISTRY = CollectorRegistry(auto_describe=False)

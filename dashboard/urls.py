@@ -10,6 +10,7 @@ urlpatterns = [
     path("connections/", views.connections_page, name="connections"),
     path("connections/users/", views.syncing_users_page, name="syncing-users"),
     path("status.json", views.streams_json, name="streams-json"),
+    path("facts-per-minute.json", views.facts_per_minute_json, name="facts-per-minute-json"),
     path("metrics", metrics_view, name="metrics"),
     path("jobs/start", start_job, name="start-job"),
 ]

@@ -28,7 +28,10 @@ def streams_page(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 def connections_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/connections.html", _context(endpoints=endpoint_statuses(), page="connections"))
+    from .worker_status import worker_statuses
+
+    return render(request, "dashboard/connections.html", _context(
+        endpoints=endpoint_statuses(), workers=worker_statuses(), page="connections"))
 
 
 @staff_member_required
@@ -61,3 +64,21 @@ def streams_json(request: HttpRequest) -> JsonResponse:
         }
         for s in stream_status()
     ], "endpoints": endpoint_statuses()})
+
+
+@staff_json
+def facts_per_minute_json(request: HttpRequest) -> JsonResponse:
+    """The facts/s history kept in the database: ``?hours=`` back (default 24, at most 25)."""
+    from datetime import datetime, timedelta, timezone
+
+    from .facts_history import RETENTION, facts_per_minute
+
+    try:
+        hours = float(request.GET.get("hours", "24"))
+    except ValueError:
+        return JsonResponse({"error": "hours must be a number, e.g. ?hours=24"}, status=400)
+    if not 0 < hours <= RETENTION.total_seconds() / 3600:
+        return JsonResponse({"error": f"hours must be above 0 and at most {RETENTION.total_seconds() / 3600:g}"},
+                            status=400)
+    since = datetime.now(timezone.utc) - timedelta(hours=hours)
+    return JsonResponse({"minutes": facts_per_minute(since)})

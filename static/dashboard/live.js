@@ -8,6 +8,11 @@
   var COLORS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#9c36b5", "#e67700", "#0b7285", "#c2255c", "#5c940d"];
   var HISTORY_SECONDS = 300;
   var history = [];          // [{t, rates: {stream: facts/s}}]
+  // "live": the feed's last 5 minutes; "day": per-minute samples from the database
+  // (/facts-per-minute.json, fetched when chosen: the socket carries only the live feed).
+  var chartRange = "live";
+  var dayPoints = [];
+  var lastState = null;
   var streamColors = {};
   var retryDelay = 1000;
   var socket = null;
@@ -123,6 +128,9 @@
 
   function renderChart(state) {
     var now = state.t;
+    var day = chartRange === "day";
+    var span = day ? 86400 : HISTORY_SECONDS;
+    var points = day ? dayPoints : history;
     $all("chart").forEach(function (canvas) {
       var ratio = window.devicePixelRatio || 1;
       var width = canvas.clientWidth || canvas.width, height = canvas.clientHeight || canvas.height;
@@ -134,14 +142,14 @@
       var left = 48, right = 8, top = 8, bottom = 22;
       var streams = state.streams.filter(function (s) { return s.db_backed; }).map(function (s) { return s.name; });
       var max = 1;
-      history.forEach(function (p) {
+      points.forEach(function (p) {
         streams.forEach(function (name) { max = Math.max(max, p.rates[name] || 0); });
       });
       // Four gridlines at round values: a tick of 1, 2, 2.5 or 5 times a power of ten.
       var raw = max / 4, power = Math.pow(10, Math.floor(Math.log10(raw)));
       var tick = [1, 2, 2.5, 5, 10].map(function (f) { return f * power; }).find(function (t) { return t >= raw; });
       max = tick * 4;
-      var x = function (t) { return left + (width - left - right) * (1 - (now - t) / HISTORY_SECONDS); };
+      var x = function (t) { return left + (width - left - right) * (1 - (now - t) / span); };
       var y = function (v) { return top + (height - top - bottom) * (1 - v / max); };
       ctx.font = "11px system-ui, sans-serif";
       ctx.strokeStyle = "#dde2ea";
@@ -152,16 +160,18 @@
         ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(width - right, yy); ctx.stroke();
         ctx.fillText(Number.isInteger(v) ? String(v) : v.toFixed(1), 4, yy + 4);
       }
-      for (var m = 0; m <= HISTORY_SECONDS; m += 60) {
-        ctx.fillText(m === 0 ? "now" : "-" + (m / 60) + " min", x(now - m) - (m === 0 ? 20 : 14), height - 6);
+      var step = day ? 4 * 3600 : 60;
+      for (var m = 0; m <= span; m += step) {
+        var label = m === 0 ? "now" : day ? "-" + (m / 3600) + " h" : "-" + (m / 60) + " min";
+        ctx.fillText(label, x(now - m) - (m === 0 ? 20 : 14), height - 6);
       }
       streams.forEach(function (name) {
         ctx.strokeStyle = colorOf(name);
         ctx.lineWidth = 2;
         ctx.beginPath();
         var started = false;
-        history.forEach(function (p) {
-          if (now - p.t > HISTORY_SECONDS) return;
+        points.forEach(function (p) {
+          if (now - p.t > span) return;
           var px = x(p.t), py = y(p.rates[name] || 0);
           if (started) ctx.lineTo(px, py); else { ctx.moveTo(px, py); started = true; }
         });
@@ -256,7 +266,29 @@
     });
   }
 
+  function chooseRange(range) {
+    chartRange = range;
+    $all("range").forEach(function (b) { b.setAttribute("aria-pressed", String(b.dataset.range === range)); });
+    if (range !== "day") { if (lastState) renderChart(lastState); return; }
+    fetch("/facts-per-minute.json?hours=24", {credentials: "same-origin"})
+      .then(function (r) {
+        window.factsPerMinuteStatus = r.status;
+        return r.ok ? r.json() : {minutes: []};
+      })
+      .then(function (body) {
+        dayPoints = body.minutes || [];
+        window.factsPerMinutePoints = dayPoints.length;
+        if (lastState) renderChart(lastState);
+      });
+  }
+
+  document.addEventListener("click", function (ev) {
+    var b = ev.target.closest && ev.target.closest('[data-live="range"]');
+    if (b) chooseRange(b.dataset.range);
+  });
+
   function render(state) {
+    lastState = state;
     if (state.type === "snapshot") history = (state.history || []).slice();
     else if (state.sample) history.push(state.sample);
     while (history.length && state.t - history[0].t > HISTORY_SECONDS) history.shift();

@@ -101,6 +101,13 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
             assert (tmp_path / "streams.png").stat().st_size > 10_000
 
+            # The chart's day view: per-minute samples from the database, fetched once.
+            page.click('[data-live="range"][data-range="day"]')
+            page.wait_for_function("window.factsPerMinutePoints !== undefined", timeout=WAIT_MS)
+            assert page.evaluate("window.factsPerMinuteStatus") == 200
+            expect(page.locator('[data-range="day"]')).to_have_attribute("aria-pressed", "true")
+            page.click('[data-live="range"][data-range="live"]')
+
             # At 760 px: no page is wider than the window (tables scroll in their own box), no
             # table header breaks mid-word, and every time shown has one format with the zone.
             page.set_viewport_size({"width": 760, "height": 900})

@@ -64,3 +64,14 @@ def test_connections_and_disconnects_are_published(endpoint, writer_runtime):  #
     assert status["counters"]["disconnects"]["bad line"] == 1
     assert status["counters"]["disconnects"]["shut down"] >= 1
     assert status["counters"]["connections"] == len(status["recent_disconnects"])
+
+
+def test_the_endpoint_records_facts_per_minute(endpoint, writer_runtime):  # noqa: F811
+    """The endpoint runs as long as the service: it keeps the facts/s history going with no page open."""
+    from dashboard.models import FactsPerMinute
+
+    writer_runtime.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(1), 1))]])
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and not FactsPerMinute.objects.filter(stream="receipts").exists():
+        time.sleep(0.1)
+    assert FactsPerMinute.objects.filter(stream="receipts").exists(), "no minute recorded by the endpoint"

@@ -186,4 +186,14 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
-        await worker.run()
+        from dashboard.worker_status import publish_loop
+
+        # Where it stands goes to the database (the Connections page, /metrics), never on
+        # Synapse's Redis channel.
+        transport = "redis" if isinstance(worker, RedisReplicationWorker) else "tcp"
+        status = asyncio.create_task(publish_loop(worker, transport), name="worker-status")
+        try:
+            await worker.run()
+        finally:
+            status.cancel()
+            await asyncio.gather(status, return_exceptions=True)

@@ -420,10 +420,16 @@ def test_command_follows_redis_into_a_jsonl_file(redis_server, catchup, tmp_path
                 await writers.write("events", "master", 3, ["ev", ["$3"]])
                 await writers.write("receipts", "w2", 1, ["!r", "m.read", "@u", "$3", None, {}])
                 await wait_until(lambda: len(_jsonl(jsonl)) == 3, what="three lines")
+                await asyncio.sleep(2.5)  # past a report of its status (dashboard.worker_status)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 stdout, stderr = await asyncio.wait_for(proc.communicate(), 10)
             assert proc.returncode == 0, stderr.decode()
+            # The worker reports where it stands to the database only: on Synapse's channel it
+            # said REPLICATE and nothing else (no NAME, no POSITION of its own, nothing naming it).
+            ours = [m for _, m in writers.received if not m.startswith((b"RDATA ", b"POSITION "))]
+            assert ours == [b"REPLICATE "], ours
+            assert not any(b"w9" in m for _, m in writers.received)
             assert f"redis {redis_server.url} channel {channel!r}" in stdout.decode()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
