@@ -92,6 +92,10 @@
     $all("stuck").forEach(function (box) {
       var warnings = [];
       state.streams.forEach(function (s) {
+        if (s.writers_warning) {
+          warnings.push(el("p", {className: "stuck-warning writers-warning"}, [
+            el("strong", {text: "WRITERS DISAGREE"}), " " + s.writers_warning]));
+        }
         s.pending.forEach(function (p) {
           if (p.stuck) {
             warnings.push(el("p", {className: "stuck-warning"}, [

@@ -218,6 +218,39 @@ def test_a_check_with_differences_is_shown_as_a_failure_with_a_table(staff_clien
     assert 'table class="differences"' in detail and "<td>!r9:hs</td>" in detail and "!r10:hs" not in detail
 
 
+def test_a_process_with_other_writers_keeps_their_rows_and_the_dashboard_warns(staff_client, settings):
+    """A process whose STREAM_WRITERS leaves out a writer others recorded must not delete that
+    writer's position (the other process may be the right one); the dashboard says they disagree."""
+    from streams.models import StreamPosition
+    from streams.status import stream_status
+
+    for name in ("w1", "w2"):
+        rt = StreamRuntime(instance_name=name, writers=stream_writers("receipts=w1,w2"))
+        try:
+            rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(), n))] for n in range(3)])
+        finally:
+            rt.close()
+    w1_row = StreamPosition.objects.get(stream_name="receipts", instance_name="w1").stream_id
+
+    rt = StreamRuntime(instance_name="w2", writers=stream_writers("receipts=w2"))
+    try:
+        rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(), 9))]])
+    finally:
+        rt.close()
+    assert StreamPosition.objects.get(stream_name="receipts", instance_name="w1").stream_id == w1_row
+
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w2"}
+    receipts = next(s for s in stream_status() if s.name == "receipts")
+    assert receipts.unconfigured == {"w1": w1_row} and list(receipts.positions) == ["w2"]
+    assert "w1" in receipts.writers_warning and "STREAM_WRITERS" in receipts.writers_warning
+    page = staff_client.get("/").content.decode()
+    from django.utils.html import escape
+
+    assert "WRITERS DISAGREE" in page and escape(receipts.writers_warning) in page
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w1,w2"}
+    assert "WRITERS DISAGREE" not in staff_client.get("/").content.decode()
+
+
 def test_job_start_refuses_anonymous(client):
     answer = client.post("/jobs/start", {"job": "visibility"})
     assert answer.status_code == 302 and "/login/" in answer["Location"]
