@@ -95,6 +95,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
                 for p in s.pending
             ],
             "stuck": bool(s.stuck),
+            "writers_warning": s.writers_warning,
         })
     return {
         "t": now,

@@ -20,6 +20,8 @@ def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
 
     return [{
         "id": run.pk, "job": run.job, "status": run.status, "trigger": run.trigger,
+        "verdict": run.verdict, "verdict_text": run.verdict_text,
+        "difference_columns": run.shown_differences()[0], "difference_rows": run.shown_differences()[1],
         "rooms": len(run.parameters.get("rooms") or []),
         "started_at": run.started_at.timestamp(),
         "duration_seconds": None if run.duration_seconds is None else round(run.duration_seconds, 1),

@@ -56,6 +56,7 @@ def streams_json(request: HttpRequest) -> JsonResponse:
             "writers": s.writers,
             "positions": s.positions,
             "linear": s.linear,
+            "writers_warning": s.writers_warning,
             "pending": [
                 {"writer": p.instance_name, "stream_ids": p.stream_ids, "age_seconds": round(p.age_seconds, 3),
                  "stuck": p.stuck}

@@ -16,7 +16,7 @@ from django.contrib.admin.views.main import SEARCH_VAR
 from django.db.models import Q
 from django.http import HttpResponseBadRequest, QueryDict
 from django.utils.text import smart_split
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from .identifiers import fits_stream_id
@@ -270,10 +270,30 @@ class UserIpAdmin(ReadOnlyAdmin):
 class JobRunAdmin(ReadOnlyAdmin):
     """Batch-job runs, as the runner recorded them (start one from the dashboard)."""
 
-    list_display = ("id", "job", "status", "trigger", "started_at", "duration", "rows_in", "rows_out", "differences")
+    list_display = ("id", "job", "outcome", "trigger", "started_at", "duration", "rows_in", "rows_out", "differences")
     list_filter = ("job", "status", "trigger")
-    readonly_fields = ("job", "parameters", "status", "trigger", "started_at", "ended_at", "rows_in", "rows_out",
-                       "differences", "difference_sample", "error")
+    readonly_fields = ("job", "parameters", "outcome", "trigger", "started_at", "ended_at", "rows_in", "rows_out",
+                       "differences", "difference_table", "error")
+    fields = readonly_fields  # the raw sample and status stay out: the table and outcome say it better
+
+    @admin.display(description=_("status"), ordering="status")
+    def outcome(self, run: JobRun):
+        """A check with differences reads as failed (in red), not like a clean one."""
+        colour = {"failed": "#b3261e", "refused": "#b3261e", "succeeded": "#2b8a3e"}.get(run.verdict, "inherit")
+        return format_html('<span class="status-{}" style="color: {}; font-weight: 600">{}</span>',
+                           run.verdict, colour, run.verdict_text)
+
+    @admin.display(description=_("first differences"))
+    def difference_table(self, run: JobRun):
+        columns, rows = run.shown_differences()
+        if not rows:
+            return "—"
+        return format_html(
+            '<p>first {} of {}</p><table class="differences"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+            len(rows), run.differences,
+            format_html_join("", "<th>{}</th>", ((c,) for c in columns)),
+            format_html_join("", "<tr>{}</tr>", ((format_html_join("", "<td>{}</td>", ((v,) for v in row)),)
+                                                 for row in rows)))
 
     @admin.display(description=_("duration (s)"))
     def duration(self, run: JobRun):

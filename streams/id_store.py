@@ -146,18 +146,22 @@ class IdStore:
             self._check_consistency(cursor)
             positions: dict[str, int] = {}
             if writers is not None:
-                placeholders = ", ".join(["%s"] * len(writers))
-                cursor.execute(
-                    f"DELETE FROM {POSITIONS} WHERE stream_name = %s AND instance_name NOT IN ({placeholders})",
-                    [self.stream_name, *writers],
-                )
+                # Rows of instances outside this process's writers are another process's
+                # record (its STREAM_WRITERS may be the right one): left alone, only ignored
+                # here; the dashboard warns that the configured writers disagree.
                 cursor.execute(
                     f"SELECT instance_name, stream_id FROM {POSITIONS} WHERE stream_name = %s",
                     [self.stream_name],
                 )
-                positions = {
-                    inst: self.factor * int(sid) for inst, sid in cursor.fetchall() if inst in writers
-                }
+                recorded = cursor.fetchall()
+                positions = {inst: self.factor * int(sid) for inst, sid in recorded if inst in writers}
+                others = sorted(inst for inst, _ in recorded if inst not in writers)
+                if others:
+                    logger.warning(
+                        "stream %s: positions recorded for %s, not in this process's writers (%s); "
+                        "left as they are: check STREAM_WRITERS agrees across processes",
+                        self.stream_name, ", ".join(others), ", ".join(writers),
+                    )
                 if self.instance_name in writers and self.own_position_from_sequence():
                     # A writer is at the end of the stream: whatever it reserved before a
                     # restart has completed (committed, rolled back or died with it).

@@ -33,14 +33,29 @@ class StreamStatus:
     writers: list[str] | None
     positions: dict[str, int] = field(default_factory=dict)
     pending: list[PendingStatus] = field(default_factory=list)
+    #: positions recorded by instances this process's STREAM_WRITERS does not name
+    unconfigured: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def writers_warning(self) -> str | None:
+        """Says so when the configured writers disagree with what other processes recorded
+        (their rows are kept, never deleted, and left out of the linear position here)."""
+        if not self.unconfigured:
+            return None
+        return (f"{self.name}: positions are recorded for {', '.join(sorted(self.unconfigured))}, "
+                f"which this process's STREAM_WRITERS ({', '.join(self.writers or [])}) does not name; "
+                f"the processes' STREAM_WRITERS disagree")
 
     @property
     def linear(self) -> int | None:
         """The linear position as far as the recorded positions tell: the lowest writer."""
-        if not self.positions:
+        # Only the configured writers count, unless none of them recorded anything: then what
+        # the other processes recorded is all there is to go by.
+        positions = self.positions or self.unconfigured
+        if not positions:
             return None
         # Backwards streams count down: the laggard is the one nearest zero.
-        return max(self.positions.values()) if self.backwards else min(self.positions.values())
+        return max(positions.values()) if self.backwards else min(positions.values())
 
     @property
     def stuck(self) -> list[PendingStatus]:
@@ -58,7 +73,11 @@ def stream_status(now: datetime | None = None, stuck_after: float | None = None)
     }
     for row in StreamPosition.objects.order_by("stream_name", "instance_name"):
         if row.stream_name in result:
-            result[row.stream_name].positions[row.instance_name] = row.stream_id
+            s = result[row.stream_name]
+            if s.writers is not None and row.instance_name not in s.writers:
+                s.unconfigured[row.instance_name] = row.stream_id
+            else:
+                s.positions[row.instance_name] = row.stream_id
     for res in StreamReservation.objects.order_by("reserved_at"):
         if res.stream_name in result:
             age = (now - res.reserved_at).total_seconds()

@@ -109,6 +109,10 @@
     $all("stuck").forEach(function (box) {
       var warnings = [];
       state.streams.forEach(function (s) {
+        if (s.writers_warning) {
+          warnings.push(el("p", {className: "stuck-warning writers-warning"}, [
+            el("strong", {text: "WRITERS DISAGREE"}), " " + s.writers_warning]));
+        }
         s.pending.forEach(function (p) {
           if (p.stuck) {
             warnings.push(el("p", {className: "stuck-warning"}, [
@@ -248,18 +252,30 @@
   function renderJobs(state) {
     if (!state.jobs) return;
     $all("jobs").forEach(function (body) {
-      var rows = state.jobs.map(function (r) {
-        return el("tr", {"data-status": r.status}, [
+      var rows = [];
+      state.jobs.forEach(function (r) {
+        rows.push(el("tr", {"data-status": r.status}, [
           el("td", {text: "#" + r.id}),
           el("td", {text: r.job + (r.rooms ? " (" + r.rooms + " rooms)" : "")}),
-          el("td", {className: "status-" + r.status, text: r.status}),
+          el("td", {className: "status-" + (r.verdict || r.status), text: r.verdict_text || r.status}),
           el("td", {text: clock(r.started_at)}),
           el("td", {text: r.duration_seconds === null ? "running…" : r.duration_seconds + " s"}),
           el("td", {text: (r.rows_in === null ? "" : r.rows_in) + " / " + (r.rows_out === null ? "" : r.rows_out)}),
           el("td", {text: r.differences === null ? "" : String(r.differences)}),
           el("td", {text: r.trigger}),
           el("td", {className: "error", text: r.error}),
-        ]);
+        ]));
+        if (r.difference_rows && r.difference_rows.length) {
+          rows.push(el("tr", {className: "differences"}, [el("td", {colspan: "9"}, [el("details", null, [
+            el("summary", {text: "first " + r.difference_rows.length + " of " + r.differences + " differences"}),
+            el("table", {className: "differences"}, [
+              el("thead", null, [el("tr", null, r.difference_columns.map(function (c) { return el("th", {text: c}); }))]),
+              el("tbody", null, r.difference_rows.map(function (row) {
+                return el("tr", null, row.map(function (v) { return el("td", {text: v}); }));
+              })),
+            ]),
+          ])])]));
+        }
       });
       if (!rows.length) rows = [el("tr", null, [el("td", {colspan: "9", className: "muted", text: "no runs yet"})])];
       body.replaceChildren.apply(body, rows);

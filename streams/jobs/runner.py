@@ -47,6 +47,17 @@ def load_jobs() -> None:
     from . import definitions  # noqa: F401
 
 
+def missing_rooms(rooms: Sequence[str] | None) -> list[str]:
+    """The asked-for rooms the room store has never seen: a job on them would read nothing
+    and "succeed", which reads as if the room were fine."""
+    if not rooms:
+        return []
+    from ..models import Room
+
+    known = set(Room.objects.filter(room_id__in=list(rooms)).values_list("room_id", flat=True))
+    return [r for r in dict.fromkeys(rooms) if r not in known]
+
+
 def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "manual",
             run: JobRun | None = None) -> JobRun:
     """Run job ``name`` (on ``rooms`` only, if given) and return its finished record.
@@ -79,6 +90,12 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         JobRun.objects.filter(job=name, status=JobRun.Status.RUNNING).exclude(pk=run.pk).update(
             status=JobRun.Status.FAILED, ended_at=timezone.now(),
             error="the process running this job ended before it finished (found by a later run)")
+        missing = missing_rooms(rooms)
+        if missing:
+            run.status = JobRun.Status.FAILED
+            run.error = (f"room{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                         f"{'do' if len(missing) > 1 else 'does'} not exist: nothing was checked or written")
+            return run
         from .session import spark_session
 
         outcome = JOBS[name](spark_session(), list(rooms) if rooms else None)

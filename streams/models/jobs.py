@@ -42,3 +42,28 @@ class JobRun(models.Model):
         if self.ended_at is None:
             return None
         return (self.ended_at - self.started_at).total_seconds()
+
+    #: how many differences the dashboard and the admin show in a run's table
+    SHOWN_DIFFERENCES = 10
+
+    @property
+    def verdict(self) -> str:
+        """The status an operator should read: a check that found differences finished its
+        work but failed its purpose, so it is shown as failed, never like a clean one."""
+        if self.status == self.Status.SUCCEEDED and self.differences:
+            return "failed"
+        return self.status
+
+    @property
+    def verdict_text(self) -> str:
+        if self.status == self.Status.SUCCEEDED and self.differences:
+            return f"failed: {self.differences} difference{'s' if self.differences != 1 else ''}"
+        return str(self.get_status_display())
+
+    def shown_differences(self) -> tuple[list[str], list[list[str]]]:
+        """The first differences as (columns, rows) for a small table."""
+        sample = [d for d in (self.difference_sample or [])[:self.SHOWN_DIFFERENCES] if isinstance(d, dict)]
+        keys = {k for d in sample for k in d}  # the stored JSON keeps no key order: put IDs first
+        first = [k for k in ("room_id", "event_id", "user_id", "expected", "found") if k in keys]
+        columns = first + sorted(keys - set(first))
+        return columns, [["" if d.get(c) is None else str(d.get(c)) for c in columns] for d in sample]

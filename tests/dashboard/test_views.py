@@ -166,7 +166,10 @@ def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
     assert '<option>topological_ordering</option>' in page
 
     assert staff_client.post("/jobs/start", {"job": "no_such_job"}).status_code == 400
-    answer = staff_client.post("/jobs/start", {"job": "check_topological_ordering", "rooms": "!nowhere:hs"})
+    from streams.models import Room
+
+    Room.objects.create(room_id="!quiet:hs")  # a room with no events: the check reads nothing
+    answer = staff_client.post("/jobs/start", {"job": "check_topological_ordering", "rooms": "!quiet:hs"})
     assert answer.status_code == 302
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -178,8 +181,74 @@ def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
         if thread.name.startswith("job check_topological_ordering"):
             thread.join(timeout=60)
     assert run.status == JobRun.Status.SUCCEEDED, run.error
-    assert run.trigger.startswith("dashboard (") and run.parameters == {"rooms": ["!nowhere:hs"]}
+    assert run.trigger.startswith("dashboard (") and run.parameters == {"rooms": ["!quiet:hs"]}
     assert run.rows_in == 0 and run.differences == 0
+
+
+def test_a_check_with_differences_is_shown_as_a_failure_with_a_table(staff_client, client):
+    """A check that found differences finished its work but failed its purpose: the jobs
+    panel, the live feed and the admin all show it failed, with the count and a small table."""
+    from django.utils import timezone
+
+    from dashboard.jobs import recent_job_runs
+    from streams.models import JobRun
+
+    sample = [{"room_id": f"!r{i}:hs", "event_id": f"$e{i}", "expected": str(i), "found": None} for i in range(15)]
+    bad = JobRun.objects.create(job="check_visibility", status=JobRun.Status.SUCCEEDED, started_at=timezone.now(),
+                                ended_at=timezone.now(), rows_in=500, differences=420, difference_sample=sample)
+    clean = JobRun.objects.create(job="check_topological_ordering", status=JobRun.Status.SUCCEEDED,
+                                  started_at=timezone.now(), ended_at=timezone.now(), rows_in=500, differences=0)
+    feed = {r["id"]: r for r in recent_job_runs()}
+    assert (feed[bad.pk]["verdict"], feed[bad.pk]["verdict_text"]) == ("failed", "failed: 420 differences")
+    assert feed[bad.pk]["difference_columns"] == ["room_id", "event_id", "expected", "found"]
+    assert len(feed[bad.pk]["difference_rows"]) == 10 and feed[bad.pk]["difference_rows"][3] == ["!r3:hs", "$e3", "3", ""]
+    assert (feed[clean.pk]["verdict"], feed[clean.pk]["difference_rows"]) == ("succeeded", [])
+
+    page = staff_client.get("/").content.decode()
+    assert '<td class="status-failed">failed: 420 differences</td>' in page
+    assert '<td class="status-succeeded">succeeded</td>' in page
+    assert "first 10 of 420 differences" in page and "<th>room_id</th>" in page and "<td>$e9</td>" in page
+    assert "$e10" not in page  # a readable table, not the whole sample
+
+    admin = get_user_model().objects.create_superuser("root", password="y" * 12)
+    client.force_login(admin)
+    listing = client.get("/admin/streams/jobrun/").content.decode()
+    assert "failed: 420 differences" in listing and 'class="status-failed"' in listing
+    detail = client.get(f"/admin/streams/jobrun/{bad.pk}/change/").content.decode()
+    assert 'table class="differences"' in detail and "<td>!r9:hs</td>" in detail and "!r10:hs" not in detail
+
+
+def test_a_process_with_other_writers_keeps_their_rows_and_the_dashboard_warns(staff_client, settings):
+    """A process whose STREAM_WRITERS leaves out a writer others recorded must not delete that
+    writer's position (the other process may be the right one); the dashboard says they disagree."""
+    from streams.models import StreamPosition
+    from streams.status import stream_status
+
+    for name in ("w1", "w2"):
+        rt = StreamRuntime(instance_name=name, writers=stream_writers("receipts=w1,w2"))
+        try:
+            rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(), n))] for n in range(3)])
+        finally:
+            rt.close()
+    w1_row = StreamPosition.objects.get(stream_name="receipts", instance_name="w1").stream_id
+
+    rt = StreamRuntime(instance_name="w2", writers=stream_writers("receipts=w2"))
+    try:
+        rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(), 9))]])
+    finally:
+        rt.close()
+    assert StreamPosition.objects.get(stream_name="receipts", instance_name="w1").stream_id == w1_row
+
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w2"}
+    receipts = next(s for s in stream_status() if s.name == "receipts")
+    assert receipts.unconfigured == {"w1": w1_row} and list(receipts.positions) == ["w2"]
+    assert "w1" in receipts.writers_warning and "STREAM_WRITERS" in receipts.writers_warning
+    page = staff_client.get("/").content.decode()
+    from django.utils.html import escape
+
+    assert "WRITERS DISAGREE" in page and escape(receipts.writers_warning) in page
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w1,w2"}
+    assert "WRITERS DISAGREE" not in staff_client.get("/").content.decode()
 
 
 def test_job_start_refuses_anonymous(client):

@@ -142,6 +142,8 @@ def test_write_facts_command():
     ids = list(AccountData.objects.order_by("stream_id").values_list("stream_id", flat=True))
     assert len(set(ids)) == 25
     assert f"IDs {ids[0]}..{ids[-1]}" in out.getvalue()
+    # The closing line says what "linear" means, so a low one does not read like an error.
+    assert "(linear: the highest ID up to which every writer of account_data has finished" in out.getvalue()
 
 
 def test_write_facts_stamps_each_fact(tmp_path):

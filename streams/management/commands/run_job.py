@@ -61,5 +61,5 @@ class Command(BaseCommand):
         )
         for d in run.difference_sample[:20]:
             self.stdout.write(f"  {d}")
-        if run.status == JobRun.Status.REFUSED:
+        if run.status in (JobRun.Status.REFUSED, JobRun.Status.FAILED):
             raise CommandError(run.error)

@@ -155,7 +155,9 @@ class Command(BaseCommand):
                 f"wrote {written} facts to {stream} as {rt.instance_name} in {elapsed:.2f} s "
                 f"({written / elapsed if elapsed else 0:.0f} facts/s); IDs {first_id}..{last_id}; "
                 f"position {gen.get_current_token_for_writer(rt.instance_name)}, "
-                f"linear {gen.get_current_token()}"
+                f"linear {gen.get_current_token()} (linear: the highest ID up to which every writer "
+                f"of {stream} has finished, what a reader may follow; it lags while another writer is "
+                f"behind or gone)"
                 + (f"; {concurrency} transactions in flight" if concurrency > 1 else "")
             )
             rt.close()

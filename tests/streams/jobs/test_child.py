@@ -112,8 +112,9 @@ def _ppid(pid: int) -> int | None:
 @pytest.mark.django_db(transaction=True)
 def test_a_child_that_dies_before_recording_is_recorded_failed():
     from streams.jobs.child import create_run, run_in_child
-    from streams.models import JobRun
+    from streams.models import JobRun, Room
 
+    Room.objects.create(room_id="!r:hs")  # a room that exists: only the kill can fail this run
     run = create_run("check_visibility", ["!r:hs"], "test")
     ended = run_in_child(run, timeout=0.3)  # killed while it still starts up
     stored = JobRun.objects.get(pk=run.pk)

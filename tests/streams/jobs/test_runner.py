@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from streams.jobs.lock import JobLock
 from streams.jobs.runner import JOBS, Outcome, UnknownJob, run_job
-from streams.models import JobRun
+from streams.models import JobRun, Room
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,6 +27,7 @@ def test_jobs(spark):
 
 
 def test_success_is_recorded(test_jobs):
+    Room.objects.bulk_create([Room(room_id="!x"), Room(room_id="!y")])
     run = run_job("test_count", ["!x", "!y"], trigger="test")
     stored = JobRun.objects.get(pk=run.pk)
     assert stored.status == JobRun.Status.SUCCEEDED
@@ -83,16 +84,38 @@ def test_run_job_command(spark):
     from django.core.management import CommandError, call_command
 
     out = StringIO()
-    call_command("run_job", "check_visibility", "--rooms", "!nowhere:hs", stdout=out)
+    call_command("run_job", "check_visibility", stdout=out)
     assert "check_visibility run #" in out.getvalue() and "succeeded" in out.getvalue()
-    assert JobRun.objects.get(job="check_visibility").parameters == {"rooms": ["!nowhere:hs"]}
     with pytest.raises(CommandError, match="unknown job"):
         call_command("run_job", "nope")
+
+
+def test_a_room_that_does_not_exist_fails_and_says_so(test_jobs):
+    """Reading nothing from a room nobody has is not a success: the run fails, naming it."""
+    Room.objects.create(room_id="!x")
+    run = run_job("test_count", ["!x", "!nowhere:hs"])
+    stored = JobRun.objects.get(pk=run.pk)
+    assert stored.status == JobRun.Status.FAILED
+    assert stored.error.startswith("room !nowhere:hs does not exist")
+    assert stored.rows_in is None and stored.ended_at is not None
+    assert run_job("test_count", ["!x"]).status == JobRun.Status.SUCCEEDED
+
+
+def test_run_job_command_on_a_room_that_does_not_exist(spark):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="room !nowhere:hs does not exist"):
+        call_command("run_job", "check_visibility", "--rooms", "!nowhere:hs", stdout=StringIO())
+    run = JobRun.objects.get(job="check_visibility")
+    assert run.status == JobRun.Status.FAILED and run.parameters == {"rooms": ["!nowhere:hs"]}
 
 
 def test_a_record_made_by_the_launcher_is_filled_in(test_jobs):
     """jobs.child makes the record first; the runner fills that one in, even if another run
     took it for a dead process's meanwhile, and refuses a record of another job."""
+    Room.objects.create(room_id="!x")
     made = JobRun.objects.create(job="test_count", parameters={"rooms": ["!x"]}, trigger="dashboard (t)",
                                  started_at=timezone.now(), status=JobRun.Status.FAILED, error="ended before...")
     run = run_job("test_count", ["!x"], run=made)
