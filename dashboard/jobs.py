@@ -29,7 +29,14 @@ def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
         "progress": summary(run.progress) if run.progress.get("stages") else "",
         "spark_ui_url": run.spark_ui_url if run.status == JobRun.Status.RUNNING else "",
         "cancel_requested": run.cancel_requested,
+        "has_log": has_log(run.pk),
     } for run in JobRun.objects.order_by("-started_at", "-id")[:limit]]
+
+
+def has_log(run_pk: int) -> bool:
+    from streams.jobs.child import log_path
+
+    return log_path(run_pk).exists()
 
 
 DURATION_HISTORY = 10
@@ -72,6 +79,18 @@ def cancel_job(request: HttpRequest, run_id: int) -> HttpResponse:
         return JsonResponse({"error": f"run #{run_id} does not exist or is not running"}, status=400)
     messages.info(request, f"cancel requested for run #{run_id}.")
     return redirect("dashboard:streams")
+
+
+@staff_member_required
+def job_log(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The kept output of a run started from the dashboard (plain text, its last 200 kB)."""
+    from streams.jobs.child import read_log
+
+    text = read_log(run_id)
+    if text is None:
+        return HttpResponse(f"run #{run_id} has no kept log (only runs started from the dashboard keep one)\n",
+                            status=404, content_type="text/plain; charset=utf-8")
+    return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 
 def job_names() -> list[str]:

@@ -226,6 +226,7 @@
   // A running job's status: its Spark progress, its Spark UI, and a cancel button.
   function statusCell(r) {
     var parts = [r.status];
+    if (r.has_log) parts.push(" ", el("a", {href: "jobs/" + r.id + "/log", target: "_blank", text: "log"}));
     if (r.progress) parts.push(el("span", {className: "job-progress", text: " " + r.progress}));
     if (r.status === "running" && r.spark_ui_url) {
       parts.push(" ", el("a", {href: r.spark_ui_url, target: "_blank", rel: "noopener", text: "Spark UI"}));
