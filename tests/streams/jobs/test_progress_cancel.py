@@ -30,9 +30,12 @@ def watched_jobs(spark):
     def endless_job(spark_, rooms):
         return Outcome(rows_in=_slow_tasks(spark_, 60))
 
-    JOBS["test_slow"], JOBS["test_endless"] = slow_job, endless_job
+    def slower_job(spark_, rooms):  # about 4 s on 2 cores: several of run_job's 1 s polls
+        return Outcome(rows_in=_slow_tasks(spark_, 1.0))
+
+    JOBS["test_slow"], JOBS["test_endless"], JOBS["test_slower"] = slow_job, endless_job, slower_job
     yield
-    JOBS.pop("test_slow"), JOBS.pop("test_endless")
+    JOBS.pop("test_slow"), JOBS.pop("test_endless"), JOBS.pop("test_slower")
 
 
 def test_progress_shows_stages_and_tasks_while_running(watched_jobs):
@@ -82,3 +85,16 @@ def test_cancel_job_refuses_a_run_that_is_not_running(db):
         call_command("cancel_job", str(done.pk))
     with pytest.raises(CommandError, match="no job run"):
         call_command("cancel_job", "999999")
+
+
+def test_run_job_prints_progress_while_running(watched_jobs):
+    import io
+
+    from django.core.management import call_command
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("run_job", "test_slower", stdout=out, stderr=err)
+    lines = [line for line in err.getvalue().splitlines() if line.startswith("progress: ")]
+    assert "progress: stages 1/1, tasks 8/8" in lines
+    assert any("tasks 0/8" not in line and "tasks 8/8" not in line for line in lines), lines  # a midway count
+    assert "succeeded" in out.getvalue()
