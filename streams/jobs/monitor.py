@@ -3,6 +3,7 @@ few seconds (so the dashboard and ``run_job`` can show stages and tasks) and can
 run's Spark job group when someone has set ``cancel_requested`` on the record."""
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable
 
@@ -10,6 +11,8 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from ..models import JobRun
+
+logger = logging.getLogger(__name__)
 
 
 def snapshot(tracker: Any, group: str) -> dict[str, Any]:
@@ -55,14 +58,22 @@ class JobMonitor:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.poll()  # the final counts, written once more
+        self._safe_poll()  # the final counts, written once more
 
     def _loop(self) -> None:
         try:
             while not self._stop.wait(self.interval):
-                self.poll()
+                self._safe_poll()
         finally:
             close_old_connections()
+
+    def _safe_poll(self) -> None:
+        """A poll whose failure (SQLite busy during the swap, Spark stopping) is logged, never
+        fatal: watching a job must not fail it, and the next poll tries again."""
+        try:
+            self.poll()
+        except Exception:
+            logger.warning("could not update the progress of job run #%s", self.run_pk, exc_info=True)
 
     def poll(self) -> None:
         progress = snapshot(self.spark.sparkContext.statusTracker(), self.group)
