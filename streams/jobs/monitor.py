@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any, Callable
 
-from django.db import close_old_connections
+from django.db import connection
 from django.utils import timezone
 
 from ..models import JobRun
@@ -65,7 +65,7 @@ class JobMonitor:
             while not self._stop.wait(self.interval):
                 self._safe_poll()
         finally:
-            close_old_connections()
+            connection.close()  # this thread's own connection, not left open behind it
 
     def _safe_poll(self) -> None:
         """A poll whose failure (SQLite busy during the swap, Spark stopping) is logged, never
