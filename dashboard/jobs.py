@@ -16,6 +16,7 @@ RECENT_RUNS = 15
 
 def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
     """The newest runs, newest first, as the live feed sends them."""
+    from streams.jobs.monitor import summary
     from streams.models import JobRun
 
     return [{
@@ -27,7 +28,71 @@ def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
         "duration_seconds": None if run.duration_seconds is None else round(run.duration_seconds, 1),
         "rows_in": run.rows_in, "rows_out": run.rows_out, "differences": run.differences,
         "error": run.error.strip().splitlines()[-1][:300] if run.error.strip() else "",
+        "progress": summary(run.progress) if run.progress.get("stages") else "",
+        "spark_ui_url": run.spark_ui_url if run.status == JobRun.Status.RUNNING else "",
+        "cancel_requested": run.cancel_requested,
+        "has_log": has_log(run.pk),
     } for run in JobRun.objects.order_by("-started_at", "-id")[:limit]]
+
+
+def has_log(run_pk: int) -> bool:
+    from streams.jobs.child import log_path
+
+    return log_path(run_pk).exists()
+
+
+DURATION_HISTORY = 10
+
+
+def job_schedule(now=None) -> list[dict[str, Any]]:
+    """The beat schedule for the panel: each entry's next run, and its job's last durations."""
+    from django.utils import timezone
+
+    from streams.models import JobRun
+    from synapse_repl.schedules import next_runs
+
+    now = now or timezone.now()
+    beat = getattr(settings, "CELERY_BEAT_SCHEDULE", {}) or {}
+    jobs = {entry["args"][0] for entry in beat.values()}
+    last_beat = {job: JobRun.objects.filter(job=job, trigger="beat").values_list("started_at", flat=True).first()
+                 for job in jobs}
+    rows = next_runs(beat, now, last_beat)
+    for row in rows:
+        row["durations"] = durations(row["job"])
+    return rows
+
+
+def durations(job: str, limit: int = DURATION_HISTORY) -> list[float]:
+    """The job's last finished successful runs' durations in seconds, newest first."""
+    from streams.models import JobRun
+
+    runs = JobRun.objects.filter(job=job, status=JobRun.Status.SUCCEEDED, ended_at__isnull=False)
+    return [round(r.duration_seconds, 1) for r in runs.order_by("-started_at")[:limit]]
+
+
+@require_POST
+@staff_member_required
+def cancel_job(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Ask a running job to stop; the job process notices within a second or two."""
+    from streams.models import JobRun
+
+    updated = JobRun.objects.filter(pk=run_id, status=JobRun.Status.RUNNING).update(cancel_requested=True)
+    if not updated:
+        return JsonResponse({"error": f"run #{run_id} does not exist or is not running"}, status=400)
+    messages.info(request, f"cancel requested for run #{run_id}.")
+    return redirect("dashboard:streams")
+
+
+@staff_member_required
+def job_log(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The kept output of a run started from the dashboard (plain text, its last 200 kB)."""
+    from streams.jobs.child import read_log
+
+    text = read_log(run_id)
+    if text is None:
+        return HttpResponse(f"run #{run_id} has no kept log (only runs started from the dashboard keep one)\n",
+                            status=404, content_type="text/plain; charset=utf-8")
+    return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 
 def job_names() -> list[str]:

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from . import views
-from .jobs import start_job
+from .jobs import cancel_job, job_log, start_job
 from .metrics import metrics_view
 
 app_name = "dashboard"
@@ -13,4 +13,6 @@ urlpatterns = [
     path("facts-per-minute.json", views.facts_per_minute_json, name="facts-per-minute-json"),
     path("metrics", metrics_view, name="metrics"),
     path("jobs/start", start_job, name="start-job"),
+    path("jobs/<int:run_id>/cancel", cancel_job, name="cancel-job"),
+    path("jobs/<int:run_id>/log", job_log, name="job-log"),
 ]

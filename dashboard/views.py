@@ -20,10 +20,11 @@ def _context(**extra):
 
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
-    from .jobs import job_names, recent_job_runs
+    from .jobs import job_names, job_schedule, recent_job_runs
 
     return render(request, "dashboard/streams.html", _context(
-        streams=stream_status(), page="streams", jobs=recent_job_runs(), job_names=job_names()))
+        streams=stream_status(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
+        schedule=job_schedule()))
 
 
 @staff_member_required

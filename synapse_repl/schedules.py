@@ -54,3 +54,33 @@ def beat_schedule(schedules: dict[str, tuple[str, str]]) -> dict[str, dict]:
         out[name] = {"task": "streams.run_job", "schedule": parse_schedule(name, text), "args": (job,),
                      "kwargs": {"trigger": "beat"}}
     return out
+
+
+def next_cron_minute(cron, now):
+    """The first minute after ``now`` (same time zone) that Celery crontab ``cron`` matches."""
+    t = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    for _ in range(366 * 24 * 60):
+        if (t.minute in cron.minute and t.hour in cron.hour and t.day in cron.day_of_month
+                and t.month in cron.month_of_year and (t.weekday() + 1) % 7 in cron.day_of_week):
+            return t
+        t += timedelta(minutes=1)
+    return None
+
+
+def next_runs(beat: dict[str, dict], now, last_runs: dict[str, object] | None = None) -> list[dict]:
+    """When each beat entry fires next, for the jobs panel: ``[{"name", "job", "next_run"}]``
+    sorted by time. ``last_runs``: the job -> the start of its last beat run (an interval
+    schedule counts from it; from ``now`` when it never ran)."""
+    out = []
+    for name, entry in beat.items():
+        job = entry["args"][0]
+        sched = entry["schedule"]
+        last = (last_runs or {}).get(job) or now
+        if hasattr(sched, "run_every") and not hasattr(sched, "minute"):  # a fixed interval
+            nxt = last + sched.run_every
+            while nxt < now:
+                nxt += sched.run_every
+        else:
+            nxt = next_cron_minute(sched, now)
+        out.append({"name": name, "job": job, "next_run": nxt})
+    return sorted(out, key=lambda e: e["next_run"])

@@ -249,6 +249,27 @@
 
   // -- jobs ---------------------------------------------------------------------------------
 
+  // A running job's status: its Spark progress, its Spark UI, and a cancel button.
+  function statusCell(r) {
+    var parts = [r.verdict_text || r.status];
+    if (r.has_log) parts.push(" ", el("a", {href: "jobs/" + r.id + "/log", target: "_blank", text: "log"}));
+    if (r.progress) parts.push(el("span", {className: "job-progress", text: " " + r.progress}));
+    if (r.status === "running" && r.spark_ui_url) {
+      parts.push(" ", el("a", {href: r.spark_ui_url, target: "_blank", rel: "noopener", text: "Spark UI"}));
+    }
+    if (r.status === "running") {
+      var token = document.querySelector("input[name=csrfmiddlewaretoken]");
+      if (r.cancel_requested) parts.push(el("span", {className: "muted", text: " cancelling…"}));
+      else if (token) {
+        parts.push(" ", el("form", {method: "post", action: "jobs/" + r.id + "/cancel", className: "cancel-job"}, [
+          el("input", {type: "hidden", name: "csrfmiddlewaretoken", value: token.value}),
+          el("button", {type: "submit", text: "Cancel"}),
+        ]));
+      }
+    }
+    return parts;
+  }
+
   function renderJobs(state) {
     if (!state.jobs) return;
     $all("jobs").forEach(function (body) {
@@ -257,7 +278,7 @@
         rows.push(el("tr", {"data-status": r.status}, [
           el("td", {text: "#" + r.id}),
           el("td", {text: r.job + (r.rooms ? " (" + r.rooms + " rooms)" : "")}),
-          el("td", {className: "status-" + (r.verdict || r.status), text: r.verdict_text || r.status}),
+          el("td", {className: "status-" + (r.verdict || r.status)}, statusCell(r)),
           el("td", {text: clock(r.started_at)}),
           el("td", {text: r.duration_seconds === null ? "running…" : r.duration_seconds + " s"}),
           el("td", {text: (r.rows_in === null ? "" : r.rows_in) + " / " + (r.rows_out === null ? "" : r.rows_out)}),

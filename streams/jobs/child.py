@@ -48,6 +48,21 @@ def child_environment(using: str = "default") -> dict[str, str]:
     return env
 
 
+def log_path(run_pk: int) -> Path:
+    """Where a child-run job's output (its progress lines, Spark's warnings, the result) is kept."""
+    return Path(settings.STATE_DIR) / "jobs" / "logs" / f"run-{run_pk}.log"
+
+
+def read_log(run_pk: int, limit: int = 200_000) -> str | None:
+    """The end of the run's kept log, or None if it has none (not run in a child)."""
+    path = log_path(run_pk)
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        return f.read().decode(errors="replace")
+
+
 def create_run(job: str, rooms: Sequence[str] | None, trigger: str) -> JobRun:
     """The record the child will fill in (``running`` until it does)."""
     return JobRun.objects.create(job=job, parameters={"rooms": list(rooms)} if rooms else {},
@@ -62,14 +77,16 @@ def run_in_child(run: JobRun, timeout: float | None = None) -> JobRun:
     command = [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_job", run.job, "--run", str(run.pk)]
     if rooms:
         command += ["--rooms", *rooms]
-    try:
-        child = subprocess.run(command, cwd=PROJECT_ROOT, env=child_environment(), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        ending = f"exited with status {child.returncode}"
-        output = child.stdout.decode(errors="replace")
-    except subprocess.TimeoutExpired as e:  # subprocess.run killed it
-        ending = f"was killed after {timeout:.0f} s"
-        output = (e.stdout or b"").decode(errors="replace")
+    log = log_path(run.pk)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:  # kept after the run: the dashboard shows it
+        try:
+            child = subprocess.run(command, cwd=PROJECT_ROOT, env=child_environment(), stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            ending = f"exited with status {child.returncode}"
+        except subprocess.TimeoutExpired:  # subprocess.run killed it
+            ending = f"was killed after {timeout:.0f} s"
+    output = read_log(run.pk, ERROR_TAIL) or ""
     run.refresh_from_db()
     if run.status == JobRun.Status.RUNNING:
         run.status = JobRun.Status.FAILED

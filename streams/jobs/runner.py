@@ -59,12 +59,15 @@ def missing_rooms(rooms: Sequence[str] | None) -> list[str]:
 
 
 def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "manual",
-            run: JobRun | None = None) -> JobRun:
+            run: JobRun | None = None, progress_interval: float = 1.0,
+            on_progress: Callable[[dict[str, Any]], None] | None = None) -> JobRun:
     """Run job ``name`` (on ``rooms`` only, if given) and return its finished record.
 
     ``run``: a record made beforehand by whoever launched this process (``jobs.child``), so
     that the launcher can still record the outcome if this process dies; its job and rooms
-    must be ``name`` and ``rooms``.
+    must be ``name`` and ``rooms``. Every ``progress_interval`` seconds the Spark status of the
+    run is written to ``run.progress`` (and given to ``on_progress``); a run whose
+    ``cancel_requested`` is set has its Spark jobs cancelled and ends ``cancelled``.
     """
     load_jobs()
     if name not in JOBS:
@@ -96,9 +99,28 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
             run.error = (f"room{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                          f"{'do' if len(missing) > 1 else 'does'} not exist: nothing was checked or written")
             return run
+        from .monitor import JobMonitor
         from .session import spark_session
 
-        outcome = JOBS[name](spark_session(), list(rooms) if rooms else None)
+        spark = spark_session()
+        group = f"job-run-{run.pk}"
+        spark.sparkContext.setJobGroup(group, f"{name} (run #{run.pk})", interruptOnCancel=True)
+        run.spark_ui_url = spark.sparkContext.uiWebUrl or ""
+        JobRun.objects.filter(pk=run.pk).update(spark_ui_url=run.spark_ui_url, status=run.status,
+                                                error="", ended_at=None)
+        monitor = JobMonitor(spark, run, group, progress_interval, on_progress)
+        try:
+            with monitor:
+                outcome = JOBS[name](spark, list(rooms) if rooms else None)
+        except Exception:
+            if monitor.cancelled:
+                run.status = JobRun.Status.CANCELLED
+                run.error = "cancelled on request; nothing was swapped in after the cancel"
+                return run
+            raise
+        finally:
+            run.progress = JobRun.objects.get(pk=run.pk).progress
+            run.cancel_requested = JobRun.objects.get(pk=run.pk).cancel_requested
         run.rows_in, run.rows_out = outcome.rows_in, outcome.rows_out
         run.differences = outcome.differences
         run.difference_sample = outcome.sample[:SAMPLE_LIMIT]
@@ -111,5 +133,6 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
     finally:
         lock.release()
         run.ended_at = timezone.now()
+        run.spark_ui_url = ""  # the UI goes with the run's Spark jobs (or the process)
         run.save()
     return run

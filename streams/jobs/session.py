@@ -107,7 +107,9 @@ def spark_session(master: str | None = None):
             .config("spark.executor.extraClassPath", jar)
             .config("spark.pyspark.python", python)
             .config("spark.executorEnv.PYSPARK_PYTHON", python)
-            .config("spark.ui.enabled", "false")
+            # the dashboard links a running job to it; SPARK_UI_PORT=0 turns it off
+            .config("spark.ui.enabled", "false" if os.environ.get("SPARK_UI_PORT") == "0" else "true")
+            .config("spark.ui.port", os.environ.get("SPARK_UI_PORT") or "4040")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.local.dir", str(local_dir))
             .config("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "8"))

@@ -14,6 +14,8 @@ class JobRun(models.Model):
         FAILED = "failed", _("failed")
         #: another run of the same job held its lock: nothing was done
         REFUSED = "refused", _("refused (already running)")
+        #: someone asked for a cancel (dashboard or ``cancel_job``) and the job process stopped
+        CANCELLED = "cancelled", _("cancelled")
 
     job = models.CharField(_("job"), max_length=64, db_index=True)
     parameters = models.JSONField(_("parameters"), default=dict)
@@ -27,6 +29,13 @@ class JobRun(models.Model):
     differences = models.BigIntegerField(_("differences found"), null=True, blank=True)
     difference_sample = models.JSONField(_("first differences"), default=list, blank=True)
     error = models.TextField(_("error"), blank=True, default="")
+    #: live progress from Spark's status tracker, rewritten every few seconds by the job process
+    #: ({"stages": [{"id", "name", "tasks", "done", "active", "failed"}], "updated_at": iso})
+    progress = models.JSONField(_("progress"), default=dict, blank=True)
+    #: set by whoever wants the run stopped; the job process polls it and cancels its job group
+    cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+    #: the driver's web UI while the run is alive (empty once it ends)
+    spark_ui_url = models.CharField(_("Spark UI"), max_length=255, blank=True, default="")
 
     class Meta:
         db_table = "job_runs"

@@ -26,6 +26,15 @@ class Command(BaseCommand):
         parser.add_argument("--run", type=int, metavar="ID",
                             help="fill in this job run record (made by the process that launched this one)")
 
+    def _progress(self, progress) -> None:
+        """One line per change of the counts while the job runs (stderr: stdout is the result)."""
+        from streams.jobs.monitor import summary
+
+        line = summary(progress)
+        if line != getattr(self, "_last_progress", None):
+            self._last_progress = line
+            self.stderr.write(f"progress: {line}")
+
     def handle(self, *args, job: str, rooms, via_celery: bool, run: int | None = None, **options) -> None:
         from streams.jobs.runner import JOBS, load_jobs, run_job
         from streams.models import JobRun
@@ -50,7 +59,7 @@ class Command(BaseCommand):
                 except JobRun.DoesNotExist:
                     raise CommandError(f"no job run #{run}") from None
             try:
-                run = run_job(job, rooms, trigger="run_job", run=record)
+                run = run_job(job, rooms, trigger="run_job", run=record, on_progress=self._progress)
             except Exception as e:
                 run = record or JobRun.objects.filter(job=job).first()
                 raise CommandError(f"{job} failed (run #{run.pk if run else '?'}): {e}") from e

@@ -120,3 +120,19 @@ def test_a_child_that_dies_before_recording_is_recorded_failed():
     stored = JobRun.objects.get(pk=run.pk)
     assert ended.status == stored.status == JobRun.Status.FAILED
     assert "was killed after 0 s before recording an outcome" in stored.error and stored.ended_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_child_runs_log_is_kept_and_viewable(admin_client, settings, tmp_path):
+    from streams.jobs.child import create_run, log_path, run_in_child
+
+    settings.STATE_DIR = tmp_path
+    run = create_run("no_such_job", None, "test")
+    assert admin_client.get(f"/jobs/{run.pk}/log").status_code == 404  # nothing kept yet
+    run_in_child(run, timeout=120)
+    assert "unknown job 'no_such_job'" in log_path(run.pk).read_text()
+    page = admin_client.get(f"/jobs/{run.pk}/log")
+    assert page.status_code == 200 and "unknown job 'no_such_job'" in page.content.decode()
+    from dashboard.jobs import recent_job_runs
+
+    assert recent_job_runs()[0]["has_log"]

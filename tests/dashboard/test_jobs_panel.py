@@ -1,0 +1,53 @@
+"""The jobs panel: the beat schedule's next runs and durations, progress in the feed, cancel."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+import pytest
+from django.utils import timezone
+
+from dashboard.jobs import job_schedule, recent_job_runs
+from streams.models import JobRun
+from synapse_repl.schedules import beat_schedule, next_runs
+
+pytestmark = pytest.mark.django_db
+
+
+def test_next_run_of_crontabs_and_intervals():
+    beat = beat_schedule({"hourly": ("17 * * * *", "check_a"), "nightly": ("0 3 * * *", "topo"),
+                          "often": ("@every 30s", "vis"), "off": ("", "never")})
+    now = datetime(2026, 11, 24, 8, 20, 5, tzinfo=dt_timezone.utc)
+    rows = next_runs(beat, now, {"vis": now - timedelta(seconds=70)})
+    assert [(r["name"], r["next_run"]) for r in rows] == [
+        ("often", datetime(2026, 11, 24, 8, 20, 25, tzinfo=dt_timezone.utc)),  # 70 s ago + 3 x 30 s
+        ("hourly", datetime(2026, 11, 24, 9, 17, tzinfo=dt_timezone.utc)),
+        ("nightly", datetime(2026, 11, 25, 3, 0, tzinfo=dt_timezone.utc)),
+    ]
+
+
+def test_panel_shows_next_run_and_durations(admin_client, settings):
+    settings.CELERY_BEAT_SCHEDULE = beat_schedule({"nightly recompute": ("0 3 * * *", "topological_ordering")})
+    start = timezone.now() - timedelta(hours=1)
+    for seconds in (12, 30):
+        JobRun.objects.create(job="topological_ordering", status=JobRun.Status.SUCCEEDED,
+                              started_at=start, ended_at=start + timedelta(seconds=seconds))
+        start += timedelta(minutes=1)
+    [row] = job_schedule()
+    assert row["durations"] == [30.0, 12.0] and row["next_run"].hour == 3
+    page = admin_client.get("/").content.decode()
+    assert "nightly recompute" in page
+    assert f"{row['next_run']:%Y-%m-%d} 03:00:00 UTC" in page and "30.0, 12.0" in page
+
+
+def test_feed_carries_progress_and_the_cancel_button_asks_for_a_cancel(admin_client):
+    run = JobRun.objects.create(job="visibility", started_at=timezone.now(), spark_ui_url="http://h:4040",
+                                progress={"stages": [{"job": 0, "id": 0, "name": "x", "tasks": 8, "done": 3,
+                                                      "active": 2, "failed": 0}], "tasks": 8, "done": 3})
+    [fed] = recent_job_runs()
+    assert fed["progress"] == "stages 0/1, tasks 3/8" and fed["spark_ui_url"] == "http://h:4040"
+    assert admin_client.post(f"/jobs/{run.pk}/cancel").status_code == 302
+    assert JobRun.objects.get(pk=run.pk).cancel_requested
+    run.status = JobRun.Status.SUCCEEDED
+    run.save()
+    assert admin_client.post(f"/jobs/{run.pk}/cancel").status_code == 400  # not running any more
+    assert recent_job_runs()[0]["spark_ui_url"] == ""
