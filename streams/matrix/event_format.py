@@ -199,7 +199,9 @@ def parse_event(pdu: dict, version: RoomVersion) -> Event:
 
     redacts = pdu.get("redacts")
     if etype == "m.room.redaction" and version.redaction.value >= 11:
-        redacts = content.get("redacts", redacts)
+        # From v11 (MSC2174) ``redacts`` is read from the content only, as Synapse reads it:
+        # a top-level one left over from the older format names nothing.
+        redacts = content.get("redacts")
     if redacts is not None and not isinstance(redacts, str):
         redacts = None
     return Event(event_id=event_id, room_id=room_id, type=etype, state_key=state_key,
