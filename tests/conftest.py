@@ -15,6 +15,16 @@ import pytest
 from synapse_repl.services import MissingBinary, PostgresServer, RedisServer
 
 
+# Property tests explore new examples on every developer run; under CI (CI=true) they are
+# derandomized, so a submission's run is reproducible and a failure there is one anyone can
+# replay (new counter-examples are found on developers' runs and pinned as @example).
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    _hypothesis_settings.load_profile("ci")
+
+
 def pytest_configure(config):
     """Processes a test starts (web, endpoints, workers) share this process's
     ``REPLICATION_SECRET``: a full-mode web process refuses to start without one."""
