@@ -37,13 +37,13 @@ from synapse.api.room_versions import KNOWN_ROOM_VERSIONS as SYNAPSE_VERSIONS  #
 from synapse.events import make_event_from_dict  # noqa: E402
 from synapse.state import v2 as synapse_v2  # noqa: E402
 from synapse.storage.databases.main.event_federation import StateDifference  # noqa: E402
-from twisted.internet import defer  # noqa: E402
 
 from benchmarks._machine import cpu_description, load_average  # noqa: E402
 from streams.matrix.auth import auth_types_for_event  # noqa: E402
 from streams.matrix.event_format import parse_event, with_content_hash  # noqa: E402
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS  # noqa: E402
 from streams.matrix.state_res import auth_difference, conflicted_subgraph, resolve, split  # noqa: E402
+from tests.streams.matrix.oracle import NoWaitClock, run_sync  # noqa: E402  (Synapse called synchronously, as the tests do)
 
 ADMIN, MOD = "@admin:s1", "@mod:s2"
 
@@ -124,20 +124,6 @@ def build(version_id: str, members: int):
     return room, [sx, sy]
 
 
-def _run_sync(coro):
-    box = []
-    defer.ensureDeferred(coro).addBoth(box.append)
-    result = box[0]
-    if hasattr(result, "raiseException"):
-        result.raiseException()
-    return result
-
-
-class _Clock:
-    async def sleep(self, duration):
-        return None
-
-
 class _Store:
     def __init__(self, events, difference, subgraph):
         self.events, self.difference, self.subgraph = events, difference, subgraph
@@ -185,8 +171,8 @@ def bench(version_id: str, members: int, repeat: int) -> dict:
 
     store = _Store(synapse_events, difference, subgraph)
     seconds, results = _interleaved_medians({
-        "synapse": lambda: dict(_run_sync(synapse_v2.resolve_events_with_store(
-            _Clock(), room.room_id, SYNAPSE_VERSIONS[version_id], state_sets, None, store))),
+        "synapse": lambda: dict(run_sync(synapse_v2.resolve_events_with_store(
+            NoWaitClock(), room.room_id, SYNAPSE_VERSIONS[version_id], state_sets, None, store))),
         "ours": lambda: resolve(v, state_sets, room.events, (), graph_facts=precomputed),
         "walking": lambda: resolve(v, state_sets, room.events, ()),
     }, repeat)

@@ -299,6 +299,20 @@ class PostgresIdStore(IdStore):
             self._drop()
 
 
+def pid_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a running process on this host (a reservation's or a status row's
+    writer; on SQLite every writer is local)."""
+    if not pid or pid < 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class SQLiteIdStore(IdStore):
     """IDs from an ID table; one writer per stream, reserving outside its transaction."""
 
@@ -317,8 +331,6 @@ class SQLiteIdStore(IdStore):
         write under one name (the service, its demo, ``write_facts`` in another shell), and
         a reservation of a live one is in flight; dropping it would let the endpoint read
         past it (local_scan.py). A dead process's SQLite transaction rolled back with it."""
-        from .replication.local_scan import pid_alive
-
         cursor.execute(
             f"SELECT id, pid FROM {RESERVATIONS} WHERE stream_name = %s AND instance_name = %s",
             [self.stream_name, self.instance_name],

@@ -13,13 +13,14 @@ jobs (a worker answers a ping).
 """
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-from .startup import _one_line
+from streams.id_store import pid_alive
+
+from .startup import _one_line, ping_redis
 
 #: Seconds a check may take (a probe that hangs is itself a failure).
 CHECK_TIMEOUT = 1.0
@@ -46,14 +47,8 @@ def check_database() -> Check:
 
 
 def check_redis(url: str) -> Check:
-    import redis
-
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=CHECK_TIMEOUT, socket_timeout=CHECK_TIMEOUT)
-        try:
-            client.ping()
-        finally:
-            client.close()
+        ping_redis(url, CHECK_TIMEOUT)
     except Exception as e:
         return Check("redis", False, f"Redis unreachable: {_one_line(e)}")
     return Check("redis", True)
@@ -64,16 +59,6 @@ def endpoint_key(listen: str, host: str | None = None) -> str:
     (dashboard.endpoint_status.start_publishing)."""
     address, _, port = listen.rpartition(":")
     return f"{host or socket.gethostname()} {address.strip('[]')}:{port}"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_endpoint(listen: str, now: datetime | None = None) -> Check:

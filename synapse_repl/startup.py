@@ -88,6 +88,17 @@ def check_database(alias: str = "default", *, migrated: bool = True) -> None:
             "run `manage.py migrate` first (make run does)")
 
 
+def ping_redis(url: str, timeout: float) -> None:
+    """One PING to the Redis at ``url``, within ``timeout``; raises what redis-py raises."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
 def check_redis(url: str | None = None, *, timeout: float = 3.0) -> None:
     """``REDIS_URL`` (if set) answers PING: processes that publish or subscribe need it."""
     if url is None:
@@ -102,11 +113,7 @@ def check_redis(url: str | None = None, *, timeout: float = 3.0) -> None:
     import redis
 
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
-        try:
-            client.ping()
-        finally:
-            client.close()
+        ping_redis(url, timeout)
     except (redis.RedisError, OSError, ValueError) as e:
         raise StartupError(
             f"cannot reach Redis at REDIS_URL {redact_url(url)}: {_one_line(e)}; start redis-server "

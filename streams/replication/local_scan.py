@@ -21,29 +21,16 @@ or the ID table's value. Rows up to it can be read once and never appear later.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..id_store import pid_alive
 from ..registry import STREAMS, StreamSpec
 from .commands import PositionCommand, RdataCommand, encode_json
 
 #: Tokens read per query: bounds the work of one step, so the event loop stays responsive
 #: after a large write from another shell.
 SCAN_PAGE_TOKENS = 1000
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a running process on this host (SQLite writers are all local)."""
-    if not pid or pid < 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def safe_bounds(last_ids: dict[str, int], pending: Iterable[tuple[str, Iterable[int], int | None]],

@@ -29,7 +29,9 @@ def run_sync(coro):
     return result
 
 
-class _Clock:
+class NoWaitClock:
+    """Synapse's clock, for calls that never need to wait."""
+
     async def sleep(self, duration):
         return None
 
@@ -74,7 +76,7 @@ class SynapseEvents:
 
     def resolve(self, room_id: str, state_sets: list[dict]) -> dict:
         return dict(run_sync(synapse_v2.resolve_events_with_store(
-            _Clock(), room_id, self.room_version, state_sets, dict(self.events),
+            NoWaitClock(), room_id, self.room_version, state_sets, dict(self.events),
             _ResolutionStore(self))))
 
 
