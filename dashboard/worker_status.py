@@ -44,7 +44,7 @@ async def publish_loop(worker: Any, transport: str, interval: float = PUBLISH_SE
     while True:
         try:
             await sync_to_async(save, thread_sensitive=False)(worker.name, transport, bool(worker.connected),
-                                                              worker.positions)
+                                                              worker.positions())
             failed = False
         except Exception as exc:
             if not failed:  # once per outage, not every tick

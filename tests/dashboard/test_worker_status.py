@@ -45,13 +45,16 @@ def test_connections_page_and_metrics_show_a_redis_worker_with_its_lag(staff_cli
 
 
 def test_publish_loop_records_the_workers_positions():
-    class FakeWorker:  # only what the loop reads: the real worker is exercised in test_cluster
-        name = "w9"
-        connected = True
-        positions = {("events", "master"): 12}
+    # A real worker object (not run): the loop reads exactly what the command hands it.
+    from streams.replication.worker import ReplicationWorker
+
+    worker = ReplicationWorker(host="127.0.0.1", port=1, name="w9", server_name="localhost",
+                               catchup_url="http://127.0.0.1:1", streams=["events"],
+                               initial_tokens={("events", "master"): 12})
+    worker.connected = True
 
     async def run():
-        task = asyncio.create_task(worker_status.publish_loop(FakeWorker(), "redis", interval=0.05))
+        task = asyncio.create_task(worker_status.publish_loop(worker, "redis", interval=0.05))
         for _ in range(100):
             await asyncio.sleep(0.05)
             if await asyncio.to_thread(WorkerStatus.objects.filter(name="w9").exists):
