@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from synapse_repl.services import PostgresServer, RedisServer  # noqa: E402
+from testing.services import PostgresServer, RedisServer  # noqa: E402
 
 
 @dataclass

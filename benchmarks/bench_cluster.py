@@ -75,7 +75,6 @@ import platform
 import queue as queue_mod
 import resource
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -88,6 +87,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from testing.accounting import all_stats, machine_busy, read_stat, tree_cpu  # noqa: E402
+from testing.processes import tail, wait_port  # noqa: E402
+from testing.services import free_port  # noqa: E402
+
 SERVER_NAME = "bench.example"
 RAW_CHANNEL = "rawbench.example"   # the baseline's channel: the cluster does not listen to it
 STREAM = "receipts"
@@ -98,7 +101,6 @@ GOAL_RATIO = 0.5
 WORKERS = [("tcp1", "tcp"), ("tcp2", "tcp"), ("redis1", "redis")]
 POLL = 0.01
 STALL = 20.0  # seconds without any delivery after the writers finished: a run is declared incomplete
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # count sink: per worker a shared file of 5 doubles: facts, duplicates, out-of-order, last fact time, reserved
 COUNT_FMT = "ddddd"
 
@@ -111,75 +113,6 @@ def _django_setup(env: dict) -> None:
     import django
 
     django.setup()
-
-
-def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited ({proc.returncode}):\n{_tail(log)}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port} after {timeout:.0f} s:\n{_tail(log)}")
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-def _read_stat(pid: int) -> tuple[int, float] | None:
-    """(ppid, CPU seconds of the process and its reaped children)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is state (field 3); utime, stime, cutime, cstime are fields 14-17
-    ppid = int(fields[1])
-    ticks = sum(int(x) for x in fields[11:15])
-    return ppid, ticks / CLK_TCK
-
-
-def _all_stats() -> dict[int, tuple[int, float]]:
-    out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _read_stat(int(name))
-            if st is not None:
-                out[int(name)] = st
-    return out
-
-
-def _tree_cpu(pid: int, stats: dict[int, tuple[int, float]]) -> float:
-    """CPU seconds of ``pid`` and all its descendants, alive or reaped."""
-    if pid not in stats:
-        return 0.0
-    total = stats[pid][1]
-    children: dict[int, list[int]] = {}
-    for p, (pp, _) in stats.items():
-        children.setdefault(pp, []).append(p)
-    stack = list(children.get(pid, []))
-    while stack:
-        p = stack.pop()
-        total += stats[p][1]
-        stack.extend(children.get(p, []))
-    return total
-
-
-def _machine_busy() -> float:
-    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        parts = f.readline().split()[1:]
-    vals = [int(x) for x in parts]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    return (sum(vals[:8]) - idle) / CLK_TCK
 
 
 # -- writer processes (spawned) --------------------------------------------------------------
@@ -402,7 +335,7 @@ def run_raw(ctx, url: str, redis_pid: int, per_publisher: list[list[bytes]], lin
         p.start()
     for _ in pubs:
         ready.get(timeout=60)
-    redis_cpu0 = (_read_stat(redis_pid) or (0, 0.0))[1]
+    redis_cpu0 = (read_stat(redis_pid) or (0, 0.0))[1]
     go.set()
     pub, sub = [], []
     try:
@@ -418,7 +351,7 @@ def run_raw(ctx, url: str, redis_pid: int, per_publisher: list[list[bytes]], lin
                 p.kill()
         for path in paths:
             os.unlink(path)
-    redis_cpu1 = (_read_stat(redis_pid) or (0, 0.0))[1]
+    redis_cpu1 = (read_stat(redis_pid) or (0, 0.0))[1]
     short = [m for m in sub if m[2] < total]
     if short:
         raise RuntimeError(f"raw Redis subscriber got {short[0][2]} of {total} messages")
@@ -531,14 +464,14 @@ class Cluster:
         self.env, self.workdir, self.sink, self.ctx = env, workdir, sink, ctx
         self.procs: dict[str, subprocess.Popen] = {}
         self.mprocs: dict[str, mp.Process] = {}
-        self.web_port = _free_port()
-        self.repl_port = _free_port()
+        self.web_port = free_port()
+        self.repl_port = free_port()
         self.access_log = workdir / "access.log"
         self.start("daphne", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
                    "--access-log", str(self.access_log), "synapse_repl.asgi:application")
         self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}")
-        _wait_port(self.repl_port, self.procs["endpoint"], workdir / "endpoint.log")
-        _wait_port(self.web_port, self.procs["daphne"], workdir / "daphne.log")
+        wait_port(self.repl_port, self.procs["endpoint"], workdir / "endpoint.log")
+        wait_port(self.web_port, self.procs["daphne"], workdir / "daphne.log")
         self.progress: dict[str, Tail | Counter] = {}
         for name, transport in WORKERS:
             if sink == "jsonl":
@@ -558,9 +491,9 @@ class Cluster:
         deadline = time.monotonic() + 60
         for name, transport in WORKERS:
             needle = "replication subscribed" if transport == "redis" else "replication connected"
-            while needle not in _tail(workdir / f"{name}.log", 200):
+            while needle not in tail(workdir / f"{name}.log", 200):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"worker {name} did not connect:\n{_tail(workdir / f'{name}.log')}")
+                    raise RuntimeError(f"worker {name} did not connect:\n{tail(workdir / f'{name}.log')}")
                 time.sleep(0.05)
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
@@ -605,12 +538,6 @@ def _count_worker_entry(env, name, transport, port, web_port, path, log) -> None
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     _count_worker_child(env, name, transport, port, web_port, path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -731,11 +658,11 @@ def run_e2e(ctx, cluster: Cluster, env: dict, url: str, pids: dict, n: int, fact
     snap: dict = {}
 
     def snapshot() -> dict:
-        stats = _all_stats()
-        out = {name: _tree_cpu(pid, stats) for name, pid in pids.items()}
+        stats = all_stats()
+        out = {name: tree_cpu(pid, stats) for name, pid in pids.items()}
         ru = resource.getrusage(resource.RUSAGE_SELF)
         out["bench"] = ru.ru_utime + ru.ru_stime
-        out["_busy"] = _machine_busy()
+        out["_busy"] = machine_busy()
         out["_wall"] = time.monotonic()
         return out
 

@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from synapse_repl.processes import cpu_seconds, jsonl_records, wait_port  # noqa: E402
-from synapse_repl.services import free_port  # noqa: E402
+from testing.accounting import cpu_seconds  # noqa: E402
+from testing.processes import jsonl_records, wait_port  # noqa: E402
+from testing.services import free_port  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

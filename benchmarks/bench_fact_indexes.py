@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
 
     from _machine import load_average
-    from synapse_repl.services import PostgresServer
+    from testing.services import PostgresServer
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     import django

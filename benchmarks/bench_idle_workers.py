@@ -7,7 +7,7 @@ Issue 8, section 2: "Memory stays bounded with 200 connected workers of which 50
 a real endpoint process (``manage.py runreplication``, default REPLICATION_MAX_PENDING_COMMANDS
 of 10,000 unless ``--max-pending``), and a writer process (``manage.py write_facts receipts
 --rate R --stamps``) writing at a steady rate through Redis. The workers are raw sockets, read
-in one thread (synapse_repl/line_workers.py): 150 that read everything, then 50 that never read.
+in one thread (testing/line_workers.py): 150 that read everything, then 50 that never read.
 In the same run:
 
 * **baseline**: the 150 readers alone, for ``--baseline-seconds``;
@@ -44,9 +44,10 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._machine import cpu_description, load_average, server_versions  # noqa: E402
 from benchmarks._setup import migrated_database  # noqa: E402
-from synapse_repl.line_workers import LineWorkers  # noqa: E402
-from synapse_repl.processes import ProcessGroup, cpu_seconds, peak_rss_kib, rss_kib  # noqa: E402
-from synapse_repl.services import free_port  # noqa: E402
+from testing.line_workers import LineWorkers  # noqa: E402
+from testing.accounting import cpu_seconds, peak_rss_kib, rss_kib  # noqa: E402
+from testing.processes import ProcessGroup  # noqa: E402
+from testing.services import free_port  # noqa: E402
 
 SERVER_NAME = "bench.example"
 STREAM = "receipts"

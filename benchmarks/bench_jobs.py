@@ -131,7 +131,7 @@ def compare_masters(run_job, spark_version: str, repeat: int) -> None:
     import statistics
 
     from streams.jobs.session import spark_session, stop_spark
-    from synapse_repl.services import SparkStandaloneCluster
+    from testing.services import SparkStandaloneCluster
 
     t0 = time.monotonic()
     cluster = SparkStandaloneCluster(cores=2, memory="2g").start()

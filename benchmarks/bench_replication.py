@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from synapse_repl.processes import cpu_seconds  # noqa: E402
+from testing.accounting import cpu_seconds  # noqa: E402
 
 SERVER_NAME = "bench.example"
 STREAM = "receipts"
@@ -389,7 +389,7 @@ def _latency_writer(env: dict, rate: float, seconds: float, warmup: int, results
 
 class EndpointProcess:
     def __init__(self, env: dict, workdir: str, label: str, profile_dir: str | None) -> None:
-        from synapse_repl.services import free_port
+        from testing.services import free_port
 
         self.port = free_port()
         self.log_path = os.path.join(workdir, f"endpoint-{label}.log")
@@ -510,7 +510,7 @@ def run_ours(ctx, env, workdir, path, n_messages, batch, nclients, window, label
 
 
 def run_ceiling(ctx, path, n_messages, batch, nclients) -> ThroughputResult:
-    from synapse_repl.services import free_port
+    from testing.services import free_port
 
     port = free_port()
     listening, sresults = ctx.Event(), ctx.Queue()

@@ -43,7 +43,7 @@ from streams.matrix.auth import auth_types_for_event  # noqa: E402
 from streams.matrix.event_format import parse_event, with_content_hash  # noqa: E402
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS  # noqa: E402
 from streams.matrix.state_res import auth_difference, conflicted_subgraph, resolve, split  # noqa: E402
-from tests.streams.matrix.oracle import NoWaitClock, run_sync  # noqa: E402  (Synapse called synchronously, as the tests do)
+from testing.synapse_oracle import NoWaitClock, run_sync  # noqa: E402  (Synapse called synchronously, as the tests do)
 
 ADMIN, MOD = "@admin:s1", "@mod:s2"
 

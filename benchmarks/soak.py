@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/soak.py [--duration SECONDS] [--workers N] [--rate R] [--keep]
                                         [--attack] [--no-faults]
 
-Starts a throwaway PostgreSQL and Redis (synapse_repl/services.py), migrates a fresh database
-and runs, as separate OS processes (synapse_repl/processes.py, as the cluster tests do):
+Starts a throwaway PostgreSQL and Redis (testing/services.py), migrates a fresh database
+and runs, as separate OS processes (testing/processes.py, as the cluster tests do):
 
 * 2 writers (``manage.py write_facts events --rate R``, ``STREAM_WRITERS=events=w1,w2``),
   each stamping when its facts were committed (``--stamps``);
@@ -62,8 +62,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from synapse_repl.processes import ProcessGroup, peak_rss_kib, rss_kib, wait_port  # noqa: E402
-from synapse_repl.services import RedisServer, free_port  # noqa: E402
+from testing.accounting import peak_rss_kib, rss_kib  # noqa: E402
+from testing.processes import ProcessGroup, wait_port  # noqa: E402
+from testing.services import RedisServer, free_port  # noqa: E402
 
 SERVER_NAME = "soak.example"
 STREAM = "events"

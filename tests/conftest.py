@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from synapse_repl.services import MissingBinary, PostgresServer, RedisServer
+from testing.services import MissingBinary, PostgresServer, RedisServer
 
 
 # Property tests explore new examples on every developer run; under CI (CI=true) they are
@@ -169,7 +169,7 @@ def default_database(request, transactional_db):
 def spark_cluster():
     """A standalone Spark master and one worker (1 core, 1 GiB) on loopback, from pyspark's
     own distribution, shared by the whole run. Fails (never skips) where it cannot start."""
-    from synapse_repl.services import SparkStandaloneCluster
+    from testing.services import SparkStandaloneCluster
 
     try:
         cluster = _started(SparkStandaloneCluster(cores=1, memory="1g"))

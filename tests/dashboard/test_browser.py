@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.processes import wait_port
-from synapse_repl.services import free_port
+from testing.processes import wait_port
+from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

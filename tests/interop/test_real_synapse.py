@@ -1,7 +1,7 @@
 """Our Redis worker following a real Synapse homeserver (issue 15.1; docs/replication.md,
 "Following a real Synapse").
 
-One Synapse 1.163.2 main process (``tests/synapse_homeserver.py``) runs for the whole module on
+One Synapse 1.163.2 main process (``testing/synapse_homeserver.py``) runs for the whole module on
 the suite's PostgreSQL (its own C-collation database) and Redis; users drive it through the
 client-server API. ``manage.py replication_worker --redis`` follows its channel, fetching gaps
 from Synapse's replication listener with its ``worker_replication_secret``, and records every
@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import pytest
 
-from synapse_repl.processes import ROOT, jsonl_records
-from synapse_repl.services import free_port
-from tests.synapse_homeserver import ClientApi, SynapseHomeserver, SynapseUnavailable
+from testing.processes import ROOT, jsonl_records
+from testing.services import free_port
+from testing.synapse_homeserver import ClientApi, SynapseHomeserver, SynapseUnavailable
 
 SERVER_NAME = "interop.test"
 #: Streams Synapse and this project both have, followed by the worker.

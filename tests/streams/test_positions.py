@@ -2,7 +2,7 @@
 import pytest
 
 from streams.positions import PositionTracker, StreamPositions
-from synapse_repl.services import MissingBinary, _find_pg_bin
+from testing.services import MissingBinary, _find_pg_bin
 
 
 def clock():

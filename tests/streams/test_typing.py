@@ -19,8 +19,8 @@ from streams.replication.auth import bearer_header
 from streams.replication.commands import PositionCommand, RdataCommand, parse_line
 from streams.typing import TypingRefused, TypingState, TypingWriter
 from streams.writer import WireJournal
-from synapse_repl.processes import ProcessGroup, jsonl_records, wait_port
-from synapse_repl.services import free_port
+from testing.processes import ProcessGroup, jsonl_records, wait_port
+from testing.services import free_port
 
 from .replication.test_endpoint import LineClient
 

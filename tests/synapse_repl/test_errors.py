@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from django.test import Client
 
-from synapse_repl.services import free_port
+from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.processes import jsonl_records
-from synapse_repl.services import free_port
+from testing.processes import jsonl_records
+from testing.services import free_port
 from tests.synapse_repl.test_settings import settings_in_subprocess
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.services import free_port
+from testing.services import free_port
 from synapse_repl.startup import (StartupError, check_java, database_url_problem, java_executable, redact_url,
                                   redis_url_problem)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.services import free_port
+from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from synapse_repl.processes import ROOT, rss_kib, wait_port
-from synapse_repl.services import free_port
+from testing.accounting import rss_kib
+from testing.processes import ROOT, wait_port
+from testing.services import free_port
 
 PASSWORD = "child-job-test-password"
 

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from streams.models import Event, JobRun
-from synapse_repl.processes import ProcessGroup
+from testing.processes import ProcessGroup
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
 from streams.matrix.state_res import resolve
 
-from .oracle import SynapseEvents
+from testing.synapse_oracle import SynapseEvents
 
 USERS = ["@a:s1", "@b:s2", "@c:s3", "@d:s1", "@e:s2"]
 LEVELS = [0, 25, 50, 75, 100]

@@ -137,8 +137,8 @@ def real_daphne(tmp_path_factory):
     import subprocess
     import sys
 
-    from synapse_repl.processes import ROOT, wait_port
-    from synapse_repl.services import free_port
+    from testing.processes import ROOT, wait_port
+    from testing.services import free_port
 
     tmp = tmp_path_factory.mktemp("daphne_auth")
     env = {"PATH": os.environ["PATH"], "STATE_DIR": str(tmp), "DEMO": "0", "PYTHONUNBUFFERED": "1",

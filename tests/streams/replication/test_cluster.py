@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from synapse_repl.processes import ProcessGroup, jsonl_records, wait_port
-from synapse_repl.services import free_port
+from testing.processes import ProcessGroup, jsonl_records, wait_port
+from testing.services import free_port
 
 SERVER_NAME = "cluster.example"
 WRITERS = "receipts=w1,w2"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.processes import jsonl_records, wait_port
-from synapse_repl.services import free_port
+from testing.processes import jsonl_records, wait_port
+from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 STREAMS = ("receipts", "caches", "events")

@@ -17,8 +17,8 @@ from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.replication.commands import PositionCommand, RdataCommand, parse_line
 from streams.runtime import StreamRuntime
-from synapse_repl.processes import wait_port
-from synapse_repl.services import free_port
+from testing.processes import wait_port
+from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVER_NAME = "test.example"

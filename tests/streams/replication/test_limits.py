@@ -19,8 +19,8 @@ from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.replication import tcp
 from streams.runtime import StreamRuntime
-from synapse_repl.line_workers import LineWorkers
-from synapse_repl.services import free_port
+from testing.line_workers import LineWorkers
+from testing.services import free_port
 from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
 
 ROOT = Path(__file__).resolve().parents[3]

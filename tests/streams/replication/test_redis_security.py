@@ -96,7 +96,7 @@ def test_celery_broker_with_a_password(redis_server_with_password):
 def test_rediss_is_verified_by_every_client(tmp_path):
     """A TLS-only Redis: redis-py (layer, bridge, worker) and Celery connect with the CA given
     in the URL, and refuse the server without it."""
-    from synapse_repl.services import RedisServer
+    from testing.services import RedisServer
     from synapse_repl.security import celery_redis_ssl
 
     cert, key = self_signed(tmp_path, "redis")

@@ -101,7 +101,7 @@ def test_auth_and_refused_connection(redis_server):
         client.close()
 
     async def refused():
-        from synapse_repl.services import free_port
+        from testing.services import free_port
 
         with pytest.raises(RespError, match="cannot connect"):
             await RespConnection.open(f"redis://127.0.0.1:{free_port()}/0", timeout=2)

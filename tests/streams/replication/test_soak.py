@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from synapse_repl.processes import ROOT
+from testing.processes import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import soak  # noqa: E402

@@ -17,8 +17,8 @@ from streams.replication.commands import ClearUserSyncCommand, UserIpCommand, Us
 from streams.replication.user_activity import (
     SyncingUsers, UserIpBatch, UserIpRecorder, syncing_by_user, write_user_ips,
 )
-from synapse_repl.processes import wait_port
-from synapse_repl.services import free_port
+from testing.processes import wait_port
+from testing.services import free_port
 
 from .test_endpoint import ROOT, SERVER_NAME, LineClient
 

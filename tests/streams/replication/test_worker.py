@@ -25,7 +25,7 @@ from django.core.cache import caches
 
 from streams.replication import worker as worker_module
 from streams.replication.worker import DjangoCacheInvalidator, ReplicationWorker, parse_instance_map
-from synapse_repl.processes import jsonl_records
+from testing.processes import jsonl_records
 
 SERVER_NAME = "test.hs"
 MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
@@ -354,7 +354,7 @@ def test_failed_catch_up_is_retried_until_it_succeeds(catchup):
 def test_catch_up_from_an_unreachable_writer_is_retried_until_it_comes_up():
     """Nothing listens at the catch-up URL at first (the writer is down): the worker keeps
     retrying with back-off, and fetches the facts once the writer is back."""
-    from synapse_repl.services import free_port
+    from testing.services import free_port
 
     port = free_port()
     source = CatchUpSource()

@@ -22,7 +22,7 @@ from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
 from streams.status import stream_status
 
-from synapse_repl.processes import ROOT
+from testing.processes import ROOT
 from .test_redis_faults import CONNECTED, RedisCluster
 
 WRITERS = "receipts=w1,w2"

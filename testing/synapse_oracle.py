@@ -9,7 +9,7 @@ Synapse's own event objects; the v2.1 conflicted subgraph is left to Synapse (al
 """
 from __future__ import annotations
 
-import synapse.event_auth as synapse_auth  # first: see conftest.py
+import synapse.event_auth as synapse_auth  # first: synapse.state needs it imported before it (circular import)
 from synapse.api.errors import SynapseError
 from synapse.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse.events import make_event_from_dict

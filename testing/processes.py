@@ -7,7 +7,6 @@ and its neighbours) and by ``benchmarks/soak.py``.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,7 +15,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def jsonl_records(path: Path) -> list:
@@ -26,6 +24,14 @@ def jsonl_records(path: Path) -> list:
         return []
     *complete, _partial = path.read_text().split("\n")
     return [json.loads(line) for line in complete if line.strip()]
+
+
+def tail(path: Path, n: int = 30) -> str:
+    """The last ``n`` lines of a log, '' if it cannot be read."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
 
 
 def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
@@ -40,37 +46,6 @@ def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30)
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise RuntimeError(f"{proc.args} did not start:\n{tail}") from None
             time.sleep(0.1)
-
-
-def peak_rss_kib(pid: int) -> int | None:
-    """The process's peak resident set size (``VmHWM``) in KiB; None once it is gone."""
-    return _status_kib(pid, "VmHWM:")
-
-
-def rss_kib(pid: int) -> int | None:
-    """The process's resident set size now (``VmRSS``) in KiB; None once it is gone."""
-    return _status_kib(pid, "VmRSS:")
-
-
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time so far (all its threads); NaN once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
-def _status_kib(pid: int, key: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 class ProcessGroup:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synapse_repl.services import free_port
+from testing.services import free_port
 
 SYNAPSE_VERSION = "1.163.2"
 #: The first start creates Synapse's schema (a few seconds on an idle machine; a loaded CI
