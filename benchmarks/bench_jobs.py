@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _fetch(cursor, sql: str) -> "pd.DataFrame":
+def _fetch(cursor, sql: str):  # -> pandas.DataFrame
     import pandas as pd
 
     cursor.execute(sql)

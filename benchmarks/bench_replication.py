@@ -86,7 +86,6 @@ DRAIN_SECONDS = 30.0            # latency: how long after the last write a fact 
 def _django_setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     import django
-    import psycopg
 
     django.setup()
 
@@ -407,7 +406,7 @@ class EndpointProcess:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"endpoint did not start:\n{self.tail()}")
+                    raise RuntimeError(f"endpoint did not start:\n{self.tail()}") from None
                 time.sleep(0.05)
 
     @property

@@ -30,7 +30,6 @@ import multiprocessing as mp
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass

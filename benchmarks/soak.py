@@ -392,7 +392,7 @@ class FaultInjector(threading.Thread):
         return victim
 
     def run(self) -> None:
-        c, cfg = self.cluster, self.cluster.cfg
+        cfg = self.cluster.cfg
         rounds = 0
         try:
             while rounds < cfg.min_rounds or time.monotonic() < self.deadline:
@@ -817,7 +817,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
             endpoints = {f"endpoint{i}": cluster.by_name[f"endpoint{i}"].pid for i in range(len(cluster.endpoint_ports))}
             baseline = {name: rss_kib(pid) or 0 for name, pid in endpoints.items()}
             attackers.start()
-            log(f"attackers start; endpoint RSS before: "
+            log("attackers start; endpoint RSS before: "
                 + ", ".join(f"{n} {kib / 1024:.1f} MiB" for n, kib in sorted(baseline.items())))
         if cfg.faults:
             injector.start()

@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django; WebSocket for the live dashboard and admin pages
-(session auth; same origin only: scheme, host and port, :mod:`dashboard.origin`). The root path is the operator's, never a client's
+(session auth; same origin only: scheme, host and port, :mod:`dashboard.origin`). The root path
+is the operator's, never a client's
 (:class:`~synapse_repl.security.TrustedRootPath`), and without a ``REPLICATION_SECRET`` the
 application refuses to load: it would serve the replication endpoints to anybody."""
 import os

@@ -86,7 +86,8 @@ def database_unavailable_reason(error: BaseException) -> str:
     """One sentence for clients: what is wrong with the database (never its address)."""
     text = str(error).lower()
     if any(s in text for s in _OUT_OF_CONNECTIONS):
-        return "the database has no free connections for this service (PostgreSQL refuses new ones: max_connections or a connection limit is reached); try again shortly"
+        return ("the database has no free connections for this service (PostgreSQL refuses new ones: "
+                "max_connections or a connection limit is reached); try again shortly")
     if "database is locked" in text:
         return "the database is busy (SQLite is locked by another writer); try again shortly"
     return "the database cannot be reached; try again shortly"

@@ -98,7 +98,7 @@ class PostgresServer:
             pw = pwd.getpwnam("postgres")
         except KeyError:
             raise MissingBinary("no 'postgres' user: install the Debian package 'postgresql'") from None
-        for root, dirs, files in os.walk(self.directory):
+        for root, _dirs, _files in os.walk(self.directory):
             os.chown(root, pw.pw_uid, pw.pw_gid)
         os.chmod(self.directory, 0o700)
 

@@ -39,5 +39,5 @@ def cogroup_rooms(left, right, per_room: Callable[[pd.DataFrame, pd.DataFrame], 
     bucket = (F.abs(F.hash("room_id")) % buckets).alias("_room_bucket")
     return (left.select(bucket, *left.columns).groupBy("_room_bucket")
             .cogroup(right.select(bucket, *right.columns).groupBy("_room_bucket"))
-            .applyInPandas(lambda l, r: run_bucket(l.drop(columns="_room_bucket"), r.drop(columns="_room_bucket")),
+            .applyInPandas(lambda lhs, rhs: run_bucket(lhs.drop(columns="_room_bucket"), rhs.drop(columns="_room_bucket")),
                            schema=schema))

@@ -141,7 +141,7 @@ if _c_make_encoder is not None:
         return "".join(_c_iterencode(value, 0))
 
 else:  # pragma: no cover - Python builds without the _json accelerator
-    _encode = _ENCODER.encode
+    _encode = _ENCODER.encode  # type: ignore[assignment]  # same signature, bound method
 
 
 def encode_json(value: Any) -> str:
@@ -149,7 +149,7 @@ def encode_json(value: Any) -> str:
     return _encode(value)
 
 
-_scan_once = _DECODER.scan_once
+_scan_once = _DECODER.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, not in typeshed
 
 
 def decode_json(text: str) -> Any:

@@ -3,7 +3,8 @@ address, since when, last PING, outbound queue, streams followed, syncing users)
 and why, and how many RDATA/POSITION lines it sent. Pure bookkeeping, no I/O.
 
 The consumer records here (a connection's outbound queue is read from the TCP adapter,
-``scope["protocol"]``); :func:`endpoint_snapshot` turns an endpoint's state into plain data. Other processes learn it from whoever handles :data:`endpoint_started`
+``scope["protocol"]``); :func:`endpoint_snapshot` turns an endpoint's state into plain data.
+Other processes learn it from whoever handles :data:`endpoint_started`
 (the dashboard app stores snapshots in a table, see ``dashboard/endpoint_status.py``): the
 endpoint is a process of its own (``runreplication``), and on the embedded default it shares
 no channel layer with the web process.
