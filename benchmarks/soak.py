@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from testing.accounting import peak_rss_kib, rss_kib  # noqa: E402
+from testing.accounting import cpu_seconds, machine_busy, peak_rss_kib, rss_kib  # noqa: E402
 from testing.processes import ProcessGroup, wait_port  # noqa: E402
 from testing.services import RedisServer, free_port  # noqa: E402
 
@@ -177,6 +177,15 @@ class SoakResult:
     attack: dict[str, int] = field(default_factory=dict)
     first_position_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     endpoint_rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: CPU seconds per kind of process (endpoints, workers, writers, ...), summed over every
+    #: run of each; and the whole machine's busy CPU seconds over the run, of ``cores`` x wall
+    cpu_by_kind: dict[str, float] = field(default_factory=dict)
+    machine_busy_s: float = 0.0
+    #: the endpoints' event-loop wake-ups later than LOOP_LAG_MS (logged at most every 10 s
+    #: each, with the worst: the count is a lower bound), and the worst
+    loop_late: int = 0
+    loop_worst_ms: int = 0
+    cores: int = 1
 
     @property
     def total_duplicates(self) -> int:
@@ -219,6 +228,13 @@ class SoakResult:
         lines.append("fuzzer connections: " + ", ".join(f"{k} {n}" for k, n in sorted(self.fuzz.items())))
         lines.append("processes that died on their own: " + (", ".join(self.crashes) or "none"))
         lines.append("writer exits: " + ", ".join(f"{w} {c}" for w, c in sorted(self.writer_exits.items())))
+        if self.cpu_by_kind:
+            mine = sum(self.cpu_by_kind.values())
+            lines.append("CPU (s): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.cpu_by_kind.items()))
+                         + f"; the soak's processes {mine:.0f} s, the machine {self.machine_busy_s:.0f} s busy "
+                         f"of {self.cores} cores x {self.seconds:.0f} s = {self.cores * self.seconds:.0f} s")
+        lines.append(f"endpoint event loops: {self.loop_late} wake-ups over {LOOP_LAG_MS} ms late, "
+                     f"worst {self.loop_worst_ms} ms")
         lines.append("peak RSS (VmHWM, MiB):")
         for name, kib in sorted(self.peak_rss_kib.items()):
             lines.append(f"  {name:<10} {kib / 1024:7.1f}")
@@ -272,6 +288,8 @@ class SoakCluster(ProcessGroup):
         # A full-mode web process refuses to start without a replication secret.
         self.env.setdefault("REPLICATION_SECRET", secrets.token_urlsafe(32))
         self.peaks: dict[str, int] = {}
+        #: (name, pid) -> its CPU seconds at the last sample (user + system, all threads)
+        self.cpu: dict[tuple[str, int], float] = {}
         #: (name, pid) -> [(seconds since the first sample of that pid, VmRSS KiB)]
         self.rss_samples: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self.expected_exit: set[int] = set()  # pids we killed or stopped
@@ -293,7 +311,8 @@ class SoakCluster(ProcessGroup):
 
     def start_endpoint(self, i: int) -> None:
         name = f"endpoint{i}"
-        proc = self.start(name, "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.endpoint_ports[i]}")
+        proc = self.start(name, "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.endpoint_ports[i]}",
+                          env={"REPLICATION_LOOP_LAG_WARN_MS": str(LOOP_LAG_MS)})
         wait_port(self.endpoint_ports[i], proc, self.tmp / f"{name}.log", timeout=self.cfg.recover_timeout)
 
     def start_worker(self, name: str) -> None:
@@ -330,6 +349,9 @@ class SoakCluster(ProcessGroup):
                 kib = peak_rss_kib(pid)
                 if kib is not None and kib > self.peaks.get(name, 0):
                     self.peaks[name] = kib
+                cpu = cpu_seconds(pid)
+                if cpu == cpu:  # not NaN: still there
+                    self.cpu[(name, pid)] = cpu
                 current = rss_kib(pid)
                 if current is not None:
                     self.rss_samples.setdefault((name, pid), []).append((now, current))
@@ -732,6 +754,20 @@ def probe_loop(ports: list[int], every: float, stop, during, out) -> None:
     out.put(None)
 
 
+#: The endpoints log every loop wake-up later than this (their own stalls, beside the probes' times).
+LOOP_LAG_MS = 20
+LOOP_LAG = re.compile(rb"event loop ran late: (\d+) wake-up\(s\) over \d+ ms, worst (\d+) ms")
+
+
+def loop_lag(tmp: Path) -> tuple[int, int]:
+    """(late wake-ups, the worst in ms) over every endpoint log."""
+    late = worst = 0
+    for log in tmp.glob("endpoint*.log"):
+        for n, ms in LOOP_LAG.findall(log.read_bytes()):
+            late, worst = late + int(n), max(worst, int(ms))
+    return late, worst
+
+
 def disconnect_reasons(tmp: Path) -> Counter:
     """``disconnected: <reason>`` lines of every endpoint log, by reason (the dashboard's names)."""
     from streams.replication.connections import disconnect_reason
@@ -768,6 +804,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
     """One soak run on a migrated database and a running Redis; everything it starts is stopped."""
     random.seed(cfg.seed)
     t0 = time.monotonic()
+    busy0 = machine_busy()
 
     def log(msg: str) -> None:
         if cfg.progress:
@@ -870,6 +907,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         cluster.sample_rss()
         result.crashes = cluster.unexpected_exits()
         result.disconnects = dict(disconnect_reasons(tmp))  # before the shutdown adds its own
+        result.loop_late, result.loop_worst_ms = loop_lag(tmp)
     finally:
         stop_watch.set()
         if fuzzer is not None:
@@ -910,6 +948,10 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
                 steady.append(latencies[-1])
     result.latency_ms, result.steady_latency_ms = _summary(latencies), _summary(steady)
     result.load = os.getloadavg()
+    result.machine_busy_s, result.cores = machine_busy() - busy0, os.cpu_count() or 1
+    for (name, _pid), cpu in cluster.cpu.items():
+        kind = "workers" if name.startswith("wk") else name.rstrip("0123456789").rstrip("-")
+        result.cpu_by_kind[kind] = result.cpu_by_kind.get(kind, 0.0) + cpu
     if fuzzer.examples:
         print("fuzzer: connections not closed with ERROR, e.g.:\n  " + "\n  ".join(fuzzer.examples))
     return result

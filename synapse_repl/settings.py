@@ -190,6 +190,8 @@ SYNAPSE_REPL = {
     # A TCP peer must send REPLICATE within this many seconds, and finish any line it starts.
     "REPLICATION_HANDSHAKE_TIMEOUT": _env_number("REPLICATION_HANDSHAKE_TIMEOUT", 30.0, float),
     "REPLICATION_LINE_TIMEOUT": _env_number("REPLICATION_LINE_TIMEOUT", 30.0, float),
+    # The endpoint logs when its event loop wakes up this many milliseconds late (every connection waited).
+    "REPLICATION_LOOP_LAG_WARN_MS": _env_number("REPLICATION_LOOP_LAG_WARN_MS", 100.0, float),
     # Legacy REPLICATE history pages (500 rows) one endpoint reads per second, all connections together.
     "REPLICATION_HISTORY_PAGE_RATE": _env_number("REPLICATION_HISTORY_PAGE_RATE", 10.0, float),
     # State peers create: USER_SYNC pairs per connection and in all, USER_IP users kept.

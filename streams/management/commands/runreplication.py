@@ -43,7 +43,11 @@ class Command(BaseCommand):
     async def _serve(self, host: str, port: int) -> None:
         from streams.replication.endpoint import start_endpoint
 
+        from streams.replication.loop_lag import watch_loop_lag
+
         endpoint, server = await start_endpoint(host, port)
+        lag = asyncio.create_task(watch_loop_lag(float(repl_setting("REPLICATION_LOOP_LAG_WARN_MS"))),
+                                  name="loop-lag")
         self.stdout.write(f"replication endpoint of {endpoint.server_name} listening on {host}:{port}")
         self.stdout.flush()
         stop = asyncio.Event()
@@ -51,6 +55,7 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        lag.cancel()
         server.close()
         await endpoint.relay.stop()
         await endpoint.broadcast.stop()

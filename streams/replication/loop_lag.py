@@ -1,0 +1,52 @@
+"""How late the endpoint's event loop runs: every connection waits while it is busy.
+
+A task sleeps ``interval`` seconds and measures how much later than asked it woke up: the
+time the loop spent on other work (or the process waited for a CPU). A wake-up later than
+``warn_ms`` is logged, at most once per ``warn_every`` seconds with the worst since the last
+line, so that an operator sees a stalled endpoint in its log, and the soak can tell the
+endpoint's own stalls from the time its probes spend elsewhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class LoopLag:
+    """The pure part: lags fed in, what to log decided (no clock of its own)."""
+
+    def __init__(self, warn_ms: float, warn_every: float) -> None:
+        self.warn_ms, self.warn_every = warn_ms, warn_every
+        self.worst_ms = 0.0  # since the last warning
+        self.late = 0  # wake-ups later than warn_ms since the last warning
+        self.samples = 0
+        self._last_warning: float | None = None
+
+    def observe(self, lag_ms: float, now: float) -> str | None:
+        """Record one wake-up ``lag_ms`` late; the warning to log now, if any."""
+        self.samples += 1
+        if lag_ms < self.warn_ms:
+            return None
+        self.late += 1
+        self.worst_ms = max(self.worst_ms, lag_ms)
+        if self._last_warning is not None and now - self._last_warning < self.warn_every:
+            return None
+        text = (f"event loop ran late: {self.late} wake-up(s) over {self.warn_ms:.0f} ms, "
+                f"worst {self.worst_ms:.0f} ms")
+        self._last_warning, self.worst_ms, self.late = now, 0.0, 0
+        return text
+
+
+async def watch_loop_lag(warn_ms: float = 100.0, warn_every: float = 10.0, interval: float = 0.01) -> None:
+    """Run until cancelled, logging late wake-ups of the running loop."""
+    lag = LoopLag(warn_ms, warn_every)
+    while True:
+        asked = time.monotonic()
+        await asyncio.sleep(interval)
+        woke = time.monotonic()
+        warning = lag.observe((woke - asked - interval) * 1000, woke)
+        if warning:
+            logger.warning("%s", warning)
