@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
+from .direction import direction
 from .id_store import IdStore, Reservation
 from .notifier import PositionAdvanced, PositionNotifier
 from .positions import PendingId, SignedPositions, StreamPositions
@@ -47,11 +48,11 @@ class MultiWriterIdGenerator:
         self.stream_name = stream_name
         self.instance_name = instance_name
         self.writers = None if writers is None else tuple(writers)
-        self.factor = -1 if backwards else 1
+        self.direction = direction(backwards)
         self._store = store
         self._notifier = notifier
         self._positions = StreamPositions(instance_name, clock=clock)
-        self._signed = SignedPositions(self._positions, self.factor)
+        self._signed = SignedPositions(self._positions, self.direction)
         self._notify_lock = threading.Lock()
         loaded = store.load_state(self.writers)
         self._positions.load(
@@ -101,7 +102,7 @@ class MultiWriterIdGenerator:
             self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
         ok = False
         try:
-            yield [self.factor * i for i in reservation.stream_ids]
+            yield [self.direction.from_wire(i) for i in reservation.stream_ids]
             ok = True
         finally:
             self._complete(reservation, ok)
@@ -126,7 +127,7 @@ class MultiWriterIdGenerator:
         with self._notify_lock:
             new = self.get_current_token_for_writer(self.instance_name)
             prev = self._last_published
-            if self.factor * new <= self.factor * prev:
+            if self.direction.to_wire(new) <= self.direction.to_wire(prev):
                 return
             self._last_published = new
             self._notifier.position_advanced(
@@ -151,12 +152,12 @@ class MultiWriterIdGenerator:
         return self._signed.positions()
 
     def get_max_allocated_token(self) -> int:
-        return self.factor * self._positions.max_seen_allocated()
+        return self.direction.from_wire(self._positions.max_seen_allocated())
 
     def pending(self) -> list[PendingId]:
         """This process's reserved, not yet completed IDs (external sign), lowest first."""
         return [
-            PendingId(self.factor * p.stream_id, p.instance_name, p.reserved_at)
+            PendingId(self.direction.from_wire(p.stream_id), p.instance_name, p.reserved_at)
             for p in self._positions.pending()
         ]
 

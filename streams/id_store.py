@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from django.db import connections, transaction
 
+from .direction import IdDirection, direction
 from .pg import dedicated_connection
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class IdStore:
         self.sequence = sequence
         self.tables = list(tables)
         self.instance_name = instance_name
-        self.factor = -1 if backwards else 1
+        self.direction = direction(backwards)
         self.using = using
 
     # -- implemented per database ------------------------------------------------------------
@@ -108,8 +109,7 @@ class IdStore:
     # -- shared -----------------------------------------------------------------------------
 
     def _table_extreme(self, cursor: Any, ref: TableRef) -> int:
-        agg = "MAX" if self.factor == 1 else "-MIN"
-        cursor.execute(f"SELECT COALESCE({agg}({ref.id_column}), 0) FROM {ref.table}")
+        cursor.execute(f"SELECT COALESCE({self.direction.highest_sql(ref.id_column)}, 0) FROM {ref.table}")
         return max(int(cursor.fetchone()[0]), 0)
 
     def _check_consistency(self, cursor: Any) -> None:
@@ -122,7 +122,7 @@ class IdStore:
         for ref in self.tables:
             highest = max(highest, self._table_extreme(cursor, ref))
         cursor.execute(
-            f"SELECT MAX({'' if self.factor == 1 else '-'}stream_id) FROM {POSITIONS} WHERE stream_name = %s",
+            f"SELECT {self.direction.highest_sql('stream_id')} FROM {POSITIONS} WHERE stream_name = %s",
             [self.stream_name],
         )
         recorded = cursor.fetchone()[0]
@@ -154,7 +154,7 @@ class IdStore:
                     [self.stream_name],
                 )
                 recorded = cursor.fetchall()
-                positions = {inst: self.factor * int(sid) for inst, sid in recorded if inst in writers}
+                positions = {inst: self.direction.to_wire(int(sid)) for inst, sid in recorded if inst in writers}
                 others = sorted(inst for inst, _ in recorded if inst not in writers)
                 if others:
                     logger.warning(
@@ -171,14 +171,14 @@ class IdStore:
                 persisted_upto = max([1, *(self._table_extreme(cursor, ref) for ref in self.tables)])
             else:
                 persisted_upto = min(positions.values())
-                cmp = ">=" if self.factor == 1 else "<="
+                cmp = self.direction.from_token_sql()
                 for ref in self.tables:
                     cursor.execute(
                         f"SELECT {ref.instance_column}, {ref.id_column} FROM {ref.table} "
                         f"WHERE {ref.id_column} {cmp} %s",
-                        [self.factor * persisted_upto],
+                        [self.direction.from_wire(persisted_upto)],
                     )
-                    rows.extend((inst, self.factor * int(sid)) for inst, sid in cursor.fetchall())
+                    rows.extend((inst, self.direction.to_wire(int(sid))) for inst, sid in cursor.fetchall())
             # This writer starts with nothing pending: reservations left by an earlier run of
             # it (killed mid-transaction) are over.
             dropped = self.drop_left_reservations(cursor)
@@ -216,7 +216,7 @@ class PostgresIdStore(IdStore):
         self._lock = threading.Lock()
         self._conn: Any = None
         self._conn_pid = 0
-        self._upsert_sql = _upsert_position_sql(self.factor)
+        self._upsert_sql = _upsert_position_sql(self.direction)
         self._complete_sql = f"WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s) {self._upsert_sql}"
 
     def _connection(self) -> Any:
@@ -292,7 +292,7 @@ class PostgresIdStore(IdStore):
             )
 
     def raise_recorded_position(self, position: int) -> None:
-        self._run(_raise_position_sql(self.factor), (position, self.stream_name, self.instance_name, position))
+        self._run(_raise_position_sql(self.direction), (position, self.stream_name, self.instance_name, position))
 
     def close(self) -> None:
         with self._lock:
@@ -319,7 +319,7 @@ class SQLiteIdStore(IdStore):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._lock = threading.Lock()
-        self._upsert_sql = _upsert_position_sql(self.factor)
+        self._upsert_sql = _upsert_position_sql(self.direction)
 
     def ensure_sequence(self, cursor: Any) -> None:
         cursor.execute(
@@ -386,12 +386,12 @@ class SQLiteIdStore(IdStore):
     def raise_recorded_position(self, position: int) -> None:
         connection = connections[self.using]
         with self._lock, transaction.atomic(using=self.using), connection.cursor() as cursor:
-            cursor.execute(_raise_position_sql(self.factor), [position, self.stream_name, self.instance_name, position])
+            cursor.execute(_raise_position_sql(self.direction), [position, self.stream_name, self.instance_name, position])
 
 
-def _upsert_position_sql(factor: int) -> str:
+def _upsert_position_sql(direction: IdDirection) -> str:
     """Monotonic upsert of a writer's position (counting down for backwards streams)."""
-    cmp = "<" if factor == 1 else ">"
+    cmp = direction.behind_sql()
     return f"""
         INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
         ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id
@@ -399,8 +399,8 @@ def _upsert_position_sql(factor: int) -> str:
     """
 
 
-def _raise_position_sql(factor: int) -> str:
-    cmp = "<" if factor == 1 else ">"
+def _raise_position_sql(direction: IdDirection) -> str:
+    cmp = direction.behind_sql()
     return (
         f"UPDATE {POSITIONS} SET stream_id = %s "
         f"WHERE stream_name = %s AND instance_name = %s AND stream_id {cmp} %s"

@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+from .direction import IdDirection, direction
+
 
 @dataclass(frozen=True)
 class PendingId:
@@ -234,30 +236,29 @@ class StreamPositions:
 
 
 class SignedPositions:
-    """A view of :class:`StreamPositions` in the stream's external sign.
+    """A view of :class:`StreamPositions` in stored sign (:mod:`streams.direction`).
 
-    Backwards streams (``backfill``) hand out -1, -2, ... while the bookkeeping counts up.
+    Backwards streams (``backfill``) store -1, -2, ... while the bookkeeping counts up.
     """
 
-    def __init__(self, inner: StreamPositions, factor: int) -> None:
-        assert factor in (1, -1)
+    def __init__(self, inner: StreamPositions, direction: IdDirection) -> None:
         self.inner = inner
-        self.factor = factor
+        self.direction = direction
 
     def linear(self) -> int:
-        return self.factor * self.inner.linear()
+        return self.direction.from_wire(self.inner.linear())
 
     def for_writer(self, instance_name: str) -> int:
-        return self.factor * self.inner.for_writer(instance_name)
+        return self.direction.from_wire(self.inner.for_writer(instance_name))
 
     def minimal_local(self) -> int:
-        return self.factor * self.inner.minimal_local()
+        return self.direction.from_wire(self.inner.minimal_local())
 
     def positions(self) -> dict[str, int]:
-        return {k: self.factor * v for k, v in self.inner.positions().items()}
+        return {k: self.direction.from_wire(v) for k, v in self.inner.positions().items()}
 
     def advance(self, instance_name: str, new_id: int) -> None:
-        self.inner.advance(instance_name, self.factor * new_id)
+        self.inner.advance(instance_name, self.direction.to_wire(new_id))
 
 
 class PositionTracker:
@@ -275,12 +276,12 @@ class PositionTracker:
         backwards: bool = False,
         clock: Callable[[], float],
     ) -> None:
-        factor = -1 if backwards else 1
-        start = {name: factor * pos for name, pos in writers.items()}
+        signs = direction(backwards)
+        start = {name: signs.to_wire(pos) for name, pos in writers.items()}
         self._inner = StreamPositions(
             "", positions=start, persisted_upto=min(start.values(), default=1), clock=clock
         )
-        self._view = SignedPositions(self._inner, factor)
+        self._view = SignedPositions(self._inner, signs)
 
     def advance(self, instance_name: str, token: int) -> None:
         self._view.advance(instance_name, token)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .direction import IdDirection, direction
 from .models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, Receipt
 from .models.base import FactModel
 
@@ -61,6 +62,17 @@ class StreamSpec:
     @property
     def db_backed(self) -> bool:
         return bool(self.tables)
+
+    @property
+    def direction(self) -> IdDirection:
+        return direction(self.backwards)
+
+    def to_wire(self, stream_id: int) -> int:
+        """The wire token of a stored stream ID (``backfill`` stores its IDs negated)."""
+        return self.direction.to_wire(stream_id)
+
+    def from_wire(self, token: int) -> int:
+        return self.direction.from_wire(token)
 
     @property
     def primary_model(self) -> type[FactModel]:

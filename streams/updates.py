@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .direction import IdDirection
 from .registry import BackingTable, StreamSpec
 
 #: Synapse's ``_STREAM_UPDATE_TARGET_ROW_COUNT``.
@@ -27,20 +28,17 @@ class Updates:
     limited: bool
 
 
-def _fetch(table: BackingTable, factor: int, instance: str, lo: int, hi: int, limit: int | None,
+def _fetch(table: BackingTable, signs: IdDirection, instance: str, lo: int, hi: int, limit: int | None,
            using: str) -> list[tuple[int, list[Any]]]:
     """Rows of ``table`` by ``instance`` with wire token in ``(lo, hi]``, ordered."""
     model = table.model
     field = model.STREAM_ID_FIELD
-    qs = model.objects.using(using).filter(instance_name=instance)
-    if factor == 1:
-        qs = qs.filter(**{f"{field}__gt": lo, f"{field}__lte": hi}).order_by(field, "pk")
-    else:
-        qs = qs.filter(**{f"{field}__lt": -lo, f"{field}__gte": -hi}).order_by(f"-{field}", "pk")
+    qs = (model.objects.using(using).filter(instance_name=instance)
+          .filter(**signs.lookups(field, lo, hi)).order_by(signs.ascending(field), "pk"))
     qs = qs.values_list(field, *table.fields)
     if limit is not None:
         qs = qs[:limit]
-    return [(factor * row[0], table.to_wire(list(row[1:]))) for row in qs]
+    return [(signs.to_wire(row[0]), table.to_wire(list(row[1:]))) for row in qs]
 
 
 def get_updates_since(
@@ -54,12 +52,12 @@ def get_updates_since(
 ) -> Updates:
     if from_token >= upto_token or not spec.db_backed:
         return Updates([], upto_token, False)
-    factor = -1 if spec.backwards else 1
+    signs = spec.direction
     bound = upto_token
     limited = False
     per_table: list[list[tuple[int, list[Any]]]] = []
     for table in spec.tables:
-        rows = _fetch(table, factor, instance_name, from_token, bound, limit + 1, using)
+        rows = _fetch(table, signs, instance_name, from_token, bound, limit + 1, using)
         if len(rows) > limit:
             limited = True
             # The first row left out marks where this table's complete rows end.
@@ -69,7 +67,7 @@ def get_updates_since(
                 bound = min(bound, rows[-1][0])
             else:
                 # More than `limit` rows share one token: take that token whole.
-                rows = _fetch(table, factor, instance_name, cut - 1, cut, None, using)
+                rows = _fetch(table, signs, instance_name, cut - 1, cut, None, using)
                 bound = min(bound, cut)
         per_table.append(rows)
     merged = [
@@ -91,17 +89,13 @@ def get_all_writers_rows(spec: StreamSpec, from_token: int, upto_token: int, *,
     the range short. The embedded endpoint reads what other local processes wrote with it."""
     if from_token >= upto_token or not spec.db_backed:
         return []
-    factor = -1 if spec.backwards else 1
+    signs = spec.direction
     merged: list[tuple[int, int, int, str, list[Any]]] = []
     for index, table in enumerate(spec.tables):
         model = table.model
         field = model.STREAM_ID_FIELD
-        qs = model.objects.using(using)
-        if factor == 1:
-            qs = qs.filter(**{f"{field}__gt": from_token, f"{field}__lte": upto_token})
-        else:
-            qs = qs.filter(**{f"{field}__lt": -from_token, f"{field}__gte": -upto_token})
+        qs = model.objects.using(using).filter(**signs.lookups(field, from_token, upto_token))
         for values in qs.values_list(field, "pk", "instance_name", *table.fields):
-            merged.append((factor * values[0], index, values[1], values[2], table.to_wire(list(values[3:]))))
+            merged.append((signs.to_wire(values[0]), index, values[1], values[2], table.to_wire(list(values[3:]))))
     merged.sort(key=lambda item: item[:3])
     return [(writer, token, row) for token, _, _, writer, row in merged]

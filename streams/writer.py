@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from django.db import connections, transaction
 
+from .direction import FORWARDS, IdDirection
 from .id_generator import MultiWriterIdGenerator
 from .models.base import FactModel
 from .registry import StreamSpec
@@ -64,11 +65,12 @@ class WireJournal:
             for stream_id in ids:
                 self._facts[stream_id] = rows.get(stream_id, [])
 
-    def take(self, ids_after: int, ids_upto: int, factor: int = 1) -> list[tuple[int, list[list[Any]]]]:
-        """Remove and return the facts with ``ids_after < factor * id <= ids_upto``, in order."""
+    def take(self, ids_after: int, ids_upto: int, signs: IdDirection = FORWARDS) -> list[tuple[int, list[list[Any]]]]:
+        """Remove and return the facts whose wire token is in ``(ids_after, ids_upto]``, in order."""
         with self._lock:
             facts = self._facts
-            keys = sorted((k for k in facts if ids_after < factor * k <= ids_upto), reverse=factor < 0)
+            to_wire = signs.to_wire
+            keys = sorted((k for k in facts if ids_after < to_wire(k) <= ids_upto), key=to_wire)
             return [(k, facts.pop(k)) for k in keys]
 
     def __len__(self) -> int:

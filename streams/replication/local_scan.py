@@ -76,26 +76,22 @@ def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict
     result: dict[tuple[str, str], int] = {}
     for name, bound in bounds.items():
         spec = STREAMS[name]
-        factor = -1 if spec.backwards else 1
+        signs = spec.direction
         for table in spec.tables:
             model, id_field = table.model, table.model.STREAM_ID_FIELD
-            qs = model.objects.using(using)
             # events and backfill share a table: forward IDs are positive, backwards negative.
-            if factor == 1:
-                qs = (qs.filter(**{f"{id_field}__gt": 0, f"{id_field}__lte": bound})
-                      .values("instance_name").annotate(last=Max(id_field)))
-            else:
-                qs = (qs.filter(**{f"{id_field}__lt": 0, f"{id_field}__gte": -bound})
-                      .values("instance_name").annotate(last=Min(id_field)))
+            last = (Min if signs.backwards else Max)(id_field)
+            qs = (model.objects.using(using).filter(**signs.lookups(id_field, 0, bound))
+                  .values("instance_name").annotate(last=last))
             for row in qs:
                 key = (name, row["instance_name"])
-                result[key] = max(result.get(key, 0), factor * row["last"])
+                result[key] = max(result.get(key, 0), signs.to_wire(row["last"]))
     for row in StreamPosition.objects.using(using).all():
         spec = STREAMS.get(row.stream_name)
         if spec is None or not spec.db_backed or row.stream_name not in bounds:
             continue
         key = (row.stream_name, row.instance_name)
-        token = min((-1 if spec.backwards else 1) * row.stream_id, bounds[row.stream_name])
+        token = min(spec.to_wire(row.stream_id), bounds[row.stream_name])
         result[key] = max(result.get(key, 0), token)
     return result
 

@@ -116,18 +116,14 @@ class ReplicationRelay:
             gen = rt.generator(name)
             writers = rt.writers.get(name) or ()
             for writer in {*writers, *gen.get_positions()}:
-                result[(name, writer)] = self._wire(spec, gen.get_current_token_for_writer(writer))
+                result[(name, writer)] = spec.to_wire(gen.get_current_token_for_writer(writer))
         for row in StreamPosition.objects.using(self.using).all():
             spec = STREAMS.get(row.stream_name)
             if spec is None or not spec.db_backed:
                 continue
             key = (row.stream_name, row.instance_name)
-            result[key] = max(result.get(key, 0), self._wire(spec, row.stream_id))
+            result[key] = max(result.get(key, 0), spec.to_wire(row.stream_id))
         return result
-
-    @staticmethod
-    def _wire(spec: Any, token: int) -> int:
-        return -token if spec.backwards else token
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -212,7 +208,7 @@ class ReplicationRelay:
                 spec = STREAMS.get(stream_name)
                 if spec is None or not spec.db_backed:
                     continue
-                key, token = (stream_name, instance_name), self._wire(spec, stream_id)
+                key, token = (stream_name, instance_name), spec.to_wire(stream_id)
                 if token <= self.last_sent.get(key, 0):
                     self._behind_since.pop(key, None)
                     self._agreed_at[key] = now

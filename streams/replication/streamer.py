@@ -168,11 +168,11 @@ class ReplicationStreamer:
         (serialized too, when it goes out through a GroupPublisher) and the Synapse channel's
         PUBLISH commands (when the Redis bridge is up)."""
         stream_name, writer = advance.stream_name, advance.instance_name
-        factor = -1 if get_stream(stream_name).backwards else 1
-        prev, new = factor * advance.prev_token, factor * advance.new_token
+        spec = get_stream(stream_name)
+        prev, new = spec.to_wire(advance.prev_token), spec.to_wire(advance.new_token)
         journal = self.runtime.journal_for(stream_name)
-        facts = journal.take(prev, new, factor) if journal is not None else []
-        wire_facts = [(factor * stream_id, rows) for stream_id, rows in facts]
+        facts = journal.take(prev, new, spec.direction) if journal is not None else []
+        wire_facts = [(spec.to_wire(stream_id), rows) for stream_id, rows in facts]
         lines = [line.encode() for line in build_lines(stream_name, writer, prev, new, wire_facts)]
         message = {
             "type": "replication.lines",

@@ -95,3 +95,19 @@ def test_failed_allocation_releases_its_ticket():
 def test_missing_server_binary_names_the_debian_package():
     with pytest.raises(MissingBinary, match="apt-get install postgresql"):
         _find_pg_bin("no-such-postgres-binary")
+
+
+def test_one_sign_flip_for_backwards_streams():
+    """Stored IDs of a backwards stream are negated tokens; queries over them agree."""
+    from streams.direction import BACKWARDS, FORWARDS
+    from streams.registry import STREAMS
+
+    assert STREAMS["backfill"].direction is BACKWARDS and STREAMS["events"].direction is FORWARDS
+    for signs in (FORWARDS, BACKWARDS):
+        for token in (1, 7, 2**40):
+            assert signs.to_wire(signs.from_wire(token)) == token
+    assert (BACKWARDS.from_wire(3), FORWARDS.from_wire(3)) == (-3, 3)
+    assert BACKWARDS.lookups("stream_ordering", 2, 5) == {"stream_ordering__lt": -2, "stream_ordering__gte": -5}
+    assert FORWARDS.lookups("stream_ordering", 2, 5) == {"stream_ordering__gt": 2, "stream_ordering__lte": 5}
+    behind = {"<": int.__lt__, ">": int.__gt__}[BACKWARDS.behind_sql()]
+    assert [s for s in [-1, -2, -3, -6] if behind(s, -3)] == [-1, -2]  # tokens 1 and 2 are below 3

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connections
 
+from streams.direction import BACKWARDS
 from streams.conf import stream_writers
 from streams.models import Event, FactsAreAppendOnly, Receipt, StreamPosition
 from streams.notifier import PositionAdvanced
@@ -230,9 +231,9 @@ def test_rows_stored_exactly_as_given(make_runtime, using):
     receipts[2]["data"] = {"nested": {"list": [1, 2.5, None, "é\u2603"], "big": 2**60}, "empty": {}}
     ids = rt.writer("receipts").append([[(Receipt, r)] for r in receipts])
     stored = {r.stream_id: r for r in Receipt.objects.using(using).all()}
-    for sid, given in zip(ids, receipts):
+    for sid, sent in zip(ids, receipts):
         got = stored[sid]
-        assert {k: getattr(got, k) for k in given} == given
+        assert {k: getattr(got, k) for k in sent} == sent
         assert got.instance_name == "master"
 
     events = [Event.synthetic(rng, i) for i in range(3)]
@@ -315,7 +316,7 @@ def test_wire_journal_takes_in_stream_order():
     assert len(journal) == 2
     backwards = WireJournal()  # backwards streams: external IDs negative, taken by factor * id
     backwards.record([-2, -4, -3], {-3: [["x"]]})
-    assert backwards.take(1, 3, factor=-1) == [(-2, []), (-3, [["x"]])]
+    assert backwards.take(1, 3, BACKWARDS) == [(-2, []), (-3, [["x"]])]
     assert len(backwards) == 1
 
 
