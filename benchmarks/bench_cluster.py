@@ -387,7 +387,8 @@ def batch_messages(writer: str, lines: list[bytes], first_token: int, min_lines:
         chunk = lines[i:i + PER_TXN]
         new = prev + len(chunk)
         msgs.append(msgpack.packb({"type": "replication.lines", "stream": STREAM, "writer": writer, "prev": prev,
-                                   "new": new, "data": b"\n".join(chunk) + b"\n", "count": len(chunk)}))
+                                   "new": new, "data": b"\n".join(chunk) + b"\n", "count": len(chunk),
+                                   "counts": {"RDATA": len(chunk)}}))
         prev = new
     out = list(msgs)
     while len(out) * PER_TXN < min_lines:

@@ -251,9 +251,14 @@ def _feeder(redis_url: str, path: str, n_messages: int, window: int, counts, loa
         batches, batch = data["batches"], data["batch"]
         layer = RedisPubSubChannelLayer(hosts=[redis_url])
 
+        from streams.replication.line_batch import counts_of
+
+        # commands per name of each payload, as the writer's streamer sends them
+        kinds = {payload: counts_of(payload.decode().splitlines()) for payload, _ in [*batches, data["prime"]]}
+
         def message(prev: int, new: int, payload: bytes, count: int) -> dict:
             return {"type": "replication.lines", "stream": STREAM, "writer": BENCH_WRITER,
-                    "prev": prev, "new": new, "data": payload, "count": count}
+                    "prev": prev, "new": new, "data": payload, "count": count, "counts": kinds[payload]}
 
         async def run() -> float:
             await layer.group_send("bench.warmup", {"type": "x"})  # connect to Redis first

@@ -33,6 +33,7 @@ from .commands import (
     format_command,
     parse_line,
 )
+from .line_batch import LineBatch
 
 __all__ = [
     "NEED_DATA",
@@ -269,6 +270,18 @@ class ReplicationConnection:
             raise LocalProtocolError(f"command not encodable as UTF-8: {e}") from e
         self.last_sent = now
         return data
+
+    def send_batch(self, batch: LineBatch, now: float) -> bytes:
+        """The bytes of lines encoded elsewhere (the writer's RDATA relayed, a history page):
+        checked by their counts -- our role must be allowed every command they hold -- and
+        counted as sent, so that :meth:`ping_due` sees them. An empty batch changes nothing."""
+        if not batch.counts:
+            return b""
+        for name in batch.counts:
+            if name not in self._may_send:
+                raise LocalProtocolError(f"a {self.our_role} may not send {name}")
+        self.last_sent = now
+        return batch.data
 
     def _encode(self, line: str, cmd: Command) -> bytes:
         try:

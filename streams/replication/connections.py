@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from django.dispatch import Signal
 
@@ -61,25 +61,19 @@ class EndpointCounters:
     throttled: int = 0
     disconnects: collections.Counter = field(default_factory=collections.Counter)
 
-    def lines_sent(self, message: dict[str, Any], legacy: bool = False) -> None:
-        """A relayed batch went out to one connection.
-
-        Batches have one of two shapes: a writer's (``build_lines``: RDATA lines, then at
-        most one POSITION, last) or a relay repair (POSITION lines only). So only the first
-        and the last line are looked at: scanning a 1,000-line batch for POSITION costs
-        ~100 µs, 16% of a core at the endpoint's measured rate (docs/benchmarks.md)."""
-        count = message["count"]
+    def batch_sent(self, counts: Mapping[str, int], legacy: bool = False) -> None:
+        """A batch went out to one connection: its counts, from where its lines were made
+        (``line_batch.py``); a legacy subscriber's lines count as other."""
         if legacy:
-            self.other_sent += count
+            self.other_sent += sum(counts.values())
             return
-        data = message["data"]
-        if data.startswith(b"POSITION "):
-            positions = count
-        else:
-            last_line = data.rfind(b"\n", 0, len(data) - 1) + 1
-            positions = 1 if data.startswith(b"POSITION ", last_line) else 0
-        self.position_sent += positions
-        self.rdata_sent += count - positions
+        for name, n in counts.items():
+            if name == "RDATA":
+                self.rdata_sent += n
+            elif name == "POSITION":
+                self.position_sent += n
+            else:
+                self.other_sent += n
 
     def commands_sent(self, names: Iterable[str]) -> None:
         for name in names:

@@ -36,6 +36,7 @@ from .commands import (
 )
 from .connection import CLOSED, NEED_DATA, ReplicationConnection
 from .legacy import to_legacy
+from .line_batch import LineBatch
 from .ratelimit import TokenBucket, command_cost
 from .relay import CONNECTIONS_GROUP, LOCAL_LAYER
 from .validation import check_inbound
@@ -187,22 +188,18 @@ class ReplicationConsumer(AsyncConsumer):
             await self._error_and_close("Failed to keep up", reason="failed to keep up")
             return
         self.expected_seq = seq + 1
-        data, count = event["data"], event["count"]
+        data = event["data"]
         for read in self.legacy_reads.values():
             read.offer(data)  # lines of a stream whose history is being read wait for it
-        if count and (self.info.legacy_streams or self.info.replicating):
-            self.endpoint.counters.lines_sent(event, legacy=bool(self.info.legacy_streams))
         if self.info.legacy_streams:
-            data, count = to_legacy(data, self.info.legacy_streams)
-        elif not self.info.replicating:
-            return  # nothing asked for yet
-        if count:
-            self.info.lines_out += count
-            await self.send({"type": "replication.send", "bytes": data, "count": count})
+            await self._send_batch(to_legacy(data, self.info.legacy_streams), legacy=True)
+        elif self.info.replicating:
+            await self._send_batch(LineBatch(data, event["counts"]))
 
     async def replication_relay_command(self, event: dict[str, Any]) -> None:
         if event["origin"] != self.channel_name:
-            await self.send({"type": "replication.send", "bytes": event["data"], "count": 1})
+            data = event["data"]
+            await self._send_batch(LineBatch(data, {data.split(b" ", 1)[0].decode(): 1}))
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -213,11 +210,19 @@ class ReplicationConsumer(AsyncConsumer):
             self.endpoint.counters.commands_sent(c.NAME for c in cmds)
             await self.send({"type": "replication.send", "bytes": data, "count": len(cmds)})
 
-    async def send_lines(self, data: bytes, count: int) -> None:
+    async def _send_batch(self, batch: LineBatch, *, legacy: bool = False) -> None:
+        """Lines encoded elsewhere, through the connection's state (``last_sent``: no PING
+        while lines flow) and counted by their counts (legacy lines as "other")."""
+        count = batch.count
+        if count:
+            data = self.conn.send_batch(batch, time.time())
+            self.info.lines_out += count
+            self.endpoint.counters.batch_sent(batch.counts, legacy=legacy)
+            await self.send({"type": "replication.send", "bytes": data, "count": count})
+
+    async def send_lines(self, batch: LineBatch) -> None:
         """Lines already encoded (a page of legacy history)."""
-        self.info.lines_out += count
-        self.endpoint.counters.other_sent += count
-        await self.send({"type": "replication.send", "bytes": data, "count": count})
+        await self._send_batch(batch, legacy=True)
 
     async def writable(self) -> None:
         """Returns once the transport has room (nothing waits in its queue)."""

@@ -42,6 +42,7 @@ from .commands import (
     batch_updates,
     parse_line,
 )
+from .line_batch import LineBatch
 from .ratelimit import HISTORY_PAGE_COST, TokenBucket
 
 if TYPE_CHECKING:
@@ -102,16 +103,17 @@ class HistoryRead:
         """A live batch arrived while reading: keep its lines of this stream above ``upto``."""
         if self.overflowed:
             return
-        lines, count = to_legacy(data, {self.name: str(self.upto)})
+        batch = to_legacy(data, {self.name: str(self.upto)})
+        count = batch.count
         if not count:
             return
         if self.buffered + count > MAX_BUFFERED_LINES:
             self.buffer, self.buffered, self.overflowed = [], 0, True
             return
-        self.buffer.append(lines)
+        self.buffer.append(batch.data)
         self.buffered += count
 
-    def read_page(self, spec: StreamSpec, using: str, limit: int = PAGE_ROWS) -> tuple[bytes, int]:
+    def read_page(self, spec: StreamSpec, using: str, limit: int = PAGE_ROWS) -> LineBatch:
         """The next page as legacy RDATA lines (blocking: runs in a thread). Rows of all
         writers are merged by token: only rows up to what every unfinished writer was read to
         are sent; the others wait in their writer's ``carry``."""
@@ -131,10 +133,8 @@ class HistoryRead:
                 c.carry = [r for r in c.carry if r[0] > bound]
         rows.sort(key=lambda item: item[0])  # stable: a fact's rows stay in table order
         self.pages += 1
-        if not rows:
-            return b"", 0
         lines = [LegacyRdataCommand(self.name, token, row).to_line() for token, row in batch_updates(rows)]
-        return ("\n".join(lines) + "\n").encode(), len(lines)
+        return LineBatch.of(lines, {"RDATA": len(lines)})
 
 
 class LegacyStreamer:
@@ -218,11 +218,11 @@ class LegacyStreamer:
                     async with self.slots:
                         while not self.page_budget.take(time.monotonic()):
                             await asyncio.sleep(self.page_budget.wait_time(time.monotonic()))
-                        data, count = await sync_to_async(read.read_page, thread_sensitive=False)(spec, self.using)
+                        page = await sync_to_async(read.read_page, thread_sensitive=False)(spec, self.using)
                     self.counters["pages"] += 1
-                    if count:
-                        self.counters["rows"] += count
-                        await consumer.send_lines(data, count)
+                    if page.count:
+                        self.counters["rows"] += page.count
+                        await consumer.send_lines(page)
                 if not read.overflowed:
                     break
                 # More arrived meanwhile than we keep: read on to where the writers are now.
@@ -236,7 +236,8 @@ class LegacyStreamer:
             consumer.info.legacy_streams[read.name] = str(read.upto)
             data = (LegacyPositionCommand(read.name, read.upto).to_line() + "\n").encode() + b"".join(read.buffer)
             self.counters["completed"] += 1
-            await consumer.send_lines(data, 1 + read.buffered)
+            # the buffered lines are RDATA and POSITION; legacy lines are counted as "other"
+            await consumer.send_lines(LineBatch(data, {"POSITION": 1, "RDATA": read.buffered}))
         except Exception:
             self.counters["failed"] += 1
             logger.exception("legacy history read of %s failed", read.name)
@@ -245,7 +246,7 @@ class LegacyStreamer:
             self.active -= 1
 
 
-def to_legacy(data: bytes, subscribed: dict[str, str]) -> tuple[bytes, int]:
+def to_legacy(data: bytes, subscribed: dict[str, str]) -> LineBatch:
     """Rewrite a batch of modern lines for a legacy subscriber: only its streams, above the
     token it was caught up to, without writer names."""
     out: list[str] = []
@@ -265,6 +266,4 @@ def to_legacy(data: bytes, subscribed: dict[str, str]) -> tuple[bytes, int]:
                 rows.clear()
         elif isinstance(cmd, PositionCommand) and cmd.new_token > done:
             out.append(LegacyPositionCommand(stream, cmd.new_token).to_line())
-    if not out:
-        return b"", 0
-    return ("\n".join(out) + "\n").encode(), len(out)
+    return LineBatch.of(out)

@@ -34,6 +34,7 @@ from channels.layers import get_channel_layer
 from ..registry import STREAMS
 from .commands import PositionCommand
 from .follower import RESETTABLE_STREAMS
+from .line_batch import add_counts, counts_of
 from .streamer import LINES_GROUP
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class ReplicationRelay:
             self._scan_wake.set()
             return
         prev, new = int(message["prev"]), int(message["new"])
+        counts = message.get("counts") or counts_of(message["data"].decode().splitlines())
         last = self.last_sent.get(key)
         if last is not None and prev < last and key[0] in RESETTABLE_STREAMS:
             # An in-memory stream's writer restarted (its tokens start again from 0; a live
@@ -164,7 +166,7 @@ class ReplicationRelay:
             self._changed_at[key] = time.monotonic()
             self.resets += 1
             reset = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
-            await self._send(reset + message["data"], message["count"] + 1)
+            await self._send(reset + message["data"], add_counts(counts, {"POSITION": 1}))
             return
         if last is None and key[0] in RESETTABLE_STREAMS:
             # The first batch this endpoint hears of an in-memory stream's writer (its run
@@ -174,7 +176,7 @@ class ReplicationRelay:
             self.last_sent[key] = new
             self._changed_at[key] = time.monotonic()
             start = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
-            await self._send(start + message["data"], message["count"] + 1)
+            await self._send(start + message["data"], add_counts(counts, {"POSITION": 1}))
             return
         if last is not None and new <= last:
             return  # already covered
@@ -183,7 +185,7 @@ class ReplicationRelay:
         self._behind_since.pop(key, None)
         if last is not None and prev <= last:
             self.relayed_messages += 1
-            await self._send(message["data"], message["count"])
+            await self._send(message["data"], counts)
         else:
             # We never saw (last, prev]: let every worker fetch what it is missing.
             self.repairs += 1
@@ -250,7 +252,7 @@ class ReplicationRelay:
                 lines = self.scan.lines(STREAMS[stream], lo, hi, rows)
                 if lines:
                     self.relayed_messages += 1
-                    await self._send(("\n".join(lines) + "\n").encode(), len(lines))
+                    await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
         from ..updates import get_all_writers_rows
@@ -261,7 +263,7 @@ class ReplicationRelay:
 
     async def _send_positions(self, items: list[tuple[tuple[str, str], int]]) -> None:
         lines = [PositionCommand(s, w, t, t).to_line() for (s, w), t in items]
-        await self._send(("\n".join(lines) + "\n").encode(), len(lines))
+        await self._send(("\n".join(lines) + "\n").encode(), {"POSITION": len(lines)})
 
     def attach(self, channel_name: str, deliver: Any) -> None:
         """A connection of this endpoint wants every batch (``deliver(message)``)."""
@@ -270,13 +272,13 @@ class ReplicationRelay:
     def detach(self, channel_name: str) -> None:
         self._connections.pop(channel_name, None)
 
-    async def _send(self, data: bytes, count: int) -> None:
+    async def _send(self, data: bytes, counts: dict[str, int]) -> None:
         # Callers update ``last_sent`` with no await before this: a connection announcing
         # positions (on REPLICATE) either gets these lines or announces positions covering them.
         # Within the process, batches go straight to the connections (one call each): a
         # channel-layer hop per connection and batch cost ten times more (measured).
         self.seq += 1
-        message = {"type": "replication.lines", "seq": self.seq, "data": data, "count": count}
+        message = {"type": "replication.lines", "seq": self.seq, "data": data, "counts": counts}
         for deliver in list(self._connections.values()):
             try:
                 await deliver(message)

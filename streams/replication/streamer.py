@@ -27,6 +27,7 @@ from ..notifier import PositionAdvanced
 from ..registry import get_stream
 from .commands import PositionCommand, RdataCommand, encode_json
 from .layer_publish import GroupPublisher
+from .line_batch import add_counts
 
 if TYPE_CHECKING:
     from ..runtime import StreamRuntime
@@ -67,6 +68,14 @@ def build_lines(stream_name: str, writer: str, prev: int, new: int,
     return lines
 
 
+def build_counts(lines: list[str]) -> dict[str, int]:
+    """Commands per name of :func:`build_lines`' output, without reading every line: RDATA
+    lines, then at most one POSITION, last."""
+    positions = 1 if lines and lines[-1].startswith("POSITION ") else 0
+    counts = {"RDATA": len(lines) - positions, "POSITION": positions}
+    return {name: n for name, n in counts.items() if n}
+
+
 @dataclass
 class _Batch:
     """One writer's lines for ``(prev, new]`` of one stream, ready to publish."""
@@ -88,7 +97,8 @@ def _coalesce(batches: list[_Batch]) -> list[_Batch]:
             out.append(batch)
             continue
         lm = last.message
-        merged = {**lm, "new": m["new"], "data": lm["data"] + m["data"], "count": lm["count"] + m["count"]}
+        merged = {**lm, "new": m["new"], "data": lm["data"] + m["data"], "count": lm["count"] + m["count"],
+                  "counts": add_counts(lm["counts"], m["counts"])}
         packed = last.packed + batch.packed if last.packed is not None and batch.packed is not None else None
         out[-1] = _Batch(merged, last.lines + batch.lines, None, packed)
     return out
@@ -173,11 +183,13 @@ class ReplicationStreamer:
         journal = self.runtime.journal_for(stream_name)
         facts = journal.take(prev, new, spec.direction) if journal is not None else []
         wire_facts = [(spec.to_wire(stream_id), rows) for stream_id, rows in facts]
-        lines = [line.encode() for line in build_lines(stream_name, writer, prev, new, wire_facts)]
+        text = build_lines(stream_name, writer, prev, new, wire_facts)
+        lines = [line.encode() for line in text]
         message = {
             "type": "replication.lines",
             "stream": stream_name, "writer": writer, "prev": prev, "new": new,
             "data": b"\n".join(lines) + b"\n", "count": len(lines),
+            "counts": build_counts(text),
         }
         publisher, bridge = self._group_publisher, self.bridge
         return _Batch(message, lines, publisher.serialize(message) if publisher is not None else None,

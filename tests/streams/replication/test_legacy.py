@@ -39,7 +39,8 @@ def test_pages_merge_every_writer_in_token_order(two_writers):
     sent: list[int] = []
     pages = 0
     while not read.done:
-        data, count = read.read_page(get_stream("receipts"), "default", limit=7)
+        page = read.read_page(get_stream("receipts"), "default", limit=7)
+        data, count = page.data, page.count
         pages += 1
         assert all(len(c.carry) <= 7 for c in read.writers.values())  # memory: a page per writer
         lines = data.decode().splitlines()

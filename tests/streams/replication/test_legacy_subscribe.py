@@ -23,7 +23,7 @@ def test_facts_written_during_the_backlog_read_follow_its_position(monkeypatch):
     monkeypatch.setattr(legacy, "get_updates_since", fake_updates)
     read = legacy.HistoryRead("receipts", 0, {"master": 5})
     sent = []
-    data, _ = read.read_page(STREAMS["receipts"], "default", limit=2)
+    data = read.read_page(STREAMS["receipts"], "default", limit=2).data
     sent += _lines(data)
     # Meanwhile the writer commits facts 5 (already in the read's range) and 6, and the relay
     # passes them on: the connection is not subscribed yet.
@@ -31,7 +31,7 @@ def test_facts_written_during_the_backlog_read_follow_its_position(monkeypatch):
     live = b"".join((RdataCommand("receipts", "master", t, table[t]).to_line() + "\n").encode() for t in (5, 6))
     read.offer(live)
     while not read.done:
-        data, _ = read.read_page(STREAMS["receipts"], "default", limit=2)
+        data = read.read_page(STREAMS["receipts"], "default", limit=2).data
         sent += _lines(data)
     # What LegacyStreamer sends once the read is done: its POSITION, then the kept lines.
     sent += _lines((legacy.LegacyPositionCommand("receipts", read.upto).to_line() + "\n").encode())

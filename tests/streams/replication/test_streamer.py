@@ -3,7 +3,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.replication.commands import PositionCommand, RdataCommand, parse_line
-from streams.replication.streamer import build_lines
+from streams.replication.line_batch import counts_of
+from streams.replication.streamer import build_counts, build_lines
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -33,6 +34,7 @@ def test_lines_are_the_command_classes_lines(rows_per_fact, extra):
     new = 10 + len(facts) + extra
     lines = build_lines("events", "w1", 10, new, facts)
     assert lines == reference("events", "w1", 10, new, facts)
+    assert build_counts(lines) == counts_of(lines)  # what the streamer tells the endpoints
     for line in lines:
         parse_line(line)  # every line parses back
 
@@ -52,7 +54,7 @@ def _batch(stream, writer, prev, new, lines, packed=True):
 
     data = b"".join(line + b"\n" for line in lines)
     message = {"type": "replication.lines", "stream": stream, "writer": writer, "prev": prev, "new": new,
-               "data": data, "count": len(lines)}
+               "data": data, "count": len(lines), "counts": counts_of([line.decode() for line in lines])}
     return _Batch(message, list(lines), b"serialized", b"|".join(lines) + b"|" if packed else None)
 
 
@@ -70,7 +72,7 @@ def test_coalesce_merges_consecutive_batches_of_one_writer_only():
     merged = out[0]
     assert merged.lines == a.lines + b.lines
     assert merged.message["data"] == a.message["data"] + b.message["data"]
-    assert merged.message["count"] == 3
+    assert merged.message["count"] == 3 and merged.message["counts"] == {"RDATA": 2, "POSITION": 1}
     assert merged.packed == a.packed + b.packed
     assert merged.layer_data is None  # serialized again when sent: the message changed
     assert out[1] is c and out[2] is d
