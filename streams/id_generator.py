@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 from .direction import direction
 from .id_store import IdStore, Reservation
-from .notifier import PositionAdvanced, PositionNotifier
+from .notifier import PositionAdvanced, PositionNotifier, WireJournal
 from .positions import PendingId, SignedPositions, StreamPositions
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ class MultiWriterIdGenerator:
         self._positions = StreamPositions(instance_name, clock=clock)
         self._signed = SignedPositions(self._positions, self.direction)
         self._notify_lock = threading.Lock()
+        #: the wire rows of this process's completed IDs until their advance carries them
+        #: (set while a replication streamer listens: streams.runtime)
+        self.journal: WireJournal | None = None
         loaded = store.load_state(self.writers)
         self._positions.load(
             positions=loaded.positions,
@@ -130,8 +133,10 @@ class MultiWriterIdGenerator:
             if self.direction.to_wire(new) <= self.direction.to_wire(prev):
                 return
             self._last_published = new
+            journal, signs = self.journal, self.direction
+            facts = tuple(journal.take(signs.to_wire(prev), signs.to_wire(new), signs)) if journal is not None else ()
             self._notifier.position_advanced(
-                PositionAdvanced(self.stream_name, self.instance_name, prev, new)
+                PositionAdvanced(self.stream_name, self.instance_name, prev, new, facts)
             )
 
     # -- reading ----------------------------------------------------------------------------

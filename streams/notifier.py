@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
+
+from .direction import FORWARDS, IdDirection
 
 logger = logging.getLogger(__name__)
 
@@ -19,12 +21,44 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PositionAdvanced:
     """Writer ``instance_name`` of ``stream_name`` completed everything up to ``new_token``
-    (external sign); ``prev_token`` is what it published last."""
+    (stored sign); ``prev_token`` is what it published last. ``facts``: the wire rows of what
+    this process wrote in ``(prev_token, new_token]``, as ``(stream ID, rows)`` in token order,
+    when its writer keeps a :class:`WireJournal` (while a replication streamer listens); a
+    rolled-back ID has no rows."""
 
     stream_name: str
     instance_name: str
     prev_token: int
     new_token: int
+    facts: tuple[tuple[int, list[list[Any]]], ...] = ()
+
+
+class WireJournal:
+    """The wire rows of this writer's completed facts, until the replication streamer takes
+    them: RDATA is built from what was written, without reading it back.
+
+    Keyed by stream ID (external sign); a rolled-back fact is recorded with no rows.
+    """
+
+    def __init__(self) -> None:
+        self._facts: dict[int, list[list[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, ids: Sequence[int], rows: Mapping[int, list[list[Any]]]) -> None:
+        with self._lock:
+            for stream_id in ids:
+                self._facts[stream_id] = rows.get(stream_id, [])
+
+    def take(self, ids_after: int, ids_upto: int, signs: IdDirection = FORWARDS) -> list[tuple[int, list[list[Any]]]]:
+        """Remove and return the facts whose wire token is in ``(ids_after, ids_upto]``, in order."""
+        with self._lock:
+            facts = self._facts
+            to_wire = signs.to_wire
+            keys = sorted((k for k in facts if ids_after < to_wire(k) <= ids_upto), key=to_wire)
+            return [(k, facts.pop(k)) for k in keys]
+
+    def __len__(self) -> int:
+        return len(self._facts)
 
 
 Subscriber = Callable[[PositionAdvanced], None]

@@ -16,7 +16,8 @@ from .id_generator import MultiWriterIdGenerator
 from .id_store import id_store_for, table_refs
 from .notifier import PositionNotifier
 from .registry import STREAMS, get_stream
-from .writer import StreamWriter, WireJournal
+from .notifier import WireJournal
+from .writer import StreamWriter
 
 
 class StreamRuntime:
@@ -64,6 +65,8 @@ class StreamRuntime:
                     notifier=self.notifier,
                     clock=self.clock,
                 )
+                if self.streamer is not None:
+                    gen.journal = WireJournal()
                 self._generators[stream_name] = gen
             return gen
 
@@ -73,8 +76,6 @@ class StreamRuntime:
             writer = self._writers.get(stream_name)
             if writer is None:
                 writer = self._writers[stream_name] = StreamWriter(get_stream(stream_name), gen, using=self.using)
-                if self.streamer is not None:
-                    writer.journal = WireJournal()
             return writer
 
     def is_writer_of(self, stream_name: str) -> bool:
@@ -101,12 +102,6 @@ class StreamRuntime:
         typing.announce()
         return typing
 
-    def journal_for(self, stream_name: str) -> WireJournal | None:
-        """Where the streamer takes the rows of this process's advances on ``stream_name``."""
-        if stream_name == "typing":
-            return self._typing.journal if self._typing is not None else None
-        return self.writer(stream_name).journal
-
     def db_streams(self) -> list[str]:
         return [name for name, spec in STREAMS.items() if spec.db_backed]
 
@@ -121,12 +116,12 @@ class StreamRuntime:
         with self._lock:
             if self.streamer is not None:
                 return
-            for writer in self._writers.values():
-                writer.journal = WireJournal()
+            for gen in self._generators.values():
+                gen.journal = WireJournal()
             if self._typing is not None:
                 self._typing.journal = WireJournal()
             self.streamer = ReplicationStreamer(
-                self, loop=loop, layer=layer, redis_url=redis_url,
+                self.notifier, loop=loop, layer=layer, redis_url=redis_url,
                 server_name=server_name or settings.SYNAPSE_REPL["SERVER_NAME"],
             )
 

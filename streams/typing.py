@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .notifier import PositionAdvanced, PositionNotifier
+from .notifier import PositionAdvanced, PositionNotifier, WireJournal
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,9 @@ class TypingWriter:
         self.notifier = notifier
         self.clock = clock
         self.state = state or TypingState()
-        #: set by the replication streamer: the rows of each change until it takes them
-        self.journal: Any = None
+        #: set while a replication streamer listens: the rows of each change until its
+        #: advance carries them
+        self.journal: WireJournal | None = None
         self._lock = threading.Lock()
         self._published = 0
         self._stop = threading.Event()
@@ -161,8 +162,7 @@ class TypingWriter:
         """Tell followers where this writer starts (0 after a restart): relays and workers
         that knew an earlier run see the token go back and start over."""
         with self._lock:
-            self.notifier.position_advanced(PositionAdvanced(STREAM, self.instance_name, self._published,
-                                                             self.state.serial))
+            self.notifier.position_advanced(self._advance(self._published, self.state.serial))
 
     def set_typing(self, room_id: str, user_id: str, typing: bool, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> int:
         """One user starts (for ``timeout_ms``) or stops typing in a room; the serial after it."""
@@ -212,7 +212,11 @@ class TypingWriter:
         if new != self._published:
             prev, self._published = self._published, new
             # Under the lock: advances reach the streamer in order.
-            self.notifier.position_advanced(PositionAdvanced(STREAM, self.instance_name, prev, new))
+            self.notifier.position_advanced(self._advance(prev, new))
+
+    def _advance(self, prev: int, new: int) -> PositionAdvanced:
+        facts = tuple(self.journal.take(prev, new)) if self.journal is not None and new > prev else ()
+        return PositionAdvanced(STREAM, self.instance_name, prev, new, facts)
 
     def _expire_forever(self, interval: float) -> None:
         while not self._stop.wait(interval):

@@ -19,9 +19,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from django.db import connections, transaction
 
-from .direction import FORWARDS, IdDirection
 from .id_generator import MultiWriterIdGenerator
 from .models.base import FactModel
+from .notifier import WireJournal
 from .registry import StreamSpec
 
 #: A row of a fact: the backing model and its field values (stream ID and writer excluded).
@@ -49,34 +49,6 @@ class _InsertPlan:
     to_wire: Any
 
 
-class WireJournal:
-    """The wire rows of this writer's completed facts, until the replication streamer takes
-    them: RDATA is built from what was written, without reading it back.
-
-    Keyed by stream ID (external sign); a rolled-back fact is recorded with no rows.
-    """
-
-    def __init__(self) -> None:
-        self._facts: dict[int, list[list[Any]]] = {}
-        self._lock = threading.Lock()
-
-    def record(self, ids: Sequence[int], rows: Mapping[int, list[list[Any]]]) -> None:
-        with self._lock:
-            for stream_id in ids:
-                self._facts[stream_id] = rows.get(stream_id, [])
-
-    def take(self, ids_after: int, ids_upto: int, signs: IdDirection = FORWARDS) -> list[tuple[int, list[list[Any]]]]:
-        """Remove and return the facts whose wire token is in ``(ids_after, ids_upto]``, in order."""
-        with self._lock:
-            facts = self._facts
-            to_wire = signs.to_wire
-            keys = sorted((k for k in facts if ids_after < to_wire(k) <= ids_upto), key=to_wire)
-            return [(k, facts.pop(k)) for k in keys]
-
-    def __len__(self) -> int:
-        return len(self._facts)
-
-
 class StreamWriter:
     """Writes facts to one stream as this process's writer instance."""
 
@@ -85,9 +57,17 @@ class StreamWriter:
         self.generator = generator
         self.using = using
         self._plans: dict[type[FactModel], _InsertPlan] = {}
-        #: set by the replication streamer: then every transaction records its wire rows
-        self.journal: WireJournal | None = None
         self._local = threading.local()
+
+    @property
+    def journal(self) -> WireJournal | None:
+        """The generator's: every transaction records its wire rows there while a replication
+        streamer listens, and each advance carries them (``PositionAdvanced.facts``)."""
+        return self.generator.journal
+
+    @journal.setter
+    def journal(self, journal: WireJournal | None) -> None:
+        self.generator.journal = journal
 
     @contextlib.contextmanager
     def transaction(self, n_facts: int = 1) -> Iterator[list[int]]:

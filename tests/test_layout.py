@@ -110,7 +110,6 @@ KNOWN_CYCLES = [
     ["streams.jobs.definitions", "streams.jobs.runner"],
     ["streams.replication.connections", "streams.replication.consumer", "streams.replication.endpoint",
      "streams.replication.legacy", "streams.replication.tcp"],
-    ["streams.replication.streamer", "streams.runtime"],
     ["streams.storage", "streams.storage.persist"],
 ]
 

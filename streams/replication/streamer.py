@@ -7,8 +7,8 @@ wrote in ``(prev, new]`` into RDATA lines (``batch`` tokens for multi-row facts)
 publishes them as **one** channel-layer message on the cluster group
 ``replication.lines``. Every endpoint relays those messages to its connections.
 
-The rows come from the writer's :class:`~streams.writer.WireJournal` (what it just wrote),
-not from the database. The batch is formatted (and serialized) on the writer's thread as the
+The rows come with the advance (``PositionAdvanced.facts``: what the writer just wrote, kept
+in its :class:`~streams.notifier.WireJournal` until the advance), not from the database. The batch is formatted (and serialized) on the writer's thread as the
 advance is announced; writing it to Redis runs on an event loop of the streamer's own thread
 (or on a given loop, for the in-memory layer of an endpoint process), so a writer's commit
 path never waits for Redis.
@@ -19,18 +19,15 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from channels.layers import get_channel_layer
 
-from ..notifier import PositionAdvanced
+from ..notifier import PositionAdvanced, PositionNotifier
 from ..registry import get_stream
 from .commands import PositionCommand, RdataCommand, encode_json
 from .layer_publish import GroupPublisher
 from .line_batch import add_counts
-
-if TYPE_CHECKING:
-    from ..runtime import StreamRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +102,8 @@ def _coalesce(batches: list[_Batch]) -> list[_Batch]:
 
 
 class ReplicationStreamer:
-    def __init__(self, runtime: "StreamRuntime", *, loop: asyncio.AbstractEventLoop | None = None,
+    def __init__(self, notifier: PositionNotifier, *, loop: asyncio.AbstractEventLoop | None = None,
                  layer: Any = None, redis_url: str | None = None, server_name: str | None = None) -> None:
-        self.runtime = runtime
         self.layer = layer
         self._redis = (redis_url, server_name) if redis_url else None
         self.bridge = None
@@ -127,7 +123,7 @@ class ReplicationStreamer:
         self._wake = asyncio.Event()
         self._group_publisher: GroupPublisher | None = None
         self._task = asyncio.run_coroutine_threadsafe(self._publish_loop(), self._loop)
-        self._unsubscribe = runtime.notifier.subscribe(self._on_advance)
+        self._unsubscribe = notifier.subscribe(self._on_advance)
 
     def _run_thread(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -180,9 +176,7 @@ class ReplicationStreamer:
         stream_name, writer = advance.stream_name, advance.instance_name
         spec = get_stream(stream_name)
         prev, new = spec.to_wire(advance.prev_token), spec.to_wire(advance.new_token)
-        journal = self.runtime.journal_for(stream_name)
-        facts = journal.take(prev, new, spec.direction) if journal is not None else []
-        wire_facts = [(spec.to_wire(stream_id), rows) for stream_id, rows in facts]
+        wire_facts = [(spec.to_wire(stream_id), rows) for stream_id, rows in advance.facts]
         text = build_lines(stream_name, writer, prev, new, wire_facts)
         lines = [line.encode() for line in text]
         message = {

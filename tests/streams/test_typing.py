@@ -90,8 +90,10 @@ def test_writer_announces_changes_in_order_with_their_rows():
     writer.set_typing("!r1", "@a", False)
     assert [(a.stream_name, a.instance_name, a.prev_token, a.new_token) for a in advances] == [
         ("typing", "tw", 0, 0), ("typing", "tw", 0, 2), ("typing", "tw", 2, 3)]
-    assert writer.journal.take(0, 3) == [(1, [["!r1", ["@a"]]]), (2, [["!r1", ["@a", "@b"]]]),
-                                         (3, [["!r1", ["@b"]]])]
+    # each advance carries the rows of its changes (the journal keeps them until then)
+    assert [list(a.facts) for a in advances] == [[], [(1, [["!r1", ["@a"]]]), (2, [["!r1", ["@a", "@b"]]])],
+                                                 [(3, [["!r1", ["@b"]]])]]
+    assert len(writer.journal) == 0
     writer.clock = lambda: 1031.0  # @b's 30 s are over
     assert writer.expire() == 1
     assert advances[-1].new_token == 4 and writer.updates_since(3, 4, 10).updates == [(4, ["!r1", []])]

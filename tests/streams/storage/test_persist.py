@@ -175,14 +175,20 @@ def test_persist_inside_an_open_transaction(store):
 
 
 def test_stream_rows_reach_the_replication_journal(store):
-    """The ev and state rows are recorded for replication when the transaction completes."""
-    from streams.writer import WireJournal
+    """The ev and state rows are recorded for replication when the transaction completes, and
+    the advance carries them."""
+    from streams.notifier import WireJournal
 
     writer = store.runtime.writer("events")
     writer.journal = WireJournal()
+    advances = []
+    unsubscribe = store.runtime.notifier.subscribe(advances.append)
     b, evs = simple_room()
-    persisted = store.persist(*[raw for _, raw in evs[:3]])
-    facts = dict(writer.journal.take(0, 10**9))
+    try:
+        persisted = store.persist(*[raw for _, raw in evs[:3]])
+    finally:
+        unsubscribe()
+    facts = dict(fact for a in advances if a.stream_name == "events" for fact in a.facts)
     first = persisted[0]
     kinds = [row[0] for row in facts[first.stream_ordering]]
     assert kinds == ["ev", "state"]
