@@ -31,7 +31,11 @@ VISIBLE = """EXISTS (
       AND (v.end_topological IS NULL
            OR (e.topological_ordering, e.stream_ordering) <= (v.end_topological, v.end_stream)))"""
 
-_COLUMNS = "e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, e.redacted"
+#: the redaction column is the room version of a redacted event (pruned by its version's
+#: rules), NULL for the others: the room is looked up only for the few redacted rows
+REDACTED_VERSION = ("CASE WHEN e.redacted THEN coalesce((SELECT r.room_version FROM rooms r "
+                    "WHERE r.room_id = e.room_id), '1') END")
+_COLUMNS = "e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, " + REDACTED_VERSION
 _MAX = 2**63 - 1
 
 
@@ -373,7 +377,8 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         memberships = []
         if caches.members.has_entity_changed(user_id, since.stream):
             cur.execute(
-                "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, e.redacted "
+                "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
+                f"{REDACTED_VERSION} "
                 "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
                 "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s ORDER BY m.event_stream_ordering",
                 [user_id, since.stream, now])
