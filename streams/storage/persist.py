@@ -308,8 +308,12 @@ class _Batch:
                     self.p.facts.put(ev.event_id, ev.membership, normalise_visibility(
                         ev.body["content"].get("history_visibility")) if ev.type != MEMBER else None)
             for ev, sid in zip(self.events, self.ids):
-                ev.stream_ordering = sid
+                ex = ev.extra.get("ex_outlier")
+                ev.stream_ordering = sid if ex is None else ex[3]
+                ev.extra["stream_id"] = sid
                 self._order(ev)
+                if ex is not None:
+                    ev.topological_ordering = ex[2]
                 if not ev.outlier:
                     self._state_and_visibility(ev)
                 elif ev.matrix is not None:  # an outlier: only its own auth events (spec step 4)
@@ -333,9 +337,16 @@ class _Batch:
             "WHERE " + in_array(self.cur, "e.event_id"), [array(self.cur, wanted)],
         )
         self.known = {r[0]: r for r in self.cur.fetchall()}
-        for eid in self.by_id:
-            if eid in self.known:
-                raise BadEvent(eid, "an event with this event_id is already stored")
+        for eid, ev in self.by_id.items():
+            row = self.known.get(eid)
+            if row is None:
+                continue
+            if row[4] and not row[5] and not ev.outlier:
+                # a stored outlier, now with its place in the room: de-outliered (Synapse's
+                # ex_outlier) -- it keeps its row and stream ordering, and gains its state
+                ev.extra["ex_outlier"] = row
+                continue
+            raise BadEvent(eid, "an event with this event_id is already stored")
         for ev in self.events:
             if ev.state_before:
                 unknown = sorted(e for e in ev.state_before.values() if e not in self.known and e not in self.by_id)
@@ -678,7 +689,7 @@ class _Batch:
         self.redaction_rows = []
         stored_targets = []
         for ev in self.events:
-            if ev.redacts is None or ev.rejected_reason:
+            if ev.redacts is None or ev.rejected_reason or "ex_outlier" in ev.extra:
                 continue
             self.redaction_rows.append((ev.event_id, ev.redacts, self.now_ms))
             target = self.by_id.get(ev.redacts)
@@ -705,7 +716,14 @@ class _Batch:
     def _write(self) -> None:
         cur = self.cur
         facts = []
+        ex_outliers = [ev for ev in self.events if "ex_outlier" in ev.extra]
+        # a de-outliered event that is now rejected changes nothing (as in Synapse)
+        skip = {ev.event_id for ev in ex_outliers if ev.rejected_reason}
         for ev in self.events:
+            if "ex_outlier" in ev.extra:
+                facts.append([] if self.backfill else
+                             [(CurrentStateDelta, d) for d in self.deltas.get(ev.event_id, ())])
+                continue
             values = {
                 "topological_ordering": ev.topological_ordering, "depth": ev.topological_ordering,
                 "event_id": ev.event_id, "room_id": ev.room_id, "type": ev.type, "state_key": ev.state_key,
@@ -718,18 +736,28 @@ class _Batch:
                 rows.extend((CurrentStateDelta, d) for d in self.deltas.get(ev.event_id, ()))
             facts.append(rows)
         self.writer.insert_rows(self.ids, facts)
+        done = [ev for ev in ex_outliers if ev.event_id not in skip]
+        if done:
+            cur.execute("UPDATE events SET outlier = FALSE WHERE " + in_array(cur, "event_id"),
+                        [array(cur, [ev.event_id for ev in done])])
+            insert_rows(cur, "ex_outlier_stream", ["event_stream_ordering", "event_id", "state_group", "instance_name"],
+                        ["bigint", "text", "bigint", "text"],
+                        [(ev.extra["stream_id"], ev.event_id, ev.state_group_after, self.writer.generator.instance_name)
+                         for ev in done])
         mark_redacted(cur, self.redacted_stored)
         insert_rows(cur, "redactions", ["event_id", "redacts", "received_ts"], ["text", "text", "bigint"],
                     self.redaction_rows)
         insert_rows(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"],
-                    [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
+                    [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events
+                     if ev.rejected_reason and "ex_outlier" not in ev.extra])
         self.p.state.write(cur, self.groups)
         insert_rows(cur, "event_auth", ["event_id", "auth_id", "room_id"], ["text", "text", "text"],
-                    [(ev.event_id, a, ev.room_id) for ev in self.events if ev.matrix is not None
+                    [(ev.event_id, a, ev.room_id) for ev in self.events
+                     if ev.matrix is not None and "ex_outlier" not in ev.extra
                      for a in dict.fromkeys(ev.matrix.auth_event_ids)])
         insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
                     [(ev.event_id, ev.state_group_after) for ev in self.events
-                       if not ev.outlier and ev.state_group_after is not None])
+                       if not ev.outlier and ev.state_group_after is not None and ev.event_id not in skip])
         accepted = [ev for ev in self.events if not ev.outlier and not ev.rejected_reason]
         insert_rows(cur, "event_edges", ["event_id", "prev_event_id", "room_id"], ["text", "text", "text"],
                     [(ev.event_id, p, ev.room_id) for ev in accepted for p in dict.fromkeys(ev.prev_events)])

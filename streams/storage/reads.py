@@ -35,7 +35,10 @@ VISIBLE = """EXISTS (
 #: rules), NULL for the others: the room is looked up only for the few redacted rows
 REDACTED_VERSION = ("CASE WHEN e.redacted THEN coalesce((SELECT r.room_version FROM rooms r "
                     "WHERE r.room_id = e.room_id), '1') END")
-_COLUMNS = "e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, " + REDACTED_VERSION
+_COLUMNS = ("e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, "
+            + REDACTED_VERSION + " AS redacted")
+#: the same columns read back from a subquery ``y`` of :data:`_COLUMNS`
+_Y_COLUMNS = "y.event_id, y.room_id, y.topological_ordering, y.stream_ordering, y.json, y.redacted"
 _MAX = 2**63 - 1
 
 
@@ -323,7 +326,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
             cur.execute(
                 f"""WITH my_rooms AS (
                     {_MY_ROOMS})
-                SELECT m.last_stream, {_COLUMNS.replace('e.', 'y.')} FROM my_rooms m CROSS JOIN LATERAL
+                SELECT m.last_stream, {_Y_COLUMNS} FROM my_rooms m CROSS JOIN LATERAL
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
             rows = cur.fetchall()
@@ -395,7 +398,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 rows = _per_room(cur, [(r, r) for r in changed], params, order="s", event_filter=new_events)
             else:
                 cur.execute(
-                    f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'y.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                    f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
                 rows = cur.fetchall()
