@@ -203,3 +203,29 @@ def test_an_outlier_persisted_again_with_its_state_is_de_outliered(store):
                                  "WHERE event_id = %s", topic)
     assert ex_stream > outlier.stream_ordering
     assert rows("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", topic) == [(group,)]
+
+
+@pytest.mark.parametrize("version_id", ["10", "12"])
+def test_a_rejected_event_is_stored_but_never_state_nor_shown(store, version_id):
+    from streams.storage.reads import initial_sync, topological_events
+
+    room = new_room(version_id)
+    room.send(E, "m.room.member", {"membership": "join"}, state_key=E)
+    topic = room.send(E, "m.room.topic", {"topic": "mine now"}, state_key="")  # level 0 < state_default 50
+    after = room.send(A, "m.room.message", {"body": "still here"})
+    assert topic in room.rejected
+    persist_all(store, room)
+
+    assert rows("SELECT rejected FROM events WHERE event_id = %s", topic) == [(True,)]
+    (reason,) = rows("SELECT reason FROM rejections WHERE event_id = %s", topic)[0]
+    assert reason.startswith("auth_error")
+    assert ("m.room.topic", "") not in state_at_event(after) and ("m.room.topic", "") not in current_state(room.room_id)
+    assert rows("SELECT count(*) FROM event_auth WHERE event_id = %s", topic)[0][0] == \
+        len(room.events[topic].auth_event_ids)
+    with pytest.raises(NotFound):
+        get_event(topic)
+    for user in (A, E):
+        assert topic not in [r.event_id for r in room_messages(room.room_id, user, limit=50)["chunk"]]
+        timeline = initial_sync(user)["rooms"][room.room_id]["events"]
+        assert after in [r.event_id for r in timeline] and topic not in [r.event_id for r in timeline]
+    assert topic not in [r.event_id for r in topological_events(room.room_id, limit=50)["chunk"]]
