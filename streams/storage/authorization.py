@@ -194,8 +194,10 @@ def authorize(event: MatrixEvent, before: StateMap | None, events: MatrixEvents)
     try:
         check_against_auth_events(event, events.get, events.rejected)
         if before is not None and not (event.type == "m.room.create" and event.state_key == ""):
-            events.ensure(before[k] for k in auth_types_for_event(event) if k in before)
-            check_state_dependent(event, auth_state_from(event, before, events.get))
+            chosen = {before[k] for k in auth_types_for_event(event) if k in before}
+            if chosen != set(event.auth_event_ids):  # the same auth state gives the same verdict
+                events.ensure(chosen)
+                check_state_dependent(event, auth_state_from(event, before, events.get))
     except AuthFailed as e:
         return f"auth_error: {e}"
     except MissingAuthEvent as e:

@@ -68,8 +68,14 @@ def test_a_ban_is_not_undone_by_a_longer_fork(store, version_id):
         last = room.send(M, "m.room.message", {"body": f"chat {n}"}, prev_ids=[last])
     merge = room.send(A, "m.room.message", {"body": "merge"}, prev_ids=[ban, last])
     after = room.send(A, "m.room.message", {"body": "after the merge"})
+    # Mallory goes on citing her join as her authority: fine by its own auth events, not by
+    # the state before it (spec step 5)
+    stale = room.send(M, "m.room.message", {"body": "still here"}, prev_ids=[after],
+                      auth_from=room.state_after[last])
     assert room.state_after[merge][("m.room.member", M)] == ban  # what the core (= Synapse) says
+    assert stale in room.rejected
     persist_all(store, room)
+    assert rows("SELECT rejected FROM events WHERE event_id = %s", stale) == [(True,)]
 
     assert state_at_event(merge)[("m.room.member", M)] == ban
     assert current_state(room.room_id) == room.state_after[after]
