@@ -30,6 +30,8 @@ class RoomInfos:
     def __init__(self) -> None:
         self._d: dict[str, RoomInfo] = {}
         self._batch: list[str] = []
+        #: rooms looked up in this call and not found (not asked again until it ends)
+        self._unknown: set[str] = set()
         self._lock = threading.Lock()
         self.using = "default"
 
@@ -38,9 +40,11 @@ class RoomInfos:
         if not isinstance(room_id, str):
             return None
         info = self._d.get(room_id)
-        if info is None and room_id not in self._d:
+        if info is None and room_id not in self._unknown:
             self.load([room_id])
             info = self._d.get(room_id)
+            if info is None:
+                self._unknown.add(room_id)
         return info
 
     def get(self, room_id: str) -> RoomInfo | None:
@@ -66,14 +70,17 @@ class RoomInfos:
         if room_id not in self._d:
             self._d[room_id] = info
             self._batch.append(room_id)
+        self._unknown.discard(room_id)
 
     def commit(self) -> None:
         self._batch.clear()
+        self._unknown.clear()
 
     def discard(self) -> None:
         for room_id in self._batch:
             self._d.pop(room_id, None)
         self._batch.clear()
+        self._unknown.clear()
 
 
 class _Rejected:

@@ -751,6 +751,7 @@ class _Batch:
                     [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events
                      if ev.rejected_reason and "ex_outlier" not in ev.extra])
         self.p.state.write(cur, self.groups)
+        # auth edges; the chain cover index (issue 16.4) is computed from these same edges, here
         insert_rows(cur, "event_auth", ["event_id", "auth_id", "room_id"], ["text", "text", "text"],
                     [(ev.event_id, a, ev.room_id) for ev in self.events
                      if ev.matrix is not None and "ex_outlier" not in ev.extra
