@@ -74,6 +74,7 @@ class _Room:
     members: _Members = field(default_factory=_Members)
     invited: set[str] = field(default_factory=set)
     banned: set[str] = field(default_factory=set)
+    name: str = ""  #: the ID chosen for the room (a v12 room's real ID is its create's hash)
     recent: deque = field(default_factory=lambda: deque(maxlen=50))
     vis: str = "shared"
 
@@ -115,7 +116,7 @@ class RoomGenerator:
             creator = self.users[rng.randrange(self.n_users)]
             b = PduRoom(self.versions[i % len(self.versions)], room_id, server=self.server,
                         id_prefix=self.prefix, counter=self.counter)
-            room = _Room(b, big, creator, vis=rng.choices(VISIBILITIES, VIS_WEIGHTS)[0])
+            room = _Room(b, big, creator, vis=rng.choices(VISIBILITIES, VIS_WEIGHTS)[0], name=room_id)
             rooms.append(room)
             n_members = min(self.n_users, 200 if big else rng.randint(2, 8))
             every = max(1, round(1 / self.backfill_fraction)) if self.backfill_fraction > 0 else 0
@@ -152,7 +153,7 @@ class RoomGenerator:
 
     def _start(self, room: _Room, n_members: int) -> list:
         b, rng = room.builder, self.rng
-        out = [self._emit(b.create(room.creator)), self._emit(b.member(room.creator, "join")),
+        out = [self._emit(b.create(room.creator, name=room.name)), self._emit(b.member(room.creator, "join")),
                self._emit(b.power_levels(room.creator, {room.creator: 100})),
                self._emit(b.join_rules(room.creator, "public")),
                self._emit(b.visibility(room.creator, room.vis))]
@@ -175,7 +176,7 @@ class RoomGenerator:
             state[key] = ev[0]
             outliers.append(IncomingEvent(self._emit(ev), outlier=True))
 
-        state_event(b.create(room.creator), ("m.room.create", ""))
+        state_event(b.create(room.creator, name=room.name), ("m.room.create", ""))
         state_event(b.member(room.creator, "join"), ("m.room.member", room.creator))
         state_event(b.power_levels(room.creator, {room.creator: 100}), ("m.room.power_levels", ""))
         state_event(b.join_rules(room.creator, "public"), ("m.room.join_rules", ""))

@@ -89,8 +89,12 @@ class PduRoom:
 
     # -- the events the generator sends ---------------------------------------------------------
 
-    def create(self, creator: str) -> tuple[str, bytes]:
+    def create(self, creator: str, *, name: str | None = None) -> tuple[str, bytes]:
+        """``name`` (a content key) tells apart create events that would otherwise be equal:
+        a v12 room's ID is its create event's hash."""
         content: dict[str, Any] = {"room_version": self.version.identifier}
+        if name is not None:
+            content["org.synapse_repl.generated_as"] = name
         if not self.version.implicit_room_creator:
             content["creator"] = creator
         return self.event("m.room.create", creator, content, state_key="")
