@@ -8,12 +8,14 @@ pruned. Events are returned as their stored JSON bytes (lossless), in :class:`Ev
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from django.db import transaction
 
+from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .change_cache import StreamChangeCache
 from .events import StateMap
 from .redactions import client_json
@@ -118,8 +120,35 @@ def _timeline_cursor(using: str) -> Iterator[Any]:
         yield cur
 
 
-def _row(r: Sequence[Any]) -> EventRow:
-    return EventRow(r[0], r[1], r[2], r[3], client_json(bytes(r[4]), r[5]))
+def _ids_not_in_json(cur: Any, room_id: str) -> bool:
+    """Whether the room's events carry no ``event_id`` field (authorized rooms of v3+: the ID
+    is a hash); cached per room (a room's version never changes)."""
+    hashed = _HASHED_ID_ROOMS.get(room_id)
+    if hashed is None:
+        cur.execute("SELECT room_version, authorized FROM rooms WHERE room_id = %s", [room_id])
+        row = cur.fetchone()
+        hashed = False
+        if row is not None and row[1] and row[0] is not None:
+            try:
+                hashed = room_version(row[0]).event_ids_are_hashes
+            except UnknownRoomVersion:
+                hashed = False
+        _HASHED_ID_ROOMS.put(room_id, hashed)
+    return hashed
+
+
+def with_event_id(raw: bytes, event_id: str) -> bytes:
+    """``raw`` (a JSON object) with ``event_id`` first: clients need the ID, which v3+ PDUs do
+    not carry. Spliced in, the rest of the bytes untouched."""
+    body = raw.lstrip()
+    return b'{"event_id":' + json.dumps(event_id).encode() + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
+
+
+def _row(r: Sequence[Any], cur: Any) -> EventRow:
+    raw = client_json(bytes(r[4]), r[5])
+    if _ids_not_in_json(cur, r[1]):
+        raw = with_event_id(raw, r[0])
+    return EventRow(r[0], r[1], r[2], r[3], raw)
 
 
 def _limit(limit: int) -> int:
@@ -180,6 +209,7 @@ class ChangeCaches:
 _CACHES: dict[str, ChangeCaches] = {}
 _STATE = StateGroupStore(cache_keys=2_000_000)
 _EVENT_GROUP = _LRU(50_000)
+_HASHED_ID_ROOMS = _LRU(200_000)
 
 
 def change_caches_for(using: str) -> ChangeCaches:
@@ -194,6 +224,7 @@ def forget_caches() -> None:
     _CACHES.clear()
     _STATE.forget()
     _EVENT_GROUP.clear()
+    _HASHED_ID_ROOMS.clear()
 
 
 # -- single events and state ------------------------------------------------------------------
@@ -211,7 +242,7 @@ def get_event(event_id: str, *, user_id: str | None = None, using: str = "defaul
         row = cur.fetchone()
         if row is None or (user_id is not None and not _visible(cur, event_id, user_id)):
             raise NotFound(f"event {event_id} not found")
-        return _row(row)
+        return _row(row, cur)
 
 
 def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> StateMap:
@@ -263,7 +294,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
         else:
             page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
         cur.execute("SELECT * FROM " + page + " y", params)
-        rows = [_row(r) for r in cur.fetchall()]
+        rows = [_row(r, cur) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = None
@@ -294,7 +325,7 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
         cur.execute(
             f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
             f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
-        rows = [_row(r) for r in cur.fetchall()]
+        rows = [_row(r, cur) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = rows[-1].token if rows and more else None
@@ -330,7 +361,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
             rows = cur.fetchall()
-        out = _group_timelines(rows, limit, historic=True)
+        out = _group_timelines(cur, rows, limit, historic=True)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
 
 
@@ -346,11 +377,12 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
     return out
 
 
-def _group_timelines(rows: Sequence[Sequence[Any]], limit: int, *, historic: bool) -> dict[str, dict[str, Any]]:
+def _group_timelines(cur: Any, rows: Sequence[Sequence[Any]], limit: int, *,
+                     historic: bool) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         room = out.setdefault(r[2], {"events": []})
-        room["events"].append(_row(r[1:]))
+        room["events"].append(_row(r[1:], cur))
     for room in out.values():
         events = room["events"]
         room["limited"] = len(events) > limit
@@ -387,7 +419,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 [user_id, since.stream, now])
             for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
-                                    "stream_ordering": stream, "event": client_json(bytes(raw), redacted)})
+                                    "stream_ordering": stream, "event": _row((eid, room_id, 0, stream, raw, redacted), cur).json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
         changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
@@ -402,7 +434,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
                 rows = cur.fetchall()
-            out = _group_timelines(rows, limit, historic=False)
+            out = _group_timelines(cur, rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 

@@ -120,7 +120,9 @@ def test_redaction_prunes_by_the_room_version(store, version_id):
         got = json.loads(get_event(target).json)
         want = redact(room.pdu(target), version)
         assert got["content"] == want["content"]
-        assert {k for k in got if k not in ("unsigned",)} == {k for k in want if k != "unsigned"}
+        assert {k for k in got if k not in ("unsigned", "event_id")} == \
+            {k for k in want if k not in ("unsigned", "event_id")}
+        assert got["event_id"] == target
         assert got["unsigned"]["redacted"] is True
     kept = set(json.loads(get_event(msg).json))
     assert ({"origin", "membership", "prev_state"} <= kept) == (version_id in ("2", "10"))
@@ -275,3 +277,27 @@ def test_generated_rooms_persist_to_the_cores_verdicts_and_states(store, version
     tips = [room.state_after[e] for e in accepted if e not in children]
     want = tips[0] if len(tips) == 1 else resolve(room.version, tips, room.events, room.rejected.keys())
     assert current_state(room.room_id) == want
+
+
+@pytest.mark.parametrize("version_id", ["2", "10", "12"])
+def test_reads_give_clients_the_event_id_of_hashed_id_events(store, version_id):
+    from streams.storage.reads import incremental_sync, initial_sync
+    from streams.storage.tokens import RoomStreamToken
+
+    room = new_room(version_id)
+    msg = room.send(A, "m.room.message", {"body": "hi"})
+    persist_all(store, room, room.order[:-1])
+    since = initial_sync(A)["next_batch"]
+    persist_all(store, room, [msg])
+    red = room.send(A, "m.room.redaction", {"redacts": msg}, extra={"redacts": msg})
+    persist_all(store, room, [red])
+    for row in [get_event(msg), get_event(red)] + room_messages(room.room_id, A, limit=50)["chunk"]:
+        body = json.loads(row.json)
+        assert body["event_id"] == row.event_id
+        # the rest is the PDU as received (pruned, for the redacted message)
+        assert {k: v for k, v in body.items() if k not in ("event_id", "unsigned")} == \
+            {k: v for k, v in (redact(room.pdu(row.event_id), room.version) if row.event_id == msg
+                               else room.pdu(row.event_id)).items() if k not in ("event_id", "unsigned")}
+    new = incremental_sync(A, since)["rooms"][room.room_id]["events"]
+    assert [json.loads(r.json)["event_id"] for r in new] == [r.event_id for r in new] and new
+    assert isinstance(since, RoomStreamToken)
