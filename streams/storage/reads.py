@@ -120,10 +120,10 @@ def _timeline_cursor(using: str) -> Iterator[Any]:
         yield cur
 
 
-def _ids_not_in_json(cur: Any, room_id: str) -> bool:
+def _ids_not_in_json(cur: Any, caches: "ReadCaches", room_id: str) -> bool:
     """Whether the room's events carry no ``event_id`` field (authorized rooms of v3+: the ID
     is a hash); cached per room (a room's version never changes)."""
-    hashed = _HASHED_ID_ROOMS.get(room_id)
+    hashed = caches.hashed_id_rooms.get(room_id)
     if hashed is None:
         cur.execute("SELECT room_version, authorized FROM rooms WHERE room_id = %s", [room_id])
         row = cur.fetchone()
@@ -133,7 +133,7 @@ def _ids_not_in_json(cur: Any, room_id: str) -> bool:
                 hashed = room_version(row[0]).event_ids_are_hashes
             except UnknownRoomVersion:
                 hashed = False
-        _HASHED_ID_ROOMS.put(room_id, hashed)
+        caches.hashed_id_rooms.put(room_id, hashed)
     return hashed
 
 
@@ -144,9 +144,9 @@ def with_event_id(raw: bytes, event_id: str) -> bytes:
     return b'{"event_id":' + json.dumps(event_id).encode() + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
 
 
-def _row(r: Sequence[Any], cur: Any) -> EventRow:
+def _row(r: Sequence[Any], cur: Any, caches: "ReadCaches") -> EventRow:
     raw = client_json(bytes(r[4]), r[5])
-    if _ids_not_in_json(cur, r[1]):
+    if _ids_not_in_json(cur, caches, r[1]):
         raw = with_event_id(raw, r[0])
     return EventRow(r[0], r[1], r[2], r[3], raw)
 
@@ -206,25 +206,40 @@ class ChangeCaches:
             self._fed_upto = now
 
 
-_CACHES: dict[str, ChangeCaches] = {}
-_STATE = StateGroupStore(cache_keys=2_000_000)
-_EVENT_GROUP = _LRU(50_000)
-_HASHED_ID_ROOMS = _LRU(200_000)
+class ReadCaches:
+    """Everything the reads of one database keep between calls, owned in one place: the change
+    caches, group states and event -> group (they never change), and which rooms' events
+    carry hashed IDs. One per database alias (group IDs of two databases are unrelated)."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.change = ChangeCaches(using)
+        self.state = StateGroupStore(cache_keys=2_000_000)
+        self.event_group = _LRU(50_000)
+        self.hashed_id_rooms = _LRU(200_000)
+
+
+_READ_CACHES: dict[str, ReadCaches] = {}
+_READ_CACHES_LOCK = threading.Lock()
+
+
+def caches_for(using: str) -> ReadCaches:
+    """The read caches of database ``using``."""
+    caches = _READ_CACHES.get(using)
+    if caches is None:
+        with _READ_CACHES_LOCK:
+            caches = _READ_CACHES.setdefault(using, ReadCaches(using))
+    return caches
 
 
 def change_caches_for(using: str) -> ChangeCaches:
-    caches = _CACHES.get(using)
-    if caches is None:
-        caches = _CACHES[using] = ChangeCaches(using)
-    return caches
+    return caches_for(using).change
 
 
 def forget_caches() -> None:
     """Drop every read cache (tests that recreate the database)."""
-    _CACHES.clear()
-    _STATE.forget()
-    _EVENT_GROUP.clear()
-    _HASHED_ID_ROOMS.clear()
+    with _READ_CACHES_LOCK:
+        _READ_CACHES.clear()
 
 
 # -- single events and state ------------------------------------------------------------------
@@ -242,7 +257,7 @@ def get_event(event_id: str, *, user_id: str | None = None, using: str = "defaul
         row = cur.fetchone()
         if row is None or (user_id is not None and not _visible(cur, event_id, user_id)):
             raise NotFound(f"event {event_id} not found")
-        return _row(row, cur)
+        return _row(row, cur, caches_for(using))
 
 
 def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> StateMap:
@@ -251,15 +266,16 @@ def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "d
     with store_cursor(using) as cur:
         if user_id is not None and not _visible(cur, event_id, user_id):
             raise NotFound(f"event {event_id} not found")
-        group = _EVENT_GROUP.get(event_id)
+        caches = caches_for(using)
+        group = caches.event_group.get(event_id)
         if group is None:
             cur.execute("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", [event_id])
             row = cur.fetchone()
             if row is None:
                 raise NotFound(f"no state known at {event_id} (unknown event or outlier)")
             group = row[0]
-            _EVENT_GROUP.put(event_id, group)
-        return _STATE.get_state(cur, group)
+            caches.event_group.put(event_id, group)
+        return caches.state.get_state(cur, group)
 
 
 # -- room history -----------------------------------------------------------------------------
@@ -294,7 +310,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
         else:
             page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
         cur.execute("SELECT * FROM " + page + " y", params)
-        rows = [_row(r, cur) for r in cur.fetchall()]
+        rows = [_row(r, cur, caches_for(using)) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = None
@@ -325,7 +341,7 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
         cur.execute(
             f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
             f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
-        rows = [_row(r, cur) for r in cur.fetchall()]
+        rows = [_row(r, cur, caches_for(using)) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = rows[-1].token if rows and more else None
@@ -361,7 +377,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
             rows = cur.fetchall()
-        out = _group_timelines(cur, rows, limit, historic=True)
+        out = _group_timelines(cur, caches_for(using), rows, limit, historic=True)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
 
 
@@ -377,12 +393,12 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
     return out
 
 
-def _group_timelines(cur: Any, rows: Sequence[Sequence[Any]], limit: int, *,
+def _group_timelines(cur: Any, caches: ReadCaches, rows: Sequence[Sequence[Any]], limit: int, *,
                      historic: bool) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         room = out.setdefault(r[2], {"events": []})
-        room["events"].append(_row(r[1:], cur))
+        room["events"].append(_row(r[1:], cur, caches))
     for room in out.values():
         events = room["events"]
         room["limited"] = len(events) > limit
@@ -419,7 +435,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 [user_id, since.stream, now])
             for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
-                                    "stream_ordering": stream, "event": _row((eid, room_id, 0, stream, raw, redacted), cur).json})
+                                    "stream_ordering": stream, "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches_for(using)).json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
         changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
@@ -434,7 +450,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
                 rows = cur.fetchall()
-            out = _group_timelines(cur, rows, limit, historic=False)
+            out = _group_timelines(cur, caches_for(using), rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 
