@@ -301,3 +301,40 @@ def test_reads_give_clients_the_event_id_of_hashed_id_events(store, version_id):
     new = incremental_sync(A, since)["rooms"][room.room_id]["events"]
     assert [json.loads(r.json)["event_id"] for r in new] == [r.event_id for r in new] and new
     assert isinstance(since, RoomStreamToken)
+
+
+def _tampered(room: RoomBuilder, target: str, **changes) -> bytes:
+    pdu = dict(room.pdu(target))
+    pdu.update(changes)
+    return json.dumps(pdu, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda room, e: _tampered(room, e, event_id="$mine:a.example"), "must not carry an event_id"),
+    (lambda room, e: _tampered(room, e, auth_events="nope"), "auth_events must be a list"),
+    (lambda room, e: _tampered(room, e, auth_events=["$unknown"] + room.pdu(e)["auth_events"]),
+     "is not stored"),
+    (lambda room, e: _tampered(room, e, room_id="!elsewhere:a.example"), "create event is not stored"),
+])
+def test_bad_pdus_in_an_authorized_room_write_nothing(store, make, message):
+    from streams.storage import BadEvent
+
+    room = new_room("10")
+    persist_all(store, room)
+    msg = room.send(A, "m.room.message", {"body": "hi"})
+    counts = rows("SELECT count(*) FROM events")[0][0], rows("SELECT count(*) FROM event_auth")[0][0]
+    with pytest.raises(BadEvent, match=message):
+        store.persist(pdu_bytes(room, msg), make(room, msg))
+    assert (rows("SELECT count(*) FROM events")[0][0], rows("SELECT count(*) FROM event_auth")[0][0]) == counts
+    store.persist(pdu_bytes(room, msg))  # the good one alone still goes in
+    assert get_event(msg).event_id == msg
+
+
+def test_a_content_hash_mismatch_is_stored_redacted(store):
+    room = new_room("10")
+    persist_all(store, room)
+    msg = room.send(A, "m.room.message", {"body": "hi"})
+    pdu = dict(room.pdu(msg), content={"body": "changed on the way"})  # same ID: content is redacted away
+    store.persist(json.dumps(pdu).encode())
+    assert rows("SELECT redacted FROM events WHERE event_id = %s", msg) == [(True,)]
+    assert json.loads(get_event(msg).json)["content"] == {}
