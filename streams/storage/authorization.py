@@ -192,18 +192,30 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
 
 # -- the decisions ----------------------------------------------------------------------------
 
-def authorize(event: MatrixEvent, before: StateMap | None, events: MatrixEvents) -> str | None:
+def _ensure(events: Mapping[str, MatrixEvent], ids: Iterable[str]) -> None:
+    ensure = getattr(events, "ensure", None)  # MatrixEvents: load in one query what is missing
+    if ensure is not None:
+        ensure(ids)
+
+
+def authorize(event: MatrixEvent, before: StateMap | None, events: Mapping[str, MatrixEvent],
+              rejected: Any = None) -> str | None:
     """The rejection reason of ``event``, or None if it is accepted: rules 1-3 and the rest
     against its own auth events, then (``before`` given: not an outlier) the rules against
     the state before it. An auth event we do not have is a :class:`BadEvent` (fetch it and
-    persist it first, as an outlier)."""
-    events.ensure(event.auth_event_ids)
+    persist it first, as an outlier).
+
+    Pure given its inputs: ``events`` may be a plain dict (``rejected``: the IDs rejected so
+    far) or the persister's :class:`MatrixEvents` (which knows both)."""
+    if rejected is None:
+        rejected = getattr(events, "rejected", ())
+    _ensure(events, event.auth_event_ids)
     try:
-        check_against_auth_events(event, events.get, events.rejected)
+        check_against_auth_events(event, events.get, rejected)
         if before is not None and not (event.type == "m.room.create" and event.state_key == ""):
             chosen = {before[k] for k in auth_types_for_event(event) if k in before}
             if chosen != set(event.auth_event_ids):  # the same auth state gives the same verdict
-                events.ensure(chosen)
+                _ensure(events, chosen)
                 check_state_dependent(event, auth_state_from(event, before, events.get))
     except AuthFailed as e:
         return f"auth_error: {e}"
@@ -213,17 +225,20 @@ def authorize(event: MatrixEvent, before: StateMap | None, events: MatrixEvents)
 
 
 def resolve_state(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]],
-                  events: MatrixEvents) -> dict[StateKey, str] | None:
+                  events: Mapping[str, MatrixEvent], rejected: Any = None) -> dict[StateKey, str] | None:
     """The resolved state of ``state_sets`` (v2 / v2.1 by ``version``); None for a version
-    the core cannot resolve (v1: the caller keeps its stand-in)."""
+    the core cannot resolve (v1: the caller keeps its stand-in). ``events``/``rejected`` as
+    for :func:`authorize`."""
+    if rejected is None:
+        rejected = getattr(events, "rejected", ())
     if len(state_sets) > 1:
         # what split() will look at: the entries not every set shares
         common = set(state_sets[0].items())
         for s in state_sets[1:]:
             common.intersection_update(s.items())
-        events.ensure({e for s in state_sets for k, e in s.items() if (k, e) not in common})
+        _ensure(events, {e for s in state_sets for k, e in s.items() if (k, e) not in common})
     try:
-        return resolve_v2(version, state_sets, events, events.rejected)
+        return resolve_v2(version, state_sets, events, rejected)
     except UnsupportedStateRes:
         return None
 
