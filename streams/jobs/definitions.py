@@ -53,7 +53,7 @@ ORDERING_COLUMNS = [("event_id", "text"), ("topological_ordering", "bigint")]
 def apply_orderings(stage: io.Staging) -> int:
     """Swap staged orderings in (one transaction); the number of events that changed."""
     changed, _ = io.swap_in([
-        (f"UPDATE events SET topological_ordering = s.topological_ordering, depth = s.topological_ordering "
+        (f"UPDATE events SET topological_ordering = s.topological_ordering "
          f"FROM {stage.name} AS s WHERE events.event_id = s.event_id "
          f"AND events.topological_ordering <> s.topological_ordering", ()),
         (f"UPDATE room_memberships SET topological_ordering = s.topological_ordering "

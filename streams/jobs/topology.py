@@ -1,12 +1,14 @@
-"""Topological ordering recomputed from the room DAG: the batch twin of the persist path's
-depth (shared/specs/storage.md §3.2).
+"""Topological ordering recomputed from the stored events: the batch twin of the persist
+path's ordering (shared/specs/storage.md §3.2).
 
-An event's ordering is ``1 + max(ordering of its prev_events)``; an event none of whose
-prev_events we have (a room's create event, the far edge of backfilled history) keeps the
-depth it declares, or 1. Ties are broken by stream ordering wherever the ordering is used,
-so the output is only the ordering itself. Rooms are independent: the work is one
-``cogroup`` by room (``rooms.cogroup_rooms``), and within a room an iterative walk (no recursion, no per-hop Spark
-join), so a room of a million events is one pass over its rows.
+As in Synapse, an event's topological ordering is its own declared ``depth``: it never
+changes, so a ``t`` token handed to a client keeps its meaning whatever arrives later. Only
+an event without a depth (the old unsigned test format) gets ``1 + max(ordering of its
+prev_events)`` (1 without known prev events), exactly as the persist path computes it. The
+job therefore checks and repairs rows that stray from that rule; it never moves an event
+whose depth is stored. Rooms are independent: the work is one ``cogroup`` by room
+(``rooms.cogroup_rooms``), and within a room an iterative walk (no recursion, no per-hop
+Spark join), so a room of a million events is one pass over its rows.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ RESULT_SCHEMA = "room_id string, event_id string, topological_ordering long"
 def room_orderings(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
     """One room's orderings: pure pandas, also what the single-process baseline runs.
 
-    ``events``: event_id, depth (declared, may be null); ``edges``: event_id, prev_event_id.
+    ``events``: event_id, depth (declared, may be null: then 1 + max over the prev events);
+    ``edges``: event_id, prev_event_id.
     An edge to an event not in ``events`` is ignored (a backward extremity). A cycle, which a
     valid room never has, leaves its events at the ordering of the part that resolves.
     """
@@ -38,6 +41,9 @@ def room_orderings(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
             prevs[i].append(j)
     order = [0] * len(ids)  # 0: not computed yet
     on_stack = [False] * len(ids)
+    for i, d in enumerate(declared):
+        if d is not None and not pd.isna(d):
+            order[i] = min(max(int(d), 0), MAX_DEPTH) or -1  # -1 stands for a declared 0
     for root in range(len(ids)):
         if order[root]:
             continue
@@ -54,12 +60,9 @@ def room_orderings(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
                 continue
             stack.pop()
             on_stack[i] = False
-            known = [order[j] for j in prevs[i] if order[j]]
-            if known:
-                order[i] = min(max(known) + 1, MAX_DEPTH)
-            else:
-                d = declared[i]
-                order[i] = int(d) if d is not None and not pd.isna(d) and d > 0 else 1
+            known = [max(order[j], 0) for j in prevs[i] if order[j]]
+            order[i] = min(max(known, default=0) + 1, MAX_DEPTH)
+    order = [max(o, 0) for o in order]
     room = events["room_id"].iloc[0] if len(events) else None
     return pd.DataFrame({"room_id": [room] * len(ids), "event_id": ids,
                          "topological_ordering": pd.Series(order, dtype="int64")})

@@ -5,7 +5,8 @@ from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
 from .jobs import JobRun
 from .positions import StreamPosition, StreamReservation, StreamSequence
 from .storage import (
-    BackwardExtremity, CurrentStateEvent, EventEdge, EventToStateGroup, ForwardExtremity, Redaction,
+    BackwardExtremity, CurrentStateEvent, EventAuth, EventEdge, EventToStateGroup, ExOutlier, ForwardExtremity,
+    Redaction,
     Rejection, Room, RoomMembership, StateGroup, StateGroupEdge, StateGroupState, VisibilityRange,
 )
 from .user_ips import UserIp
@@ -13,7 +14,9 @@ from .user_ips import UserIp
 __all__ = (
     "BackwardExtremity",
     "CurrentStateEvent",
+    "EventAuth",
     "EventEdge",
+    "ExOutlier",
     "EventToStateGroup",
     "ForwardExtremity",
     "Redaction",

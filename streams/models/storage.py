@@ -27,6 +27,11 @@ class Room(models.Model):
     last_stream = models.BigIntegerField(_("last live stream ordering"), default=0, db_index=True)
     current_state_group = models.BigIntegerField(_("current state group"), null=True)
     min_depth = models.BigIntegerField(_("minimum depth"), null=True)
+    #: from the create event's ``content.room_version`` (absent: "1"); null until it is stored
+    room_version = models.CharField(_("room version"), max_length=64, null=True)
+    #: the create event was a full PDU (hashes, auth_events): every event of the room is then
+    #: parsed per its room version and authorized; false for the older unsigned test format
+    authorized = models.BooleanField(_("events are authorized"), default=False)
 
     class Meta:
         db_table = "rooms"
@@ -183,6 +188,34 @@ class Redaction(models.Model):
         db_table = "redactions"
         constraints = [models.UniqueConstraint(fields=["event_id"], name="redactions_event")]
         indexes = [models.Index(fields=["redacts"], name="redactions_redacts")]
+
+
+class EventAuth(models.Model):
+    """One ``auth_events`` link (event -> an event it cites as its authority), as Synapse's
+    ``event_auth``; rejected events and outliers have theirs too."""
+
+    event_id = models.CharField(_("event ID"), max_length=255)
+    auth_id = models.CharField(_("auth event ID"), max_length=255)
+    room_id = models.CharField(_("room ID"), max_length=255)
+
+    class Meta:
+        db_table = "event_auth"
+        indexes = [models.Index(fields=["event_id"], name="event_auth_event_id"),
+                   models.Index(fields=["auth_id"], name="event_auth_auth_id")]
+
+
+class ExOutlier(models.Model):
+    """An outlier that became a full event (Synapse's ``ex_outlier_stream``): the event keeps
+    its ``events.stream_ordering``; this row takes a new position of the events stream so
+    workers hear of it."""
+
+    event_stream_ordering = models.BigIntegerField(_("stream position"), primary_key=True)
+    event_id = models.CharField(_("event ID"), max_length=255)
+    state_group = models.BigIntegerField(_("state group"))
+    instance_name = models.CharField(_("writer"), max_length=255)
+
+    class Meta:
+        db_table = "ex_outlier_stream"
 
 
 class Rejection(models.Model):

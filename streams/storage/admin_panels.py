@@ -1,5 +1,5 @@
-"""The room-store panels on an event's admin page: its DAG edges, its state group, and the
-room state at the event (registered with ``streams.admin.event_detail_panel``)."""
+"""The room-store panels on an event's admin page: its DAG edges, its verdict (rejection
+reason, auth events), its state group, and the room state at the event (registered with ``streams.admin.event_detail_panel``)."""
 from __future__ import annotations
 
 from urllib.parse import urlencode
@@ -9,7 +9,8 @@ from django.utils.html import format_html, format_html_join
 
 from ..admin import event_detail_panel
 from ..models import Event
-from ..models.storage import EventEdge, EventToStateGroup, StateGroup, StateGroupEdge, StateGroupState
+from ..models.storage import (EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge,
+                              StateGroupState)
 
 
 def _event_link(event_id: str):
@@ -30,6 +31,17 @@ def edges_panel(event: Event) -> str:
     nexts = EventEdge.objects.filter(prev_event_id=event.event_id).values_list("event_id", flat=True)
     return format_html("<p>prev_events: {}</p><p>referenced by: {}</p><p>depth / topological ordering: {} / {}</p>",
                        _list(prevs), _list(nexts), event.depth, event.topological_ordering)
+
+
+@event_detail_panel("Authorization")
+def authorization_panel(event: Event) -> str:
+    """Why the event was rejected (it is stored but never state, never shown), and the auth
+    events it cites."""
+    reason = Rejection.objects.filter(event_id=event.event_id).values_list("reason", flat=True).first()
+    auth = EventAuth.objects.filter(event_id=event.event_id).values_list("auth_id", flat=True)
+    verdict = (format_html('<p class="rejected">rejected: {}</p>', reason) if reason is not None
+               else format_html("<p>{}</p>", "accepted"))
+    return format_html("{}<p>auth_events: {}</p>", verdict, _list(auth))
 
 
 @event_detail_panel("State group")

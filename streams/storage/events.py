@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from ..matrix.event_format import BadEventFormat, Event as MatrixEvent, content_hash_matches
+from ..matrix.event_format import parse_event as parse_pdu
+from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 
 #: Synapse refuses depths outside [0, 2^53 - 1] (storage spec §3.2).
 MAX_DEPTH = 2**53 - 1
@@ -20,6 +24,33 @@ CREATE = "m.room.create"
 
 StateKey = tuple[str, str]
 StateMap = dict[StateKey, str]
+
+
+class RoomInfo(NamedTuple):
+    """What the persist path must know of a room before it can even read an event of it."""
+
+    version: RoomVersion | None  #: None: a version this store does not know
+    #: the create event was a full PDU: events are parsed per version and authorized
+    authorized: bool
+
+
+#: body -> the RoomInfo of its room (None: not known yet)
+RoomInfoLookup = Callable[[dict], "RoomInfo | None"]
+
+
+def create_room_info(body: dict) -> RoomInfo:
+    """A create event says its room's version (absent: "1"); a full PDU (``hashes`` and
+    ``auth_events``) makes an authorized room."""
+    content = body.get("content") if isinstance(body.get("content"), dict) else {}
+    try:
+        version = room_version(content.get("room_version", "1"))
+    except (UnknownRoomVersion, TypeError):
+        version = None
+    return RoomInfo(version, "hashes" in body and "auth_events" in body)
+
+
+def is_create(body: dict) -> bool:
+    return body.get("type") == CREATE and body.get("state_key") == ""
 
 
 class BadEvent(ValueError):
@@ -70,6 +101,9 @@ class ParsedEvent:
     state_group_after: int | None = None
     redacted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the Matrix core's view of the event (authorized rooms only)
+    matrix: MatrixEvent | None = None
+    room: RoomInfo | None = None
 
     @property
     def is_state(self) -> bool:
@@ -85,8 +119,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_event(item: IncomingEvent | bytes | str) -> ParsedEvent:
-    """Check one incoming event and pull out its indexed fields."""
+def parse_event(item: IncomingEvent | bytes | str, rooms: RoomInfoLookup | None = None) -> ParsedEvent:
+    """Check one incoming event and pull out its indexed fields.
+
+    In an authorized room (``rooms`` says so) the event is a PDU of the room's version: its
+    ID is computed (from v3 the reference hash, not a field), its format checked, and a
+    content hash that does not match means the event is used redacted, as the spec says."""
     if not isinstance(item, IncomingEvent):
         item = IncomingEvent(item)
     raw = item.json.encode("utf-8") if isinstance(item.json, str) else bytes(item.json)
@@ -96,9 +134,27 @@ def parse_event(item: IncomingEvent | bytes | str) -> ParsedEvent:
         raise BadEvent(None, f"invalid JSON: {e}") from None
     if not isinstance(body, dict):
         raise BadEvent(None, "event JSON must be an object")
-    event_id = body.get("event_id")
-    if not isinstance(event_id, str) or not event_id:
-        raise BadEvent(None, "missing or non-string 'event_id'")
+    info = create_room_info(body) if is_create(body) else (rooms(body) if rooms is not None else None)
+    matrix = None
+    if info is not None and info.authorized:
+        if info.version is None:
+            raise BadEvent(body.get("event_id") if isinstance(body.get("event_id"), str) else None,
+                           "unknown room version")
+        try:
+            matrix = parse_pdu(body, info.version)
+        except BadEventFormat as e:
+            raise BadEvent(body.get("event_id") if isinstance(body.get("event_id"), str) else None,
+                           f"not a valid room v{info.version.identifier} event: {e}") from None
+        event_id = matrix.event_id
+        if "room_id" not in body:  # v12 create events: the room ID is their hash
+            body = dict(body, room_id=matrix.room_id)
+    else:
+        event_id = body.get("event_id")
+        if not isinstance(event_id, str) or not event_id:
+            if rooms is not None and "auth_events" in body and body.get("room_id") is not None:
+                raise BadEvent(None, "no event_id, and the room's create event is not stored: "
+                                     "persist it first")
+            raise BadEvent(None, "missing or non-string 'event_id'")
     for name in ("room_id", "type", "sender"):
         if not isinstance(body.get(name), str) or not body[name]:
             raise BadEvent(event_id, f"missing or non-string {name!r}")
@@ -136,7 +192,7 @@ def parse_event(item: IncomingEvent | bytes | str) -> ParsedEvent:
             raise BadEvent(event_id, "m.room.member needs a string content.membership")
     redacts = None
     if body["type"] == REDACTION:
-        redacts = body.get("redacts", content.get("redacts"))
+        redacts = matrix.redacts if matrix is not None else body.get("redacts", content.get("redacts"))
         if not isinstance(redacts, str):
             raise BadEvent(event_id, "m.room.redaction needs 'redacts'")
     relates = content.get("m.relates_to")
@@ -144,18 +200,30 @@ def parse_event(item: IncomingEvent | bytes | str) -> ParsedEvent:
     state_before = None
     if item.state_before is not None:
         state_before = {(str(t), str(k)): str(v) for (t, k), v in item.state_before.items()}
-    return ParsedEvent(
+    ev = ParsedEvent(
         raw=raw, body=body, event_id=event_id, room_id=body["room_id"], type=body["type"],
         sender=body["sender"], state_key=state_key, prev_events=prev_events, depth=depth,
         membership=membership, redacts=redacts,
         relates_to=relates_to if isinstance(relates_to, str) else None,
         outlier=item.outlier, rejected_reason=item.rejected_reason, state_before=state_before,
+        matrix=matrix, room=info,
     )
+    if matrix is not None and not content_hash_matches(body):
+        ev.redacted = True  # spec: a content hash mismatch -> the event is used redacted
+    return ev
 
 
-def parse_events(items: Sequence[IncomingEvent | bytes | str]) -> list[ParsedEvent]:
-    """Parse a batch; duplicate event IDs inside it are an error."""
-    parsed = [parse_event(i) for i in items]
+def parse_events(items: Sequence[IncomingEvent | bytes | str],
+                 rooms: RoomInfoLookup | None = None) -> list[ParsedEvent]:
+    """Parse a batch; duplicate event IDs inside it are an error. ``rooms`` finds a room's
+    version (create events earlier in the batch are seen first)."""
+    parsed = []
+    created = getattr(rooms, "created", None)
+    for item in items:
+        ev = parse_event(item, rooms)
+        if created is not None and ev.type == CREATE and ev.state_key == "":
+            created(ev.room_id, ev.room)
+        parsed.append(ev)
     seen: set[str] = set()
     for ev in parsed:
         if ev.event_id in seen:

@@ -2,9 +2,12 @@
 
 Shape: a few very large rooms with heavy join/leave churn (the case where state copies
 explode), many small rooms, all four history visibilities (some changing mid-life), invites,
-redactions, and rooms joined over federation whose older history is backfilled at the end
-(state arrives as outliers, old messages get negative stream orderings). Deterministic for a
-seed; live traffic interleaves rooms as a server sees it.
+redactions, bans, power-level changes, forks that merge again, and rooms joined over
+federation whose older history is backfilled at the end (state arrives as outliers, old
+messages get negative stream orderings). Every event is a real PDU of its room's version
+(rooms cycle through versions 1-12: IDs per version, content hashes, auth events; see
+``pdus.py``) and passes authorization. Deterministic for a seed; live traffic interleaves
+rooms as a server sees it.
 """
 from __future__ import annotations
 
@@ -14,8 +17,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from ..matrix.room_versions import KNOWN_ROOM_VERSIONS, StateResAlgorithm
 from .events import IncomingEvent
-from .synthetic import RoomBuilder
+from .pdus import PduRoom
+
+#: the room versions rooms cycle through (the big rooms get the first ones). The first is not
+#: 12: a v12 room's ID is its create event's hash, and ``generate_rooms`` recognises an
+#: already generated seed by the first room's ID.
+ROOM_VERSIONS = ("11", "12", "10", "9", "8", "7", "6", "5", "4", "3", "2", "1")
 
 VISIBILITIES = ("shared", "joined", "invited", "world_readable")
 VIS_WEIGHTS = (50, 20, 15, 15)
@@ -59,24 +68,28 @@ class _Members:
 
 @dataclass
 class _Room:
-    builder: RoomBuilder
+    builder: PduRoom
     big: bool
     creator: str
     members: _Members = field(default_factory=_Members)
     invited: set[str] = field(default_factory=set)
+    banned: set[str] = field(default_factory=set)
+    name: str = ""  #: the ID chosen for the room (a v12 room's real ID is its create's hash)
     recent: deque = field(default_factory=lambda: deque(maxlen=50))
     vis: str = "shared"
 
 
 class RoomGenerator:
     def __init__(self, *, rooms: int, users: int, events: int, seed: int, batch: int = 500,
-                 backfill_fraction: float = 0.05, server: str = "localhost") -> None:
+                 backfill_fraction: float = 0.05, server: str = "localhost",
+                 versions: tuple[str, ...] = ROOM_VERSIONS) -> None:
         if rooms < 1 or users < 2 or events < 1:
             raise ValueError("need at least 1 room, 2 users and 1 event")
         self.rng = random.Random(seed)
         self.n_rooms, self.n_users, self.budget, self.batch = rooms, users, events, batch
         self.backfill_fraction = backfill_fraction
         self.server = server
+        self.versions = [KNOWN_ROOM_VERSIONS[v] for v in versions]
         self.prefix = f"g{seed}_"
         self.users = [f"@user{i}:{server}" for i in range(users)]
         self.counter = itertools.count(1)
@@ -84,6 +97,8 @@ class RoomGenerator:
         self.backfill_queue: list[list[IncomingEvent]] = []
 
     def room_ids(self) -> list[str]:
+        """The room IDs chosen for the rooms (a v12 room's real ID is its create event's
+        hash, known once generated: ``rooms`` then holds it instead)."""
         return [f"!{self.prefix}room{i}:{self.server}" for i in range(self.n_rooms)]
 
     # -- the history --------------------------------------------------------------------------
@@ -99,12 +114,16 @@ class RoomGenerator:
         for i, room_id in enumerate(self.room_ids()):
             big = i < n_big
             creator = self.users[rng.randrange(self.n_users)]
-            b = RoomBuilder(room_id, server=self.server, id_prefix=self.prefix, counter=self.counter)
-            room = _Room(b, big, creator, vis=rng.choices(VISIBILITIES, VIS_WEIGHTS)[0])
+            b = PduRoom(self.versions[i % len(self.versions)], room_id, server=self.server,
+                        id_prefix=self.prefix, counter=self.counter)
+            room = _Room(b, big, creator, vis=rng.choices(VISIBILITIES, VIS_WEIGHTS)[0], name=room_id)
             rooms.append(room)
             n_members = min(self.n_users, 200 if big else rng.randint(2, 8))
             every = max(1, round(1 / self.backfill_fraction)) if self.backfill_fraction > 0 else 0
-            federated = not big and every > 0 and (i - n_big) % every == 0
+            # a federated join needs someone not in the room yet to join (tiny user counts:
+            # a normal room, not a history whose live part would hang off unfetched events)
+            federated = (not big and every > 0 and (i - n_big) % every == 0
+                         and n_members + 1 < self.n_users)
             for item in (self._federated_start(room, n_members) if federated else self._start(room, n_members)):
                 pending.append(item)
                 if len(pending) >= self.batch:
@@ -114,7 +133,11 @@ class RoomGenerator:
         cum = list(itertools.accumulate(weights))
         while self.emitted < self.budget:
             room = rng.choices(rooms, cum_weights=cum)[0]
-            pending.append(self._step(room))
+            step = self._step(room)
+            if isinstance(step, list):
+                pending.extend(step)
+            else:
+                pending.append(step)
             if len(pending) >= self.batch:
                 yield Batch(pending)
                 pending = []
@@ -130,7 +153,9 @@ class RoomGenerator:
 
     def _start(self, room: _Room, n_members: int) -> list:
         b, rng = room.builder, self.rng
-        out = [self._emit(b.create(room.creator)), self._emit(b.member(room.creator, "join")),
+        out = [self._emit(b.create(room.creator, name=room.name)), self._emit(b.member(room.creator, "join")),
+               self._emit(b.power_levels(room.creator, {room.creator: 100})),
+               self._emit(b.join_rules(room.creator, "public")),
                self._emit(b.visibility(room.creator, room.vis))]
         room.members.add(room.creator)
         extra = [u for u in self.power_users if rng.random() < self.power_share] if not room.big else []
@@ -151,8 +176,10 @@ class RoomGenerator:
             state[key] = ev[0]
             outliers.append(IncomingEvent(self._emit(ev), outlier=True))
 
-        state_event(b.create(room.creator), ("m.room.create", ""))
+        state_event(b.create(room.creator, name=room.name), ("m.room.create", ""))
         state_event(b.member(room.creator, "join"), ("m.room.member", room.creator))
+        state_event(b.power_levels(room.creator, {room.creator: 100}), ("m.room.power_levels", ""))
+        state_event(b.join_rules(room.creator, "public"), ("m.room.join_rules", ""))
         state_event(b.visibility(room.creator, room.vis), ("m.room.history_visibility", ""))
         room.members.add(room.creator)
         for u in rng.sample(self.users, n_members):
@@ -164,14 +191,12 @@ class RoomGenerator:
             ev = b.message(room.members.choice(rng), f"old message {i}")
             old.append(IncomingEvent(self._emit(ev), state_before=dict(state) if i == 0 else None))
         self.backfill_queue.append(old)
-        joiner = next(u for u in self.users if u not in room.members) if len(room.members) < self.n_users else None
-        if joiner is None:
-            return outliers
+        joiner = next(u for u in self.users if u not in room.members)
         join = b.member(joiner, "join")
         room.members.add(joiner)
         return outliers + [IncomingEvent(self._emit(join), state_before=dict(state))]
 
-    def _step(self, room: _Room) -> bytes:
+    def _step(self, room: _Room) -> bytes | list:
         b, rng = room.builder, self.rng
         r = rng.random()
         churn = 0.30 if room.big else 0.05
@@ -180,7 +205,7 @@ class RoomGenerator:
             if rng.random() < 0.5 or len(room.members) <= 2:
                 candidate = (rng.choice(sorted(outsiders)) if outsiders and rng.random() < 0.5
                              else self.users[rng.randrange(self.n_users)])
-                if candidate not in room.members:
+                if candidate not in room.members and candidate not in room.banned:
                     room.members.add(candidate)
                     room.invited.discard(candidate)
                     return self._emit(b.member(candidate, "join"))
@@ -190,7 +215,7 @@ class RoomGenerator:
                 return self._emit(b.member(leaver, "leave"))
         elif r < churn + 0.02:
             target = self.users[rng.randrange(self.n_users)]
-            if target not in room.members and target not in room.invited:
+            if target not in room.members and target not in room.invited and target not in room.banned:
                 room.invited.add(target)
                 return self._emit(b.member(target, "invite", sender=room.creator))
         elif r < churn + 0.04 and room.recent:
@@ -199,7 +224,36 @@ class RoomGenerator:
         elif r < churn + 0.043:
             room.vis = rng.choices(VISIBILITIES, VIS_WEIGHTS)[0]
             return self._emit(b.visibility(room.creator, room.vis))
+        elif r < churn + 0.046 and len(room.members) > 2:
+            target = room.members.choice(rng)
+            if target != room.creator:  # the creator (level 100) bans a member
+                room.members.discard(target)
+                room.invited.discard(target)
+                room.banned.add(target)
+                return self._emit(b.member(target, "ban", sender=room.creator))
+        elif r < churn + 0.049:
+            mod = room.members.choice(rng)  # a moderator now (level 50)
+            if mod != room.creator:
+                return self._emit(b.power_levels(room.creator, {room.creator: 100, mod: 50}))
+        elif r < churn + 0.055 and len(room.members) > 1 and \
+                room.builder.version.state_res is not StateResAlgorithm.V1:
+            return self._fork(room)
         sender = room.creator if rng.random() < 0.2 else room.members.choice(rng)
         ev = b.message(sender, "message " + "x" * rng.randrange(10, 120))
         room.recent.append(ev[0])
         return self._emit(ev)
+
+    def _fork(self, room: _Room) -> list:
+        """Two branches from the tip -- the creator changes the history visibility on one, a
+        member chats on the other -- and a merge. The later visibility event wins the
+        resolution (same power-levels epoch: by timestamp), so the tip's state stays known."""
+        b, rng = room.builder, self.rng
+        tip, before = b.last, dict(b.state)
+        vis = rng.choices(VISIBILITIES, VIS_WEIGHTS)[0]
+        hv_id, hv = b.event("m.room.history_visibility", room.creator, {"history_visibility": vis}, state_key="",
+                            prev=[tip], state=before, advance=False)
+        chat = b.message(room.members.choice(rng), "on the other branch")
+        b.state[("m.room.history_visibility", "")] = hv_id
+        room.vis = vis
+        merge = b.message(room.creator, "merged", prev=[chat[0], hv_id])
+        return [self._emit((hv_id, hv)), self._emit(chat), self._emit(merge)]

@@ -24,9 +24,10 @@ from typing import Any, Callable, Sequence
 
 from ..models import CurrentStateDelta, Event
 from .events import (
-    CREATE, HISTORY_VISIBILITY, MEMBER, BadEvent, IncomingEvent, ParsedEvent, StateKey,
+    CREATE, HISTORY_VISIBILITY, MEMBER, BadEvent, IncomingEvent, ParsedEvent, RoomInfo, StateKey,
     StateMap, parse_events,
 )
+from .authorization import MatrixEvents, RoomInfos, authorize, redaction_applies, resolve_state
 from .redactions import mark_redacted
 from .sql import array, delete_rows, for_update, in_array, insert_rows, is_sqlite, pipeline, store_cursor
 from .state_groups import NewGroup, StateGroupStore, resolve
@@ -68,6 +69,8 @@ class RoomContext:
     ranges: dict[str, RangeSet] = field(default_factory=dict)
     #: each user's latest join key
     last_join: dict[str, Key] = field(default_factory=dict)
+    #: the room's version and whether its events are authorized (None: no create event yet)
+    info: RoomInfo | None = None
 
     @property
     def version(self) -> tuple[Any, ...]:
@@ -128,6 +131,8 @@ class EventPersister:
     def __init__(self, room_cache_size: int = 20_000) -> None:
         self.state = StateGroupStore()
         self.facts = _EventFacts()
+        self.room_infos = RoomInfos()
+        self.matrix = MatrixEvents(self.room_infos)
         self._rooms: OrderedDict[str, RoomContext] = OrderedDict()
         self._room_cache_size = room_cache_size
         self._lock = threading.Lock()
@@ -137,10 +142,15 @@ class EventPersister:
     # -- entry point ------------------------------------------------------------------------
 
     def persist(self, items: Sequence[IncomingEvent | bytes | str], writer: Any, *, backfill: bool) -> list[PersistedEvent]:
-        events = parse_events(items)
-        if not events:
-            return []
         with self._lock:
+            self.room_infos.using = writer.using
+            try:
+                events = parse_events(items, self.room_infos)
+            except BaseException:
+                self.room_infos.discard()
+                raise
+            if not events:
+                return []
             touched_rooms = {ev.room_id for ev in events}
             try:
                 with writer.transaction(len(events)) as ids:
@@ -150,7 +160,11 @@ class EventPersister:
                 for room_id in touched_rooms:  # in-memory changes went with the rollback
                     self._rooms.pop(room_id, None)
                 self.state.discard_pending()
+                self.room_infos.discard()
+                self.matrix.end_transaction(committed=False)
                 raise
+            self.room_infos.commit()
+            self.matrix.end_transaction(committed=True)
         room_changes = [(r, s) for r, s in batch.room_changes.items()]
         member_changes = [(u, s) for u, s in batch.member_changes.items()]
         for callback in self.on_commit:
@@ -175,7 +189,8 @@ class EventPersister:
     def load_rooms(self, cursor: Any, room_ids: Sequence[str]) -> dict[str, RoomContext]:
         """Contexts of ``room_ids`` (rows locked for this transaction); stale ones reloaded."""
         cursor.execute(
-            "SELECT room_id, head_topological, head_stream, last_stream, current_state_group, min_depth "
+            "SELECT room_id, head_topological, head_stream, last_stream, current_state_group, min_depth, "
+            "room_version, authorized "
             f"FROM rooms WHERE {in_array(cursor, 'room_id')} ORDER BY room_id{for_update(cursor)}",
             [array(cursor, room_ids)],
         )
@@ -185,7 +200,7 @@ class EventPersister:
         for room_id in room_ids:
             row = rows.get(room_id)
             if row is None:
-                ctx = RoomContext(room_id)
+                ctx = RoomContext(room_id, info=self.room_infos.get(room_id))
                 ctx.ranges[SHARED_ERAS] = RangeSet()
                 out[room_id] = ctx
                 continue
@@ -194,6 +209,10 @@ class EventPersister:
             if ctx is None or ctx.version != (head, row[4], row[3]):
                 ctx = RoomContext(room_id, head=head, last_stream=row[3], current_group=row[4], min_depth=row[5])
                 stale.append(room_id)
+            ctx.info = self.room_infos.get(room_id)
+            if ctx.info is None and row[6] is not None:
+                self.room_infos.load([room_id], cursor)
+                ctx.info = self.room_infos.get(room_id)
             out[room_id] = ctx
         if stale:
             self._load_room_details(cursor, {r: out[r] for r in stale})
@@ -278,6 +297,7 @@ class _Batch:
     def run(self) -> None:
         with store_cursor(self.writer.using) as cur:
             self.cur = cur
+            self.p.matrix.cursor = cur
             self._load_known()
             self.rooms = self.p.load_rooms(cur, sorted({ev.room_id for ev in self.events}))
             # What each state event of the batch says (membership, visibility value), outliers
@@ -288,10 +308,16 @@ class _Batch:
                     self.p.facts.put(ev.event_id, ev.membership, normalise_visibility(
                         ev.body["content"].get("history_visibility")) if ev.type != MEMBER else None)
             for ev, sid in zip(self.events, self.ids):
-                ev.stream_ordering = sid
+                ex = ev.extra.get("ex_outlier")
+                ev.stream_ordering = sid if ex is None else ex[3]
+                ev.extra["stream_id"] = sid
                 self._order(ev)
+                if ex is not None:
+                    ev.topological_ordering = ex[2]
                 if not ev.outlier:
                     self._state_and_visibility(ev)
+                elif ev.matrix is not None:  # an outlier: only its own auth events (spec step 4)
+                    self._authorize(ev, None)
             self._redactions()
             # nothing below reads a result: send it all in one pipeline (one network wait)
             with pipeline(cur):
@@ -311,9 +337,16 @@ class _Batch:
             "WHERE " + in_array(self.cur, "e.event_id"), [array(self.cur, wanted)],
         )
         self.known = {r[0]: r for r in self.cur.fetchall()}
-        for eid in self.by_id:
-            if eid in self.known:
-                raise BadEvent(eid, "an event with this event_id is already stored")
+        for eid, ev in self.by_id.items():
+            row = self.known.get(eid)
+            if row is None:
+                continue
+            if row[4] and not row[5] and not ev.outlier:
+                # a stored outlier, now with its place in the room: de-outliered (Synapse's
+                # ex_outlier) -- it keeps its row and stream ordering, and gains its state
+                ev.extra["ex_outlier"] = row
+                continue
+            raise BadEvent(eid, "an event with this event_id is already stored")
         for ev in self.events:
             if ev.state_before:
                 unknown = sorted(e for e in ev.state_before.values() if e not in self.known and e not in self.by_id)
@@ -322,12 +355,13 @@ class _Batch:
                                                 f"(persist them first, as outliers)")
         # redactions that arrived before their targets
         self.cur.execute(
-            "SELECT r.redacts, e.room_id FROM redactions r JOIN events e ON e.event_id = r.event_id "
+            "SELECT r.redacts, e.room_id, r.event_id FROM redactions r JOIN events e ON e.event_id = r.event_id "
             f"WHERE {in_array(self.cur, 'r.redacts')} AND NOT e.rejected", [array(self.cur, self.by_id)],
         )
-        for target, room_id in self.cur.fetchall():
+        for target, room_id, redaction_id in self.cur.fetchall():
             ev = self.by_id[target]
-            if ev.room_id == room_id and ev.type != CREATE:
+            if ev.room_id == room_id and ev.type != CREATE and self._redaction_applies(
+                    self.p.matrix.get(redaction_id) if ev.matrix is not None else None, ev.matrix):
                 ev.redacted = True
 
     def _prev_info(self, ev: ParsedEvent, prev_id: str) -> tuple[Key, int | None, bool] | None:
@@ -394,23 +428,28 @@ class _Batch:
                     before_map = self.p.state.get_state(cur, before_group)
                     before_chain = self.p.state.chain_length(cur, before_group)
             else:
-                candidates = [(i[0], self._state_of(ctx, i[1])) for i in usable]
-                resolved = resolve(candidates)
+                resolved = self._resolve(ctx, [(i[0], self._state_of(ctx, i[1])) for i in usable])
+                # the parent of the new group: any prev's group will do (the latest by key keeps
+                # deltas small); its number says nothing about order
                 base_key, base_group = max((i[0], i[1]) for i in usable)
                 base_map = self._state_of(ctx, base_group)
                 added = {k: v for k, v in resolved.items() if base_map.get(k) != v}
-                if not added:
+                dropped = any(k not in resolved for k in base_map)  # a delta cannot remove a key
+                if not added and not dropped:
                     before_group, before_map = base_group, base_map
                     before_chain = self.p.state.chain_length(cur, base_group) if base_group is not None else None
                 else:
+                    parent = None if dropped else base_group
                     g = self.p.state.new_group(
-                        cur, room_id=ev.room_id, event_id=ev.event_id, parent=base_group,
-                        parent_chain_length=self.p.state.chain_length(cur, base_group) if base_group else None,
+                        cur, room_id=ev.room_id, event_id=ev.event_id, parent=parent,
+                        parent_chain_length=self.p.state.chain_length(cur, parent) if parent else None,
                         delta=added, full_state=lambda: resolved)
                     self.groups.append(g)
                     self.p.state.remember(g.id, resolved)
                     before_group, before_chain, before_map = g.id, g.chain_length, resolved
         ev.state_group_before = before_group
+        if ev.matrix is not None:
+            self._authorize(ev, before_map)
         live = not self.backfill
         fast = (live and not ev.rejected_reason and before_group == ctx.current_group
                 and (before_group is not None or ctx.head is None) and (ctx.head is None or ev.key > ctx.head))
@@ -486,6 +525,23 @@ class _Batch:
                 self._recompute_current(ctx, ev)
             self._visibility_point(ctx, ev, before_map, after_map, vis_before, member_before)
 
+    def _authorize(self, ev: ParsedEvent, before: StateMap | None) -> None:
+        """The verdict of an event of an authorized room (``before``: the state before it;
+        None for an outlier, checked against its own auth events only)."""
+        if not ev.rejected_reason:
+            ev.rejected_reason = authorize(ev.matrix, before, self.p.matrix)
+        self.p.matrix.add(ev.matrix, rejected=bool(ev.rejected_reason))
+
+    def _resolve(self, ctx: RoomContext, candidates: list[tuple[Key, StateMap]]) -> StateMap:
+        """The state at a fork: Matrix state resolution in an authorized room (v2, or v2.1
+        from room v12); the older unsigned format (and room v1) keeps the stand-in."""
+        info = ctx.info
+        if info is not None and info.authorized and info.version is not None:
+            resolved = resolve_state(info.version, [m for _, m in candidates], self.p.matrix)
+            if resolved is not None:
+                return resolved
+        return resolve(candidates)
+
     def _state_of(self, ctx: RoomContext, group: int | None) -> StateMap:
         if group is None:
             return {}
@@ -509,7 +565,7 @@ class _Batch:
             new = dict(self._state_of(ctx, group))
             chain = self.p.state.chain_length(self.cur, group) if group is not None else None
         else:
-            new = resolve([(k, self._state_of(ctx, g)) for k, g in ctx.forward.values()])
+            new = self._resolve(ctx, [(k, self._state_of(ctx, g)) for k, g in ctx.forward.values()])
             group, chain = None, None
         old = ctx.current
         changed: dict[StateKey, str | None] = {k: v for k, v in new.items() if old.get(k) != v}
@@ -633,23 +689,41 @@ class _Batch:
         self.redaction_rows = []
         stored_targets = []
         for ev in self.events:
-            if ev.redacts is None or ev.rejected_reason:
+            if ev.redacts is None or ev.rejected_reason or "ex_outlier" in ev.extra:
                 continue
             self.redaction_rows.append((ev.event_id, ev.redacts, self.now_ms))
             target = self.by_id.get(ev.redacts)
             if target is not None:
-                if target.room_id == ev.room_id and target.type != CREATE:
+                if target.room_id == ev.room_id and target.type != CREATE and \
+                        self._redaction_applies(ev.matrix, target.matrix):
                     target.redacted = True
             elif ev.redacts in self.known and self.known[ev.redacts][1] == ev.room_id:
-                stored_targets.append(ev.redacts)
+                if ev.matrix is None or self._redaction_applies(ev.matrix, self.p.matrix.get(ev.redacts)):
+                    stored_targets.append(ev.redacts)
         self.redacted_stored = stored_targets
+
+    def _redaction_applies(self, redaction: Any, target: Any) -> bool:
+        """Legacy rooms: any redaction in the room applies. Authorized rooms: the spec's check
+        (redact level in the redaction's auth events, or the target's own server)."""
+        if redaction is None and target is None:
+            return True
+        if redaction is None or target is None:
+            return False
+        return redaction_applies(redaction, target, self.p.matrix)
 
     # -- writing --------------------------------------------------------------------------------
 
     def _write(self) -> None:
         cur = self.cur
         facts = []
+        ex_outliers = [ev for ev in self.events if "ex_outlier" in ev.extra]
+        # a de-outliered event that is now rejected changes nothing (as in Synapse)
+        skip = {ev.event_id for ev in ex_outliers if ev.rejected_reason}
         for ev in self.events:
+            if "ex_outlier" in ev.extra:
+                facts.append([] if self.backfill else
+                             [(CurrentStateDelta, d) for d in self.deltas.get(ev.event_id, ())])
+                continue
             values = {
                 "topological_ordering": ev.topological_ordering, "depth": ev.topological_ordering,
                 "event_id": ev.event_id, "room_id": ev.room_id, "type": ev.type, "state_key": ev.state_key,
@@ -662,15 +736,29 @@ class _Batch:
                 rows.extend((CurrentStateDelta, d) for d in self.deltas.get(ev.event_id, ()))
             facts.append(rows)
         self.writer.insert_rows(self.ids, facts)
+        done = [ev for ev in ex_outliers if ev.event_id not in skip]
+        if done:
+            cur.execute("UPDATE events SET outlier = FALSE WHERE " + in_array(cur, "event_id"),
+                        [array(cur, [ev.event_id for ev in done])])
+            insert_rows(cur, "ex_outlier_stream", ["event_stream_ordering", "event_id", "state_group", "instance_name"],
+                        ["bigint", "text", "bigint", "text"],
+                        [(ev.extra["stream_id"], ev.event_id, ev.state_group_after, self.writer.generator.instance_name)
+                         for ev in done])
         mark_redacted(cur, self.redacted_stored)
         insert_rows(cur, "redactions", ["event_id", "redacts", "received_ts"], ["text", "text", "bigint"],
                     self.redaction_rows)
         insert_rows(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"],
-                    [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events if ev.rejected_reason])
+                    [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events
+                     if ev.rejected_reason and "ex_outlier" not in ev.extra])
         self.p.state.write(cur, self.groups)
+        # auth edges; the chain cover index (issue 16.4) is computed from these same edges, here
+        insert_rows(cur, "event_auth", ["event_id", "auth_id", "room_id"], ["text", "text", "text"],
+                    [(ev.event_id, a, ev.room_id) for ev in self.events
+                     if ev.matrix is not None and "ex_outlier" not in ev.extra
+                     for a in dict.fromkeys(ev.matrix.auth_event_ids)])
         insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
                     [(ev.event_id, ev.state_group_after) for ev in self.events
-                       if not ev.outlier and ev.state_group_after is not None])
+                       if not ev.outlier and ev.state_group_after is not None and ev.event_id not in skip])
         accepted = [ev for ev in self.events if not ev.outlier and not ev.rejected_reason]
         insert_rows(cur, "event_edges", ["event_id", "prev_event_id", "room_id"], ["text", "text", "text"],
                     [(ev.event_id, p, ev.room_id) for ev in accepted for p in dict.fromkeys(ev.prev_events)])
@@ -723,13 +811,19 @@ class _Batch:
         room_rows = []
         for ctx in self.rooms.values():
             head = ctx.head or (0, 0)
-            room_rows.append((ctx.room_id, head[0], head[1], ctx.last_stream, ctx.current_group, ctx.min_depth))
+            info = ctx.info
+            room_rows.append((ctx.room_id, head[0], head[1], ctx.last_stream, ctx.current_group, ctx.min_depth,
+                              info.version.identifier if info is not None and info.version is not None else None,
+                              bool(info is not None and info.authorized)))
         insert_rows(
             cur, "rooms", ["room_id", "head_topological", "head_stream", "last_stream", "current_state_group",
-                           "min_depth"], ["text", "bigint", "bigint", "bigint", "bigint", "bigint"], room_rows,
+                           "min_depth", "room_version", "authorized"],
+            ["text", "bigint", "bigint", "bigint", "bigint", "bigint", "text", "boolean"], room_rows,
             suffix="ON CONFLICT (room_id) DO UPDATE SET head_topological = EXCLUDED.head_topological, "
                    "head_stream = EXCLUDED.head_stream, last_stream = EXCLUDED.last_stream, "
-                   "current_state_group = EXCLUDED.current_state_group, min_depth = EXCLUDED.min_depth",
+                   "current_state_group = EXCLUDED.current_state_group, min_depth = EXCLUDED.min_depth, "
+                   "room_version = coalesce(rooms.room_version, EXCLUDED.room_version), "
+                   "authorized = (rooms.authorized OR EXCLUDED.authorized)",
         )
         for ctx in self.rooms.values():
             self.p._keep(ctx)

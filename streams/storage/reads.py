@@ -8,12 +8,14 @@ pruned. Events are returned as their stored JSON bytes (lossless), in :class:`Ev
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from django.db import transaction
 
+from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .change_cache import StreamChangeCache
 from .events import StateMap
 from .redactions import client_json
@@ -31,7 +33,14 @@ VISIBLE = """EXISTS (
       AND (v.end_topological IS NULL
            OR (e.topological_ordering, e.stream_ordering) <= (v.end_topological, v.end_stream)))"""
 
-_COLUMNS = "e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, e.redacted"
+#: the redaction column is the room version of a redacted event (pruned by its version's
+#: rules), NULL for the others: the room is looked up only for the few redacted rows
+REDACTED_VERSION = ("CASE WHEN e.redacted THEN coalesce((SELECT r.room_version FROM rooms r "
+                    "WHERE r.room_id = e.room_id), '1') END")
+_COLUMNS = ("e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, "
+            + REDACTED_VERSION + " AS redacted")
+#: the same columns read back from a subquery ``y`` of :data:`_COLUMNS`
+_Y_COLUMNS = "y.event_id, y.room_id, y.topological_ordering, y.stream_ordering, y.json, y.redacted"
 _MAX = 2**63 - 1
 
 
@@ -111,8 +120,35 @@ def _timeline_cursor(using: str) -> Iterator[Any]:
         yield cur
 
 
-def _row(r: Sequence[Any]) -> EventRow:
-    return EventRow(r[0], r[1], r[2], r[3], client_json(bytes(r[4]), r[5]))
+def _ids_not_in_json(cur: Any, caches: "ReadCaches", room_id: str) -> bool:
+    """Whether the room's events carry no ``event_id`` field (authorized rooms of v3+: the ID
+    is a hash); cached per room (a room's version never changes)."""
+    hashed = caches.hashed_id_rooms.get(room_id)
+    if hashed is None:
+        cur.execute("SELECT room_version, authorized FROM rooms WHERE room_id = %s", [room_id])
+        row = cur.fetchone()
+        hashed = False
+        if row is not None and row[1] and row[0] is not None:
+            try:
+                hashed = room_version(row[0]).event_ids_are_hashes
+            except UnknownRoomVersion:
+                hashed = False
+        caches.hashed_id_rooms.put(room_id, hashed)
+    return hashed
+
+
+def with_event_id(raw: bytes, event_id: str) -> bytes:
+    """``raw`` (a JSON object) with ``event_id`` first: clients need the ID, which v3+ PDUs do
+    not carry. Spliced in, the rest of the bytes untouched."""
+    body = raw.lstrip()
+    return b'{"event_id":' + json.dumps(event_id).encode() + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
+
+
+def _row(r: Sequence[Any], cur: Any, caches: "ReadCaches") -> EventRow:
+    raw = client_json(bytes(r[4]), r[5])
+    if _ids_not_in_json(cur, caches, r[1]):
+        raw = with_event_id(raw, r[0])
+    return EventRow(r[0], r[1], r[2], r[3], raw)
 
 
 def _limit(limit: int) -> int:
@@ -170,23 +206,40 @@ class ChangeCaches:
             self._fed_upto = now
 
 
-_CACHES: dict[str, ChangeCaches] = {}
-_STATE = StateGroupStore(cache_keys=2_000_000)
-_EVENT_GROUP = _LRU(50_000)
+class ReadCaches:
+    """Everything the reads of one database keep between calls, owned in one place: the change
+    caches, group states and event -> group (they never change), and which rooms' events
+    carry hashed IDs. One per database alias (group IDs of two databases are unrelated)."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.change = ChangeCaches(using)
+        self.state = StateGroupStore(cache_keys=2_000_000)
+        self.event_group = _LRU(50_000)
+        self.hashed_id_rooms = _LRU(200_000)
+
+
+_READ_CACHES: dict[str, ReadCaches] = {}
+_READ_CACHES_LOCK = threading.Lock()
+
+
+def caches_for(using: str) -> ReadCaches:
+    """The read caches of database ``using``."""
+    caches = _READ_CACHES.get(using)
+    if caches is None:
+        with _READ_CACHES_LOCK:
+            caches = _READ_CACHES.setdefault(using, ReadCaches(using))
+    return caches
 
 
 def change_caches_for(using: str) -> ChangeCaches:
-    caches = _CACHES.get(using)
-    if caches is None:
-        caches = _CACHES[using] = ChangeCaches(using)
-    return caches
+    return caches_for(using).change
 
 
 def forget_caches() -> None:
     """Drop every read cache (tests that recreate the database)."""
-    _CACHES.clear()
-    _STATE.forget()
-    _EVENT_GROUP.clear()
+    with _READ_CACHES_LOCK:
+        _READ_CACHES.clear()
 
 
 # -- single events and state ------------------------------------------------------------------
@@ -204,7 +257,7 @@ def get_event(event_id: str, *, user_id: str | None = None, using: str = "defaul
         row = cur.fetchone()
         if row is None or (user_id is not None and not _visible(cur, event_id, user_id)):
             raise NotFound(f"event {event_id} not found")
-        return _row(row)
+        return _row(row, cur, caches_for(using))
 
 
 def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> StateMap:
@@ -213,15 +266,16 @@ def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "d
     with store_cursor(using) as cur:
         if user_id is not None and not _visible(cur, event_id, user_id):
             raise NotFound(f"event {event_id} not found")
-        group = _EVENT_GROUP.get(event_id)
+        caches = caches_for(using)
+        group = caches.event_group.get(event_id)
         if group is None:
             cur.execute("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", [event_id])
             row = cur.fetchone()
             if row is None:
                 raise NotFound(f"no state known at {event_id} (unknown event or outlier)")
             group = row[0]
-            _EVENT_GROUP.put(event_id, group)
-        return _STATE.get_state(cur, group)
+            caches.event_group.put(event_id, group)
+        return caches.state.get_state(cur, group)
 
 
 # -- room history -----------------------------------------------------------------------------
@@ -256,7 +310,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
         else:
             page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
         cur.execute("SELECT * FROM " + page + " y", params)
-        rows = [_row(r) for r in cur.fetchall()]
+        rows = [_row(r, cur, caches_for(using)) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = None
@@ -287,7 +341,7 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
         cur.execute(
             f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
             f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
-        rows = [_row(r) for r in cur.fetchall()]
+        rows = [_row(r, cur, caches_for(using)) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = rows[-1].token if rows and more else None
@@ -319,11 +373,11 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
             cur.execute(
                 f"""WITH my_rooms AS (
                     {_MY_ROOMS})
-                SELECT m.last_stream, {_COLUMNS.replace('e.', 'y.')} FROM my_rooms m CROSS JOIN LATERAL
+                SELECT m.last_stream, {_Y_COLUMNS} FROM my_rooms m CROSS JOIN LATERAL
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
             rows = cur.fetchall()
-        out = _group_timelines(rows, limit, historic=True)
+        out = _group_timelines(cur, caches_for(using), rows, limit, historic=True)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
 
 
@@ -339,11 +393,12 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
     return out
 
 
-def _group_timelines(rows: Sequence[Sequence[Any]], limit: int, *, historic: bool) -> dict[str, dict[str, Any]]:
+def _group_timelines(cur: Any, caches: ReadCaches, rows: Sequence[Sequence[Any]], limit: int, *,
+                     historic: bool) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         room = out.setdefault(r[2], {"events": []})
-        room["events"].append(_row(r[1:]))
+        room["events"].append(_row(r[1:], cur, caches))
     for room in out.values():
         events = room["events"]
         room["limited"] = len(events) > limit
@@ -373,13 +428,14 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         memberships = []
         if caches.members.has_entity_changed(user_id, since.stream):
             cur.execute(
-                "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, e.redacted "
+                "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
+                f"{REDACTED_VERSION} "
                 "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
                 "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s ORDER BY m.event_stream_ordering",
                 [user_id, since.stream, now])
             for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
-                                    "stream_ordering": stream, "event": client_json(bytes(raw), redacted)})
+                                    "stream_ordering": stream, "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches_for(using)).json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
         changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
@@ -390,11 +446,11 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 rows = _per_room(cur, [(r, r) for r in changed], params, order="s", event_filter=new_events)
             else:
                 cur.execute(
-                    f"""SELECT m.room_id, {_COLUMNS.replace('e.', 'y.')} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                    f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
                 rows = cur.fetchall()
-            out = _group_timelines(rows, limit, historic=False)
+            out = _group_timelines(cur, caches_for(using), rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 

@@ -10,22 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from ..matrix.redaction import redact
+from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .events import CREATE
 from .sql import array, in_array
-
-_KEEP_TOP = ("event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
-             "depth", "prev_events", "auth_events", "origin_server_ts")
-#: content keys kept by the redaction algorithm, per event type (room versions 1-11, merged)
-_KEEP_CONTENT = {
-    "m.room.member": ("membership", "join_authorised_via_users_server"),
-    "m.room.create": None,  # all of it
-    "m.room.join_rules": ("join_rule", "allow"),
-    "m.room.power_levels": ("ban", "events", "events_default", "invite", "kick", "redact", "state_default",
-                            "users", "users_default"),
-    "m.room.history_visibility": ("history_visibility",),
-    "m.room.redaction": ("redacts",),
-}
-
 
 def mark_redacted(cursor: Any, event_ids: Sequence[str]) -> None:
     """Set ``events.redacted`` on the targets (the one permitted change to an event row)."""
@@ -34,22 +22,21 @@ def mark_redacted(cursor: Any, event_ids: Sequence[str]) -> None:
                        [array(cursor, event_ids), CREATE])
 
 
-def prune_event(body: dict[str, Any]) -> dict[str, Any]:
-    """The redacted form of an event: only the keys the redaction algorithm keeps."""
-    pruned = {k: v for k, v in body.items() if k in _KEEP_TOP}
-    keep = _KEEP_CONTENT.get(body.get("type"), ())
-    content = body.get("content") if isinstance(body.get("content"), dict) else {}
-    pruned["content"] = dict(content) if keep is None else {k: v for k, v in content.items() if k in keep}
-    unsigned = body.get("unsigned")
-    if isinstance(unsigned, dict) and "age_ts" in unsigned:
-        pruned["unsigned"] = {"age_ts": unsigned["age_ts"]}
-    return pruned
+def prune_event(body: dict[str, Any], version_id: str | None) -> dict[str, Any]:
+    """The redacted form of an event: what the redaction algorithm of the room's version
+    keeps (streams/matrix/redaction.py; an unknown version: the v1 rules, the most keeping)."""
+    try:
+        version = room_version(version_id or "1")
+    except UnknownRoomVersion:
+        version = room_version("1")
+    return redact(body, version)
 
 
-def client_json(raw: bytes, redacted: bool) -> bytes:
-    """The bytes a read returns: as stored, or pruned when the event is redacted."""
-    if not redacted:
+def client_json(raw: bytes, redacted_in: str | None | bool) -> bytes:
+    """The bytes a read returns: as stored, or pruned when the event is redacted
+    (``redacted_in``: the room version of a redacted event, None/False for the others)."""
+    if not redacted_in:
         return raw
-    pruned = prune_event(json.loads(raw))
+    pruned = prune_event(json.loads(raw), redacted_in if isinstance(redacted_in, str) else None)
     pruned.setdefault("unsigned", {})["redacted"] = True
     return json.dumps(pruned, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,9 +1,10 @@
 """State groups: room states stored as deltas, with a full snapshot every 100 hops.
 
 The state of group G is the union of the rows along G -> parent -> ... -> snapshot, the row
-of the numerically largest group winning per (type, state_key) (storage spec §2.2); ids grow
-along every chain because a room is written by one process, which takes ids in order from
-``state_group_id_seq``. Groups never change, so what is read is cached.
+of the group nearest G along that chain winning per (type, state_key). Group IDs are never
+read as an order: each event writer takes IDs from ``state_group_id_seq`` in pools, so with
+several writers a group's parent may have the larger ID. Groups never change, so what is
+read is cached.
 """
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ from .sql import insert_rows, is_sqlite
 MAX_STATE_DELTA_HOPS = 100
 
 _STATE_OF_GROUP = """
-WITH RECURSIVE sgs(state_group) AS (
-    VALUES (%s::bigint)
+WITH RECURSIVE sgs(state_group, hop) AS (
+    VALUES (%s::bigint, 0)
   UNION ALL
-    SELECT e.prev_state_group FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
+    SELECT e.prev_state_group, s.hop + 1 FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
 )
 SELECT DISTINCT ON (type, state_key) type, state_key, event_id
 FROM state_groups_state
 WHERE state_group = ANY(ARRAY(SELECT state_group FROM sgs))
-ORDER BY type, state_key, state_group DESC
+ORDER BY type, state_key, array_position(ARRAY(SELECT state_group FROM sgs ORDER BY hop), state_group)
 """
+# The row nearest the group along its chain wins (``hop``), never the larger group ID: with
+# several event writers each takes IDs from its own pool, so a group's parent may have a
+# larger ID than the group itself.
 # ``= ANY(ARRAY(...))`` rather than ``IN (SELECT ...)``: the planner then sees a short list
 # and takes the (state_group, type, state_key) index. With ``IN`` it hash-joined against a
 # sequential scan of the whole table (3 s at 5.5 M rows; Synapse's issue #5064, which it
@@ -36,15 +40,14 @@ ORDER BY type, state_key, state_group DESC
 
 #: SQLite: the chain's rows oldest group first (a later group overwrites a key); no DISTINCT ON
 _STATE_OF_GROUP_SQLITE = """
-WITH RECURSIVE sgs(state_group) AS (
-    VALUES (%s)
+WITH RECURSIVE sgs(state_group, hop) AS (
+    VALUES (%s, 0)
   UNION ALL
-    SELECT e.prev_state_group FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
+    SELECT e.prev_state_group, s.hop + 1 FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
 )
-SELECT type, state_key, event_id
-FROM state_groups_state
-WHERE state_group IN (SELECT state_group FROM sgs)
-ORDER BY state_group
+SELECT t.type, t.state_key, t.event_id
+FROM state_groups_state t JOIN sgs g ON g.state_group = t.state_group
+ORDER BY g.hop DESC
 """
 
 #: SQLite has no sequences: the next state group ids come from a row of ``stream_sequences``

@@ -38,13 +38,14 @@ def test_rooms_are_independent_and_edges_order_does_not_matter(spark):
         ("!x", "x1", 1), ("!x", "x2", 2), ("!y", "y1", 1), ("!y", "y2", 2), ("!y", "y3", 3)]))
 
 
-def test_missing_prev_events_fall_back_to_declared_depth(spark):
-    # backfilled history whose prev_events we never fetched: its declared depth anchors it;
-    # an edge to an unknown event is ignored when another prev is known.
-    events = [("!r", "old", -2, 40), ("!r", "older", -3, None), ("!r", "live", 5, 7)]
-    edges = [("!r", "old", "$unknown"), ("!r", "older", "$gone"), ("!r", "live", "old"), ("!r", "live", "$unknown")]
+def test_a_declared_depth_is_the_ordering_whatever_the_prev_events_say(spark):
+    # as in Synapse: the ordering is the event's own depth (a t token never shifts meaning);
+    # only an event without a depth is placed after its known prev events
+    events = [("!r", "old", -2, 40), ("!r", "older", -3, None), ("!r", "live", 5, 7), ("!r", "next", 6, None)]
+    edges = [("!r", "old", "$unknown"), ("!r", "older", "$gone"), ("!r", "live", "old"), ("!r", "live", "$unknown"),
+             ("!r", "next", "live"), ("!r", "next", "old")]
     assertDataFrameEqual(run(spark, events, edges), expect(spark, [
-        ("!r", "old", 40), ("!r", "older", 1), ("!r", "live", 41)]))
+        ("!r", "old", 40), ("!r", "older", 1), ("!r", "live", 7), ("!r", "next", 41)]))
 
 
 def test_depth_is_capped(spark):

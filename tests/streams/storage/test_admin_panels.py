@@ -25,3 +25,25 @@ def test_event_page_shows_edges_state_group_and_state(store, admin_client):
     state = body.split("<h3>State at this event</h3>")[1]
     assert "m.room.create" in state and "m.room.member" in state and "@c:hs" in state
     assert "a delta of group" in body or "a full snapshot" in body
+
+
+def test_a_rejected_events_page_shows_why_and_its_auth_events(store, admin_client):
+    import json
+
+    from streams.matrix.room_builder import RoomBuilder as MatrixRoom
+    from streams.matrix.room_versions import room_version
+
+    room = MatrixRoom(room_version("10"), room_id="!rej:hs")
+    room.send("@c:hs", "m.room.create", {"creator": "@c:hs", "room_version": "10"}, state_key="")
+    room.send("@c:hs", "m.room.member", {"membership": "join"}, state_key="@c:hs")
+    bad = room.send("@c:hs", "m.room.member", {"membership": "join"}, state_key="@x:hs")  # joins someone else
+    assert bad in room.rejected
+    store.persist(*[json.dumps(room.pdu(e)).encode() for e in room.order])
+    event = Event.objects.get(event_id=bad)
+    assert event.rejected
+    body = admin_client.get(f"/admin/streams/event/{event.pk}/change/").content.decode()
+    panel = body.split("<h3>Authorization</h3>")[1].split("<h3>")[0]
+    assert "rejected: auth_error" in panel and room.order[0] in panel and room.order[1] in panel
+    ok = Event.objects.get(event_id=room.order[1])
+    body = admin_client.get(f"/admin/streams/event/{ok.pk}/change/").content.decode()
+    assert "accepted" in body.split("<h3>Authorization</h3>")[1].split("<h3>")[0]

@@ -47,8 +47,24 @@ def test_generate_rooms_builds_every_feature(default_database, fresh_runtime):
         values = {json.loads(bytes(raw))["content"]["history_visibility"] for (raw,) in c.fetchall()}
     assert values == {"world_readable", "shared", "invited", "joined"}
     assert one("SELECT count(*) FROM room_visibility_ranges WHERE user_id = '*'") > 0
+    # real PDUs of every room version, all authorized: no rejections; forks merged; bans
+    assert one("SELECT count(*) FROM rejections") == 0
+    assert one("SELECT count(DISTINCT room_version) FROM rooms WHERE authorized") == 12
+    assert one("SELECT count(*) FROM rooms WHERE NOT authorized") == 0
+    assert one("SELECT count(*) FROM event_auth") > 3000
+    assert one("SELECT count(*) FROM room_memberships WHERE membership = 'ban'") > 0
+    assert one("SELECT count(*) FROM (SELECT event_id FROM event_edges GROUP BY event_id "
+               "HAVING count(*) > 1) AS merges") > 0
     # backfill closed every gap down to the state we hold only as outliers
     assert one("SELECT count(*) FROM event_backward_extremities b LEFT JOIN events e USING (event_id) "
                "WHERE e.outlier IS NOT TRUE") == 0
     with pytest.raises(CommandError, match="already generated"):
         call_command("generate_rooms", rooms=40, users=60, events=10, seed=7, no_progress=True)
+
+
+@pytest.mark.parametrize("rooms, users, events", [(1, 2, 5), (3, 2, 40), (25, 3, 300)])
+def test_tiny_sizes_persist_without_unknown_prev_events(default_database, fresh_runtime, rooms, users, events):
+    call_command("generate_rooms", rooms=rooms, users=users, events=events, seed=2, batch=50, no_progress=True,
+                 stdout=StringIO())
+    assert one("SELECT count(*) FROM events") >= events
+    assert one("SELECT count(*) FROM rejections") == 0

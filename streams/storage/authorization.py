@@ -1,0 +1,255 @@
+"""The persist path's bridge to the Matrix core (streams/matrix/): which rooms are
+authorized and of which version, the events the auth rules and state resolution read (parsed
+once, cached, loaded from the database on a miss), and the three decisions the store takes
+with them -- an event's verdict, the state at a fork, whether a redaction takes effect.
+
+Everything here is read through a cursor handed in by the caller (the persist transaction);
+the core itself stays pure. Design notes: docs/storage.md ("Authorization and state
+resolution").
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..matrix.auth import (AuthFailed, MissingAuthEvent, auth_state_from, auth_types_for_event,
+                           check_against_auth_events, check_state_dependent, redaction_takes_effect)
+from ..matrix.event_format import Event as MatrixEvent, parse_event as parse_pdu
+from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
+from ..matrix.state_res import UnsupportedStateRes, resolve as resolve_v2
+from .events import BadEvent, RoomInfo, StateKey, StateMap
+from .sql import array, in_array, store_cursor
+
+
+class RoomInfos:
+    """room_id -> :class:`RoomInfo` (a room's version never changes: cached for good; the
+    entries of a batch that rolls back are dropped with :meth:`discard`)."""
+
+    def __init__(self) -> None:
+        self._d: dict[str, RoomInfo] = {}
+        self._batch: list[str] = []
+        #: rooms looked up in this call and not found (not asked again until it ends)
+        self._unknown: set[str] = set()
+        self._lock = threading.Lock()
+        self.using = "default"
+
+    def __call__(self, body: dict) -> RoomInfo | None:
+        room_id = body.get("room_id")
+        if not isinstance(room_id, str):
+            return None
+        info = self._d.get(room_id)
+        if info is None and room_id not in self._unknown:
+            self.load([room_id])
+            info = self._d.get(room_id)
+            if info is None:
+                self._unknown.add(room_id)
+        return info
+
+    def get(self, room_id: str) -> RoomInfo | None:
+        return self._d.get(room_id)
+
+    def load(self, room_ids: Sequence[str], cursor: Any = None) -> None:
+        if cursor is None:
+            with store_cursor(self.using) as cur:
+                return self.load(room_ids, cur)
+        cursor.execute("SELECT room_id, room_version, authorized FROM rooms WHERE " + in_array(cursor, "room_id"),
+                       [array(cursor, list(room_ids))])
+        for room_id, version_id, authorized in cursor.fetchall():
+            if version_id is None:
+                continue  # a room whose create event we have not seen yet
+            try:
+                version: RoomVersion | None = room_version(version_id)
+            except UnknownRoomVersion:
+                version = None
+            self._d[room_id] = RoomInfo(version, bool(authorized))
+
+    def created(self, room_id: str, info: RoomInfo) -> None:
+        """A create event of the batch names its room's version."""
+        if room_id not in self._d:
+            self._d[room_id] = info
+            self._batch.append(room_id)
+        self._unknown.discard(room_id)
+
+    def commit(self) -> None:
+        self._batch.clear()
+        self._unknown.clear()
+
+    def discard(self) -> None:
+        for room_id in self._batch:
+            self._d.pop(room_id, None)
+        self._batch.clear()
+        self._unknown.clear()
+
+
+class _Rejected:
+    """The rejected events, as the core asks about them (``event_id in rejected``)."""
+
+    def __init__(self, events: "MatrixEvents") -> None:
+        self._events = events
+
+    def __contains__(self, event_id: object) -> bool:
+        entry = self._events.entry(event_id)  # type: ignore[arg-type]
+        return entry is not None and entry[1]
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class MatrixEvents(Mapping[str, MatrixEvent]):
+    """event_id -> the core's ``Event`` (and whether it was rejected): a bounded cache in front
+    of the ``events`` table, filled by the persist path as it goes. A miss reads the row with
+    the cursor of the open transaction (:attr:`cursor`), so events persisted by another
+    process are seen too."""
+
+    def __init__(self, rooms: RoomInfos, size: int = 200_000) -> None:
+        self.rooms = rooms
+        self.size = size
+        self._d: OrderedDict[str, tuple[MatrixEvent, bool]] = OrderedDict()
+        self._missing: set[str] = set()
+        self._batch: list[str] = []
+        self.cursor: Any = None
+        self.rejected = _Rejected(self)
+        self.loads = 0
+
+    # -- Mapping ----------------------------------------------------------------------------
+
+    def entry(self, event_id: str) -> tuple[MatrixEvent, bool] | None:
+        entry = self._d.get(event_id)
+        if entry is None and event_id not in self._missing and self.cursor is not None:
+            self.ensure([event_id])
+            entry = self._d.get(event_id)
+        return entry
+
+    def __getitem__(self, event_id: str) -> MatrixEvent:
+        entry = self.entry(event_id)
+        if entry is None:
+            raise KeyError(event_id)
+        return entry[0]
+
+    def get(self, event_id: str, default: Any = None) -> Any:  # type: ignore[override]
+        entry = self.entry(event_id)
+        return default if entry is None else entry[0]
+
+    def __contains__(self, event_id: object) -> bool:
+        return self.entry(event_id) is not None  # type: ignore[arg-type]
+
+    def __iter__(self):
+        return iter(list(self._d))
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    # -- filling ----------------------------------------------------------------------------
+
+    def add(self, event: MatrixEvent, rejected: bool) -> None:
+        self._d[event.event_id] = (event, rejected)
+        self._d.move_to_end(event.event_id)
+        self._missing.discard(event.event_id)
+        self._batch.append(event.event_id)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def ensure(self, event_ids: Iterable[str]) -> None:
+        """Load the events not cached yet, in one query (unknown ones are remembered as
+        unknown until the transaction ends)."""
+        missing = [e for e in set(event_ids) if e not in self._d and e not in self._missing]
+        if not missing or self.cursor is None:
+            return
+        cur = self.cursor
+        self.loads += 1
+        cur.execute("SELECT event_id, room_id, json, rejected FROM events WHERE " + in_array(cur, "event_id"),
+                    [array(cur, missing)])
+        found = cur.fetchall()
+        rooms = {r[1] for r in found if self.rooms.get(r[1]) is None}
+        if rooms:
+            self.rooms.load(sorted(rooms), cur)
+        for event_id, room_id, raw, rejected in found:
+            info = self.rooms.get(room_id)
+            if info is None or not info.authorized or info.version is None:
+                continue
+            try:
+                event = parse_pdu(json.loads(bytes(raw)), info.version)
+            except Exception:  # stored before checks existed: not an event the core can read
+                continue
+            if event.event_id != event_id:
+                continue
+            self._d[event_id] = (event, bool(rejected))
+        self._missing.update(e for e in missing if e not in self._d)
+
+    def end_transaction(self, committed: bool) -> None:
+        self.cursor = None
+        self._missing.clear()
+        if not committed:
+            for event_id in self._batch:
+                self._d.pop(event_id, None)
+        self._batch.clear()
+
+
+# -- the decisions ----------------------------------------------------------------------------
+
+def _ensure(events: Mapping[str, MatrixEvent], ids: Iterable[str]) -> None:
+    ensure = getattr(events, "ensure", None)  # MatrixEvents: load in one query what is missing
+    if ensure is not None:
+        ensure(ids)
+
+
+def authorize(event: MatrixEvent, before: StateMap | None, events: Mapping[str, MatrixEvent],
+              rejected: Any = None) -> str | None:
+    """The rejection reason of ``event``, or None if it is accepted: rules 1-3 and the rest
+    against its own auth events, then (``before`` given: not an outlier) the rules against
+    the state before it. An auth event we do not have is a :class:`BadEvent` (fetch it and
+    persist it first, as an outlier).
+
+    Pure given its inputs: ``events`` may be a plain dict (``rejected``: the IDs rejected so
+    far) or the persister's :class:`MatrixEvents` (which knows both)."""
+    if rejected is None:
+        rejected = getattr(events, "rejected", ())
+    _ensure(events, event.auth_event_ids)
+    try:
+        check_against_auth_events(event, events.get, rejected)
+        if before is not None and not (event.type == "m.room.create" and event.state_key == ""):
+            chosen = {before[k] for k in auth_types_for_event(event) if k in before}
+            if chosen != set(event.auth_event_ids):  # the same auth state gives the same verdict
+                _ensure(events, chosen)
+                check_state_dependent(event, auth_state_from(event, before, events.get))
+    except AuthFailed as e:
+        return f"auth_error: {e}"
+    except MissingAuthEvent as e:
+        raise BadEvent(event.event_id, f"auth event {e} is not stored (persist it first, as an outlier)") from None
+    return None
+
+
+def resolve_state(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]],
+                  events: Mapping[str, MatrixEvent], rejected: Any = None) -> dict[StateKey, str] | None:
+    """The resolved state of ``state_sets`` (v2 / v2.1 by ``version``); None for a version
+    the core cannot resolve (v1: the caller keeps its stand-in). ``events``/``rejected`` as
+    for :func:`authorize`."""
+    if rejected is None:
+        rejected = getattr(events, "rejected", ())
+    if len(state_sets) > 1:
+        # what split() will look at: the entries not every set shares
+        common = set(state_sets[0].items())
+        for s in state_sets[1:]:
+            common.intersection_update(s.items())
+        _ensure(events, {e for s in state_sets for k, e in s.items() if (k, e) not in common})
+    try:
+        return resolve_v2(version, state_sets, events, rejected)
+    except UnsupportedStateRes:
+        return None
+
+
+def redaction_applies(redaction: MatrixEvent, target: MatrixEvent, events: MatrixEvents) -> bool:
+    """Whether an accepted redaction prunes ``target``: v1-2 decided it in the auth rules;
+    from v3 the sender needs the redact level in the redaction's own auth events, or the
+    target's server (the spec's "handling redactions", Synapse's recheck)."""
+    state = {}
+    for auth_id in redaction.auth_event_ids:
+        entry = events.entry(auth_id)
+        if entry is not None and not entry[1]:
+            state[entry[0].key] = entry[0]
+    return redaction_takes_effect(redaction, target, state)

@@ -1,0 +1,55 @@
+"""The persist path's decisions (streams/storage/authorization.py) by value, without a
+database: an event's verdict from its auth events and the state before it, and the state at
+a fork, on rooms built by the Matrix core's RoomBuilder (whose verdicts and states are checked
+against Synapse in tests/streams/matrix/)."""
+from __future__ import annotations
+
+import pytest
+
+from streams.matrix.room_builder import RoomBuilder
+from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
+from streams.storage.authorization import authorize, resolve_state
+from streams.storage.events import BadEvent
+
+from .test_matrix_persist import _random_actions
+
+
+@pytest.mark.parametrize("version_id, seed", [("2", 11), ("10", 12), ("11", 13), ("12", 14), ("12", 15)])
+def test_verdicts_and_fork_states_equal_the_cores(version_id, seed):
+    from tests.streams.matrix.test_generated_rooms import play, start_room
+
+    room = start_room(version_id)
+    play(room, _random_actions(seed, 60))
+    rejected: set[str] = set()
+    forks = 0
+    for event_id in room.order:
+        event = room.events[event_id]
+        prevs = [room.state_after[p] for p in event.prev_event_ids]
+        if len(prevs) > 1:
+            forks += 1
+            assert resolve_state(room.version, prevs, room.events, rejected) == room.state_before[event_id]
+        before = room.state_before[event_id] if event.prev_event_ids else None
+        reason = authorize(event, before, room.events, rejected)
+        assert (reason is None) == (event_id not in room.rejected), (event_id, reason, room.rejected.get(event_id))
+        if reason is not None:
+            assert reason.startswith("auth_error: ")
+            rejected.add(event_id)
+    assert forks and rejected
+
+
+def test_v1_forks_are_left_to_the_caller():
+    room = RoomBuilder(KNOWN_ROOM_VERSIONS["1"], room_id="!v1:a")
+    create = room.send("@a:a", "m.room.create", {"creator": "@a:a"}, state_key="")
+    join = room.send("@a:a", "m.room.member", {"membership": "join"}, state_key="@a:a")
+    t1 = room.send("@a:a", "m.room.topic", {"topic": "x"}, state_key="", prev_ids=[join])
+    t2 = room.send("@a:a", "m.room.topic", {"topic": "y"}, state_key="", prev_ids=[join])
+    assert create and resolve_state(room.version, [room.state_after[t1], room.state_after[t2]], room.events) is None
+
+
+def test_an_unknown_auth_event_is_a_bad_event_not_a_verdict():
+    room = RoomBuilder(KNOWN_ROOM_VERSIONS["10"], room_id="!u:a")
+    room.send("@a:a", "m.room.create", {"creator": "@a:a", "room_version": "10"}, state_key="")
+    join = room.send("@a:a", "m.room.member", {"membership": "join"}, state_key="@a:a")
+    known = {e: ev for e, ev in room.events.items() if e != room.order[0]}  # the create is missing
+    with pytest.raises(BadEvent, match="is not stored"):
+        authorize(room.events[join], room.state_before[join], known, set())
