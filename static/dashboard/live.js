@@ -86,7 +86,7 @@
           var last = "";
           if (info.last_write !== null) {
             last = "last write " + clock(info.last_write) + " (" + ago(info.last_write, state.t) + ")" +
-              (info.pid ? ", pid " + info.pid : "") + (info.alive === null && info.host ? " on " + info.host : "");
+              (info.pid ? " by pid " + info.pid : "") + (info.alive === null && info.host ? " on " + info.host : "");
           }
           return el("div", {className: gone ? "writer-row gone" : "writer-row"}, [
             el("span", {className: "writer", text: w}), ": ",
@@ -375,5 +375,6 @@
     };
   }
 
-  if (document.querySelector("[data-live]")) connect();
+  // Any page with live parts or the banner (which follows the service's health) connects.
+  if (document.querySelector("[data-live], #live-status")) connect();
 })();
