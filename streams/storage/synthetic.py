@@ -63,8 +63,10 @@ class RoomBuilder:
 
 # -- live rooms: coherent, authorized traffic through the persist path -------------------------
 
-#: The version of the rooms :class:`LiveRooms` creates.
-LIVE_ROOM_VERSION = "10"
+#: The version of the rooms :class:`LiveRooms` creates. Version 2: its PDUs carry their
+#: ``event_id`` (from v3 the ID is a hash and the field is refused), which every version of
+#: the store's parser reads; its rules (auth, state resolution v2) are today's.
+LIVE_ROOM_VERSION = "2"
 _CREATE, _POWER, _JOIN_RULES = ("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")
 
 
@@ -94,9 +96,9 @@ class LiveRooms:
     then users join, send messages and now and then leave. Each event's ``prev_events`` are the
     room's forward extremities as stored, its depth one more than theirs, its ``auth_events``
     the create event, power levels, the sender's membership (and for a join the join rules),
-    taken from the room's current state; IDs are reference hashes (room version 10). So every
-    event passes the Matrix authorization rules and the batch jobs recompute exactly what the
-    persist path stored.
+    taken from the room's current state; a content hash, room version :data:`LIVE_ROOM_VERSION`.
+    So every event passes the Matrix authorization rules and the batch jobs recompute exactly
+    what the persist path stored.
 
     :meth:`plan` is pure (rooms in, events out); :meth:`write` loads the rooms, plans and
     persists in one ``persist_events`` transaction.
@@ -157,19 +159,25 @@ class LiveRooms:
         from streams.matrix.event_format import compute_event_id, with_content_hash
         from streams.matrix.room_versions import room_version
 
+        version = room_version(LIVE_ROOM_VERSION)
         keys = [] if type == "m.room.create" else [_CREATE, _POWER, (MEMBER_TYPE, sender)]
         if type == MEMBER_TYPE and content.get("membership") == "join":
             keys += [_JOIN_RULES, (MEMBER_TYPE, state_key)]
         auth = sorted({room.state[k] for k in keys if k in room.state})
+        prev = list(room.extremities)
+        if version.refs_are_pairs:  # v1-2: [event ID, hashes] pairs
+            prev, auth = [[e, {}] for e in prev], [[e, {}] for e in auth]
         pdu: dict[str, Any] = {
             "room_id": room.room_id, "type": type, "sender": sender, "content": content,
-            "prev_events": list(room.extremities), "auth_events": auth, "depth": room.depth + 1,
+            "prev_events": prev, "auth_events": auth, "depth": room.depth + 1,
             "origin_server_ts": self.clock(),
         }
         if state_key is not None:
             pdu["state_key"] = state_key
+        if not version.event_ids_are_hashes:  # v1-2: the sender names it
+            pdu["event_id"] = f"${self.rng.getrandbits(128):032x}:{room.room_id.partition(':')[2]}"
         pdu = with_content_hash(pdu)
-        event_id = compute_event_id(pdu, room_version(LIVE_ROOM_VERSION))
+        event_id = compute_event_id(pdu, version)
         room.extremities, room.depth = [event_id], room.depth + 1
         if state_key is not None:
             room.state[(type, state_key)] = event_id
@@ -215,6 +223,7 @@ class LiveRooms:
 
 
 def stored_json(pdu: dict[str, Any], event_id: str) -> bytes:
-    """The bytes handed to ``persist_events``: the PDU, plus its ``event_id`` (the store's
-    parser reads the ID from the JSON; the ID is computed without it, as federation does)."""
-    return json.dumps(dict(pdu, event_id=event_id), separators=(",", ":"), sort_keys=True).encode()
+    """The bytes handed to ``persist_events``: the PDU; a v3+ PDU (whose ID is its hash, not a
+    field) with ``event_id`` added, for a store whose parser reads the ID from the JSON."""
+    body = pdu if "event_id" in pdu else dict(pdu, event_id=event_id)
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from streams.matrix.auth import auth_state_from, check_against_auth_events, check_state_dependent
-from streams.matrix.event_format import parse_event
+from streams.matrix.event_format import content_hash_matches, parse_event
 from streams.matrix.room_versions import room_version
 from streams.models import Event
 from streams.storage.synthetic import LIVE_ROOM_VERSION, LiveRooms
@@ -36,9 +36,9 @@ def test_every_event_is_authorized_and_follows_the_rooms_extremities(store):
     history = stored_history()
     assert len(history) == 150
     for body in history:
-        stored_id = body.pop("event_id")
-        ev = parse_event(body, version)
-        assert ev.event_id == stored_id  # the reference hash of the PDU
+        ev = parse_event(body, version)  # the room version's format (v2: the ID is a field)
+        assert ev.event_id == body["event_id"] and ev.room_id == body["room_id"]
+        assert content_hash_matches(body)
         room = ev.room_id
         if room not in state:  # how every room starts
             assert ev.type == "m.room.create" and ev.prev_event_ids == ()
@@ -77,7 +77,7 @@ def test_the_plan_is_pure_and_continues_a_loaded_room():
     assert rooms["!p-0:localhost"].extremities == [first[-1]["event_id"]]
     assert rooms["!p-0:localhost"].depth == 6
     nxt = json.loads(LiveRooms("p-", rooms=1, users=4, rng=random.Random(2), clock=lambda: 5).plan(rooms, 1)[0])
-    assert nxt["prev_events"] == [first[-1]["event_id"]] and nxt["depth"] == 7
+    assert nxt["prev_events"] == [[first[-1]["event_id"], {}]] and nxt["depth"] == 7  # v2: (ID, hashes) pairs
     assert nxt["type"] in ("m.room.member", "m.room.message")
 
 
