@@ -288,6 +288,10 @@ def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_cli
     page = staff_client.get("/").content.decode()
     assert page.count("exited</strong>") == 2 and "last write" in page
     assert 'class="ahead"' not in page.split('data-stream="receipts"')[1].split("</tr>")[0]
+    metrics = staff_client.get("/metrics").content.decode()
+    for w in ("w1", "w2"):
+        assert f'synapse_repl_stream_writer_process_up{{stream="receipts",writer="{w}"}} 0.0' in metrics
+        assert f'synapse_repl_stream_writer_last_write_timestamp_seconds{{stream="receipts",writer="{w}"}}' in metrics
     status = staff_client.get("/status.json").json()
     by_name = next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]
     assert {w: (s["alive"], s["last_write"] is not None) for w, s in by_name.items()} == {
