@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.processes import wait_port
-from synapse_repl.services import free_port
+from testing.processes import wait_port
+from testing.services import free_port
 
 from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, SCREENSHOTS, WAIT_MS
 
