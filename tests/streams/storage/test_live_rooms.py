@@ -107,3 +107,20 @@ def test_a_fresh_embedded_install_checks_clean(tmp_path):
     assert int(out.split("events ")[1].split()[0]) >= 2000 + 120 + 200
     assert "check_topological_ordering succeeded 0 []" in out, out
     assert "check_visibility succeeded 0 []" in out, out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_write_facts_events_threads_keep_to_their_own_rooms():
+    """With --concurrency each thread continues rooms of its own: no two transactions race on
+    one room's extremities, so every room keeps a single forward extremity."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("write_facts", "events", "--count", "60", "--per-txn", "3", "--concurrency", "2",
+                 "--no-progress", stdout=StringIO())
+    rooms = {r for (r,) in rows("SELECT DISTINCT room_id FROM events")}
+    assert {r.split("-")[2] for r in rooms} == {"t0", "t1"}  # !live-master-t0-3:localhost
+    assert rows("SELECT count(*) FROM events") == [(60,)]
+    extremities = rows("SELECT room_id, count(*) FROM event_forward_extremities GROUP BY room_id")
+    assert {r for r, _ in extremities} == rooms and {n for _, n in extremities} == {1}
