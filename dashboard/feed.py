@@ -59,6 +59,12 @@ def collect_state(now: float | None = None) -> dict[str, Any]:
         raise
 
 
+def writer_json(w: Any) -> dict[str, Any]:
+    """A writer's last write and liveness, for the page and ``status.json``."""
+    return {"position": w.position, "last_write": w.last_write.timestamp() if w.last_write else None,
+            "pid": w.pid, "host": w.host, "alive": w.alive}
+
+
 def _close_connection() -> None:
     """Close this thread's connection (``connection`` resolves per thread: look it up here)."""
     from django.db import connection
@@ -89,6 +95,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
             # How far each writer is ahead of the linear position (IDs not yet readable by all).
             "ahead": {w: abs(p - linear) for w, p in s.positions.items()} if linear is not None else {},
             "total": max((abs(p) for p in s.positions.values()), default=0),
+            "writer_status": {w.name: writer_json(w) for w in s.writer_rows},
             "pending": [
                 {"writer": p.instance_name, "stream_ids": p.stream_ids, "age_seconds": round(p.age_seconds, 1),
                  "stuck": p.stuck, "pid": p.pid}

@@ -48,9 +48,19 @@ class ClusterCollector(Collector):
                                   "Stream IDs pending longer than STUCK_AFTER_SECONDS", labels=["stream", "writer"])
         oldest = GaugeMetricFamily(f"{PREFIX}_stream_oldest_pending_seconds",
                                    "Age of the oldest pending stream ID", labels=["stream"])
+        last_write = GaugeMetricFamily(f"{PREFIX}_stream_writer_last_write_timestamp_seconds",
+                                       "When a writer's position last advanced", labels=["stream", "writer"])
+        process_up = GaugeMetricFamily(f"{PREFIX}_stream_writer_process_up",
+                                       "1 while the process that last wrote as this writer runs (0: exited; "
+                                       "absent when it ran on another host)", labels=["stream", "writer"])
         for s in stream_status():
             if not s.db_backed:
                 continue
+            for w in s.writer_rows:
+                if w.last_write is not None:
+                    last_write.add_metric([s.name, w.name], w.last_write.timestamp())
+                if w.alive is not None:
+                    process_up.add_metric([s.name, w.name], 1 if w.alive else 0)
             for writer, pos in s.positions.items():
                 position.add_metric([s.name, writer], pos)
                 if s.linear is not None:
@@ -67,7 +77,7 @@ class ClusterCollector(Collector):
                 pending.add_metric([s.name, writer], n_pending)
                 stuck.add_metric([s.name, writer], n_stuck)
             oldest.add_metric([s.name], max((p.age_seconds for p in s.pending), default=0.0))
-        yield from (position, linear, ahead, facts, pending, stuck, oldest)
+        yield from (position, linear, ahead, facts, pending, stuck, oldest, last_write, process_up)
 
         up = GaugeMetricFamily(f"{PREFIX}_endpoint_up", "1 while the endpoint reports (0: silent > 15 s)",
                                labels=["endpoint"])

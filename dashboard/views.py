@@ -7,6 +7,7 @@ from streams.status import stream_status
 
 from .access import staff_json
 from .endpoint_status import endpoint_statuses
+from .feed import writer_json
 
 
 def _context(**extra):
@@ -58,6 +59,8 @@ def streams_json(request: HttpRequest) -> JsonResponse:
             "positions": s.positions,
             "linear": s.linear,
             "writers_warning": s.writers_warning,
+            # per writer: position, last write (Unix time), pid, host, alive (null: another host)
+            "writer_status": {w.name: writer_json(w) for w in s.writer_rows},
             "pending": [
                 {"writer": p.instance_name, "stream_ids": p.stream_ids, "age_seconds": round(p.age_seconds, 3),
                  "stuck": p.stuck}

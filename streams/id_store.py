@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -288,11 +289,12 @@ class PostgresIdStore(IdStore):
         else:
             self._run(
                 self._complete_sql,
-                (reservation.reservation_id, self.stream_name, self.instance_name, position),
+                (reservation.reservation_id, self.stream_name, self.instance_name, position, *_recorder()),
             )
 
     def raise_recorded_position(self, position: int) -> None:
-        self._run(_raise_position_sql(self.direction), (position, self.stream_name, self.instance_name, position))
+        self._run(_raise_position_sql(self.direction),
+                  (position, *_recorder(), self.stream_name, self.instance_name, position))
 
     def close(self) -> None:
         with self._lock:
@@ -381,20 +383,38 @@ class SQLiteIdStore(IdStore):
         with self._lock, transaction.atomic(using=self.using), connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {RESERVATIONS} WHERE id = %s", [reservation.reservation_id])
             if position is not None:
-                cursor.execute(self._upsert_sql, [self.stream_name, self.instance_name, position])
+                cursor.execute(self._upsert_sql, [self.stream_name, self.instance_name, position,
+                                                  *_recorder(connection)])
 
     def raise_recorded_position(self, position: int) -> None:
         connection = connections[self.using]
         with self._lock, transaction.atomic(using=self.using), connection.cursor() as cursor:
-            cursor.execute(_raise_position_sql(self.direction), [position, self.stream_name, self.instance_name, position])
+            cursor.execute(_raise_position_sql(self.direction),
+                           [position, *_recorder(connection), self.stream_name, self.instance_name, position])
+
+
+_HOST = socket.gethostname()
+
+
+def _recorder(connection: Any = None) -> tuple[Any, int, str]:
+    """When, and by which process (pid, host), a position is recorded: the dashboard shows
+    each writer's last write and whether the process that made it still runs."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc)
+    return (connection.ops.adapt_datetimefield_value(now) if connection is not None else now,
+            os.getpid(), _HOST)
 
 
 def _upsert_position_sql(direction: IdDirection) -> str:
-    """Monotonic upsert of a writer's position (counting down for backwards streams)."""
+    """Monotonic upsert of a writer's position (counting down for backwards streams), with
+    when and by which process it advanced."""
     cmp = direction.behind_sql()
     return f"""
-        INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id) VALUES (%s, %s, %s)
-        ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id
+        INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id, recorded_at, pid, host)
+        VALUES (%s, %s, %s, %s, %s, %s)
+        ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id,
+            recorded_at = excluded.recorded_at, pid = excluded.pid, host = excluded.host
         WHERE {POSITIONS}.stream_id {cmp} excluded.stream_id
     """
 
@@ -402,7 +422,7 @@ def _upsert_position_sql(direction: IdDirection) -> str:
 def _raise_position_sql(direction: IdDirection) -> str:
     cmp = direction.behind_sql()
     return (
-        f"UPDATE {POSITIONS} SET stream_id = %s "
+        f"UPDATE {POSITIONS} SET stream_id = %s, recorded_at = %s, pid = %s, host = %s "
         f"WHERE stream_name = %s AND instance_name = %s AND stream_id {cmp} %s"
     )
 

@@ -6,10 +6,12 @@ is visible here with the age of its stuck IDs.
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from .conf import repl_setting, stream_writers
+from .id_store import pid_alive
 from .models import StreamPosition, StreamReservation
 from .registry import STREAMS
 
@@ -25,6 +27,26 @@ class PendingStatus:
 
 
 @dataclass
+class WriterStatus:
+    """One writer of a stream: where it is, when it last wrote, and whether the process that
+    made that write still runs (``alive`` is None when it ran on another host: unknown here)."""
+
+    name: str
+    position: int | None
+    ahead: int | None = None
+    last_write: datetime | None = None
+    last_write_age: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    alive: bool | None = None
+    configured: bool = True
+
+    @property
+    def gone(self) -> bool:
+        return self.alive is False
+
+
+@dataclass
 class StreamStatus:
     name: str
     db_backed: bool
@@ -35,6 +57,21 @@ class StreamStatus:
     pending: list[PendingStatus] = field(default_factory=list)
     #: positions recorded by instances this process's STREAM_WRITERS does not name
     unconfigured: dict[str, int] = field(default_factory=dict)
+    #: per writer (recorded or configured): last write and liveness
+    writer_status: dict[str, WriterStatus] = field(default_factory=dict)
+
+    @property
+    def writer_rows(self) -> list[WriterStatus]:
+        """Every configured writer with a recorded position, then those that have written
+        nothing yet; each with how far it is ahead of linear."""
+        linear = self.linear
+        rows = []
+        for name in [*self.positions, *(w for w in self.writers or () if w not in self.positions)]:
+            w = self.writer_status.get(name) or WriterStatus(name, None)
+            if w.position is not None and linear is not None:
+                w.ahead = abs(w.position - linear)
+            rows.append(w)
+        return rows
 
     @property
     def writers_warning(self) -> str | None:
@@ -71,13 +108,21 @@ def stream_status(now: datetime | None = None, stuck_after: float | None = None)
                            list(writers[name]) if writers.get(name) else None)
         for name, spec in STREAMS.items()
     }
+    here = socket.gethostname()
     for row in StreamPosition.objects.order_by("stream_name", "instance_name"):
         if row.stream_name in result:
             s = result[row.stream_name]
-            if s.writers is not None and row.instance_name not in s.writers:
-                s.unconfigured[row.instance_name] = row.stream_id
-            else:
+            configured = s.writers is None or row.instance_name in s.writers
+            if configured:
                 s.positions[row.instance_name] = row.stream_id
+            else:
+                s.unconfigured[row.instance_name] = row.stream_id
+            s.writer_status[row.instance_name] = WriterStatus(
+                row.instance_name, row.stream_id, last_write=row.recorded_at,
+                last_write_age=(now - row.recorded_at).total_seconds() if row.recorded_at else None,
+                pid=row.pid, host=row.host, configured=configured,
+                alive=pid_alive(row.pid) if row.pid and row.host == here else None,
+            )
     for res in StreamReservation.objects.order_by("reserved_at"):
         if res.stream_name in result:
             age = (now - res.reserved_at).total_seconds()

@@ -148,6 +148,9 @@ JOB_SCHEDULES = {
     "hourly visibility check": (_CHECK_CRON, "check_visibility"),
 }
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
+#: More job definitions: comma-separated modules that register jobs with
+#: ``streams.jobs.runner.register`` (imported wherever jobs are listed or run).
+JOB_MODULES = [m.strip() for m in os.environ.get("JOB_MODULES", "").split(",") if m.strip()]
 
 # --- /health/ready (synapse_repl/health.py) ------------------------------------------------
 # Readiness also requires this host's replication endpoint (REPLICATION_LISTEN) to be running,

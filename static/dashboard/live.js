@@ -76,17 +76,25 @@
     var last = history.length ? history[history.length - 1].rates : {};
     $all("streams").forEach(function (tbody) {
       var rows = state.streams.map(function (s) {
-        // Every writer with a recorded position, and configured writers that have none yet.
-        var positions = Object.keys(s.positions);
-        (s.writers || []).forEach(function (w) { if (positions.indexOf(w) < 0) positions.push(w); });
+        // Every writer with a recorded position, and configured writers that have none yet
+        // (the server's order), each with its last write and whether its process still runs.
+        var positions = Object.keys(s.writer_status || {});
         var posCell = el("td", null, positions.length ? positions.map(function (w) {
-          var ahead = s.ahead[w];
-          var known = w in s.positions;
-          return el("div", null, [
+          var info = s.writer_status[w];
+          var known = info.position !== null;
+          var gone = info.alive === false;
+          var last = "";
+          if (info.last_write !== null) {
+            last = "last write " + clock(info.last_write) + " (" + ago(info.last_write, state.t) + ")" +
+              (info.pid ? " by pid " + info.pid : "") + (info.alive === null && info.host ? " on " + info.host : "");
+          }
+          return el("div", {className: gone ? "writer-row gone" : "writer-row"}, [
             el("span", {className: "writer", text: w}), ": ",
             el("span", {className: known ? "position" : "position muted", "data-stream": s.name, "data-writer": w,
-                        text: known ? String(s.positions[w]) : "nothing written yet"}),
-            ahead ? el("span", {className: "ahead", text: " +" + ahead}) : "",
+                        text: known ? String(info.position) : "nothing written yet"}),
+            s.ahead[w] && !gone ? el("span", {className: "ahead", text: " +" + s.ahead[w]}) : "",
+            gone ? el("strong", {className: "gone", text: " exited"}) : "",
+            last ? el("span", {className: "last-write muted", text: " " + last}) : "",
           ]);
         }) : [el("span", {className: "muted", text: "none"})]);
         var pendingCell = el("td", null, s.pending.length ? s.pending.map(function (p) {
@@ -367,5 +375,6 @@
     };
   }
 
-  if (document.querySelector("[data-live]")) connect();
+  // Any page with live parts or the banner (which follows the service's health) connects.
+  if (document.querySelector("[data-live], #live-status")) connect();
 })();

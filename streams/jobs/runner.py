@@ -43,8 +43,16 @@ def register(name: str):
 
 
 def load_jobs() -> None:
-    """Import the job definitions (they need pyspark, so not at Django start-up)."""
+    """Import the job definitions (they need pyspark, so not at Django start-up), and those of
+    ``JOB_MODULES`` (an operator's own jobs: modules that ``@register`` them)."""
+    import importlib
+
+    from django.conf import settings
+
     from . import definitions  # noqa: F401
+
+    for module in getattr(settings, "JOB_MODULES", ()):
+        importlib.import_module(module)
 
 
 def missing_rooms(rooms: Sequence[str] | None) -> list[str]:

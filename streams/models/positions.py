@@ -6,11 +6,15 @@ from django.utils.translation import gettext_lazy as _
 
 
 class StreamPosition(models.Model):
-    """Synapse's ``stream_positions``: the last position each writer recorded."""
+    """Synapse's ``stream_positions``: the last position each writer recorded, plus when and
+    by which process it last advanced (null on rows from before that was recorded)."""
 
     stream_name = models.CharField(_("stream"), max_length=255)
     instance_name = models.CharField(_("writer"), max_length=255)
     stream_id = models.BigIntegerField(_("position"))
+    recorded_at = models.DateTimeField(_("last write"), null=True, blank=True)
+    pid = models.IntegerField(_("process ID"), null=True, blank=True)
+    host = models.CharField(_("host"), max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "stream_positions"

@@ -27,6 +27,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PASSWORD = "browser-test-password"
 WAIT_MS = 30_000  # upper bound for what should happen within about a second
+#: where the browser tests put their screenshots: CI keeps this directory as an artifact
+#: (.ci/run names it at the end of its output; git ignores it)
+SCREENSHOTS = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -75,6 +78,7 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     base, proc, env = service
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
@@ -98,8 +102,8 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             expect(page.locator('.linear[data-stream="receipts"]')).to_have_text(str(second), timeout=WAIT_MS)
             assert page.evaluate("window.loadedOnce") == "yes"
             assert page.evaluate("window.liveUpdates") >= 2
-            page.screenshot(path=str(tmp_path / "streams.png"), full_page=True)
-            assert (tmp_path / "streams.png").stat().st_size > 10_000
+            page.screenshot(path=str(SCREENSHOTS / "runservice-streams-1280.png"), full_page=True)
+            assert (SCREENSHOTS / "runservice-streams-1280.png").stat().st_size > 10_000
 
             # The chart's day view: per-minute samples from the database, fetched once.
             page.click('[data-live="range"][data-range="day"]')
@@ -108,8 +112,8 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             expect(page.locator('[data-range="day"]')).to_have_attribute("aria-pressed", "true")
             page.click('[data-live="range"][data-range="live"]')
 
-            # At 760 px: no page is wider than the window (tables scroll in their own box), no
-            # table header breaks mid-word, and every time shown has one format with the zone.
+            # At 760 px: no page is wider than the window (cells wrap long IDs), no table header
+            # breaks mid-word, and every time shown has one format with the zone.
             page.set_viewport_size({"width": 760, "height": 900})
             for path in ("/", "/connections/", "/admin/"):
                 page.goto(base + path)
@@ -122,7 +126,8 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
                     return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
                 }).map(th => th.textContent)""")
                 assert broken == [], (path, broken)
-                page.screenshot(path=str(tmp_path / f"{path.strip('/') or 'streams'}-760.png"), full_page=True)
+                page.screenshot(path=str(SCREENSHOTS / f"runservice-{path.strip('/') or 'streams'}-760.png"),
+                                full_page=True)
             page.set_viewport_size({"width": 1280, "height": 900})
 
             # A worker connects to the replication endpoint (runservice's child process): the
@@ -141,7 +146,7 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             expect(row).to_have_count(0)
             worker.close()
             assert page.evaluate("window.loadedOnce") == "yes"
-            page.screenshot(path=str(tmp_path / "connections.png"), full_page=True)
+            page.screenshot(path=str(SCREENSHOTS / "runservice-connections-1280.png"), full_page=True)
 
             # A part the service needs fails (here the database loses its stream_sequences
             # table): the banner turns red with the reason, and /health/ready says 503; back
@@ -158,7 +163,7 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
                     with pytest.raises(urllib.error.HTTPError) as probe:
                         urllib.request.urlopen(base + "/health/ready", timeout=10)
                     assert probe.value.code == 503
-                    page.screenshot(path=str(tmp_path / "failing.png"))
+                    page.screenshot(path=str(SCREENSHOTS / "runservice-database-failing-1280.png"))
                 finally:
                     db.execute("ALTER TABLE stream_sequences_away RENAME TO stream_sequences")
             expect(status).to_have_attribute("data-state", "live", timeout=WAIT_MS)
@@ -168,6 +173,6 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             stop(proc)
             expect(status).to_have_attribute("data-state", "disconnected", timeout=WAIT_MS)
             expect(status).to_contain_text("reconnecting")
-            page.screenshot(path=str(tmp_path / "disconnected.png"))
+            page.screenshot(path=str(SCREENSHOTS / "runservice-disconnected-1280.png"))
         finally:
             browser.close()

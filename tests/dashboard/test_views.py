@@ -258,3 +258,53 @@ def test_job_start_refuses_anonymous(client):
 
 def test_job_start_refuses_get(staff_client):
     assert staff_client.get("/jobs/start").status_code == 405
+
+
+def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_client, pg_url, settings, tmp_path):
+    """Issue 17: after both writers of a stream exited, the dashboard showed one of them
+    "+N ahead of linear" for good, with no sign that either was gone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from streams.status import stream_status
+
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w1,w2"}
+    root = Path(__file__).resolve().parents[2]
+    before = datetime.now(timezone.utc)
+    for name, count in (("w1", 3), ("w2", 7)):
+        env = {**os.environ, "DATABASE_URL": pg_url, "STATE_DIR": str(tmp_path), "INSTANCE_NAME": name,
+               "STREAM_WRITERS": "receipts=w1,w2"}
+        env.pop("REDIS_URL", None)
+        done = subprocess.run([sys.executable, "manage.py", "write_facts", "receipts", "--count", str(count),
+                               "--no-progress"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    receipts = next(s for s in stream_status() if s.name == "receipts")
+    rows = {w.name: w for w in receipts.writer_rows}
+    assert set(rows) == {"w1", "w2"}
+    for w in rows.values():  # both processes have exited
+        assert w.alive is False and w.gone and w.pid and w.last_write >= before
+    page = staff_client.get("/").content.decode()
+    assert page.count("exited</strong>") == 2 and "last write" in page
+    assert 'class="ahead"' not in page.split('data-stream="receipts"')[1].split("</tr>")[0]
+    metrics = staff_client.get("/metrics").content.decode()
+    for w in ("w1", "w2"):
+        assert f'synapse_repl_stream_writer_process_up{{stream="receipts",writer="{w}"}} 0.0' in metrics
+        assert f'synapse_repl_stream_writer_last_write_timestamp_seconds{{stream="receipts",writer="{w}"}}' in metrics
+    status = staff_client.get("/status.json").json()
+    by_name = next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]
+    assert {w: (s["alive"], s["last_write"] is not None) for w, s in by_name.items()} == {
+        "w1": (False, True), "w2": (False, True)}
+
+    # a writer in a running process (this one) is alive, and ahead again while it is
+    rt = StreamRuntime(instance_name="w2", writers=stream_writers("receipts=w1,w2"))
+    try:
+        rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(), 99))]])
+    finally:
+        rt.close()
+    rows = {w.name: w for w in next(s for s in stream_status() if s.name == "receipts").writer_rows}
+    assert rows["w2"].alive is True and rows["w2"].pid == os.getpid() and rows["w2"].ahead > 0
+    assert rows["w1"].gone
+    status = staff_client.get("/status.json").json()
+    assert next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]["w2"]["alive"] is True

@@ -200,6 +200,7 @@ def test_write_facts_rate_limit():
     (["receipts", "--count", "1", "--per-txn", "0"], "--per-txn"),
     (["receipts", "--count", "-1"], "--count"),
     (["receipts", "--count", "1", "--concurrency", "0"], "--concurrency"),
+    (["backfill", "--count", "1"], "does not write backfill"),
 ])
 def test_write_facts_bad_input(args, message):
     with pytest.raises(CommandError, match=message):

@@ -5,6 +5,11 @@ smoke-test a deployment, drive the demo, the benchmarks and the tests. SIGTERM s
 the transaction in progress. ``--stamps PATH`` appends ``"<stream ID> <Unix time>"`` per fact
 once its transaction is complete (for delivery latencies: benchmarks/soak.py).
 
+``events`` go through the room event store (``persist_events``), as coherent, authorized rooms
+(``streams.storage.synthetic.LiveRooms``): each writer (and each of its threads) continues its
+own rooms, ``!live-<instance>-<i>``, so the room store stays what the batch jobs recompute.
+``backfill`` is refused: old history comes with its rooms (``generate_rooms``).
+
 ``--concurrency C`` keeps C transactions in flight, as an event persister with a connection
 pool does (Synapse's DB pool): C threads share this process's ``StreamWriter`` and ID
 generator, each on its own connection, so one's Python work overlaps another's wait for
@@ -26,6 +31,7 @@ from tqdm import tqdm
 from streams.id_generator import NotAWriter
 from streams.registry import STREAMS
 from streams.runtime import runtime
+from streams.storage.synthetic import LiveRooms
 from synapse_repl.startup import check_startable
 
 
@@ -62,6 +68,9 @@ class Command(BaseCommand):
         if not spec.db_backed:
             raise CommandError(f"stream {stream} is kept in memory; write_facts writes database-backed streams "
                                "and typing")
+        if stream == "backfill":
+            raise CommandError("write_facts does not write backfill: backfilled events belong to a room's "
+                               "history (manage.py generate_rooms writes some)")
         if count < 0 or per_txn < 1 or rate < 0 or concurrency < 1:
             raise CommandError("--count must be >= 0, --per-txn >= 1, --rate >= 0 and --concurrency >= 1")
         # Before writing anything: the database, and Redis that every write is announced on.
@@ -82,6 +91,7 @@ class Command(BaseCommand):
 
         model = spec.primary_model
         rng = random.Random(seed)
+        rooms: dict[int, LiveRooms] = {}  # events: each thread its own rooms (no fork between them)
         written = 0
         claimed = 0
         first_id = last_id = None
@@ -103,9 +113,19 @@ class Command(BaseCommand):
                         return
                     start, batch = claimed, min(per_txn, count - claimed)
                     claimed += batch
-                    # Made under the lock, in order: the same rows for a seed at any concurrency.
-                    facts = [[(model, model.synthetic(rng, start + i))] for i in range(batch)]
-                ids = writer.append(facts)
+                    if stream == "events":
+                        live = rooms.get(threading.get_ident())
+                        if live is None:
+                            live = rooms[threading.get_ident()] = LiveRooms(
+                                f"live-{rt.instance_name}-" + (f"t{len(rooms)}-" if concurrency > 1 else ""),
+                                rng=random.Random(rng.getrandbits(64)))
+                    else:
+                        # Made under the lock, in order: the same rows for a seed at any concurrency.
+                        facts = [[(model, model.synthetic(rng, start + i))] for i in range(batch)]
+                if stream == "events":
+                    ids = [p.stream_ordering for p in live.write(batch, runtime=rt)]
+                else:
+                    ids = writer.append(facts)
                 with state_lock:
                     # abs: the first and last written, on backwards streams (negative IDs) too
                     if first_id is None or abs(ids[0]) < abs(first_id):
