@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('streams', '0006_job_run_progress_cancel'),
+        ('streams', '0007_event_auth_rejections'),
     ]
 
     operations = [
