@@ -30,6 +30,7 @@ import ipaddress
 import logging
 import socket
 import ssl
+import time
 from typing import Any, Callable, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
@@ -37,6 +38,35 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import repl_setting
 
 logger = logging.getLogger(__name__)
+
+#: Refusals and evictions are logged at most this often per kind, with how many there were:
+#: a flood of connections must not become a flood of log lines (each a synchronous write).
+LOG_EVERY_SECONDS = 10.0
+
+
+class ThrottledLog:
+    """One warning per kind at most every ``every`` seconds, counting what it held back."""
+
+    def __init__(self, every: float = LOG_EVERY_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self._last: dict[str, float] = {}
+        self._held: collections.Counter[str] = collections.Counter()
+
+    def warning(self, kind: str, message: str, *args: Any) -> bool:
+        """Log ``message % args`` now, or count it; True if it was logged."""
+        now = self.clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every:
+            self._held[kind] += 1
+            return False
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        suffix = f" ({held} more like it in the last {now - last:.0f} s)" if held and last is not None else ""
+        logger.warning(message + "%s", *args, suffix)
+        return True
+
+
+_throttled = ThrottledLog()
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -215,18 +245,18 @@ class AdmissionProtocol(asyncio.Protocol):
         host = str(peer[0]) if peer else "?"
         verdict, ticket, evicted = self.policy.admit(host)
         if verdict == NOT_ALLOWED:
-            logger.warning("replication: refused %s: %s", host, verdict)
+            _throttled.warning(verdict, "replication: refused %s: %s", host, verdict)
             transport.close()  # nothing written: the peer learns nothing about us
             return
         if verdict != ADMITTED:
-            logger.warning("replication: refused %s: %s", host, verdict)
+            _throttled.warning(verdict, "replication: refused %s: %s", host, verdict)
             if self.ssl_context is None:  # (a TLS client could not read it)
                 transport.write(b"ERROR Too many connections\n")  # type: ignore[attr-defined]
             transport.close()
             return
         if evicted is not None:
-            logger.warning("replication: %s took the place of a connection from %s still in its handshake "
-                           "or never PINGing", host, evicted.host)
+            _throttled.warning("evicted", "replication: %s took the place of a connection from %s still in its "
+                               "handshake or never PINGing", host, evicted.host)
             if evicted.evict is not None:
                 evicted.evict()
         self.host, self.ticket = host, ticket

@@ -9,6 +9,7 @@ endpoint's own stalls from the time its probes spend elsewhere.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -40,13 +41,42 @@ class LoopLag:
         return text
 
 
+class GcPauses:
+    """Python's garbage collector stops the whole process while it runs: the longest pause of
+    each generation since the last look, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.worst_ms = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            ms = (time.perf_counter() - self._started) * 1000
+            gen = info.get("generation", 2)
+            self.worst_ms[gen] = max(self.worst_ms[gen], ms)
+
+    def take(self) -> str:
+        text = ", ".join(f"gen{g} {ms:.0f} ms" for g, ms in enumerate(self.worst_ms) if ms >= 1)
+        self.worst_ms = [0.0, 0.0, 0.0]
+        return text
+
+
 async def watch_loop_lag(warn_ms: float = 100.0, warn_every: float = 10.0, interval: float = 0.01) -> None:
-    """Run until cancelled, logging late wake-ups of the running loop."""
+    """Run until cancelled, logging late wake-ups of the running loop (and the longest
+    garbage-collector pauses meanwhile, a cause that is no callback's)."""
     lag = LoopLag(warn_ms, warn_every)
-    while True:
-        asked = time.monotonic()
-        await asyncio.sleep(interval)
-        woke = time.monotonic()
-        warning = lag.observe((woke - asked - interval) * 1000, woke)
-        if warning:
-            logger.warning("%s", warning)
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        while True:
+            asked = time.monotonic()
+            await asyncio.sleep(interval)
+            woke = time.monotonic()
+            warning = lag.observe((woke - asked - interval) * 1000, woke)
+            if warning:
+                collected = pauses.take()
+                logger.warning("%s%s", warning, f"; longest GC pauses meanwhile: {collected}" if collected else "")
+    finally:
+        gc.callbacks.remove(pauses)

@@ -89,3 +89,23 @@ def test_the_last_tenth_is_kept_for_small_addresses():
 def test_bad_network_is_named():
     with pytest.raises(ImproperlyConfigured, match="10.0.0.300"):
         parse_networks("127.0.0.0/8, 10.0.0.300/8")
+
+
+def test_refusals_and_evictions_are_logged_at_most_every_ten_seconds(caplog):
+    """A flood of connections must not become a flood of log lines."""
+    import logging
+
+    from streams.replication.admission import ThrottledLog
+
+    now = [0.0]
+    log = ThrottledLog(every=10, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="streams.replication.admission"):
+        assert log.warning("evicted", "a %s", 1) is True
+        for _ in range(250):
+            now[0] += 0.01
+            assert log.warning("evicted", "a %s", 2) is False
+        assert log.warning("too many", "b") is True  # another kind is its own
+        now[0] = 12.0
+        assert log.warning("evicted", "a %s", 3) is True
+    assert [r.getMessage() for r in caplog.records] == [
+        "a 1", "b", "a 3 (250 more like it in the last 12 s)"]

@@ -34,3 +34,22 @@ def test_a_blocked_loop_is_logged(caplog):
     with caplog.at_level(logging.WARNING, logger="streams.replication.loop_lag"):
         asyncio.run(run())
     assert any("event loop ran late" in r.getMessage() for r in caplog.records)
+
+
+def test_garbage_collector_pauses_are_measured():
+    import gc
+
+    from streams.replication.loop_lag import GcPauses
+
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        garbage = [[i] for i in range(200_000)]
+        del garbage
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(pauses)
+    assert pauses.worst_ms[2] > 0
+    text = pauses.take()
+    assert pauses.worst_ms == [0.0, 0.0, 0.0]
+    assert text == "" or "gen2" in text
