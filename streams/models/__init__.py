@@ -1,5 +1,6 @@
 """Backing tables of the streams, and the tables that track their positions."""
 from .base import FactModel, FactsAreAppendOnly
+from .chain_cover import EventAuthChain, EventAuthChainLink, EventAuthChainToCalculate
 from .events import CurrentStateDelta, Event
 from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
 from .jobs import JobRun
@@ -13,6 +14,9 @@ from .user_ips import UserIp
 __all__ = (
     "BackwardExtremity",
     "CurrentStateEvent",
+    "EventAuthChain",
+    "EventAuthChainLink",
+    "EventAuthChainToCalculate",
     "EventEdge",
     "EventToStateGroup",
     "ForwardExtremity",

@@ -1,0 +1,141 @@
+"""The stored chain cover index, on PostgreSQL and SQLite: generated rooms stored in batches of
+any size and indexed batch by batch inside the storing transaction give exactly the index the
+pure algorithm builds from all events at once; waiting events are placed when their auth
+events come; chain IDs never clash."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from django.db import transaction
+
+from streams.matrix.chain_cover import build, canonical
+from streams.matrix.state_res import auth_difference
+from streams.storage.chain_cover import chain_event, index_events, load_room, reset_chain_id_sequence
+from streams.storage.sql import insert_rows, store_cursor
+
+from ..matrix.test_generated_rooms import play, start_room
+from .helpers import ON_BOTH_DATABASES, rows
+
+pytestmark = ON_BOTH_DATABASES
+
+_stream = iter(range(1, 10**9))
+
+
+def store(events, room_id=None):
+    """Insert ``events`` (PDU dicts with their IDs) as the persist path would, then index them
+    in the same transaction."""
+    with transaction.atomic(), store_cursor() as cursor:
+        insert_rows(cursor, "events", (
+            "stream_ordering", "topological_ordering", "depth", "event_id", "room_id", "type", "state_key",
+            "sender", "rejected", "outlier", "received_ts", "json", "redacted", "instance_name"),
+            ("bigint", "bigint", "bigint", "text", "text", "text", "text", "text", "boolean", "boolean",
+             "bigint", "bytea", "boolean", "text"),
+            [(next(_stream), 1, 1, e, room_id or pdu.get("room_id") or "!" + e[1:], pdu["type"],
+              pdu.get("state_key"), pdu["sender"], False, False, 0, json.dumps(pdu).encode(), False, "master")
+             for e, pdu in events])
+        return index_events(cursor, [
+            chain_event(e, room_id or pdu.get("room_id") or "!" + e[1:], pdu["type"], pdu.get("state_key"), pdu)
+            for e, pdu in events])
+
+
+def stored_rows():
+    positions = rows("SELECT event_id, chain_id, sequence_number FROM event_auth_chains")
+    links = rows("SELECT origin_chain_id, origin_sequence_number, target_chain_id, target_sequence_number "
+                 "FROM event_auth_chain_links")
+    return positions, links
+
+
+def generated_room(version_id, seed, n=60):
+    rng = random.Random(seed)
+    room = start_room(version_id)
+    actions = []
+    kinds = ["topic", "power_levels", "ban", "kick", "join", "leave", "invite", "join_rules", "message", "name"]
+    for _ in range(n):
+        actions.append((rng.choice(kinds), rng.randrange(5), rng.randrange(5),
+                        rng.choice(["extend", "fork", "merge", "merge"]), rng.randrange(1000),
+                        [(rng.randrange(5), rng.choice([0, 25, 50, 75, 100])) for _ in range(rng.randrange(3))]))
+    play(room, actions)
+    return room
+
+
+@pytest.mark.parametrize("version_id", ["10", "12"])
+def test_batches_give_the_index_built_at_once(default_database, version_id):
+    room = generated_room(version_id, seed=int(version_id))
+    events = [(e, room.events[e].pdu) for e in room.order]
+    rng = random.Random(7)
+    i = 0
+    while i < len(events):
+        size = rng.choice([1, 2, 5, 17])
+        store(events[i:i + size], room.room_id)
+        i += size
+    state = [room.events[e] for e in room.order if room.events[e].is_state]
+    from streams.matrix.chain_cover import IndexEvent
+
+    expected = build(IndexEvent(e.event_id, e.type, e.state_key, e.auth_event_ids) for e in state)
+    positions, links = stored_rows()
+    assert len(positions) == len(state) and not rows("SELECT * FROM event_auth_chain_to_calculate")
+    assert canonical(positions, links) == canonical(
+        [(e, c, s) for e, (c, s) in expected.positions.items()],
+        [(oc, o, tc, t) for oc, d in expected.links.items() for tc, ps in d.items() for o, t in ps])
+    with store_cursor() as cursor:
+        loaded = load_room(cursor, room.room_id)
+    order = room.order
+    for i in range(0, len(order), 3):
+        sets = [set(room.state_after[order[i]].values()), set(room.state_after[order[(i * 7 + 3) % len(order)]].values())]
+        assert loaded.auth_difference(sets) == auth_difference(sets, room.events)
+
+
+def test_waiting_events_are_placed_when_their_auth_events_come(default_database):
+    room = "!w:s1"
+
+    def pdu(t, sk, *auth):
+        return {"type": t, "state_key": sk, "sender": "@a:s1", "room_id": room, "auth_events": list(auth),
+                "content": {}}
+
+    added = store([("$C", pdu("m.room.create", "")), ("$M", pdu("m.room.member", "@m:s2", "$C", "$X")),
+                   ("$N", pdu("m.room.member", "@n:s2", "$C", "$M"))])
+    assert [p[0] for p in added.positions] == ["$C"] and added.pending == ["$M", "$N"]
+    assert sorted(rows("SELECT event_id, room_id, type, state_key FROM event_auth_chain_to_calculate")) == [
+        ("$M", room, "m.room.member", "@m:s2"), ("$N", room, "m.room.member", "@n:s2")]
+    store([("$T", {"type": "m.room.message", "sender": "@a:s1", "room_id": room, "content": {}})])
+    assert len(rows("SELECT * FROM event_auth_chain_to_calculate")) == 2  # nothing new for them
+    added = store([("$X", pdu("m.room.join_rules", "", "$C"))])
+    assert [p[0] for p in added.positions] == ["$X", "$M", "$N"] and not added.pending
+    assert rows("SELECT * FROM event_auth_chain_to_calculate") == []
+    with store_cursor() as cursor:
+        index = load_room(cursor, room)
+    assert index.auth_chain(["$N"]) == {"$N", "$M", "$X", "$C"}
+    # what a rebuild from scratch in stream order builds
+    positions, links = stored_rows()
+    from streams.matrix.chain_cover import IndexEvent
+
+    expected = build([IndexEvent("$C", "m.room.create", "", ()), IndexEvent("$M", "m.room.member", "@m:s2", ("$C", "$X")),
+                      IndexEvent("$N", "m.room.member", "@n:s2", ("$C", "$M")), IndexEvent("$X", "m.room.join_rules", "", ("$C",))])
+    assert canonical(positions, links) == canonical(
+        [(e, c, s) for e, (c, s) in expected.positions.items()],
+        [(oc, o, tc, t) for oc, d in expected.links.items() for tc, ps in d.items() for o, t in ps])
+
+
+def test_reindexing_is_a_no_op_and_chain_ids_never_clash(default_database):
+    def pdu(room, t, sk, *auth):
+        return {"type": t, "state_key": sk, "sender": "@a:s1", "room_id": room, "auth_events": list(auth), "content": {}}
+
+    store([("$a1", pdu("!a:s1", "m.room.create", "")), ("$a2", pdu("!a:s1", "m.room.member", "@a:s1", "$a1"))])
+    store([("$b1", pdu("!b:s1", "m.room.create", "")), ("$b2", pdu("!b:s1", "m.room.member", "@a:s1", "$b1"))])
+    with transaction.atomic(), store_cursor() as cursor:
+        again = index_events(cursor, [chain_event("$a2", "!a:s1", "m.room.member", "@a:s1",
+                                                  pdu("!a:s1", "m.room.member", "@a:s1", "$a1"))])
+    assert not again.positions and not again.links
+    positions, links = stored_rows()
+    assert len({c for _, c, _ in positions}) == 4 and len(positions) == 4
+    assert sorted((oc, tc) for oc, _, tc, _ in links) == sorted(
+        (dict((e, c) for e, c, _ in positions)[x], dict((e, c) for e, c, _ in positions)[y])
+        for x, y in [("$a2", "$a1"), ("$b2", "$b1")])
+    # after a rebuild swapped rows in, the sequence continues above them
+    with transaction.atomic(), store_cursor() as cursor:
+        cursor.execute("UPDATE event_auth_chains SET chain_id = chain_id + 1000")
+        reset_chain_id_sequence(cursor)
+    added = store([("$c1", pdu("!c:s1", "m.room.create", ""))])
+    assert added.positions[0][1] > max(c for _, c, _ in positions) + 1000
