@@ -65,6 +65,9 @@ class ChainIndex:
     #: origin chain -> target chain -> [(origin seq, target seq)], none implied by another
     links: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     next_chain_id: int = 1
+    #: event -> its reach; a placed event's reach never changes (new links start above
+    #: every existing seq of their chain), so it is computed once per event
+    _reach_cache: dict[str, dict[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
     # -- building ---------------------------------------------------------------------------
 
@@ -77,11 +80,16 @@ class ChainIndex:
             events.append("")
         events[seq - 1] = event_id
         self.next_chain_id = max(self.next_chain_id, chain + 1)
+        self._reach_cache.clear()
 
     def add_link(self, link: Link) -> bool:
         """Add a link unless one between the same chains already implies it (its origin at or
         below, its target at or above). True if added. (Links it implies stay: rows once
         stored are never rewritten, and the in-memory index matches the stored one.)"""
+        self._reach_cache.clear()
+        return self._add_link(link)
+
+    def _add_link(self, link: Link) -> bool:
         oc, os_, tc, ts = link
         pairs = self.links.setdefault(oc, {}).setdefault(tc, [])
         for o, t in pairs:
@@ -151,13 +159,13 @@ class ChainIndex:
         targets = [a for a in auth if self.positions[a][0] != chain]
         if not targets:
             return
-        reaches = {a: self.reach([a]) for a in auth} if len(auth) > 1 else {}
+        reaches = {a: self._reach_of(a) for a in auth} if len(auth) > 1 else {}
         for target in targets:
             tc, ts = self.positions[target]
             if any(other != target and reach.get(tc, 0) >= ts for other, reach in reaches.items()):
                 continue  # reachable through another auth event
             link = (chain, seq, tc, ts)
-            if self.add_link(link):
+            if self._add_link(link):
                 added.links.append(link)
 
     # -- questions --------------------------------------------------------------------------
@@ -189,6 +197,15 @@ class ChainIndex:
                 if best > reach.get(target, 0):
                     reach[target] = best
                     todo.append(target)
+        return reach
+
+    def _reach_of(self, event_id: str) -> dict[int, int]:
+        cache = self._reach_cache
+        reach = cache.get(event_id)
+        if reach is None:
+            if len(cache) > 200_000:
+                cache.clear()
+            reach = cache[event_id] = self.reach([event_id])
         return reach
 
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:

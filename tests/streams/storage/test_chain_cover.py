@@ -4,72 +4,23 @@ pure algorithm builds from all events at once; waiting events are placed when th
 events come; chain IDs never clash."""
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 from django.db import transaction
 
 from streams.matrix.chain_cover import build, canonical
 from streams.matrix.state_res import auth_difference
 from streams.storage.chain_cover import chain_event, index_events, load_room, reset_chain_id_sequence
-from streams.storage.sql import insert_rows, store_cursor
+from streams.storage.sql import store_cursor
 
-from ..matrix.test_generated_rooms import play, start_room
+from .chain_helpers import generated_room, store, store_room, stored_rows
 from .helpers import ON_BOTH_DATABASES, rows
 
 pytestmark = ON_BOTH_DATABASES
 
-_stream = iter(range(1, 10**9))
-
-
-def store(events, room_id=None):
-    """Insert ``events`` (PDU dicts with their IDs) as the persist path would, then index them
-    in the same transaction."""
-    with transaction.atomic(), store_cursor() as cursor:
-        insert_rows(cursor, "events", (
-            "stream_ordering", "topological_ordering", "depth", "event_id", "room_id", "type", "state_key",
-            "sender", "rejected", "outlier", "received_ts", "json", "redacted", "instance_name"),
-            ("bigint", "bigint", "bigint", "text", "text", "text", "text", "text", "boolean", "boolean",
-             "bigint", "bytea", "boolean", "text"),
-            [(next(_stream), 1, 1, e, room_id or pdu.get("room_id") or "!" + e[1:], pdu["type"],
-              pdu.get("state_key"), pdu["sender"], False, False, 0, json.dumps(pdu).encode(), False, "master")
-             for e, pdu in events])
-        return index_events(cursor, [
-            chain_event(e, room_id or pdu.get("room_id") or "!" + e[1:], pdu["type"], pdu.get("state_key"), pdu)
-            for e, pdu in events])
-
-
-def stored_rows():
-    positions = rows("SELECT event_id, chain_id, sequence_number FROM event_auth_chains")
-    links = rows("SELECT origin_chain_id, origin_sequence_number, target_chain_id, target_sequence_number "
-                 "FROM event_auth_chain_links")
-    return positions, links
-
-
-def generated_room(version_id, seed, n=60):
-    rng = random.Random(seed)
-    room = start_room(version_id)
-    actions = []
-    kinds = ["topic", "power_levels", "ban", "kick", "join", "leave", "invite", "join_rules", "message", "name"]
-    for _ in range(n):
-        actions.append((rng.choice(kinds), rng.randrange(5), rng.randrange(5),
-                        rng.choice(["extend", "fork", "merge", "merge"]), rng.randrange(1000),
-                        [(rng.randrange(5), rng.choice([0, 25, 50, 75, 100])) for _ in range(rng.randrange(3))]))
-    play(room, actions)
-    return room
-
-
 @pytest.mark.parametrize("version_id", ["10", "12"])
 def test_batches_give_the_index_built_at_once(default_database, version_id):
     room = generated_room(version_id, seed=int(version_id))
-    events = [(e, room.events[e].pdu) for e in room.order]
-    rng = random.Random(7)
-    i = 0
-    while i < len(events):
-        size = rng.choice([1, 2, 5, 17])
-        store(events[i:i + size], room.room_id)
-        i += size
+    store_room(room)
     state = [room.events[e] for e in room.order if room.events[e].is_state]
     from streams.matrix.chain_cover import IndexEvent
 
