@@ -1,7 +1,7 @@
 """The chain cover jobs: the Spark rebuild equals the pure algorithm on the same events; on a
 database indexed batch by batch as the persist path indexes, the check finds nothing, then
-finds exactly what was planted in the stored index, and the rebuild repairs it (PostgreSQL and
-SQLite)."""
+finds exactly what was planted in the stored index, and the rebuild repairs it (SQLite here;
+the same on PostgreSQL, local[2] and the standalone cluster, in test_cluster.py)."""
 from __future__ import annotations
 
 import json
@@ -80,6 +80,7 @@ def damage():
 
 
 @ON_BOTH_DATABASES
+@pytest.mark.parametrize("default_database", ["sqlite"], indirect=True)  # PostgreSQL: test_cluster.py
 def test_check_finds_what_was_planted_and_rebuild_repairs_it(default_database, spark):
     built = rooms()[1:3]
     for room in built:
