@@ -145,6 +145,7 @@ def generate_auth_rooms(url: str, events: int, rooms: int, seed: int = 1) -> tup
     sizes = [events // 2 // big] * big
     small = rooms - big
     sizes += [max(5, (events - sum(sizes)) // max(small, 1))] * small
+    sizes[0] += max(0, events - sum(sizes))  # exactly ``events``
     stream = 0
     n_state = 0
     columns = ("stream_ordering", "topological_ordering", "depth", "event_id", "room_id", "type", "state_key",
