@@ -22,7 +22,7 @@ and up to the highest position any set reaches there.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 Position = tuple[int, int]  # (chain ID, sequence number)
@@ -223,17 +223,62 @@ class ChainIndex:
     def auth_difference(self, state_sets: Sequence[Collection[str]]) -> set[str]:
         """Union minus intersection of the sets' auth chains (each set's own events counted in
         its chain, as Synapse counts them). Raises :class:`NotIndexed` for an event without a
-        position."""
-        if not state_sets:
+        position.
+
+        The events every set holds reach the same positions in all of them, so their reach is
+        computed once and each set only adds what its other events raise above it."""
+        sets = [set(s) for s in state_sets]
+        if not sets:
             return set()
-        reaches = [self.reach(s) for s in state_sets]
+        common = set.intersection(*sets)
+        base = self.reach(common)
+        overlays = [self._raised(base, s - common) for s in sets]
         out: set[str] = set()
-        for chain in set().union(*reaches):
-            values = [r.get(chain, 0) for r in reaches]
+        for chain in set().union(*overlays):
+            floor = base.get(chain, 0)
+            values = [o.get(chain, floor) for o in overlays]
             lo, hi = min(values), max(values)
             if hi > lo:
                 out.update(self.chains[chain][lo:hi])
         return out
+
+    def _raised(self, base: Mapping[int, int], event_ids: Iterable[str]) -> dict[int, int]:
+        """The reach of ``base``'s events plus ``event_ids``, where it is above ``base``."""
+        over: dict[int, int] = {}
+        todo: list[int] = []
+        for event_id in event_ids:
+            chain, seq = self.position(event_id)
+            if seq > over.get(chain, base.get(chain, 0)):
+                over[chain] = seq
+                todo.append(chain)
+        links = self.links
+        while todo:
+            chain = todo.pop()
+            top = over[chain]
+            for target, pairs in links.get(chain, {}).items():
+                best = 0
+                for o, t in pairs:
+                    if o <= top and t > best:
+                        best = t
+                if best > over.get(target, base.get(target, 0)):
+                    over[target] = best
+                    todo.append(target)
+        return over
+
+    def graph_facts(self, events: Mapping) -> Callable:
+        """A ``graph_facts`` for ``state_res.resolve``: the auth difference from the index (a
+        walk when an event has no position), the v2.1 conflicted subgraph by walking."""
+        from .state_res import auth_difference as walked_difference, conflicted_subgraph
+
+        def facts(state_sets, conflicted_ids):
+            sets = [set(s.values()) for s in state_sets]
+            try:
+                difference = self.auth_difference(sets)
+            except NotIndexed:
+                difference = walked_difference(sets, events)
+            subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
+            return difference, subgraph
+        return facts
 
 
 def build(events: Iterable[IndexEvent]) -> ChainIndex:

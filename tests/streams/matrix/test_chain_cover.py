@@ -1,7 +1,7 @@
 """The chain cover index: positions and links by value, and by property -- reachability and
 the auth difference from the index equal the ones found by walking auth events, whatever
 the DAG and however it is split into batches; on generated Matrix rooms they also equal
-Synapse's own auth difference."""
+Synapse's own auth difference, and state resolution fed by the index resolves as walking."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streams.matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed, auth_events_of, build, canonical
-from streams.matrix.state_res import auth_closure, auth_difference
+from streams.matrix.state_res import auth_closure, auth_difference, resolve
 
 from .oracle import SynapseEvents
 from .test_generated_rooms import action, play, start_room
@@ -132,6 +132,7 @@ def test_generated_rooms_auth_difference_equals_walk_and_synapse(version_id, act
     # the stored JSON gives the same auth events (v12: the create event is implied)
     for e in events:
         assert set(auth_events_of(e.pdu)) == set(e.auth_event_ids)
+    facts = index.graph_facts(room.events)
     oracle = SynapseEvents(version_id)
     for e in events:
         oracle.add(e.pdu, rejected=e.event_id in room.rejected)
@@ -144,3 +145,16 @@ def test_generated_rooms_auth_difference_equals_walk_and_synapse(version_id, act
             ours = index.auth_difference(sets)
             assert ours == auth_difference(sets, room.events)
             assert ours == oracle.auth_difference(room.room_id, states)
+            # and state resolution fed by the index resolves as it does walking
+            assert resolve(room.version, states, room.events, room.rejected.keys(), graph_facts=facts) == \
+                resolve(room.version, states, room.events, room.rejected.keys())
+
+
+def test_graph_facts_walk_when_an_event_has_no_position():
+    events = room_events()
+    by_id = walker(events)
+    partial = build(events[:4])  # B1, B2, P2 not indexed yet
+    facts = partial.graph_facts(by_id)
+    sets = [{("m", "b"): "B1", ("pl", ""): "P1"}, {("m", "b"): "B2", ("pl", ""): "P2"}]
+    assert facts(sets, None) == ({"B2", "P2"}, None)
+    assert build(events).graph_facts(by_id)(sets, None) == ({"B2", "P2"}, None)
