@@ -220,7 +220,9 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 # -- chain cover index ----------------------------------------------------------------------------
 
 _AUTH_EVENTS = {
-    "postgresql": "(convert_from(json, 'UTF8')::jsonb -> 'auth_events')::text",
+    # \u0000 is valid JSON that PostgreSQL's JSON operators refuse; turned into \u0001 (still
+    # valid wherever it stands, and event IDs never hold it) so such an event cannot stop the job
+    "postgresql": "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'auth_events')::text",
     "sqlite": "json_extract(CAST(json AS TEXT), '$.auth_events')",
 }
 
