@@ -203,7 +203,7 @@ class ChainIndex:
         cache = self._reach_cache
         reach = cache.get(event_id)
         if reach is None:
-            if len(cache) > 200_000:
+            if len(cache) > 50_000:  # bounded memory in huge rooms
                 cache.clear()
             reach = cache[event_id] = self.reach([event_id])
         return reach
