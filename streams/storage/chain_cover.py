@@ -41,8 +41,10 @@ def chain_event(event_id: str, room_id: str, type: str, state_key: str, body: di
 
 def index_events(cursor: Any, events: Iterable[ChainEvent]) -> Added:
     """Index a batch's state events (non-state and already indexed ones are skipped), with
-    the waiting events of their rooms. Call inside the transaction that stores the events;
-    returns the rows added (chain IDs as stored)."""
+    the waiting events of their rooms. Call inside the transaction that stores the events,
+    after their ``events`` rows, with ``cursor`` from ``sql.store_cursor`` and the events in
+    stream order (the order a rebuild places them in); rejected events and outliers too.
+    Returns the rows added (chain IDs as stored)."""
     batch = [e for e in events if e.event.state_key is not None]
     if not batch:
         return Added()
