@@ -1,6 +1,7 @@
 """Batch jobs end to end on PostgreSQL, against a single-process Python run of the same work.
 
     .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick] [--cluster [--repeat N]]
+    .venv/bin/python benchmarks/bench_jobs.py --chain-cover [--events N] [--rooms R] [--quick] [--data-dir D]
 
 Starts a throwaway PostgreSQL (fsync on), generates ``--events`` events in ``--rooms`` rooms
 through the real persist path (``generate_rooms``: big churny rooms, many small ones, every
@@ -20,7 +21,17 @@ history visibility, backfilled history), then measures, on that one database:
   same data in the same run, ``--repeat`` rounds alternating which goes first (medians);
   the single-process twins are skipped.
 
-Goals: each job <= 120 s end to end with local[2]; the range encoding >= 10x smaller.
+* ``--chain-cover``: the chain cover jobs instead, on rooms whose state events carry real
+  ``auth_events`` (as a homeserver selects them: create, power levels, the sender's and the
+  target's membership, join rules). They are written straight into ``events`` here with COPY
+  (the generator of ``generate_rooms`` does not produce auth events yet), a quarter of them
+  state events, 1% of the rooms holding half of the events. Times ``rebuild_chain_cover``
+  (Spark, local[2]), its single-process twin (the same SQL read, ``room_chain_cover`` per room,
+  the same staging copy and swap) and ``check_chain_cover`` after the rebuild (0 differences
+  expected).
+
+Goals: each job <= 120 s end to end with local[2] (the chain-cover job too); the range
+encoding >= 10x smaller.
 Exit status 0 whether or not the goals are met.
 """
 from __future__ import annotations
@@ -121,6 +132,136 @@ def _copy(stage, rows: list[tuple]) -> None:
                 copy.write_row([None if pd.isna(v) else v for v in row])
 
 
+def generate_auth_rooms(url: str, events: int, rooms: int, seed: int = 1) -> tuple[int, int]:
+    """Rooms of ``events`` events whose state events cite their auth events, COPYed into
+    ``events``; (events written, state events)."""
+    import json
+    import random
+
+    import psycopg
+
+    rng = random.Random(seed)
+    big = max(1, rooms // 100)
+    sizes = [events // 2 // big] * big
+    small = rooms - big
+    sizes += [max(5, (events - sum(sizes)) // max(small, 1))] * small
+    sizes[0] += max(0, events - sum(sizes))  # exactly ``events``
+    stream = 0
+    n_state = 0
+    columns = ("stream_ordering", "topological_ordering", "depth", "event_id", "room_id", "type", "state_key",
+               "sender", "membership", "rejected", "outlier", "received_ts", "json", "redacted", "instance_name")
+    with psycopg.connect(url) as conn, conn.cursor() as cursor:
+        with cursor.copy(f"COPY events ({', '.join(columns)}) FROM STDIN") as copy:
+            for r, size in enumerate(sizes):
+                room_id = f"!chain{r}:bench"
+                creator = f"@u0_{r}:bench"
+                state: dict[tuple[str, str], str] = {}
+                members: list[str] = []
+                last = None
+
+                def emit(type_, sender, content, state_key=None, auth=()):
+                    nonlocal stream, last, n_state
+                    stream += 1
+                    event_id = f"$c{r}_{stream}"
+                    body = {"type": type_, "room_id": room_id, "sender": sender, "content": content,
+                            "auth_events": [a for a in auth if a], "prev_events": [last] if last else [],
+                            "depth": stream, "origin_server_ts": stream, "event_id": event_id}
+                    if state_key is not None:
+                        body["state_key"] = state_key
+                        state[(type_, state_key)] = event_id
+                        n_state += 1
+                    copy.write_row((stream, stream, stream, event_id, room_id, type_, state_key, sender,
+                                    content.get("membership"), False, False, 0, json.dumps(body).encode(),
+                                    False, "bench"))
+                    last = event_id
+
+                def auth(sender, *extra):
+                    return [state.get(("m.room.create", "")), state.get(("m.room.power_levels", "")),
+                            state.get(("m.room.member", sender)), *extra]
+
+                emit("m.room.create", creator, {"creator": creator}, "", [])
+                emit("m.room.member", creator, {"membership": "join"}, creator, auth(creator))
+                emit("m.room.power_levels", creator, {"users": {creator: 100}}, "", auth(creator))
+                emit("m.room.join_rules", creator, {"join_rule": "public"}, "", auth(creator))
+                members.append(creator)
+                users = 1
+                for _ in range(size - 4):
+                    x = rng.random()
+                    if x < 0.12 or len(members) < 2:  # someone joins (again)
+                        if x < 0.04 and users > len(members):
+                            user = f"@u{rng.randrange(users)}_{r}:bench"
+                        else:
+                            user, users = f"@u{users}_{r}:bench", users + 1
+                        if user in members:
+                            user, users = f"@u{users}_{r}:bench", users + 1
+                        emit("m.room.member", user, {"membership": "join"}, user,
+                             auth(user, state.get(("m.room.join_rules", ""))))
+                        members.append(user)
+                    elif x < 0.18:  # someone leaves
+                        user = members.pop(rng.randrange(1, len(members)))
+                        emit("m.room.member", user, {"membership": "leave"}, user, auth(user))
+                    elif x < 0.22:
+                        sender = rng.choice(members)
+                        emit("m.room.topic", sender, {"topic": f"t{stream}"}, "", auth(sender))
+                    elif x < 0.25:
+                        emit("m.room.power_levels", creator,
+                             {"users": {creator: 100, rng.choice(members): 50}}, "", auth(creator))
+                    else:
+                        sender = rng.choice(members)
+                        emit("m.room.message", sender, {"body": "hi"}, None, auth(sender))
+    return stream, n_state
+
+
+def python_chain_cover() -> tuple[float, int]:
+    """Single-process twin of ``rebuild_chain_cover``; (seconds, rows read)."""
+    from django.db import connection
+
+    from streams.jobs import definitions, io
+    from streams.jobs.chain_cover import chain_cover_in_python
+
+    t0 = time.monotonic()
+    low, high = definitions._stream_bounds(None)
+    with connection.cursor() as cursor:
+        events = _fetch(cursor, definitions._chain_events_query("postgresql").sql(None, io.quote))
+    positions, links = chain_cover_in_python(events.itertuples(index=False, name=None))
+    staged_positions = io.Staging.create("bench_chain_pos", definitions.POSITION_COLUMNS)
+    staged_links = io.Staging.create("bench_chain_links", definitions.LINK_COLUMNS)
+    try:
+        _copy(staged_positions, positions)
+        _copy(staged_links, links)
+        definitions.apply_chain_cover(staged_positions, staged_links, None, low, high)
+    finally:
+        staged_positions.drop()
+        staged_links.drop()
+    return time.monotonic() - t0, len(events)
+
+
+def bench_chain_cover(run_job) -> None:
+    import os as _os
+
+    results = {}
+    for job in ("rebuild_chain_cover", "check_chain_cover"):
+        t0 = time.monotonic()
+        run = run_job(job, trigger="bench")
+        results[job] = time.monotonic() - t0
+        print(f"  spark  {job:22s} {results[job]:7.1f} s  ({run.status}; rows in {run.rows_in:,}, rows out "
+              f"{run.rows_out:,}, differences {run.differences})", flush=True)
+        if run.status != "succeeded":
+            raise RuntimeError(run.error[-2000:])
+    py, n = python_chain_cover()
+    print(f"  python {'rebuild_chain_cover':22s} {py:7.1f} s  (rows in {n:,})", flush=True)
+    check = run_job("check_chain_cover", trigger="bench")
+    print(f"  check_chain_cover after the python twin's swap: {check.differences} differences")
+    print()
+    print(f"{'job':24s} {'spark local[2] s':>17s} {'python 1 process s':>19s} {'spark/python':>13s}  goal <= 120 s")
+    print("-" * 90)
+    s = results["rebuild_chain_cover"]
+    print(f"{'rebuild_chain_cover':24s} {s:17.1f} {py:19.1f} {s / py:13.2f}  {'met' if s <= 120 else 'NOT met'}")
+    c = results["check_chain_cover"]
+    print(f"{'check_chain_cover':24s} {c:17.1f} {'':>19s} {'':>13s}  {'met' if c <= 120 else 'NOT met'}")
+    print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in _os.getloadavg())}")
+
+
 CLUSTER_JOBS = ("topological_ordering", "visibility", "check_topological_ordering", "check_visibility")
 
 
@@ -182,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="compare local[2] with a standalone Spark cluster started here (jobs only)")
     parser.add_argument("--repeat", type=int, default=1, help="--cluster: rounds, alternating which goes first")
+    parser.add_argument("--chain-cover", action="store_true",
+                        help="the chain cover jobs, on rooms with real auth events written here")
     parser.add_argument("--data-dir", help="keep the generated PostgreSQL cluster here and reuse it next time "
                                            "(the same --events/--rooms/--users): skips the generation")
     args = parser.parse_args(argv)
@@ -193,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()
-    dataset = f"{events} events, {rooms} rooms, {users} users, seed 1\n"
+    dataset = f"{events} events, {rooms} rooms, {users} users, seed 1{', auth rooms' if args.chain_cover else ''}\n"
     marker = Path(args.data_dir or "/nonexistent") / "dataset"
     reuse = marker.exists() and marker.read_text() == dataset
     # Django after STATE_DIR (the cluster's directory) is set.
@@ -206,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {cpu_description()}; {platform.platform()}; python {platform.python_version()}")
         if reuse:
             print(f"reusing {events:,} events in {rooms:,} rooms for {users:,} users from {server.directory}")
+        elif args.chain_cover:
+            print(f"writing {events:,} events with auth events in {rooms:,} rooms ...", flush=True)
+            t0 = time.monotonic()
+            written, n_state = generate_auth_rooms(url, events, rooms)
+            print(f"wrote {written:,} events ({n_state:,} state events) in {time.monotonic() - t0:.0f} s", flush=True)
+            subprocess.run(["psql", "-q", url, "-c", "VACUUM ANALYZE"], check=False)
+            if args.data_dir:
+                marker.write_text(dataset)
         else:
             print(f"generating {events:,} events in {rooms:,} rooms for {users:,} users through persist_events ...",
                   flush=True)
@@ -226,6 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         from streams.jobs.runner import run_job
         from streams.jobs.session import spark_session
 
+        if args.chain_cover:
+            t0 = time.monotonic()
+            spark_session()
+            print(f"spark {spark_version} local[2] session start-up: {time.monotonic() - t0:.1f} s")
+            bench_chain_cover(run_job)
+            print(f"total time {time.monotonic() - t_begin:.0f} s")
+            return 0
         if args.cluster:
             compare_masters(run_job, spark_version, args.repeat)
             print(f"total time {time.monotonic() - t_begin:.0f} s")

@@ -141,11 +141,13 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # an empty value turns it off.
 _RECOMPUTE_CRON = os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *")
 _CHECK_CRON = os.environ.get("JOBS_CHECK_CRON", "17 * * * *")
+_CHAIN_COVER_CHECK_CRON = os.environ.get("JOBS_CHAIN_COVER_CHECK_CRON", _CHECK_CRON)
 JOB_SCHEDULES = {
     "nightly topological ordering": (_RECOMPUTE_CRON, "topological_ordering"),
     "nightly visibility": (half_an_hour_later(_RECOMPUTE_CRON), "visibility"),  # after the orderings
     "hourly ordering check": (_CHECK_CRON, "check_topological_ordering"),
     "hourly visibility check": (_CHECK_CRON, "check_visibility"),
+    "hourly chain cover check": (_CHAIN_COVER_CHECK_CRON, "check_chain_cover"),
 }
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 #: More job definitions: comma-separated modules that register jobs with

@@ -79,6 +79,12 @@ class SynapseEvents:
             NoWaitClock(), room_id, self.room_version, state_sets, dict(self.events),
             _ResolutionStore(self))))
 
+    def auth_difference(self, room_id: str, state_sets: list[dict]) -> set:
+        """Synapse's own auth difference (v2, no conflicted subgraph): its state-res code
+        computes it itself for events it is handed as not yet persisted, which is all here."""
+        return set(run_sync(synapse_v2._get_auth_chain_difference(
+            room_id, state_sets, dict(self.events), _ResolutionStore(self), None)))
+
 
 class _AllowRejected:
     """The independent rules must see rejected auth events to reject on them."""

@@ -215,3 +215,136 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     diffs.unpersist()
     events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)
+
+
+# -- chain cover index ----------------------------------------------------------------------------
+
+_AUTH_EVENTS = {
+    # \u0000 is valid JSON that PostgreSQL's JSON operators refuse; turned into \u0001 (still
+    # valid wherever it stands, and event IDs never hold it) so such an event cannot stop the job
+    "postgresql": "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'auth_events')::text",
+    "sqlite": "json_extract(CAST(json AS TEXT), '$.auth_events')",
+}
+
+
+def _chain_events_query(vendor: str) -> io.Query:
+    """The state events with their auth events as the stored JSON lists them."""
+    return io.Query(
+        columns=("room_id", "event_id", "stream_ordering", "type", "state_key", "auth_events"),
+        source=f"(SELECT room_id, event_id, stream_ordering, type, state_key, {_AUTH_EVENTS[vendor]} AS auth_events "
+               f"FROM events WHERE state_key IS NOT NULL) AS ev",
+        schema="room_id string, event_id string, stream_ordering long, type string, state_key string, "
+               "auth_events string",
+        partition_column="stream_ordering",
+    )
+
+
+CHAIN_POSITIONS = io.Query(
+    columns=("room_id", "event_id", "chain_id", "sequence_number", "id"),
+    source="event_auth_chains",
+    schema="room_id string, event_id string, chain_id long, sequence_number long, id long",
+    partition_column="id",
+)
+
+CHAIN_LINKS = io.Query(
+    columns=("room_id", "origin_chain_id", "origin_sequence_number", "target_chain_id", "target_sequence_number", "id"),
+    source="event_auth_chain_links",
+    schema="room_id string, origin_chain_id long, origin_sequence_number long, target_chain_id long, "
+           "target_sequence_number long, id long",
+    partition_column="id",
+)
+
+POSITION_COLUMNS = [("room_id", "text"), ("event_id", "text"), ("chain_id", "bigint"), ("sequence_number", "bigint")]
+LINK_COLUMNS = [("room_id", "text"), ("origin_chain_id", "bigint"), ("origin_sequence_number", "bigint"),
+                ("target_chain_id", "bigint"), ("target_sequence_number", "bigint")]
+
+
+def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
+    from .chain_cover import chain_cover
+
+    events = io.read(spark, _chain_events_query(_vendor()), rooms).cache()
+    positions, links = chain_cover(events)
+    return events, positions, links
+
+
+def apply_chain_cover(positions: io.Staging, links: io.Staging, rooms: Sequence[str] | None,
+                      low: int, high: int) -> tuple[int, int, int]:
+    """Swap a rebuilt index in for ``rooms`` (all if None) in one transaction, except rooms
+    with events outside ``[low, high]`` (persisted after the job read them: they keep the
+    index the persist path extended). Staged chain numbers start at 1; they are moved above
+    every chain ID in use or handed out, and the sequence continues after them.
+    (skipped rooms, positions, links)."""
+    keep = "room_id NOT IN (SELECT room_id FROM job_chain_skipped)"
+    target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
+    postgres = _vendor() == "postgresql"
+    base = ("greatest((SELECT coalesce(max(chain_id), 0) FROM event_auth_chains), "
+            "(SELECT last_value FROM event_auth_chain_id))" if postgres
+            else "(SELECT coalesce(max(chain_id), 0) FROM event_auth_chains)")
+    statements = []
+    if postgres:  # a persisting transaction that indexes events waits for the swap, or it for them
+        statements.append(("LOCK TABLE event_auth_chains, event_auth_chain_links IN SHARE ROW EXCLUSIVE MODE", ()))
+    statements += [
+        ("CREATE TEMPORARY TABLE job_chain_skipped AS SELECT DISTINCT room_id FROM events "
+         "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
+        (f"CREATE TEMPORARY TABLE job_chain_base AS SELECT {base} AS base", ()),
+        (f"DELETE FROM event_auth_chains WHERE {target}", ()),
+        (f"DELETE FROM event_auth_chain_links WHERE {target}", ()),
+        (f"INSERT INTO event_auth_chains (room_id, event_id, chain_id, sequence_number) "
+         f"SELECT room_id, event_id, chain_id + (SELECT base FROM job_chain_base), sequence_number "
+         f"FROM {positions.name} WHERE {keep}", ()),
+        (f"INSERT INTO event_auth_chain_links (room_id, origin_chain_id, origin_sequence_number, target_chain_id, "
+         f"target_sequence_number) SELECT room_id, origin_chain_id + (SELECT base FROM job_chain_base), "
+         f"origin_sequence_number, target_chain_id + (SELECT base FROM job_chain_base), target_sequence_number "
+         f"FROM {links.name} WHERE {keep}", ()),
+        ("DELETE FROM event_auth_chain_to_calculate WHERE event_id IN (SELECT event_id FROM event_auth_chains)", ()),
+        ("DROP TABLE job_chain_skipped", ()),
+        ("DROP TABLE job_chain_base", ()),
+    ]
+    if postgres:
+        statements.append(("SELECT setval('event_auth_chain_id', greatest((SELECT coalesce(max(chain_id), 0) "
+                           "FROM event_auth_chains), (SELECT last_value FROM event_auth_chain_id)))", ()))
+    counts = io.swap_in(statements)
+    offset = 1 if postgres else 0
+    skipped, inserted_positions, inserted_links = counts[offset], counts[offset + 4], counts[offset + 5]
+    return skipped, inserted_positions, inserted_links
+
+
+@register("rebuild_chain_cover")
+def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
+    """Rebuild the chain cover index from the events' auth events and swap it in, room by room.
+    A room that gained events while the job ran keeps its incrementally maintained index."""
+    low, high = _stream_bounds(rooms)  # before reading: whatever is newer was not seen
+    events, positions, links = _rebuilt_chain_cover(spark, rooms)
+    staged_positions = io.Staging.create("chain_pos", POSITION_COLUMNS)
+    staged_links = io.Staging.create("chain_links", LINK_COLUMNS)
+    try:
+        staged_positions.write(positions)
+        staged_links.write(links)
+        skipped, n_positions, n_links = apply_chain_cover(staged_positions, staged_links, rooms, low, high)
+    finally:
+        staged_positions.drop()
+        staged_links.drop()
+    rows_in = events.count()
+    events.unpersist()
+    return Outcome(rows_in=rows_in, rows_out=max(n_positions, 0) + max(n_links, 0), differences=None,
+                   sample=[{"note": f"{skipped} room(s) gained events while the job ran and kept their "
+                                    f"incrementally maintained index"}] if skipped > 0 else [])
+
+
+@register("check_chain_cover")
+def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
+    """Rebuild the index and compare it with the stored one (chains named by their first
+    event); write nothing."""
+    from .chain_cover import chain_cover_differences
+
+    events, positions, links = _rebuilt_chain_cover(spark, rooms)
+    stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id")
+    stored_links = io.read(spark, CHAIN_LINKS, rooms).drop("id")
+    diffs = chain_cover_differences(positions, links, stored_positions, stored_links).cache()
+    n = diffs.count()
+    sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id", "expected", "found")
+              .limit(SAMPLE_LIMIT).collect()]
+    rows_in = events.count()
+    diffs.unpersist()
+    events.unpersist()
+    return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('streams', '0007_event_auth_rejections'),
+        ('streams', '0008_chain_cover'),
     ]
 
     operations = [

@@ -1,5 +1,6 @@
 """Backing tables of the streams, and the tables that track their positions."""
 from .base import FactModel, FactsAreAppendOnly
+from .chain_cover import EventAuthChain, EventAuthChainLink, EventAuthChainToCalculate
 from .events import CurrentStateDelta, Event
 from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
 from .jobs import JobRun
@@ -15,6 +16,9 @@ __all__ = (
     "BackwardExtremity",
     "CurrentStateEvent",
     "EventAuth",
+    "EventAuthChain",
+    "EventAuthChainLink",
+    "EventAuthChainToCalculate",
     "EventEdge",
     "ExOutlier",
     "EventToStateGroup",

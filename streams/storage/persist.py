@@ -27,7 +27,9 @@ from .events import (
     CREATE, HISTORY_VISIBILITY, MEMBER, BadEvent, IncomingEvent, ParsedEvent, RoomInfo, StateKey,
     StateMap, parse_events,
 )
+from ..matrix.chain_cover import IndexEvent
 from .authorization import MatrixEvents, RoomInfos, authorize, redaction_applies, resolve_state
+from .chain_cover import ChainEvent, index_events
 from .redactions import mark_redacted
 from .sql import array, delete_rows, for_update, in_array, insert_rows, is_sqlite, pipeline, store_cursor
 from .state_groups import NewGroup, StateGroupStore, resolve
@@ -751,11 +753,15 @@ class _Batch:
                     [(ev.event_id, ev.rejected_reason, str(self.now_ms)) for ev in self.events
                      if ev.rejected_reason and "ex_outlier" not in ev.extra])
         self.p.state.write(cur, self.groups)
-        # auth edges; the chain cover index (issue 16.4) is computed from these same edges, here
+        # auth edges, and the chain cover index of the same auth graph (rejected events and
+        # outliers too: they are in it, as in Synapse's)
         insert_rows(cur, "event_auth", ["event_id", "auth_id", "room_id"], ["text", "text", "text"],
                     [(ev.event_id, a, ev.room_id) for ev in self.events
                      if ev.matrix is not None and "ex_outlier" not in ev.extra
                      for a in dict.fromkeys(ev.matrix.auth_event_ids)])
+        index_events(cur, [ChainEvent(ev.room_id, IndexEvent(ev.event_id, ev.type, ev.state_key, ev.matrix.auth_event_ids))
+                           for ev in self.events if ev.matrix is not None and ev.state_key is not None
+                           and "ex_outlier" not in ev.extra])
         insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
                     [(ev.event_id, ev.state_group_after) for ev in self.events
                        if not ev.outlier and ev.state_group_after is not None and ev.event_id not in skip])

@@ -33,7 +33,7 @@ def cluster_celery(tmp_path_factory, django_db_setup, django_db_blocker, redis_s
     group.env = {**os.environ, "DATABASE_URL": pg_url, "REDIS_URL": redis_server.url,
                  "STATE_DIR": str(tmp_path / "state"), "SPARK_MASTER": spark_cluster.url,
                  "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DRIVER_MEMORY": "1g", "SPARK_SHUFFLE_PARTITIONS": "2", "SPARK_EXECUTOR_MEMORY": "1g",
-                 "JOBS_RECOMPUTE_CRON": "", "JOBS_CHECK_CRON": ""}
+                 "JOBS_RECOMPUTE_CRON": "", "JOBS_CHECK_CRON": "", "JOBS_CHAIN_COVER_CHECK_CRON": ""}
     group.start("celery", "-m", "celery", "-A", "synapse_repl", "worker", "--pool", "solo",
                 "--prefetch-multiplier", "1", "--loglevel", "INFO", "-Q", "celery", "--without-heartbeat",
                 "--without-mingle", "--without-gossip")
@@ -160,3 +160,39 @@ def test_beat_fires_a_job_on_its_schedule(cluster_celery):
     assert run.job in ("check_topological_ordering", "check_visibility")
     assert run.rows_in == 60 and run.differences == 0
     assert "Scheduler: Sending due task hourly" in (cluster_celery.tmp / "beat.log").read_text()
+
+
+def test_chain_cover_jobs_on_the_cluster_match_local(cluster_celery, spark_cluster, spark):
+    """check_chain_cover and rebuild_chain_cover, through Celery on the cluster and on local[2],
+    on the same damaged index: the same outcomes and the same repaired index."""
+    from streams.jobs.runner import run_job
+    from streams.matrix.chain_cover import canonical
+
+    from ..storage.chain_helpers import generated_room, store_room, stored_rows
+    from .test_chain_cover_job import damage
+
+    for room in (generated_room("10", seed=31, n=30), generated_room("12", seed=32, n=30)):
+        store_room(room)
+    healthy = canonical(*stored_rows())
+    damage()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT room_id, event_id, chain_id, sequence_number FROM event_auth_chains")
+        damaged_positions = cursor.fetchall()
+        cursor.execute("SELECT room_id, origin_chain_id, origin_sequence_number, target_chain_id, "
+                       "target_sequence_number FROM event_auth_chain_links")
+        damaged_links = cursor.fetchall()
+
+    jobs = ("check_chain_cover", "rebuild_chain_cover")
+    on_cluster = {job: outcome(through_celery(job)) for job in jobs}
+    after_cluster = canonical(*stored_rows())
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM event_auth_chains")
+        cursor.execute("DELETE FROM event_auth_chain_links")
+        cursor.executemany("INSERT INTO event_auth_chains (room_id, event_id, chain_id, sequence_number) "
+                           "VALUES (%s, %s, %s, %s)", damaged_positions)
+        cursor.executemany("INSERT INTO event_auth_chain_links (room_id, origin_chain_id, origin_sequence_number, "
+                           "target_chain_id, target_sequence_number) VALUES (%s, %s, %s, %s, %s)", damaged_links)
+    local = {job: outcome(run_job(job, trigger="test")) for job in jobs}
+    assert on_cluster == local
+    assert local["check_chain_cover"][4] == 3 and local["rebuild_chain_cover"][0] == JobRun.Status.SUCCEEDED
+    assert after_cluster == canonical(*stored_rows()) == healthy

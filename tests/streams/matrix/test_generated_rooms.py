@@ -35,9 +35,9 @@ action = st.tuples(
 )
 
 
-def start_room(version_id: str) -> RoomBuilder:
+def start_room(version_id: str, room_id: str = "!r:s1") -> RoomBuilder:
     version = KNOWN_ROOM_VERSIONS[version_id]
-    room = RoomBuilder(version, room_id=None if version.room_id_from_create_event else "!r:s1")
+    room = RoomBuilder(version, room_id=None if version.room_id_from_create_event else room_id)
     a = USERS[0]
     create = {"room_version": version_id}
     if not version.implicit_room_creator:

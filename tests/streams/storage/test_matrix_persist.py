@@ -338,3 +338,28 @@ def test_a_content_hash_mismatch_is_stored_redacted(store):
     store.persist(json.dumps(pdu).encode())
     assert rows("SELECT redacted FROM events WHERE event_id = %s", msg) == [(True,)]
     assert json.loads(get_event(msg).json)["content"] == {}
+
+
+@pytest.mark.parametrize("version_id", ["10", "12"])
+def test_persist_extends_the_chain_cover_index(store, version_id):
+    """The persist path indexes every state event of an authorized room in its transaction
+    (rejected ones too): the stored index is the one built at once from the same events."""
+    from streams.matrix.chain_cover import IndexEvent, build, canonical
+
+    room = new_room(version_id)
+    room.send(M, "m.room.member", {"membership": "join"}, state_key=M)
+    room.send(A, "m.room.topic", {"topic": "t1"}, state_key="")
+    fork = room.send(M, "m.room.topic", {"topic": "mallory's"}, state_key="")  # rejected: no power
+    room.send(A, "m.room.name", {"name": "n"}, state_key="", prev_ids=[room.order[-2]])
+    room.send(A, "m.room.topic", {"topic": "t2"}, state_key="", prev_ids=[room.order[-1], fork])
+    for i in range(0, len(room.order), 3):  # several batches
+        persist_all(store, room, room.order[i:i + 3])
+    state = [room.events[e] for e in room.order if room.events[e].is_state]
+    expected = build(IndexEvent(e.event_id, e.type, e.state_key, e.auth_event_ids) for e in state)
+    positions = rows("SELECT event_id, chain_id, sequence_number FROM event_auth_chains")
+    links = rows("SELECT origin_chain_id, origin_sequence_number, target_chain_id, target_sequence_number "
+                 "FROM event_auth_chain_links")
+    assert len(positions) == len(state)
+    assert canonical(positions, links) == canonical(
+        [(e, c, s) for e, (c, s) in expected.positions.items()],
+        [(oc, o, tc, t) for oc, d in expected.links.items() for tc, ps in d.items() for o, t in ps])

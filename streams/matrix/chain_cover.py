@@ -1,0 +1,317 @@
+"""The chain cover index of a room's auth graph: auth chain questions answered from a few
+numbers per event instead of walks over every ancestor (shared/specs/matrix-state.md §5).
+
+Every indexed state event gets a position ``(chain, seq)``. A *chain* is a run of events in
+which each is an auth ancestor of the next (usually the successive versions of one state key:
+Bob's member events, the power levels); seq counts from 1 at its oldest event. *Links*
+``(origin chain, origin seq) -> (target chain, target seq)`` say that the origin reaches the
+target. An event reaches (has in its auth chain) every earlier event of its own chain and,
+transitively, every target of a link whose origin on its chain is at or below its own seq.
+
+Positions are assigned in one pass over events in an order where auth events come first: an
+event continues the chain of its first auth event with the same ``(type, state_key)`` if that
+event is still the chain's head, else it starts a new chain. Links go to the event's auth
+events on other chains, except those already reachable through another of its auth events,
+and except those an existing link between the same two chains already implies. The result
+depends only on the order the events are given in, so the batch job (ordered by stream
+ordering) rebuilds exactly what the persist path built incrementally.
+
+The auth difference of several state sets is then, per chain, the events above the lowest
+and up to the highest position any set reaches there.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+Position = tuple[int, int]  # (chain ID, sequence number)
+Link = tuple[int, int, int, int]  # (origin chain, origin seq, target chain, target seq)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEvent:
+    """What the index needs of an event: its key and its auth events (in v12 including the
+    implied create event)."""
+
+    event_id: str
+    type: str
+    state_key: str
+    auth_event_ids: tuple[str, ...]
+
+
+@dataclass
+class Added:
+    """What one :meth:`ChainIndex.extend` call added, as rows to store."""
+
+    positions: list[tuple[str, int, int]] = field(default_factory=list)  # (event, chain, seq)
+    links: list[Link] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # auth events not indexed: not yet placed
+
+
+class NotIndexed(KeyError):
+    """An event the question is about has no position (not a state event, or its auth chain
+    is incomplete): the caller walks instead."""
+
+
+@dataclass
+class ChainIndex:
+    """An in-memory chain cover index (of one room or several)."""
+
+    positions: dict[str, Position] = field(default_factory=dict)
+    keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # event -> (type, state_key)
+    #: chain -> its events by seq (index seq-1); its length is the chain's head seq
+    chains: dict[int, list[str]] = field(default_factory=dict)
+    #: origin chain -> target chain -> [(origin seq, target seq)], none implied by another
+    links: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
+    next_chain_id: int = 1
+    #: event -> its reach; a placed event's reach never changes (new links start above
+    #: every existing seq of their chain), so it is computed once per event
+    _reach_cache: dict[str, dict[int, int]] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- building ---------------------------------------------------------------------------
+
+    def add_position(self, event_id: str, key: tuple[str, str], chain: int, seq: int) -> None:
+        """Load a stored position (events of a chain in seq order)."""
+        self.positions[event_id] = (chain, seq)
+        self.keys[event_id] = key
+        events = self.chains.setdefault(chain, [])
+        while len(events) < seq:
+            events.append("")
+        events[seq - 1] = event_id
+        self.next_chain_id = max(self.next_chain_id, chain + 1)
+        self._reach_cache.clear()
+
+    def add_link(self, link: Link) -> bool:
+        """Add a link unless one between the same chains already implies it (its origin at or
+        below, its target at or above). True if added. (Links it implies stay: rows once
+        stored are never rewritten, and the in-memory index matches the stored one.)"""
+        self._reach_cache.clear()
+        return self._add_link(link)
+
+    def _add_link(self, link: Link) -> bool:
+        oc, os_, tc, ts = link
+        pairs = self.links.setdefault(oc, {}).setdefault(tc, [])
+        for o, t in pairs:
+            if o <= os_ and t >= ts:
+                return False
+        pairs.append((os_, ts))
+        return True
+
+    def extend(self, events: Iterable[IndexEvent]) -> Added:
+        """Place new events (state events; already indexed ones are skipped). Auth events must
+        be indexed already or among ``events``; an event whose auth chain is incomplete is
+        reported as pending and placed by a later call that brings what it lacks. Within the
+        batch, auth events go first, then the order given."""
+        added = Added()
+        batch: dict[str, IndexEvent] = {}
+        rank: dict[str, int] = {}
+        for event in events:
+            if event.event_id not in self.positions and event.event_id not in batch:
+                rank[event.event_id] = len(batch)
+                batch[event.event_id] = event
+        waiting: dict[str, int] = {}
+        dependants: dict[str, list[str]] = {}
+        unplaceable: set[str] = set()
+        for event_id, event in batch.items():
+            n = 0
+            for auth_id in event.auth_event_ids:
+                if auth_id == event_id or auth_id in self.positions:
+                    continue
+                if auth_id in batch:
+                    n += 1
+                    dependants.setdefault(auth_id, []).append(event_id)
+                else:
+                    unplaceable.add(event_id)
+            waiting[event_id] = n
+        ready = [(rank[e], e) for e, n in waiting.items() if n == 0 and e not in unplaceable]
+        heapq.heapify(ready)
+        placed: set[str] = set()
+        while ready:
+            _, event_id = heapq.heappop(ready)
+            self._place(batch[event_id], added)
+            placed.add(event_id)
+            for child in dependants.get(event_id, ()):
+                waiting[child] -= 1
+                if waiting[child] == 0 and child not in unplaceable:
+                    heapq.heappush(ready, (rank[child], child))
+        added.pending = [e for e in batch if e not in placed]
+        return added
+
+    def _place(self, event: IndexEvent, added: Added) -> None:
+        key = (event.type, event.state_key)
+        auth = [a for a in dict.fromkeys(event.auth_event_ids) if a != event.event_id]
+        chain = seq = None
+        for auth_id in auth:
+            if self.keys[auth_id] == key:
+                c, s = self.positions[auth_id]
+                if len(self.chains[c]) == s:  # the chain's head: continue it
+                    chain, seq = c, s + 1
+                break
+        if chain is None:
+            chain, seq = self.next_chain_id, 1
+            self.next_chain_id += 1
+        self.positions[event.event_id] = (chain, seq)
+        self.keys[event.event_id] = key
+        self.chains.setdefault(chain, []).append(event.event_id)
+        added.positions.append((event.event_id, chain, seq))
+
+        targets = [a for a in auth if self.positions[a][0] != chain]
+        if not targets:
+            return
+        reaches = {a: self._reach_of(a) for a in auth} if len(auth) > 1 else {}
+        for target in targets:
+            tc, ts = self.positions[target]
+            if any(other != target and reach.get(tc, 0) >= ts for other, reach in reaches.items()):
+                continue  # reachable through another auth event
+            link = (chain, seq, tc, ts)
+            if self._add_link(link):
+                added.links.append(link)
+
+    # -- questions --------------------------------------------------------------------------
+
+    def position(self, event_id: str) -> Position:
+        try:
+            return self.positions[event_id]
+        except KeyError:
+            raise NotIndexed(event_id) from None
+
+    def reach(self, event_ids: Iterable[str]) -> dict[int, int]:
+        """Per chain, the highest seq the events' auth chains (events included) hold there."""
+        reach: dict[int, int] = {}
+        todo: list[int] = []
+        for event_id in event_ids:
+            chain, seq = self.position(event_id)
+            if reach.get(chain, 0) < seq:
+                reach[chain] = seq
+                todo.append(chain)
+        links = self.links
+        while todo:
+            chain = todo.pop()
+            top = reach[chain]
+            for target, pairs in links.get(chain, {}).items():
+                best = 0
+                for o, t in pairs:
+                    if o <= top and t > best:
+                        best = t
+                if best > reach.get(target, 0):
+                    reach[target] = best
+                    todo.append(target)
+        return reach
+
+    def _reach_of(self, event_id: str) -> dict[int, int]:
+        cache = self._reach_cache
+        reach = cache.get(event_id)
+        if reach is None:
+            if len(cache) > 50_000:  # bounded memory in huge rooms
+                cache.clear()
+            reach = cache[event_id] = self.reach([event_id])
+        return reach
+
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        """``ancestor`` is in the auth chain of ``descendant`` (or is it)."""
+        chain, seq = self.position(ancestor)
+        return self.reach([descendant]).get(chain, 0) >= seq
+
+    def auth_chain(self, event_ids: Iterable[str]) -> set[str]:
+        """The events and their whole auth chains."""
+        out: set[str] = set()
+        for chain, top in self.reach(event_ids).items():
+            out.update(self.chains[chain][:top])
+        return out
+
+    def auth_difference(self, state_sets: Sequence[Collection[str]]) -> set[str]:
+        """Union minus intersection of the sets' auth chains (each set's own events counted in
+        its chain, as Synapse counts them). Raises :class:`NotIndexed` for an event without a
+        position.
+
+        The events every set holds reach the same positions in all of them, so their reach is
+        computed once and each set only adds what its other events raise above it."""
+        sets = [set(s) for s in state_sets]
+        if not sets:
+            return set()
+        common = set.intersection(*sets)
+        base = self.reach(common)
+        overlays = [self._raised(base, s - common) for s in sets]
+        out: set[str] = set()
+        for chain in set().union(*overlays):
+            floor = base.get(chain, 0)
+            values = [o.get(chain, floor) for o in overlays]
+            lo, hi = min(values), max(values)
+            if hi > lo:
+                out.update(self.chains[chain][lo:hi])
+        return out
+
+    def _raised(self, base: Mapping[int, int], event_ids: Iterable[str]) -> dict[int, int]:
+        """The reach of ``base``'s events plus ``event_ids``, where it is above ``base``."""
+        over: dict[int, int] = {}
+        todo: list[int] = []
+        for event_id in event_ids:
+            chain, seq = self.position(event_id)
+            if seq > over.get(chain, base.get(chain, 0)):
+                over[chain] = seq
+                todo.append(chain)
+        links = self.links
+        while todo:
+            chain = todo.pop()
+            top = over[chain]
+            for target, pairs in links.get(chain, {}).items():
+                best = 0
+                for o, t in pairs:
+                    if o <= top and t > best:
+                        best = t
+                if best > over.get(target, base.get(target, 0)):
+                    over[target] = best
+                    todo.append(target)
+        return over
+
+    def graph_facts(self, events: Mapping) -> Callable:
+        """A ``graph_facts`` for ``state_res.resolve``: the auth difference from the index (a
+        walk when an event has no position), the v2.1 conflicted subgraph by walking."""
+        from .state_res import auth_difference as walked_difference, conflicted_subgraph
+
+        def facts(state_sets, conflicted_ids):
+            sets = [set(s.values()) for s in state_sets]
+            try:
+                difference = self.auth_difference(sets)
+            except NotIndexed:
+                difference = walked_difference(sets, events)
+            subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
+            return difference, subgraph
+        return facts
+
+
+def build(events: Iterable[IndexEvent]) -> ChainIndex:
+    """A fresh index of ``events`` (the pending ones are left out)."""
+    index = ChainIndex()
+    index.extend(events)
+    return index
+
+
+def canonical(positions: Iterable[tuple[str, int, int]], links: Iterable[Link]
+              ) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int, str, int]]]:
+    """Positions and links with each chain named by its first event instead of its number, so
+    two indexes built with different chain numbering compare equal when they agree."""
+    positions = list(positions)
+    root = {chain: event_id for event_id, chain, seq in positions if seq == 1}
+    by_event = {e: (root.get(c, f"#{c}"), s) for e, c, s in positions}
+    named_links = {(root.get(oc, f"#{oc}"), os_, root.get(tc, f"#{tc}"), ts) for oc, os_, tc, ts in links}
+    return by_event, named_links
+
+
+def auth_events_of(pdu: Mapping, room_id: str | None = None) -> tuple[str, ...]:
+    """An event's auth event IDs as its stored JSON lists them (v1-2 ``[id, hashes]`` pairs or
+    plain IDs), plus the implied create event of a v12 room (whose room ID is ``!`` + the
+    create event's hash, with no server part)."""
+    ids = []
+    for ref in pdu.get("auth_events") or ():
+        ref = ref[0] if isinstance(ref, (list, tuple)) and ref else ref
+        if isinstance(ref, str):
+            ids.append(ref)
+    room_id = room_id or pdu.get("room_id")
+    is_create = pdu.get("type") == "m.room.create" and pdu.get("state_key") == ""
+    if isinstance(room_id, str) and room_id.startswith("!") and ":" not in room_id and not is_create:
+        create_id = "$" + room_id[1:]
+        if create_id not in ids:
+            ids.append(create_id)
+    return tuple(ids)
