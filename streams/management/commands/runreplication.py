@@ -53,5 +53,4 @@ class Command(BaseCommand):
         await stop.wait()
         server.close()
         await endpoint.relay.stop()
-        await endpoint.broadcast.stop()
-        await endpoint.user_ips.stop()  # the USER_IP sightings not yet written
+        await endpoint.stop()  # the USER_IP sightings not yet written go to the table
