@@ -129,7 +129,8 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
 
         endpoint.bridge.start()
         # USER_IP of Redis workers and Synapse's processes, by one endpoint of the cluster.
-        endpoint.redis_user_ips = RedisUserIps(settings.REDIS_URL, endpoint.server_name, endpoint.user_ips)
+        endpoint.redis_user_ips = RedisUserIps(settings.REDIS_URL, endpoint.server_name, endpoint.user_ips,
+                                               lease_seconds=float(repl_setting("USER_IP_LEASE_SECONDS")))
         endpoint.redis_user_ips.start()
     server = await serve(endpoint, host, port)
     # Operators' tools (the dashboard) publish the endpoint's connections from here.
