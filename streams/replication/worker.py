@@ -13,8 +13,9 @@ drops) and feeds RDATA and POSITION to the follower:
   for the confirmation, then PUBLISH ``REPLICATE `` on a second connection (§5.3; the other
   order could miss the POSITION answers). Each message is one command line: malformed ones
   are logged and dropped, there are no direction checks (§5.4), RDATA/POSITION of our own
-  instance name are echoes and ignored. The subscriber connection is PINGed every 5 s and
-  dropped after 15 s of silence, so a dead socket is noticed (Synapse issue #9010).
+  instance name are echoes and ignored. The subscription is ``redis_session.py``'s, shared
+  with the writers' bridge: PINGed after 5 s of silence and dropped after 15 s, so a dead
+  socket is noticed (Synapse issue #9010).
 
 Both feed the follower the same way, and run the decisions it returns:
 
@@ -31,7 +32,8 @@ Both feed the follower the same way, and run the decisions it returns:
 The follower guarantees the order of decisions (one catch-up in flight per stream, that
 stream's commands parked behind it); each lane keeps that order to the callback. A lost
 connection (a TCP connection, or the Redis subscription) is retried forever with exponential
-back-off (0.5 s doubling, capped at 5 s; reset once a session has been established); every
+back-off (TCP: 0.5 s doubling; Redis: redis_session.py's 0.25 s doubling with jitter; both
+capped at 5 s and reset once a session has been established); every
 new session is a new "connection" for the follower, the positions are announced again (the
 TCP server answers REPLICATE; on Redis, writers answer our REPLICATE and announce their own
 positions when they reconnect) and the follower catches up whatever was missed in between.
