@@ -215,7 +215,8 @@ def _count_worker_child(env: dict, name: str, transport: str, port: int, web_por
 
     # Catch-up pages as `replication_worker` asks for them (REPLICATION_CATCHUP_MAX_LIMIT).
     common = dict(name=name, server_name=SERVER_NAME, catchup_url=f"http://127.0.0.1:{web_port}",
-                  streams=[STREAM], on_facts=on_facts, catchup_page_limit=1000)
+                  streams=[STREAM], on_facts=on_facts, catchup_page_limit=1000,
+                  replication_secret=env.get("REPLICATION_SECRET", ""))
     worker = (RedisReplicationWorker(redis_url=env["REDIS_URL"], **common) if transport == "redis"
               else ReplicationWorker(host="127.0.0.1", port=port, **common))
 

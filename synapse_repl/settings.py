@@ -212,6 +212,10 @@ SYNAPSE_REPL = {
     "REPLICATION_INSTANCE_MAP": os.environ.get("REPLICATION_INSTANCE_MAP", ""),
     # How often an endpoint writes the USER_IP sightings it collected to user_ips (Synapse: 5 s).
     "USER_IP_FLUSH_SECONDS": _env_number("USER_IP_FLUSH_SECONDS", 5.0, float),
+    # With Redis: one endpoint at a time records the USER_IP published on Redis, holding a
+    # lease of this many seconds in Redis (renewed every third of it): how long sightings go
+    # unrecorded after the holder dies without releasing it (redis_user_ips.py).
+    "USER_IP_LEASE_SECONDS": _env_number("USER_IP_LEASE_SECONDS", 15.0, float),
 }
 
 # --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------

@@ -134,9 +134,23 @@ def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
         "counters": endpoint.counters.as_dict(),
         # USER_IP: received, written to user_ips, upsert statements, refused, waiting
         "user_ips": endpoint.user_ips.counters(),
+        # REMOTE_SERVER_UP / LOCK_RELEASED: from this endpoint's workers, from the other
+        # endpoints (channel layer), heard on Redis (and refused), our own echoes dropped
+        "cluster_commands": cluster_commands(endpoint),
+        # USER_IP published on Redis: whether this endpoint holds the recording lease, heard
+        "user_ips_from_redis": (endpoint.redis_user_ips.counters()
+                                if getattr(endpoint, "redis_user_ips", None) is not None else None),
         "user_syncs": {"total": endpoint.syncing.total, "refused": endpoint.syncing.refused},
         "history_reads": history_reads(endpoint),
     }
+
+
+def cluster_commands(endpoint: Endpoint) -> dict[str, int]:
+    broadcast, bridge = getattr(endpoint, "broadcast", None), getattr(endpoint, "bridge", None)
+    counts = {name: getattr(broadcast, name, 0)
+              for name in ("from_workers", "from_endpoints", "from_redis", "refused_from_redis")}
+    counts["own_echoes"] = getattr(bridge, "own_echoes", 0)
+    return counts
 
 
 def history_reads(endpoint: Endpoint) -> dict[str, int]:

@@ -41,7 +41,17 @@ class Endpoint:
     legacy: Any = None
     broadcast: Any = None  #: CommandBroadcast (REMOTE_SERVER_UP, LOCK_RELEASED)
     bridge: Any = None
+    #: RedisUserIps: USER_IP published on Redis, recorded while this endpoint holds the lease
+    redis_user_ips: Any = None
     counters: EndpointCounters = field(default_factory=EndpointCounters)
+
+    async def stop(self) -> None:
+        """What must end in order before the process exits: the broadcast subscription, the
+        Redis USER_IP listener, then the USER_IP sightings not yet written go to the table."""
+        await self.broadcast.stop()
+        if self.redis_user_ips is not None:
+            await self.redis_user_ips.stop()
+        await self.user_ips.stop()
 
     def disconnected(self, info: ConnectionInfo, reason: str) -> None:
         self.connections.pop(info.channel_name, None)
@@ -108,10 +118,20 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
             # ... and tell when one goes still: a subscriber whose REPLICATE came too early
             # for an answer (the writer had just exited) learns where it stopped.
             volunteer_every=1.0,
+            # REMOTE_SERVER_UP / LOCK_RELEASED of Redis workers and Synapse's processes, for
+            # this endpoint's TCP workers (broadcast.py).
+            on_command=lambda line: endpoint.broadcast.heard_on_redis(line),
         )
-        endpoint.bridge.start()
     endpoint.broadcast = CommandBroadcast(endpoint)
     await endpoint.broadcast.start()
+    if endpoint.bridge is not None:
+        from .redis_user_ips import RedisUserIps
+
+        endpoint.bridge.start()
+        # USER_IP of Redis workers and Synapse's processes, by one endpoint of the cluster.
+        endpoint.redis_user_ips = RedisUserIps(settings.REDIS_URL, endpoint.server_name, endpoint.user_ips,
+                                               lease_seconds=float(repl_setting("USER_IP_LEASE_SECONDS")))
+        endpoint.redis_user_ips.start()
     server = await serve(endpoint, host, port)
     # Operators' tools (the dashboard) publish the endpoint's connections from here.
     for receiver, error in endpoint_started.send_robust(Endpoint, endpoint=endpoint, host=host, port=port):

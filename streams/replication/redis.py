@@ -8,34 +8,57 @@ A process (re)subscribes, waits until the SUBSCRIBE is confirmed, and only then 
 ``POSITION <stream> <writer> <t> <t>``, so a subscriber that missed lines while Redis was
 away sees how far every writer got and catches up.
 
-Our own endpoints do not need this channel (they relay through the channel layer); writers
-publish their lines here too, and writers and endpoints answer ``REPLICATE``. Both hear every
-line of every writer for that; they talk RESP through :mod:`.resp` (raw bytes searched for
-the one message that matters; batches of PUBLISH in one write), not redis-py, which costs
-more per line than the rest of the cluster (docs/benchmarks.md).
+Our own endpoints do not need this channel for facts (they relay through the channel layer);
+writers publish their lines here too, and writers and endpoints answer ``REPLICATE``. Both
+hear every line of every writer for that; they talk RESP through :mod:`.resp` (raw bytes
+searched for the few messages that matter; batches of PUBLISH in one write), not redis-py,
+which costs more per line than the rest of the cluster (docs/benchmarks.md). The
+subscription itself (subscribe, confirm, ping, back-off) is :mod:`.redis_session`'s, shared
+with the Redis worker.
+
+An endpoint's bridge also picks ``REMOTE_SERVER_UP`` and ``LOCK_RELEASED`` off the channel
+(``on_command``) for its TCP workers, except its own publications coming back
+(broadcast.py says why that is exactly once per worker).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from typing import Callable, Iterable
+import time
+from typing import Awaitable, Callable, Iterable
 
-from .commands import Command, PositionCommand, ReplicateCommand, UserIpCommand
-from .resp import MessageSniffer, RespConnection, RespError, pack_command, pack_publish, pack_publish_to
+from .commands import (
+    Command,
+    LockReleasedCommand,
+    PositionCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    UserIpCommand,
+)
+from .redis_session import CONFIRM_TIMEOUT, RedisSubscription, SubscriptionPolicy
+from .resp import LineSniffer, RespConnection, RespError, pack_publish, pack_publish_to
 
 logger = logging.getLogger(__name__)
 
-RECONNECT_FIRST_DELAY = 0.2
-#: Synapse caps the subscriber's back-off at 5 s.
-RECONNECT_MAX_DELAY = 5.0
-#: Ping an idle subscription this often, and give it up after as long again without an
-#: answer, so a dead socket is noticed (Synapse issue #9010).
-IDLE_PING_SECONDS = 5.0
-CONFIRM_TIMEOUT = 5.0
 #: Connecting, and each batch of PUBLISH replies, must take no longer than this.
-REPLY_TIMEOUT = 10.0
+REPLY_TIMEOUT = CONFIRM_TIMEOUT
 REPLICATE_LINE = ReplicateCommand().to_line().encode()
 _USER_IP_PREFIX = (UserIpCommand.NAME + " ").encode()
+#: Commands every worker of the cluster must hear (broadcast.py), picked off the channel for
+#: an endpoint's TCP workers.
+CLUSTER_COMMAND_PREFIXES = (RemoteServerUpCommand.NAME.encode() + b" ", LockReleasedCommand.NAME.encode() + b" ")
+#: How long a command we published waits for its echo (Redis delivers it back to our own
+#: subscription in milliseconds; one that never comes, because the subscription was being
+#: renewed, is forgotten after this), and how many may wait.
+ECHO_WINDOW = 10.0
+MAX_ECHOES = 10_000
+
+
+def redis_channel(server_name: str, line: bytes) -> bytes:
+    """The Synapse channel a line goes out on: ``<server_name>/USER_IP`` for ``USER_IP``
+    (only Synapse's main process subscribes to it), ``<server_name>`` for everything else."""
+    return f"{server_name}/USER_IP".encode() if line.startswith(_USER_IP_PREFIX) else server_name.encode()
 
 
 class SynapseRedisBridge:
@@ -46,14 +69,17 @@ class SynapseRedisBridge:
     ``volunteer_every``: also publish, this often, every position of ``announce()`` that
     changed since it was last published (endpoints, for writers that went still: a writer
     that exits right after its last lines reached Redis cannot answer a subscriber that
-    missed them and sends ``REPLICATE`` a moment later).
+    missed them and sends ``REPLICATE`` a moment later). ``on_command(line)``: called (and
+    awaited) with every ``REMOTE_SERVER_UP`` / ``LOCK_RELEASED`` line heard on the channel
+    that this bridge did not publish itself (:meth:`publish_command_lines`).
     """
 
     def __init__(self, redis_url: str, server_name: str, *, announce: Callable[[], Iterable[Command]],
-                 send_replicate: bool = False, volunteer_every: float | None = None) -> None:
+                 send_replicate: bool = False, volunteer_every: float | None = None,
+                 on_command: Callable[[str], Awaitable[None]] | None = None,
+                 policy: SubscriptionPolicy = SubscriptionPolicy()) -> None:
         self.server_name = server_name
         self._channel = server_name.encode()
-        self._user_ip_channel = f"{server_name}/USER_IP".encode()
         self._announce = announce
         self._send_replicate = send_replicate
         self._url = redis_url
@@ -74,19 +100,30 @@ class SynapseRedisBridge:
         self._volunteer_every = volunteer_every
         #: per (stream, writer): the token last published for it on the current subscription
         self._told: dict[tuple[str, str], int] = {}
+        self._on_command = on_command
+        self._prefixes = [REPLICATE_LINE, *(CLUSTER_COMMAND_PREFIXES if on_command is not None else ())]
+        self._sniffer = LineSniffer(self._prefixes)
+        #: commands we published whose echo has not come back yet: line -> when, oldest first
+        self._echoes: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._subscription = RedisSubscription(
+            redis_url, [self._channel], on_subscribed=self._on_subscribed, on_chunk=self._on_chunk,
+            on_lost=self._on_lost, policy=policy, name=f"Redis subscription to {server_name}")
         self.subscribed = asyncio.Event()
         self.published = 0
         self.dropped = 0
         self.resubscriptions = 0
         self.replicates_answered = 0
+        self.commands_heard = 0
+        self.own_echoes = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._subscribe_forever(), name="synapse-redis-bridge")
+        self._task = asyncio.create_task(self._subscription.run(), name="synapse-redis-bridge")
         if self._volunteer_every:
             self._volunteer_task = asyncio.create_task(self._volunteer_forever(), name="synapse-redis-volunteer")
 
     async def stop(self) -> None:
         self._stopping = True
+        self._subscription.stop()
         for task in (self._task, self._volunteer_task):
             # Python 3.11's asyncio.wait_for can swallow a cancellation that races with the
             # awaited read completing; the loops also check _stopping, and the cancel repeats.
@@ -142,7 +179,7 @@ class SynapseRedisBridge:
         items = []
         for line in lines:
             data = line.encode() if isinstance(line, str) else line
-            items.append((self._user_ip_channel if data.startswith(_USER_IP_PREFIX) else self._channel, data))
+            items.append((redis_channel(self.server_name, data), data))
         if not items:
             return True
         return await self.publish_packed(pack_publish(items), len(items))
@@ -192,9 +229,34 @@ class SynapseRedisBridge:
 
     async def publish_command_lines(self, lines: Iterable[str | bytes]) -> bool:
         """Publish lines that are not a writer's (``REMOTE_SERVER_UP``, ``LOCK_RELEASED``,
-        ``USER_IP``...), in order with everything else this bridge publishes."""
+        ``USER_IP``...), in order with everything else this bridge publishes. Their echo on
+        our own subscription is not handed to ``on_command``."""
+        data = [line.encode() if isinstance(line, str) else line for line in lines]
         async with self._lock:
-            return await self.publish_lines(lines)
+            # Expected before the PUBLISH: the echo can arrive before its reply is read.
+            now = time.monotonic()
+            for line in data:
+                self._expect_echo(now, line)
+            if await self.publish_lines(data):
+                return True
+            for line in data:  # not published: nothing will come back
+                self._forget_echo(line)
+            return False
+
+    def _expect_echo(self, now: float, line: bytes) -> None:
+        echoes = self._echoes
+        while echoes and (now - echoes[0][0] > ECHO_WINDOW or len(echoes) >= MAX_ECHOES):
+            echoes.popleft()
+        echoes.append((now, line))
+
+    def _forget_echo(self, line: bytes) -> bool:
+        """Drop one expected echo of ``line``; whether there was one (not yet expired)."""
+        now = time.monotonic()
+        for i, (when, sent) in enumerate(self._echoes):
+            if sent == line and now - when <= ECHO_WINDOW:
+                del self._echoes[i]
+                return True
+        return False
 
     async def answer_replicate(self) -> None:
         """Someone (re)subscribed: say where every writer we speak for stands."""
@@ -215,68 +277,56 @@ class SynapseRedisBridge:
                 if changed and await self.publish_lines([c.to_line() for c in changed]):
                     self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in changed)
 
-    async def _subscribe_forever(self) -> None:
-        delay = RECONNECT_FIRST_DELAY
-        while not self._stopping:
-            conn = None
-            try:
-                conn = await RespConnection.open(self._url, REPLY_TIMEOUT)
-                conn.write(pack_command("SUBSCRIBE", self._channel))
-                # Wait for the confirmation before anything else (spec §5.3), not forever.
-                reply = await conn.read_reply(CONFIRM_TIMEOUT)
-                if not (isinstance(reply, list) and reply[:2] == [b"subscribe", self._channel]):
-                    raise RespError(f"unexpected answer to SUBSCRIBE: {reply!r}")
-                self.resubscriptions += 1
-                # Say where we stand before anything else (spec §5.3 step 4): whoever
-                # missed lines while we were away sees it and catches up.
-                async with self._lock:
-                    announced = list(self._announce())
-                    if not await self.publish_lines([c.to_line() for c in announced]):
-                        raise RespError("could not announce positions")
-                    # A writer's lines dropped beyond what was announced are not covered:
-                    # it stays stale (its next batch starts with a POSITION).
-                    self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
-                    self._told = {(cmd.stream_name, cmd.instance_name): cmd.new_token for cmd in announced}
-                    for cmd in announced:
-                        key = (cmd.stream_name, cmd.instance_name)
-                        if self._stale.get(key, 0) <= cmd.new_token:
-                            self._stale.pop(key, None)
-                    self.subscribed.set()
-                if self.resubscriptions > 1:
-                    logger.info("Redis subscription to %s back; announced %d position(s)",
-                                self.server_name, len(announced))
-                delay = RECONNECT_FIRST_DELAY
-                if self._send_replicate:
-                    async with self._lock:
-                        await self.publish_lines([REPLICATE_LINE])
-                await self._listen(conn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # RespError, OSError, TimeoutError...
-                logger.warning("Redis subscription to %s lost (%s); retrying in %.1f s",
-                               self.server_name, e or type(e).__name__, delay)
-            finally:
-                self.subscribed.clear()
-                if conn is not None:
-                    await conn.close()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_DELAY)
+    async def _on_subscribed(self) -> None:
+        """Subscribed (again): say where we stand before anything else (spec §5.3 step 4),
+        so whoever missed lines while we were away sees it and catches up."""
+        self._sniffer = LineSniffer(self._prefixes)  # nothing of the old connection is pending
+        self.resubscriptions += 1
+        async with self._lock:
+            announced = list(self._announce())
+            if not await self.publish_lines([c.to_line() for c in announced]):
+                raise RespError("could not announce positions")
+            # A writer's lines dropped beyond what was announced are not covered:
+            # it stays stale (its next batch starts with a POSITION).
+            self._announced = {(cmd.stream_name, cmd.instance_name) for cmd in announced}
+            self._told = {(cmd.stream_name, cmd.instance_name): cmd.new_token for cmd in announced}
+            for cmd in announced:
+                key = (cmd.stream_name, cmd.instance_name)
+                if self._stale.get(key, 0) <= cmd.new_token:
+                    self._stale.pop(key, None)
+            self.subscribed.set()
+        if self.resubscriptions > 1:
+            logger.info("Redis subscription to %s back; announced %d position(s)",
+                        self.server_name, len(announced))
+        if self._send_replicate:
+            async with self._lock:
+                await self.publish_lines([REPLICATE_LINE])
 
-    async def _listen(self, conn: RespConnection) -> None:
-        """Answer every REPLICATE on the channel; everything else is not for us.
+    def _on_lost(self, reason: str | None) -> None:
+        self.subscribed.clear()
+        # What we published is echoed on a live subscription only: whatever did not come
+        # back on this one never will.
+        self._echoes.clear()
 
-        No line is parsed: the raw bytes are searched for the one message we answer.
-        """
-        sniffer = MessageSniffer(REPLICATE_LINE)
-        pinged = False
-        while not self._stopping:
-            chunk = await conn.read_chunk(IDLE_PING_SECONDS)
-            if not chunk:
-                if pinged:
-                    raise TimeoutError(f"no answer from Redis for {2 * IDLE_PING_SECONDS:.0f} s")
-                conn.write(pack_command("PING"))
-                pinged = True
-                continue
-            pinged = False
-            if sniffer.feed(chunk):
-                await self.answer_replicate()
+    async def _on_chunk(self, chunk: bytes) -> None:
+        """Answer REPLICATE (once a chunk: every answer is the same); hand the cluster's
+        commands published by others to ``on_command``. No other line is parsed."""
+        payloads = self._sniffer.feed(chunk)
+        if not payloads:
+            return
+        replicate = False
+        for payload in payloads:
+            if payload == REPLICATE_LINE:
+                replicate = True
+            elif payload.startswith(self._prefixes[0]):
+                continue  # an older generation's REPLICATE <stream> <token>: not ours to answer
+            elif self._forget_echo(payload):
+                self.own_echoes += 1
+            else:
+                self.commands_heard += 1
+                try:
+                    await self._on_command(payload.decode("utf-8", errors="replace"))
+                except Exception:
+                    logger.exception("handling %r heard on Redis failed", payload[:100])
+        if replicate:
+            await self.answer_replicate()

@@ -8,7 +8,7 @@ more than everything else the cluster does per fact (docs/benchmarks.md). Here:
 * a publisher sends a batch of ``PUBLISH`` commands as one write and reads back the integer
   replies (:meth:`RespConnection.publish`);
 * a subscriber reads raw chunks (:meth:`RespConnection.read_chunk`) and either searches them
-  for the one message it cares about (:class:`MessageSniffer`) or splits them into pub/sub
+  for the few messages it cares about (:class:`LineSniffer`) or splits them into pub/sub
   messages with :func:`parse_messages`.
 
 URLs (``redis://``, ``rediss://``, ``unix://``, user and password) are read with redis-py's
@@ -128,24 +128,46 @@ def parse_messages(buf: bytes, pos: int = 0) -> tuple[list[Any], int]:
     return out, pos
 
 
-class MessageSniffer:
-    """Tells whether a pub/sub message with exactly ``payload`` went by in a byte stream.
+class LineSniffer:
+    """Picks out of a byte stream the pub/sub messages whose payload starts with one of
+    ``prefixes`` (a prefix that ends the payload, like ``b"REPLICATE "``, matches it exactly
+    once its terminating CRLF is checked by the caller), without parsing anything else.
 
-    On the wire a message ends ``\\r\\n$<len>\\r\\n<payload>\\r\\n`` (the CRLF ending its
-    channel first); we search for exactly that (C speed, no parsing). It cannot occur inside
-    another message's payload when payloads hold no CR or LF, which is true of replication
-    lines (one line each; JSON escapes control characters). Chunk boundaries are handled by
-    keeping the tail of the previous chunk.
+    On the wire a message's payload follows the CRLF that ends its length (``$<len>\\r\\n``)
+    and ends with a CRLF; we search for ``\\r\\n<prefix>`` (C speed) and take the payload up to
+    the next CRLF. Such a match cannot start inside another payload when payloads hold no CR
+    or LF, which is true of replication lines (one line each; JSON escapes control
+    characters), nor in a channel name (no spaces). Chunk boundaries are handled by keeping
+    the tail of the previous chunk (from an incomplete match on, at most ``max_line`` bytes).
     """
 
-    def __init__(self, payload: bytes) -> None:
-        self.pattern = CRLF + b"$%d" % len(payload) + CRLF + payload + CRLF
+    def __init__(self, prefixes: Iterable[bytes], max_line: int = 1 << 16) -> None:
+        self.patterns = [CRLF + p for p in prefixes]
+        self._keep = max(len(p) for p in self.patterns) - 1
+        self.max_line = max_line
         self._tail = b""
 
-    def feed(self, chunk: bytes) -> int:
-        data = self._tail + chunk
-        self._tail = data[-(len(self.pattern) - 1):]
-        return data.count(self.pattern)
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The payloads completed by ``chunk``, in stream order."""
+        data = self._tail + chunk if self._tail else chunk
+        seen = len(self._tail)  # a match ending here or before was returned already
+        found: list[tuple[int, bytes]] = []
+        cut = max(0, len(data) - self._keep)
+        for pattern in self.patterns:
+            i = data.find(pattern)
+            while i >= 0:
+                end = data.find(CRLF, i + 2)
+                if end < 0:
+                    cut = min(cut, i)  # incomplete: keep it for the next chunk
+                    break
+                if end + 2 > seen:
+                    found.append((i, data[i + 2:end]))
+                i = data.find(pattern, end)
+        tail = data[cut:]
+        self._tail = tail if len(tail) <= self.max_line else b""
+        if len(found) > 1:
+            found.sort()
+        return [payload for _, payload in found]
 
 
 class RespConnection:

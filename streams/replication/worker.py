@@ -13,8 +13,9 @@ drops) and feeds RDATA and POSITION to the follower:
   for the confirmation, then PUBLISH ``REPLICATE `` on a second connection (§5.3; the other
   order could miss the POSITION answers). Each message is one command line: malformed ones
   are logged and dropped, there are no direction checks (§5.4), RDATA/POSITION of our own
-  instance name are echoes and ignored. The subscriber connection is PINGed every 5 s and
-  dropped after 15 s of silence, so a dead socket is noticed (Synapse issue #9010).
+  instance name are echoes and ignored. The subscription is ``redis_session.py``'s, shared
+  with the writers' bridge: PINGed after 5 s of silence and dropped after 15 s, so a dead
+  socket is noticed (Synapse issue #9010).
 
 Both feed the follower the same way, and run the decisions it returns:
 
@@ -31,7 +32,8 @@ Both feed the follower the same way, and run the decisions it returns:
 The follower guarantees the order of decisions (one catch-up in flight per stream, that
 stream's commands parked behind it); each lane keeps that order to the callback. A lost
 connection (a TCP connection, or the Redis subscription) is retried forever with exponential
-back-off (0.5 s doubling, capped at 5 s; reset once a session has been established); every
+back-off (TCP: 0.5 s doubling; Redis: redis_session.py's 0.25 s doubling with jitter; both
+capped at 5 s and reset once a session has been established); every
 new session is a new "connection" for the follower, the positions are announced again (the
 TCP server answers REPLICATE; on Redis, writers answer our REPLICATE and announce their own
 positions when they reconnect) and the follower catches up whatever was missed in between.
@@ -71,7 +73,9 @@ from .commands import (
 )
 from .connection import CLOSED, ReplicationConnection
 from .follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
-from .resp import RespConnection, RespError, pack_command, parse_messages
+from .redis import redis_channel
+from .redis_session import RedisSubscription, SubscriptionPolicy
+from .resp import RespConnection, RespError, parse_messages
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +91,8 @@ CONNECT_TIMEOUT = 10.0
 HTTP_TIMEOUT = 10.0
 #: On stop, deliver what was already decided for at most this long.
 DRAIN_TIMEOUT = 5.0
-#: Redis: PING the subscriber connection this often, and give it up after this long without
-#: hearing anything on it (no message, no PONG), so a dead socket is noticed (Synapse issue
-#: #9010; Synapse itself pings every 30 s). The SUBSCRIBE confirmation and the PUBLISH reply
-#: must come within REDIS_REPLY_TIMEOUT.
-REDIS_PING_INTERVAL = 5.0
-REDIS_PING_TIMEOUT = 15.0
-REDIS_REPLY_TIMEOUT = 10.0
 #: What we publish on (re)subscribing: the current generation's REPLICATE, trailing space
-#: included (spec §5.3 step 3).
+#: included (spec §5.3 step 3). The Redis subscription's timings are redis_session.py's.
 REDIS_REPLICATE = ReplicateCommand().to_line()
 
 FactsCallback = Callable[[str, str, int, list], Awaitable[None] | None]
@@ -745,17 +742,19 @@ class RedisReplicationWorker(BaseReplicationWorker):
 
     ``redis_url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL (its database number
     does not matter: pub/sub channels are server-wide). The channel is ``server_name``
-    exactly. Each session uses two connections of its own: the subscriber and the publisher
-    (Redis allows nothing but (UN)SUBSCRIBE and PING on a subscribed connection). We talk to
-    them through :class:`~.resp.RespConnection`, not redis-py's ``PubSub``: PubSub silently
-    reconnects and resubscribes inside a read, which would hide from us (and from the
-    follower) that messages were lost, and would not publish REPLICATE again; and its
-    pure-Python parser costs several times what the rest of the worker does per line.
+    exactly. The subscription is :class:`~.redis_session.RedisSubscription` (the one the
+    writers' bridge keeps too): its own connection, with a second one to publish on (Redis
+    allows nothing but (UN)SUBSCRIBE and PING on a subscribed connection), both through
+    :class:`~.resp.RespConnection`, not redis-py's ``PubSub``: PubSub silently reconnects and
+    resubscribes inside a read, which would hide from us (and from the follower) that
+    messages were lost, and would not publish REPLICATE again; and its pure-Python parser
+    costs several times what the rest of the worker does per line.
 
-    Session, per §5.3: connect, SUBSCRIBE, wait for the confirmation, then PUBLISH
-    ``REPLICATE `` (awaiting its reply) and read messages until the connection is lost, the
-    subscriber has been silent for ``ping_timeout`` seconds (it is PINGed every
-    ``ping_interval``), or :meth:`stop`.
+    Session, per §5.3: SUBSCRIBE, wait for the confirmation, then PUBLISH ``REPLICATE ``
+    (awaiting its reply) and read messages until the connection is lost, the subscriber has
+    been silent for ``ping_timeout`` seconds (it is PINGed every ``ping_interval`` while
+    silent), or :meth:`stop`. :meth:`publish` sends a command of the worker's own
+    (``REMOTE_SERVER_UP``, ``LOCK_RELEASED``, ``USER_IP``...) to the cluster.
     """
 
     transport = "redis"
@@ -764,119 +763,101 @@ class RedisReplicationWorker(BaseReplicationWorker):
         self,
         *,
         redis_url: str,
-        ping_interval: float = REDIS_PING_INTERVAL,
-        ping_timeout: float = REDIS_PING_TIMEOUT,
-        reply_timeout: float = REDIS_REPLY_TIMEOUT,
+        ping_interval: float | None = None,
+        ping_timeout: float | None = None,
+        reply_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
+        defaults = SubscriptionPolicy()
+        kwargs.setdefault("reconnect_first_delay", defaults.first_delay)
+        kwargs.setdefault("reconnect_max_delay", defaults.max_delay)
         super().__init__(**kwargs)
         if not self.server_name or any(c in self.server_name for c in "\r\n"):
             raise ValueError(f"invalid server name (Redis channel) {self.server_name!r}")
         self.redis_url = redis_url
         self.channel = self.server_name
         parse_redis_url(redis_url)  # ValueError for a bad URL
-        self._ping_interval, self._ping_timeout = ping_interval, ping_timeout
-        self._reply_timeout = reply_timeout
-        self._session_task: asyncio.Task | None = None
-        self._established = False
+        self._reply_timeout = reply_timeout or defaults.confirm_timeout
+        policy = SubscriptionPolicy(
+            ping_interval=ping_interval or defaults.ping_interval,
+            silence_timeout=ping_timeout or defaults.silence_timeout,
+            confirm_timeout=self._reply_timeout,
+            first_delay=self._first_delay, max_delay=self._max_delay)
+        self.subscription = RedisSubscription(
+            redis_url, [self.channel.encode()], on_subscribed=self._on_subscribed,
+            on_chunk=self._on_chunk, on_lost=self._on_lost, policy=policy,
+            name=f"Redis replication ({self.name})", clock=self._clock, counters=self._counters)
+        self._publisher: RespConnection | None = None
+        self._publish_lock = asyncio.Lock()
+        self._buf = b""
 
     def _interrupt(self) -> None:
-        if self._session_task is not None:
-            self._session_task.cancel()
+        self.subscription.stop()
 
-    async def _attempt(self, delay: float) -> bool:
-        self._established = False
-        task = self._session_task = asyncio.create_task(self._session())
+    async def _connect_forever(self) -> None:
+        if self._stopping:
+            return
         try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # we are cancelled ourselves, not just the session by stop()
-        except (RespError, OSError, TimeoutError) as e:
-            if self._established:
-                logger.warning("Redis replication connection lost: %s; reconnecting in %.1fs",
-                               e, self._first_delay)
-            else:
-                logger.warning("cannot follow Redis at %s: %s; retrying in %.1fs",
-                               redact_url(self.redis_url), e, delay)
-        except Exception:  # never give up following: log it and start a new session
-            logger.exception("Redis replication session failed; reconnecting")
+            await self.subscription.run()
         finally:
-            self._session_task = None
-        return self._established
+            if self._publisher is not None:
+                await self._publisher.close()
+                self._publisher = None
 
-    async def _session(self) -> None:
-        channel = self.channel.encode()
-        subscriber = publisher = None
+    async def publish(self, cmd: Command) -> int:
+        """PUBLISH one command of ours on its Synapse channel; the number of subscribers that
+        got it (raises :class:`~.resp.RespError` or TimeoutError if Redis did not take it)."""
+        line = cmd.to_line().encode()
+        async with self._publish_lock:
+            try:
+                if self._publisher is None:
+                    self._publisher = await RespConnection.open(self.redis_url, self._reply_timeout)
+                return await self._publisher.command("PUBLISH", redis_channel(self.channel, line), line,
+                                                     timeout=self._reply_timeout)
+            except (RespError, OSError, TimeoutError):
+                if self._publisher is not None:
+                    await self._publisher.close()
+                    self._publisher = None
+                raise
+
+    async def _on_subscribed(self) -> None:
+        # From here on, everything published on the channel reaches us: a new connection
+        # for the follower (the last one ended with connection_lost()). Then REPLICATE, and
+        # wait until Redis took it.
+        self._buf = b""
+        async with self._publish_lock:
+            if self._publisher is not None:  # of an earlier subscription: maybe a dead socket
+                await self._publisher.close()
+                self._publisher = None
+        self.connected = True
+        self._counters["connections"] += 1
         try:
-            # 1. SUBSCRIBE and wait for the confirmation.
-            subscriber = await RespConnection.open(self.redis_url, CONNECT_TIMEOUT)
-            subscriber.write(pack_command("SUBSCRIBE", channel))
-            try:
-                reply = await subscriber.read_reply(self._reply_timeout)
-            except TimeoutError:
-                raise TimeoutError(f"SUBSCRIBE not confirmed within {self._reply_timeout}s") from None
-            if not (isinstance(reply, list) and reply[:2] == [b"subscribe", channel]):
-                raise RespError(f"unexpected answer to SUBSCRIBE: {reply!r}")
-            # 2. From here on, everything published on the channel reaches us: a new
-            #    connection for the follower (the last one ended with connection_lost()).
-            self.connected = True
-            self._counters["connections"] += 1
-            # 3. PUBLISH REPLICATE, on the other connection, and wait until Redis took it.
-            publisher = await RespConnection.open(self.redis_url, CONNECT_TIMEOUT)
-            try:
-                receivers = await publisher.command("PUBLISH", channel, REDIS_REPLICATE,
-                                                    timeout=self._reply_timeout)
-            except TimeoutError:
-                raise TimeoutError(f"PUBLISH not answered within {self._reply_timeout}s") from None
-            self._counters["replicate_sent"] += 1
-            self._established = True  # resets the back-off (not before: a PUBLISH refused
-            # for good, e.g. by an ACL, must not be retried at full speed)
-            logger.info("replication subscribed to %r at %s as %s; REPLICATE reached %s "
-                        "subscriber(s)", self.channel, redact_url(self.redis_url), self.name,
-                        receivers)
-            # The publisher is not needed again this session (a worker sources no stream).
-            await publisher.close()
-            await self._read_messages(subscriber)
-        finally:
-            self.connected = False
-            self.follower.connection_lost()
-            for connection in (subscriber, publisher):
-                if connection is not None:
-                    await connection.close()
+            receivers = await self.publish(ReplicateCommand())
+        except TimeoutError:
+            raise TimeoutError(f"PUBLISH not answered within {self._reply_timeout}s") from None
+        self._counters["replicate_sent"] += 1
+        logger.info("replication subscribed to %r at %s as %s; REPLICATE reached %s "
+                    "subscriber(s)", self.channel, redact_url(self.redis_url), self.name, receivers)
 
-    async def _read_messages(self, subscriber: RespConnection) -> None:
-        last_heard = last_ping = self._clock()
-        buf = b""
-        while not self._stopping:
-            now = self._clock()
-            if now - last_heard >= self._ping_timeout:
-                self._counters["ping_timeouts"] += 1
-                raise TimeoutError(f"nothing from Redis for {now - last_heard:.1f}s "
-                                   "(PING unanswered)")
-            if now - last_ping >= self._ping_interval:
-                subscriber.write(pack_command("PING"))
-                last_ping = now
-            # Wake up in time for the next PING (a short ping_interval must not wait a TICK).
-            chunk = await subscriber.read_chunk(min(TICK, max(0.01, last_ping + self._ping_interval - now)))
-            if not chunk:
-                continue
-            last_heard = self._clock()
-            buf += chunk
-            replies, end = parse_messages(buf)
-            buf = buf[end:]
-            cmds: list[Command] = []
-            for reply in replies:
-                if type(reply) is bytes:
-                    cmd = self._on_message(reply)
-                    if cmd is not None:
-                        cmds.append(cmd)
-                elif not (reply and reply[0] == b"pong"):
-                    logger.debug("Redis reply ignored: %r", reply)
-            if cmds:
-                # A read's worth of messages to the follower at once (the hot path).
-                self._dispatch_many(cmds)
+    def _on_lost(self, reason: str | None) -> None:
+        self.connected = False
+        self.follower.connection_lost()
+
+    def _on_chunk(self, chunk: bytes) -> None:
+        buf = self._buf + chunk if self._buf else chunk
+        replies, end = parse_messages(buf)
+        self._buf = buf[end:]
+        cmds: list[Command] = []
+        for reply in replies:
+            if type(reply) is bytes:
+                cmd = self._on_message(reply)
+                if cmd is not None:
+                    cmds.append(cmd)
+            elif not (reply and reply[0] == b"pong"):
+                logger.debug("Redis reply ignored: %r", reply)
+        if cmds:
+            # A read's worth of messages to the follower at once (the hot path).
+            self._dispatch_many(cmds)
 
     def _on_message(self, data: bytes) -> Command | None:
         """One pub/sub message: one command line, without newline (spec §5.4). Returns the

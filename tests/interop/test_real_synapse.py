@@ -349,3 +349,67 @@ def test_synapse_restarted_while_the_worker_follows(synapse, users, worker_facto
     assert new_typing and min(t for t, _ in new_typing) < typing_before, (typing_before, new_typing)
     assert "typing writer master restarted" in worker.log_text()
     worker.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_synapse_lock_released_reaches_a_tcp_worker_of_our_endpoint_once(synapse, users, pg_url,
+                                                                          redis_server, tmp_path):
+    """Synapse's main process publishes ``LOCK_RELEASED`` on Redis whenever it lets go of a
+    worker lock (one per message sent: the room's new-event read lock). Our endpoint on the
+    same Redis and server name hands it to its TCP workers, once. Last in the module: the
+    endpoint announces our (empty) positions on Synapse's channel while it runs."""
+    from tests.streams.replication.test_endpoint import LineClient
+
+    port = free_port()
+    log_path = tmp_path / "endpoint.log"
+    env = {**os.environ, "DATABASE_URL": pg_url, "SERVER_NAME": SERVER_NAME, "REDIS_URL": redis_server.url,
+           "REPLICATION_SECRET": synapse.replication_secret, "PYTHONUNBUFFERED": "1",
+           "STATE_DIR": str(tmp_path / "state")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        from synapse_repl.processes import wait_port
+
+        wait_port(port, proc, log_path, timeout=30)
+        client = LineClient(port)
+        assert client.read_line() == f"SERVER {SERVER_NAME}"
+        client.send("NAME tcp-worker", "REPLICATE ")
+        import redis
+
+        oracle = redis.Redis.from_url(redis_server.url).pubsub()  # what Synapse published
+        oracle.subscribe(SERVER_NAME)
+        admin = redis.Redis.from_url(redis_server.url)
+        wait_for(lambda: dict(admin.pubsub_numsub(SERVER_NAME)).get(SERVER_NAME.encode(), 0) >= 3,
+                 "our endpoint subscribed beside Synapse and the oracle")
+        admin.close()
+        users.alice.send_message(users.room, "a lock is taken and released")
+        expected = f'LOCK_RELEASED ["master","new_event_during_purge_lock","{users.room}"]'
+        published, deadline = 0, time.monotonic() + WAIT
+        while time.monotonic() < deadline and not published:
+            message = oracle.get_message(timeout=1.0)
+            if message and message["type"] == "message" and message["data"] == expected.encode():
+                published += 1
+        time.sleep(2.0)  # Synapse may release it more than once per message: count them all
+        while (message := oracle.get_message(timeout=0.2)) is not None:
+            published += message["type"] == "message" and message["data"] == expected.encode()
+        oracle.close()
+        assert published >= 1, "Synapse published no LOCK_RELEASED for the room"
+        got, deadline = [], time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # the lines got by then
+            try:
+                line = client.read_line(max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+            assert line is not None, log_path.read_text(errors="replace")[-3000:]
+            if line.startswith("LOCK_RELEASED"):
+                got.append(line)
+        # each of Synapse's publications exactly once, nothing else
+        assert got == [expected] * published, (published, got, log_path.read_text(errors="replace")[-3000:])
+        client.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -65,5 +65,4 @@ class Command(BaseCommand):
         lag.cancel()
         server.close()
         await endpoint.relay.stop()
-        await endpoint.broadcast.stop()
-        await endpoint.user_ips.stop()  # the USER_IP sightings not yet written
+        await endpoint.stop()  # the USER_IP sightings not yet written go to the table

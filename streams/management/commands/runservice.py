@@ -129,15 +129,14 @@ def start_endpoint_in_process(host: str, port: int):
 
 def stop_endpoint_in_process(endpoint) -> None:
     """After daphne: the endpoint's USER_IP sightings not yet written go to the table, and its
-    broadcast subscription ends (as ``runreplication`` does at SIGTERM)."""
+    broadcast subscription ends (``Endpoint.stop``, as ``runreplication`` does at SIGTERM)."""
     import daphne.server
 
     loop = daphne.server.twisted_loop
-    for stop in (endpoint.broadcast.stop, endpoint.user_ips.stop):
-        try:
-            loop.run_until_complete(stop())
-        except Exception as e:  # shutting down: say it, do not hide the reason we stopped
-            print(f"replication endpoint: {stop.__qualname__} at shutdown: {e}", file=sys.stderr)
+    try:
+        loop.run_until_complete(endpoint.stop())
+    except Exception as e:  # shutting down: say it, do not hide the reason we stopped
+        print(f"replication endpoint: stopping at shutdown: {e}", file=sys.stderr)
 
 
 def stop_reactor() -> None:

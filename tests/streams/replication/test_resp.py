@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from streams.replication.resp import (
-    MessageSniffer,
+    LineSniffer,
     RespConnection,
     RespError,
     pack_command,
@@ -52,14 +52,24 @@ def test_parse_messages_fast_path_and_leftovers():
         assert got + more == [[b"subscribe", b"hs", 1], b"RDATA", b"RDATA"]
 
 
-def test_sniffer_counts_exact_messages_across_chunks():
-    replicate = b"*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$10\r\nREPLICATE \r\n"
-    other = b"*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$18\r\nREPLICATE events 0\r\n"
-    rdata = b'*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$28\r\nRDATA s w 1 ["REPLICATE "]\r\n'
-    wire = rdata + replicate + other + replicate + rdata
-    for size in (1, 3, 7, len(wire)):
-        sniffer = MessageSniffer(b"REPLICATE ")
-        assert sum(sniffer.feed(wire[i:i + size]) for i in range(0, len(wire), size)) == 2
+def test_sniffer_picks_messages_by_prefix_across_chunks():
+    def message(payload: bytes) -> bytes:
+        return b"*3\r\n$7\r\nmessage\r\n$2\r\nhs\r\n$%d\r\n%s\r\n" % (len(payload), payload)
+
+    replicate, other = message(b"REPLICATE "), message(b"REPLICATE events 0")
+    rdata = message(b'RDATA s w 1 ["REPLICATE ","REMOTE_SERVER_UP x"]')
+    up, lock = message(b"REMOTE_SERVER_UP other.example"), message(b'LOCK_RELEASED ["w","n","k"]')
+    wire = rdata + replicate + up + other + b":1\r\n" + lock + replicate + rdata + up
+    expected = [b"REPLICATE ", b"REMOTE_SERVER_UP other.example", b"REPLICATE events 0",
+                b'LOCK_RELEASED ["w","n","k"]', b"REPLICATE ", b"REMOTE_SERVER_UP other.example"]
+    for size in (1, 2, 3, 7, 40, len(wire)):
+        sniffer = LineSniffer([b"REPLICATE ", b"REMOTE_SERVER_UP ", b"LOCK_RELEASED "])
+        got = [p for i in range(0, len(wire), size) for p in sniffer.feed(wire[i:i + size])]
+        assert got == expected, size
+    # a payload that never ends is not kept beyond max_line
+    sniffer = LineSniffer([b"REMOTE_SERVER_UP "], max_line=100)
+    assert sniffer.feed(b"\r\n$500\r\nREMOTE_SERVER_UP " + b"x" * 200) == []
+    assert sniffer.feed(b"\r\n") == [] and sniffer.feed(up) == [b"REMOTE_SERVER_UP other.example"]
 
 
 def test_publish_and_subscribe_against_redis(redis_server):

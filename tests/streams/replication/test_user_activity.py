@@ -135,14 +135,21 @@ def test_recorder_writes_many_commands_in_one_batch():
 
 # -- two endpoints on Redis -------------------------------------------------------------------
 
+class Ports(list):
+    """The endpoints' ports; ``procs``: their processes, in the same order."""
+
+    procs: list
+
+
 @pytest.fixture
 def two_endpoints(pg_url, tmp_path, redis_server):
-    procs, ports = [], []
+    procs, ports = [], Ports()
+    ports.procs = procs
     for n in range(2):
         port = free_port()
         log_path = tmp_path / f"endpoint{n}.log"
         env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, REDIS_URL=redis_server.url,
-                   PYTHONUNBUFFERED="1", USER_IP_FLUSH_SECONDS="0.2")
+                   PYTHONUNBUFFERED="1", USER_IP_FLUSH_SECONDS="0.2", USER_IP_LEASE_SECONDS="3")
         proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                                 cwd=ROOT, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
         procs.append(proc)
@@ -176,6 +183,22 @@ def wait_until(predicate, what: str):
     pytest.fail(f"never happened: {what}")
 
 
+def commands_of(c: LineClient, count: int, seconds: float = 10.0) -> list[str]:
+    """The first ``count`` lines ``c`` receives other than PING and POSITION, or all that
+    came within ``seconds`` (the endpoint PINGs every 5 s: a plain read_until never ends)."""
+    got, deadline = [], time.monotonic() + seconds
+    while len(got) < count and (remaining := deadline - time.monotonic()) > 0:
+        try:
+            line = c.read_line(remaining)
+        except TimeoutError:
+            break
+        if line is None:
+            break
+        if not line.startswith(("PING", "POSITION")):
+            got.append(line)
+    return got
+
+
 def lines_of(c: LineClient, seconds: float) -> list[str]:
     """Every line ``c`` receives within ``seconds`` (PINGs left out)."""
     lines, deadline = [], time.monotonic() + seconds
@@ -200,8 +223,7 @@ def test_remote_server_up_and_lock_released_reach_every_worker(two_endpoints, re
     commands = ["REMOTE_SERVER_UP matrix.example", 'LOCK_RELEASED ["sender","purge","!room:hs"]']
     sender.send(*commands)
     for c in (same_endpoint, other_endpoint):
-        got = c.read_until(lambda line: line.startswith("LOCK_RELEASED"))
-        assert [line for line in got if not line.startswith(("PING", "POSITION"))] == commands
+        assert commands_of(c, len(commands)) == commands
     heard = []
     deadline = time.monotonic() + WAIT
     while len(heard) < 2 and time.monotonic() < deadline:
@@ -209,10 +231,115 @@ def test_remote_server_up_and_lock_released_reach_every_worker(two_endpoints, re
         if message and message["type"] == "message" and not message["data"].startswith((b"POSITION", b"REPLICATE")):
             heard.append(message["data"].decode())
     assert heard == commands  # Redis subscribers (Redis workers, Synapse's processes) too
-    # Not echoed to the sender, and once only to each of the others.
+    # Not echoed to the sender, and once only to each of the others: the sender's endpoint
+    # hears its own publication back on Redis and drops it; the other endpoint hears it
+    # there only (not also through the channel layer).
     assert [line for line in lines_of(sender, 1.0) if not line.startswith("POSITION")] == []
-    assert [line for line in lines_of(other_endpoint, 0.5) if not line.startswith("POSITION")] == []
+    for c in (same_endpoint, other_endpoint):
+        assert [line for line in lines_of(c, 0.5) if not line.startswith("POSITION")] == []
+    a, b = cluster_commands(a_port), cluster_commands(b_port)
+    assert (a["from_workers"], a["own_echoes"], a["from_redis"]) == (2, 2, 0)
+    assert (b["from_workers"], b["own_echoes"], b["from_redis"]) == (0, 0, 2)
     subscriber.close()
+
+
+def endpoint_status(port: int) -> dict:
+    from dashboard.endpoint_status import endpoint_statuses
+
+    found = [e for e in endpoint_statuses() if e["endpoint"].endswith(f":{port}")]
+    assert len(found) == 1, [e["endpoint"] for e in endpoint_statuses()]
+    return found[0]
+
+
+def cluster_commands(port: int, settle: float = 1.0) -> dict:
+    """The endpoint's REMOTE_SERVER_UP/LOCK_RELEASED counters, once its published status
+    has caught up with what the test saw (it is written every 0.5 s)."""
+    time.sleep(settle)
+    return endpoint_status(port)["cluster_commands"]
+
+
+def subscribers(client: redis.Redis, channel: str) -> int:
+    return dict(client.pubsub_numsub(channel)).get(channel.encode(), 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_workers_cluster_commands_reach_each_tcp_worker_once(two_endpoints, redis_server):
+    """REMOTE_SERVER_UP / LOCK_RELEASED published on Redis by a Redis-following worker reach
+    the TCP workers of every endpoint, each exactly once (every endpoint hears Redis and
+    hands it to its own connections only)."""
+    from streams.replication.commands import LockReleasedCommand, RemoteServerUpCommand
+    from streams.replication.worker import RedisReplicationWorker
+
+    a_port, b_port = two_endpoints
+    tcp_workers = [worker(a_port, "w-a1"), worker(a_port, "w-a2"), worker(b_port, "w-b")]
+    client = redis.Redis.from_url(redis_server.url)
+    wait_until(lambda: subscribers(client, SERVER_NAME) >= 2, "both endpoints subscribed on Redis")
+    commands = [RemoteServerUpCommand("matrix.example"), LockReleasedCommand("rw", "purge", "!room:hs")]
+
+    async def redis_worker_publishes() -> list[int]:
+        rw = RedisReplicationWorker(name="rw", redis_url=redis_server.url, server_name=SERVER_NAME,
+                                    catchup_url="http://127.0.0.1:9", streams=["typing"], log_interval=60)
+        task = asyncio.create_task(rw.run())
+        for _ in range(200):
+            if rw.connected:
+                break
+            await asyncio.sleep(0.05)
+        receivers = [await rw.publish(cmd) for cmd in commands]
+        rw.stop()
+        await asyncio.wait_for(task, 10)
+        return receivers
+
+    receivers = asyncio.run(redis_worker_publishes())
+    assert all(n >= 3 for n in receivers)  # both endpoints and the worker itself
+    expected = [cmd.to_line() for cmd in commands]
+    for c in tcp_workers:
+        assert commands_of(c, len(expected)) == expected
+    for c in tcp_workers:
+        assert [line for line in lines_of(c, 0.5) if not line.startswith("POSITION")] == []
+    for port in (a_port, b_port):
+        counts = cluster_commands(port, settle=0)
+        assert (counts["from_redis"], counts["from_workers"], counts["own_echoes"]) == (2, 0, 0)
+    client.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_user_ip_published_on_redis_lands_once_and_survives_a_handover(two_endpoints, redis_server):
+    """USER_IP on ``<server_name>/USER_IP`` (what Synapse's workers publish for the main
+    process) is recorded into user_ips by exactly one endpoint (the lease holder); when it
+    stops, the other takes over."""
+    a_port, b_port = two_endpoints
+    client = redis.Redis.from_url(redis_server.url)
+    channel = f"{SERVER_NAME}/USER_IP"
+    wait_until(lambda: subscribers(client, channel) == 1, "one endpoint subscribed to USER_IP")
+    client.publish(channel, 'USER_IP @carol:hs ["tokc","10.1.1.1","Element",null,5000]')
+    client.publish(channel, 'USER_IP not-a-user ["t","10.1.1.1","x",null,1]')  # refused, counted
+    client.publish(channel, "REPLICATE ")  # not USER_IP: refused, counted
+    wait_until(lambda: UserIp.objects.filter(user_id="@carol:hs").exists(), "carol's row")
+
+    def from_redis():
+        found = {port: endpoint_status(port) for port in (a_port, b_port)}
+        return found if sum(s["user_ips_from_redis"]["heard"] for s in found.values()) == 1 else None
+
+    time.sleep(1.0)  # a second recorder would have written by now (flush every 0.2 s)
+    found = wait_until(from_redis, "the holder's counters")
+    holders = [port for port, s in found.items() if s["user_ips_from_redis"]["holding"]]
+    assert len(holders) == 1
+    assert found[holders[0]]["user_ips_from_redis"] == {"holding": True, "heard": 1, "refused": 2}
+    assert sum(s["user_ips"]["received"] for s in found.values()) == 1
+    assert list(UserIp.objects.values_list("user_id", "ip", "user_agent", "device_id", "last_seen")) == [
+        ("@carol:hs", "10.1.1.1", "Element", None, 5000)]
+
+    # The holder stops (releasing the lease): the other endpoint records from then on.
+    holder = two_endpoints.procs[two_endpoints.index(holders[0])]
+    holder.terminate()
+    holder.wait(timeout=15)
+    other = b_port if holders[0] == a_port else a_port
+    wait_until(lambda: subscribers(client, channel) == 1
+               and endpoint_status(other)["user_ips_from_redis"]["holding"], "the other endpoint took over")
+    client.publish(channel, 'USER_IP @dave:hs ["tokd","10.2.2.2","Element","DEV",6000]')
+    wait_until(lambda: UserIp.objects.filter(user_id="@dave:hs").exists(), "dave's row, after the handover")
+    assert UserIp.objects.count() == 2
+    client.close()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,141 @@
+"""The shared Redis subscription core (streams/replication/redis_session.py): its decisions,
+in process with a fake clock, and the adapter against a real Redis."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streams.replication.redis_session import (
+    Due,
+    Phase,
+    RedisSubscription,
+    SubscriptionMachine,
+    SubscriptionPolicy,
+)
+from streams.replication.resp import RespConnection, parse_messages
+
+POLICY = SubscriptionPolicy(ping_interval=5, silence_timeout=15, confirm_timeout=10,
+                            first_delay=0.25, max_delay=5, jitter=0.1)
+
+
+def live_machine(now: float = 100.0, rng=lambda: 0.5) -> SubscriptionMachine:
+    m = SubscriptionMachine(POLICY, rng=rng)
+    m.attempt(now)
+    m.confirmed(now)
+    return m
+
+
+def test_confirmations_are_bounded_from_the_attempt():
+    m = SubscriptionMachine(POLICY)
+    m.attempt(100.0)
+    assert m.phase is Phase.CONFIRMING
+    assert m.confirm_time_left(103.0) == pytest.approx(7.0)
+    assert m.confirm_time_left(200.0) > 0  # a last look, never a zero timeout
+    assert m.poll(200.0) is Due.NOTHING  # not live: nothing to ping
+
+
+def test_a_silent_connection_is_pinged_every_interval_then_given_up():
+    m = live_machine(100.0)
+    assert m.poll(104.9) is Due.NOTHING
+    assert m.wake_in(104.0) == pytest.approx(0.5)  # never sleeps past a tick
+    assert m.wake_in(104.8) == pytest.approx(0.2)  # ... nor past the PING
+    assert m.poll(105.0) is Due.PING
+    m.pinged(105.0)
+    assert m.poll(106.0) is Due.NOTHING  # one PING per interval, not one per poll
+    assert m.poll(110.0) is Due.PING
+    m.pinged(110.0)
+    assert m.poll(114.9) is Due.NOTHING
+    assert m.poll(115.0) is Due.GIVE_UP
+    assert "15.0 s" in m.give_up_reason
+
+
+def test_a_busy_connection_is_never_pinged_and_an_answer_restarts_the_count():
+    m = live_machine(100.0)
+    for t in range(101, 200):
+        m.heard(float(t))
+        assert m.poll(t + 0.9) is Due.NOTHING
+    m.pinged(199.0)
+    assert m.poll(204.0) is Due.PING  # silent for 5 s since the last message
+    m.pinged(204.0)
+    m.heard(204.1)  # the PONG
+    assert m.poll(209.0) is Due.NOTHING  # the PONG counts as heard
+    assert m.poll(209.2) is Due.PING
+    m.pinged(209.2)
+    assert m.poll(219.0) is Due.PING and m.poll(219.2) is Due.GIVE_UP  # 15 s after the PONG
+
+
+def test_back_off_doubles_to_the_cap_with_jitter_and_resets_only_when_established():
+    draws = iter([0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    m = SubscriptionMachine(POLICY, rng=lambda: next(draws))
+    delays = []
+    for _ in range(7):
+        m.attempt(0.0)
+        delays.append(m.lost())
+        assert m.phase is Phase.IDLE
+    # 0.25 -10 %, 0.5 +10 %, then exact (the draw in the middle), capped at 5 s
+    assert delays == pytest.approx([0.225, 0.55, 1.0, 2.0, 4.0, 5.0, 5.0])
+    m.attempt(0.0)
+    m.confirmed(0.0)  # subscribed, but the owner's first PUBLISH was refused (an ACL)
+    assert m.lost() == pytest.approx(5.0)
+    m.attempt(0.0)
+    m.confirmed(0.0)
+    m.established()
+    assert m.lost() == pytest.approx(0.25)
+
+
+def test_jitter_spreads_the_reconnects_of_many_processes():
+    import random
+
+    rng = random.Random(7)
+    firsts = {round(SubscriptionMachine(POLICY, rng=rng.random).lost(), 4) for _ in range(50)}
+    assert len(firsts) > 40 and min(firsts) >= 0.225 and max(firsts) <= 0.275
+
+
+def test_the_adapter_subscribes_runs_the_hook_first_and_resubscribes_after_a_kill(redis_server):
+    """Against a real Redis: the hook runs once every channel is confirmed, chunks follow,
+    and a connection killed by Redis (CLIENT KILL) is a new subscription after a back-off."""
+    channels = [b"session-test-a", b"session-test-b"]
+
+    async def scenario():
+        events: list[str] = []
+        buf = bytearray()
+
+        async def subscribed():
+            events.append("subscribed")
+
+        def chunk(data: bytes) -> None:
+            buf.extend(data)
+
+        sub = RedisSubscription(redis_server.url, channels, on_subscribed=subscribed, on_chunk=chunk,
+                                on_lost=lambda reason: events.append(f"lost {reason is not None}"),
+                                policy=SubscriptionPolicy(first_delay=0.05), name="test")
+        task = asyncio.create_task(sub.run())
+        admin = await RespConnection.open(redis_server.url)
+
+        async def wait(predicate, what):
+            for _ in range(200):
+                if predicate():
+                    return
+                await asyncio.sleep(0.025)
+            raise AssertionError(f"never happened: {what}; {events}")
+
+        await wait(lambda: events == ["subscribed"], "subscribed")
+        await admin.command("PUBLISH", channels[1], b"one")
+        await wait(lambda: b"one" in buf, "the message")
+        assert parse_messages(bytes(buf))[0] == [b"one"]
+        # ours: the only client subscribed to two channels (the Redis is the session's)
+        listing = (await admin.command("CLIENT", "LIST", "TYPE", "pubsub")).decode().splitlines()
+        ours = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in listing]
+        ours = [c["id"] for c in ours if c.get("sub") == "2"]
+        assert len(ours) == 1
+        await admin.command("CLIENT", "KILL", "ID", ours[0])
+        await wait(lambda: events.count("subscribed") == 2, "resubscribed")
+        assert events == ["subscribed", "lost True", "subscribed"]
+        assert sub.counters["subscriptions"] == 2 and sub.established
+        sub.stop()
+        await asyncio.wait_for(task, 5)
+        assert events[-1] == "lost False"  # stopped: not a loss
+        await admin.close()
+
+    asyncio.run(scenario())
