@@ -369,7 +369,7 @@ def test_synapse_lock_released_reaches_a_tcp_worker_of_our_endpoint_once(synapse
         proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        from synapse_repl.processes import wait_port
+        from testing.processes import wait_port
 
         wait_port(port, proc, log_path, timeout=30)
         client = LineClient(port)
