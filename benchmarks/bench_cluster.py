@@ -196,7 +196,7 @@ def _count_worker_child(env: dict, name: str, transport: str, port: int, web_por
     import asyncio
     import signal
 
-    from streams.replication.worker import RedisReplicationWorker, ReplicationWorker
+    from streams.replication.worker.client import RedisReplicationWorker, ReplicationWorker
 
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, struct.calcsize(COUNT_FMT))
@@ -365,7 +365,7 @@ def run_raw(ctx, url: str, redis_pid: int, per_publisher: list[list[bytes]], lin
 def raw_payloads(updates: dict[str, list[list]]) -> dict[str, list[bytes]]:
     """Per writer, the RDATA lines its streamer publishes for these facts (``batch`` tokens
     for all but the last row of a multi-row fact)."""
-    from streams.replication.commands import RdataCommand
+    from streams.replication.protocol.commands import RdataCommand
 
     out = {}
     for writer, pairs in updates.items():

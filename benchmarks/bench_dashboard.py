@@ -75,7 +75,7 @@ def run(args) -> None:
     from dashboard.models import EndpointStatus
     from prometheus_client import generate_latest
     from streams.registry import STREAMS
-    from streams.replication.connections import EndpointCounters
+    from streams.replication.endpoint.bookkeeping import EndpointCounters
     from streams.runtime import runtime
 
     rt = runtime()

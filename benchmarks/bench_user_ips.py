@@ -17,7 +17,7 @@ from _setup import migrated_database
 
 
 def sightings(n: int, keys: int, seed: int = 1) -> list:
-    from streams.replication.commands import UserIpCommand
+    from streams.replication.protocol.commands import UserIpCommand
 
     rng = random.Random(seed)
     return [UserIpCommand(f"@user{k % 500}:bench", f"token{k}", f"10.0.{k % 250}.{k % 7}", "Mozilla/5.0 bench",
@@ -26,7 +26,7 @@ def sightings(n: int, keys: int, seed: int = 1) -> list:
 
 
 def batched(commands: list, flush_every: int) -> tuple[float, int]:
-    from streams.replication.user_activity import UserIpBatch, write_user_ips
+    from streams.replication.endpoint.user_activity import UserIpBatch, write_user_ips
 
     batch, statements = UserIpBatch(), 0
     t0 = time.perf_counter()

@@ -770,7 +770,7 @@ def loop_lag(tmp: Path) -> tuple[int, int]:
 
 def disconnect_reasons(tmp: Path) -> Counter:
     """``disconnected: <reason>`` lines of every endpoint log, by reason (the dashboard's names)."""
-    from streams.replication.connections import disconnect_reason
+    from streams.replication.endpoint.bookkeeping import disconnect_reason
 
     counts: Counter = Counter()
     for log in tmp.glob("endpoint*.log"):

@@ -19,7 +19,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.dispatch import receiver
 
-from streams.replication.connections import endpoint_snapshot, endpoint_started
+from streams.replication.endpoint.bookkeeping import endpoint_snapshot, endpoint_started
 
 from .facts_history import minute_of, record_minute
 

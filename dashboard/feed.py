@@ -27,7 +27,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from streams.replication.streamer import LINES_GROUP
+from streams.replication.publish.streamer import LINES_GROUP
 
 from .facts_history import minute_of, record_minute
 

@@ -40,7 +40,7 @@ def connections_page(request: HttpRequest) -> HttpResponse:
 def syncing_users_page(request: HttpRequest) -> HttpResponse:
     """Per user, which workers' syncing processes report it as syncing (USER_SYNC), from the
     endpoints' latest snapshots; ``?user=`` narrows to one user ID (or a prefix of it)."""
-    from streams.replication.user_activity import syncing_by_user
+    from streams.replication.endpoint.user_activity import syncing_by_user
 
     query = request.GET.get("user", "").strip()[:255]
     users = syncing_by_user(endpoint_statuses())

@@ -111,7 +111,7 @@ class StreamRuntime:
         ``loop``: the event loop to publish from when the channel layer is in-memory (it
         must be the loop of the endpoint in this process); otherwise a thread of its own.
         """
-        from .replication.streamer import ReplicationStreamer
+        from streams.replication.publish.streamer import ReplicationStreamer
 
         with self._lock:
             if self.streamer is not None:

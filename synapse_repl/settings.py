@@ -56,7 +56,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # database refusing connections -> 503 with the reason (synapse_repl/errors.py)
     "synapse_repl.errors.DatabaseUnavailableMiddleware",
-    "streams.replication.auth.ReplicationSecretMiddleware",
+    "streams.replication.http.auth.ReplicationSecretMiddleware",
     # a NUL byte anywhere in the path, query or form -> 400 (PostgreSQL refuses NUL in text)
     "synapse_repl.errors.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -12,7 +12,7 @@ ROW = re.compile(r"^\| (`[^|]+`(?:, `[^|]+`)*) \|", re.MULTILINE)
 
 def named_paths(text: str) -> list[str]:
     """Every path in a table row's first cell; a relative one is in the directory of the
-    cell's first path (`streams/replication/relay.py`, `consumer.py`)."""
+    cell's first path (`streams/replication/endpoint/relay.py`, `consumer.py`)."""
     paths = []
     for cell in ROW.findall(text):
         directory = ""

@@ -108,8 +108,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 KNOWN_CYCLES = [
     ["streams.admin", "streams.storage.admin_panels"],
     ["streams.jobs.definitions", "streams.jobs.runner"],
-    ["streams.replication.connections", "streams.replication.consumer", "streams.replication.endpoint",
-     "streams.replication.legacy", "streams.replication.tcp"],
+    ["streams.replication.endpoint.bookkeeping", "streams.replication.endpoint.consumer", "streams.replication.endpoint.server",
+     "streams.replication.endpoint.legacy", "streams.replication.endpoint.tcp"],
     ["streams.storage", "streams.storage.persist"],
 ]
 

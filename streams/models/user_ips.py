@@ -1,7 +1,7 @@
 """Synapse's ``user_ips``: where and with what each user's clients were last seen.
 
 Filled from ``USER_IP`` commands (docs/replication.md) by
-:mod:`streams.replication.user_activity`, in batches. Not a fact table: a row is updated in
+:mod:`streams.replication.endpoint.user_activity`, in batches. Not a fact table: a row is updated in
 place whenever the same (user, access token, address) is seen again, as Synapse keys it.
 """
 from __future__ import annotations

@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 
 from streams.notifier import PositionNotifier
-from streams.replication.auth import bearer_header
-from streams.replication.commands import PositionCommand, RdataCommand, parse_line
+from streams.replication.http.auth import bearer_header
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
 from streams.typing import TypingRefused, TypingState, TypingWriter
 from streams.writer import WireJournal
 from testing.processes import ProcessGroup, jsonl_records, wait_port
@@ -102,7 +102,7 @@ def test_writer_announces_changes_in_order_with_their_rows():
 # -- the relay ---------------------------------------------------------------------------------
 
 def test_relay_passes_a_typing_writer_restart_on_as_a_position_below():
-    from streams.replication.relay import ReplicationRelay
+    from streams.replication.endpoint.relay import ReplicationRelay
 
     async def run() -> list[str]:
         relay = ReplicationRelay(poll_interval=3600)
@@ -282,7 +282,7 @@ def test_typing_in_the_endpoints_own_process_reaches_a_tcp_worker():
     from django.apps import apps
     from django.conf import settings
 
-    from streams.replication.endpoint import start_endpoint
+    from streams.replication.endpoint.server import start_endpoint
     from streams.runtime import runtime
 
     assert not settings.REDIS_URL

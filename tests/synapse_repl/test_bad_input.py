@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from streams.replication.auth import bearer_header
+from streams.replication.http.auth import bearer_header
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 

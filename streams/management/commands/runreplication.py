@@ -42,9 +42,9 @@ class Command(BaseCommand):
             raise listen_problem(e, host, port, setting) from None
 
     async def _serve(self, host: str, port: int) -> None:
-        from streams.replication.endpoint import start_endpoint
+        from streams.replication.endpoint.server import start_endpoint
 
-        from streams.replication.loop_lag import watch_loop_lag
+        from streams.replication.endpoint.loop_lag import watch_loop_lag
 
         endpoint, server = await start_endpoint(host, port)
         # Everything loaded so far (Django, the app, the relay's state) lives as long as the

@@ -57,7 +57,7 @@ class Command(BaseCommand):
         check_port_free(host, port, "WEB_LISTEN")  # before anything starts: one line, nothing left running
         # The TCP endpoint runs in this process, on daphne's event loop: one in-memory channel
         # layer for what the service writes; other local processes' facts it reads from the
-        # database (streams/replication/local_scan.py).
+        # database (streams/replication/endpoint/local_scan.py).
         endpoint = start_endpoint_in_process(rhost, rport)
         fatal: list[str] = []
         supervisor = Supervisor(on_fatal=lambda reason: (fatal.append(reason), stop_reactor()))
@@ -114,7 +114,7 @@ def start_endpoint_in_process(host: str, port: int):
     that cannot be bound stops the service here, in one line."""
     import daphne.server  # installs the asyncio reactor on daphne's loop
 
-    from streams.replication.endpoint import start_endpoint
+    from streams.replication.endpoint.server import start_endpoint
 
     loop = daphne.server.twisted_loop
     try:

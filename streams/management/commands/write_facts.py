@@ -188,7 +188,7 @@ class Command(BaseCommand):
         from django.conf import settings
 
         from streams.conf import repl_setting
-        from streams.replication.typing_http import send_typing
+        from streams.replication.http.typing import send_typing
 
         url = url or f"http://{repl_setting('WEB_LISTEN')}"
         server = repl_setting("SERVER_NAME")

@@ -1,8 +1,8 @@
-"""Allowed networks and connection caps, without sockets (streams/replication/admission.py)."""
+"""Allowed networks and connection caps, without sockets (streams/replication/endpoint/admission.py)."""
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from streams.replication.admission import (
+from streams.replication.endpoint.admission import (
     ADMITTED,
     NOT_ALLOWED,
     TOO_MANY,
@@ -95,11 +95,11 @@ def test_refusals_and_evictions_are_logged_at_most_every_ten_seconds(caplog):
     """A flood of connections must not become a flood of log lines."""
     import logging
 
-    from streams.replication.admission import ThrottledLog
+    from streams.replication.endpoint.admission import ThrottledLog
 
     now = [0.0]
     log = ThrottledLog(every=10, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="streams.replication.admission"):
+    with caplog.at_level(logging.WARNING, logger="streams.replication.endpoint.admission"):
         assert log.warning("evicted", "a %s", 1) is True
         for _ in range(250):
             now[0] += 0.01

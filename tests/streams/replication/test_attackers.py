@@ -13,7 +13,7 @@ import pytest
 
 from streams.conf import stream_writers
 from streams.models import Receipt
-from streams.replication.legacy import PAGE_ROWS
+from streams.replication.endpoint.legacy import PAGE_ROWS
 from streams.runtime import StreamRuntime
 from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
 from tests.streams.replication.test_limits import connect_from, running_endpoint, wait_for_log

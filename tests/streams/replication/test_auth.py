@@ -1,4 +1,4 @@
-"""REPLICATION_SECRET on /_synapse/replication/ (streams/replication/auth.py)."""
+"""REPLICATION_SECRET on /_synapse/replication/ (streams/replication/http/auth.py)."""
 import json
 import random
 
@@ -6,8 +6,8 @@ import pytest
 
 from streams.conf import stream_writers
 from streams.models import Receipt
-from streams.replication.auth import check_authorization
-from streams.replication.worker import CatchUpError, fetch_catch_up_page
+from streams.replication.http.auth import check_authorization
+from streams.replication.worker.client import CatchUpError, fetch_catch_up_page
 from streams.runtime import StreamRuntime
 
 URL = "/_synapse/replication/get_repl_stream_updates/receipts/txn-auth"  # Synapse's form
@@ -111,7 +111,7 @@ def test_every_replication_route_checks_the_secret_at_the_view():
 @pytest.mark.django_db
 def test_the_view_refuses_even_where_the_middleware_does_not_look(rf, secret):
     """Called directly (as a request whose path no prefix test would match reaches it)."""
-    from streams.replication.catchup import get_repl_stream_updates
+    from streams.replication.http.catchup import get_repl_stream_updates
 
     request = rf.get("/anything/else/", QUERY)
     response = get_repl_stream_updates(request, "receipts", "txn-direct")

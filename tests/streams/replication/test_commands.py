@@ -1,4 +1,4 @@
-"""The replication line grammar (``streams/replication/commands.py``), no database.
+"""The replication line grammar (``streams/replication/protocol/commands.py``), no database.
 
 Vectors from ``shared/specs/replication.md`` §14.1, byte-exact lines per command, round
 trips, a corpus of malformed lines with the exact ``ERROR`` text each must produce, and
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.replication.commands import (
+from streams.replication.protocol.commands import (
     COMMANDS_BY_NAME,
     MAX_LINE_LENGTH,
     VALID_CLIENT_COMMANDS,

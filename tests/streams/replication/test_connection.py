@@ -1,4 +1,4 @@
-"""The sans-I/O connection (``streams/replication/connection.py``), no sockets, no database.
+"""The sans-I/O connection (``streams/replication/protocol/connection.py``), no sockets, no database.
 
 A :class:`ConnectionPair` joins a client and a server in memory; a fake clock (plain floats)
 drives the keepalive decisions.
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.replication.commands import (
+from streams.replication.protocol.commands import (
     Command,
     ErrorCommand,
     LegacyPositionCommand,
@@ -29,7 +29,7 @@ from streams.replication.commands import (
     UserSyncCommand,
     batch_updates,
 )
-from streams.replication.connection import (
+from streams.replication.protocol.connection import (
     CLOSED,
     NEED_DATA,
     PING_INTERVAL,

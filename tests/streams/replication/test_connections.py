@@ -1,8 +1,8 @@
 """The endpoint's operator bookkeeping (pure): line counts and disconnect reasons."""
-from streams.replication.commands import PingCommand, PositionCommand, RdataCommand
-from streams.replication.connections import EndpointCounters, disconnect_reason
-from streams.replication.line_batch import LineBatch, counts_of
-from streams.replication.streamer import build_lines
+from streams.replication.protocol.commands import PingCommand, PositionCommand, RdataCommand
+from streams.replication.endpoint.bookkeeping import EndpointCounters, disconnect_reason
+from streams.replication.protocol.line_batch import LineBatch, counts_of
+from streams.replication.publish.streamer import build_lines
 
 
 def test_batches_are_counted_by_their_counts():

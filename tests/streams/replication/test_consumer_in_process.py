@@ -10,12 +10,12 @@ import time
 import pytest
 from channels.testing import ApplicationCommunicator
 
-from streams.replication.consumer import ReplicationConsumer
-from streams.replication.endpoint import Endpoint
-from streams.replication.legacy import LegacyStreamer
-from streams.replication.line_batch import counts_of
-from streams.replication.relay import ReplicationRelay
-from streams.replication.streamer import build_lines
+from streams.replication.endpoint.consumer import ReplicationConsumer
+from streams.replication.endpoint.server import Endpoint
+from streams.replication.endpoint.legacy import LegacyStreamer
+from streams.replication.protocol.line_batch import counts_of
+from streams.replication.endpoint.relay import ReplicationRelay
+from streams.replication.publish.streamer import build_lines
 
 
 class Peer:

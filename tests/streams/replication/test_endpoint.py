@@ -15,7 +15,7 @@ import pytest
 
 from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
-from streams.replication.commands import PositionCommand, RdataCommand, parse_line
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
 from streams.runtime import StreamRuntime
 from testing.processes import wait_port
 from testing.services import free_port

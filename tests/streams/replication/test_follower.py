@@ -6,8 +6,8 @@ import logging
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.replication.commands import PositionCommand, RdataCommand
-from streams.replication.follower import (
+from streams.replication.protocol.commands import PositionCommand, RdataCommand
+from streams.replication.worker.follower import (
     RETRY_FIRST_DELAY,
     RETRY_MAX_DELAY,
     Advanced,
@@ -131,7 +131,7 @@ def test_own_echoes_are_ignored():
 
 def test_unknown_stream_is_logged_once_and_ignored(caplog):
     f = connected_follower(10)
-    with caplog.at_level(logging.INFO, logger="streams.replication.follower"):
+    with caplog.at_level(logging.INFO, logger="streams.replication.worker.follower"):
         assert f.on_position(position(1, 5, stream="presence")) == []
         assert f.on_position(position(5, 9, stream="presence")) == []
         assert f.on_rdata(rdata(10, ["@u", "online"], stream="presence")) == []

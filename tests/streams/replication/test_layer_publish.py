@@ -6,7 +6,7 @@ import asyncio
 from channels.layers import InMemoryChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
-from streams.replication.layer_publish import GroupPublisher
+from streams.replication.publish.layer_publish import GroupPublisher
 
 
 async def member_of(redis_url: str, group: str) -> tuple[RedisPubSubChannelLayer, str]:

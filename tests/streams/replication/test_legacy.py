@@ -1,4 +1,4 @@
-"""The legacy generation's history reads (streams/replication/legacy.py), without sockets:
+"""The legacy generation's history reads (streams/replication/endpoint/legacy.py), without sockets:
 pages merged across writers, and live lines kept while reading."""
 import random
 
@@ -7,9 +7,9 @@ import pytest
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.registry import get_stream
-from streams.replication import legacy
-from streams.replication.commands import LegacyRdataCommand
-from streams.replication.legacy import HistoryRead
+from streams.replication.endpoint import legacy
+from streams.replication.protocol.commands import LegacyRdataCommand
+from streams.replication.endpoint.legacy import HistoryRead
 from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,8 +4,8 @@ and they follow its POSITION, so the subscriber ends with every fact once."""
 from __future__ import annotations
 
 from streams.registry import STREAMS
-from streams.replication import legacy
-from streams.replication.commands import RdataCommand
+from streams.replication.endpoint import legacy
+from streams.replication.protocol.commands import RdataCommand
 from streams.updates import Updates
 
 

@@ -1,4 +1,4 @@
-"""Who may connect to the TCP endpoint, and how much (streams/replication/admission.py,
+"""Who may connect to the TCP endpoint, and how much (streams/replication/endpoint/admission.py,
 ratelimit.py, tcp.py back-pressure): ``runreplication`` as a real process on a real socket."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from streams.conf import stream_writers
 from streams.models import Receipt
-from streams.replication import tcp
+from streams.replication.endpoint import tcp
 from streams.runtime import StreamRuntime
 from testing.line_workers import LineWorkers
 from testing.services import free_port
@@ -187,8 +187,8 @@ def test_tls_endpoint_and_verifying_worker(pg_url, tmp_path):
     import asyncio
     import ssl
 
-    from streams.replication.tls import client_context
-    from streams.replication.worker import ReplicationWorker
+    from streams.replication.endpoint.tls import client_context
+    from streams.replication.worker.client import ReplicationWorker
 
     cert, key = self_signed(tmp_path, "endpoint")
     other_cert, _ = self_signed(tmp_path, "other")
@@ -232,7 +232,7 @@ def test_tls_endpoint_and_verifying_worker(pg_url, tmp_path):
 def test_worker_tls_settings(settings):
     import ssl
 
-    from streams.replication.tls import client_context_from_settings
+    from streams.replication.endpoint.tls import client_context_from_settings
 
     assert client_context_from_settings() is None  # default: plain TCP on loopback
     settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_TLS": True}

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from streams.registry import STREAMS
-from streams.replication.commands import PositionCommand, RdataCommand, parse_line
-from streams.replication.local_scan import SCAN_PAGE_TOKENS, ScanState, safe_bounds
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
+from streams.replication.endpoint.local_scan import SCAN_PAGE_TOKENS, ScanState, safe_bounds
 
 
 def test_safe_bound_stops_below_the_lowest_live_reservation():
@@ -50,7 +50,7 @@ def test_relay_sends_rows_of_two_writers_sharing_a_name_without_a_gap():
     still reserved."""
     from streams.conf import stream_writers
     from streams.models import Receipt
-    from streams.replication.relay import ReplicationRelay
+    from streams.replication.endpoint.relay import ReplicationRelay
     from streams.runtime import StreamRuntime
 
     rng = random.Random(3)
@@ -93,7 +93,7 @@ def test_relay_sends_rows_of_two_writers_sharing_a_name_without_a_gap():
 
 
 def test_scan_mode_relays_in_memory_streams_and_only_wakes_for_database_ones():
-    from streams.replication.relay import ReplicationRelay
+    from streams.replication.endpoint.relay import ReplicationRelay
 
     relay = ReplicationRelay(local_scan=True)
     got: list[bytes] = []
@@ -120,7 +120,7 @@ def test_start_up_positions_keep_events_and_backfill_apart():
     start-up token is its last of the stream it wrote, in wire sign (both positive)."""
     from streams.conf import stream_writers
     from streams.models import Event
-    from streams.replication.local_scan import read_bounds, read_initial_writers
+    from streams.replication.endpoint.local_scan import read_bounds, read_initial_writers
     from streams.runtime import StreamRuntime
 
     rng = random.Random(5)

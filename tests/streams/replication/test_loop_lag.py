@@ -5,7 +5,7 @@ import asyncio
 import logging
 import time
 
-from streams.replication.loop_lag import LoopLag, watch_loop_lag
+from streams.replication.endpoint.loop_lag import LoopLag, watch_loop_lag
 
 
 def test_lags_under_the_threshold_say_nothing():
@@ -31,7 +31,7 @@ def test_a_blocked_loop_is_logged(caplog):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    with caplog.at_level(logging.WARNING, logger="streams.replication.loop_lag"):
+    with caplog.at_level(logging.WARNING, logger="streams.replication.endpoint.loop_lag"):
         asyncio.run(run())
     assert any("event loop ran late" in r.getMessage() for r in caplog.records)
 
@@ -39,7 +39,7 @@ def test_a_blocked_loop_is_logged(caplog):
 def test_garbage_collector_pauses_are_measured():
     import gc
 
-    from streams.replication.loop_lag import GcPauses
+    from streams.replication.endpoint.loop_lag import GcPauses
 
     pauses = GcPauses()
     gc.callbacks.append(pauses)

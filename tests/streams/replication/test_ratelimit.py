@@ -1,10 +1,10 @@
-"""The token bucket behind the inbound command rate limit (streams/replication/ratelimit.py)."""
+"""The token bucket behind the inbound command rate limit (streams/replication/endpoint/ratelimit.py)."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.replication.commands import parse_line
-from streams.replication.ratelimit import HISTORY_REQUEST_COST, TokenBucket, command_cost
+from streams.replication.protocol.commands import parse_line
+from streams.replication.endpoint.ratelimit import HISTORY_REQUEST_COST, TokenBucket, command_cost
 
 
 def test_burst_then_rate():

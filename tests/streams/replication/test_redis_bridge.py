@@ -11,7 +11,7 @@ import redis
 
 from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
-from streams.replication.commands import PositionCommand, parse_line
+from streams.replication.protocol.commands import PositionCommand, parse_line
 from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,8 +132,8 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
     went out: Redis restarts make both need a fresh connection at the same moment."""
     import asyncio
 
-    from streams.replication.commands import RdataCommand
-    from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.protocol.commands import RdataCommand
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
     server_name = f"race{random.getrandbits(32):x}.example"
     upto = {("events", "w1"): 0}
@@ -179,8 +179,8 @@ def test_bridge_notices_a_redis_restart_and_announces_again(redis_server):
     writer's position again. After a restart it announces (unasked) and answers again."""
     import asyncio
 
-    from streams.replication.redis import SynapseRedisBridge
-    from streams.replication.resp import RespConnection, parse_messages
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
+    from streams.replication.protocol.resp import RespConnection, parse_messages
 
     server_name = f"restart{random.getrandbits(32):x}.example"
     announced = []
@@ -228,8 +228,8 @@ def test_settle_waits_until_dropped_lines_are_announced(redis_server):
     to drop, or subscribers that missed them would have nobody to tell them."""
     import asyncio
 
-    from streams.replication.commands import RdataCommand
-    from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.protocol.commands import RdataCommand
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
     server_name = f"settle{random.getrandbits(32):x}.example"
     upto = {("events", "w1"): 0}
@@ -258,8 +258,8 @@ def test_endpoint_bridge_volunteers_changed_positions(redis_server):
     REPLICATE came before a writer went still still learns where the writer stopped."""
     import asyncio
 
-    from streams.replication.redis import SynapseRedisBridge
-    from streams.replication.resp import RespConnection, parse_messages
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
+    from streams.replication.protocol.resp import RespConnection, parse_messages
 
     server_name = f"volunteer{random.getrandbits(32):x}.example"
     settled = {("events", "w0"): 3}

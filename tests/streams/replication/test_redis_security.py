@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from streams.replication.commands import RdataCommand, parse_line
+from streams.replication.protocol.commands import RdataCommand, parse_line
 from tests.streams.replication.test_limits import running_endpoint, self_signed
 from tests.streams.replication.test_endpoint import SERVER_NAME, handshake
 
@@ -51,7 +51,7 @@ def test_synapse_channel_bridge_with_a_password(redis_server_with_password):
     subscription and its PUBLISHes."""
     import asyncio
 
-    from streams.replication.redis import SynapseRedisBridge
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
     url, channel = redis_server_with_password.url, "pw.example"
     subscriber = redis.Redis.from_url(url).pubsub()

@@ -1,4 +1,4 @@
-"""The shared Redis subscription core (streams/replication/redis_session.py): its decisions,
+"""The shared Redis subscription core (streams/replication/protocol/redis_session.py): its decisions,
 in process with a fake clock, and the adapter against a real Redis."""
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
-from streams.replication.redis_session import (
+from streams.replication.protocol.redis_session import (
     Due,
     Phase,
     RedisSubscription,
     SubscriptionMachine,
     SubscriptionPolicy,
 )
-from streams.replication.resp import RespConnection, parse_messages
+from streams.replication.protocol.resp import RespConnection, parse_messages
 
 POLICY = SubscriptionPolicy(ping_interval=5, silence_timeout=15, confirm_timeout=10,
                             first_delay=0.25, max_delay=5, jitter=0.1)

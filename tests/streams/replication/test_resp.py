@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import redis
 
-from streams.replication.resp import (
+from streams.replication.protocol.resp import (
     LineSniffer,
     RespConnection,
     RespError,

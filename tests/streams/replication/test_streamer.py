@@ -2,9 +2,9 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.replication.commands import PositionCommand, RdataCommand, parse_line
-from streams.replication.line_batch import counts_of
-from streams.replication.streamer import build_counts, build_lines
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
+from streams.replication.protocol.line_batch import counts_of
+from streams.replication.publish.streamer import build_counts, build_lines
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -50,7 +50,7 @@ def test_multi_row_fact_and_trailing_position():
 
 
 def _batch(stream, writer, prev, new, lines, packed=True):
-    from streams.replication.streamer import _Batch
+    from streams.replication.publish.streamer import _Batch
 
     data = b"".join(line + b"\n" for line in lines)
     message = {"type": "replication.lines", "stream": stream, "writer": writer, "prev": prev, "new": new,
@@ -60,7 +60,7 @@ def _batch(stream, writer, prev, new, lines, packed=True):
 
 def test_coalesce_merges_consecutive_batches_of_one_writer_only():
     """A loop that fell behind publishes fewer messages, with the same lines in the same order."""
-    from streams.replication.streamer import _coalesce
+    from streams.replication.publish.streamer import _coalesce
 
     a = _batch("events", "w1", 1, 2, [b"RDATA events w1 2 [1]"])
     b = _batch("events", "w1", 2, 4, [b"RDATA events w1 3 [2]", b"POSITION events w1 3 4"])

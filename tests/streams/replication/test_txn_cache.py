@@ -1,5 +1,5 @@
-"""TxnResponseCache: answers kept by transaction ID (streams/replication/txn_cache.py)."""
-from streams.replication.txn_cache import TxnResponseCache
+"""TxnResponseCache: answers kept by transaction ID (streams/replication/http/txn_cache.py)."""
+from streams.replication.http.txn_cache import TxnResponseCache
 
 
 class Clock:

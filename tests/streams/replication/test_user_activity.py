@@ -1,5 +1,5 @@
 """What endpoints do with USER_IP, USER_SYNC/CLEAR_USER_SYNC, REMOTE_SERVER_UP and
-LOCK_RELEASED (streams/replication/user_activity.py, broadcast.py): the pure bookkeeping,
+LOCK_RELEASED (streams/replication/endpoint/user_activity.py, broadcast.py): the pure bookkeeping,
 the user_ips upsert on both databases, and two real endpoint processes on Redis."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from streams.models import UserIp
-from streams.replication.commands import ClearUserSyncCommand, UserIpCommand, UserSyncCommand, parse_line
-from streams.replication.user_activity import (
+from streams.replication.protocol.commands import ClearUserSyncCommand, UserIpCommand, UserSyncCommand, parse_line
+from streams.replication.endpoint.user_activity import (
     SyncingUsers, UserIpBatch, UserIpRecorder, syncing_by_user, write_user_ips,
 )
 from testing.processes import wait_port
@@ -267,8 +267,8 @@ def test_a_redis_workers_cluster_commands_reach_each_tcp_worker_once(two_endpoin
     """REMOTE_SERVER_UP / LOCK_RELEASED published on Redis by a Redis-following worker reach
     the TCP workers of every endpoint, each exactly once (every endpoint hears Redis and
     hands it to its own connections only)."""
-    from streams.replication.commands import LockReleasedCommand, RemoteServerUpCommand
-    from streams.replication.worker import RedisReplicationWorker
+    from streams.replication.protocol.commands import LockReleasedCommand, RemoteServerUpCommand
+    from streams.replication.worker.client import RedisReplicationWorker
 
     a_port, b_port = two_endpoints
     tcp_workers = [worker(a_port, "w-a1"), worker(a_port, "w-a2"), worker(b_port, "w-b")]
@@ -421,8 +421,8 @@ def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
 def test_federation_acks_kept_bounded_for_operators():
     from types import SimpleNamespace
 
-    from streams.replication.commands import FederationAckCommand
-    from streams.replication.endpoint import MAX_FEDERATION_ACKS, Endpoint
+    from streams.replication.protocol.commands import FederationAckCommand
+    from streams.replication.endpoint.server import MAX_FEDERATION_ACKS, Endpoint
 
     endpoint = Endpoint(server_name="hs", relay=None)
     info = SimpleNamespace(federation_acks={})

@@ -1,8 +1,8 @@
-"""What the endpoint accepts from a peer beyond the grammar (streams/replication/validation.py)."""
+"""What the endpoint accepts from a peer beyond the grammar (streams/replication/endpoint/validation.py)."""
 import pytest
 
-from streams.replication.commands import RemoteProtocolError, UserIpCommand, parse_line
-from streams.replication.validation import (
+from streams.replication.protocol.commands import RemoteProtocolError, UserIpCommand, parse_line
+from streams.replication.endpoint.validation import (
     MAX_USER_AGENT_LENGTH,
     check_inbound,
     text_problem,

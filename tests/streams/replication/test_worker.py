@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from django.core.cache import caches
 
-from streams.replication import worker as worker_module
-from streams.replication.worker import DjangoCacheInvalidator, ReplicationWorker, parse_instance_map
+from streams.replication.worker import client as worker_module
+from streams.replication.worker.client import DjangoCacheInvalidator, ReplicationWorker, parse_instance_map
 from testing.processes import jsonl_records
 
 SERVER_NAME = "test.hs"
@@ -503,7 +503,7 @@ def test_caches_rows_invalidate_the_django_cache(catchup):
 
 
 def test_slow_callback_does_not_stop_pings_or_other_streams(catchup, monkeypatch):
-    monkeypatch.setattr("streams.replication.connection.PING_INTERVAL", 0.2)
+    monkeypatch.setattr("streams.replication.protocol.connection.PING_INTERVAL", 0.2)
     monkeypatch.setattr(worker_module, "TICK", 0.05)
     delivered = []
 
@@ -533,7 +533,7 @@ def test_slow_callback_does_not_stop_pings_or_other_streams(catchup, monkeypatch
 
 
 def test_silent_server_times_out_and_is_reconnected(catchup, monkeypatch):
-    monkeypatch.setattr("streams.replication.connection.PING_TIMEOUT", 0.3)
+    monkeypatch.setattr("streams.replication.protocol.connection.PING_TIMEOUT", 0.3)
     monkeypatch.setattr(worker_module, "TICK", 0.05)
 
     async def scenario():

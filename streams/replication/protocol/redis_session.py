@@ -45,7 +45,7 @@ from typing import Awaitable, Callable, Sequence
 
 from synapse_repl.redaction import redact_url
 
-from .resp import RespConnection, RespError, pack_command
+from streams.replication.protocol.resp import RespConnection, RespError, pack_command
 
 logger = logging.getLogger(__name__)
 

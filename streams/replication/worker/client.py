@@ -58,8 +58,8 @@ from redis.asyncio.connection import parse_url as parse_redis_url
 
 from synapse_repl.redaction import redact_url
 
-from .auth import bearer_header
-from .commands import (
+from streams.replication.http.auth import bearer_header
+from streams.replication.protocol.commands import (
     Command,
     ErrorCommand,
     NameCommand,
@@ -71,11 +71,11 @@ from .commands import (
     ServerCommand,
     parse_line,
 )
-from .connection import CLOSED, ReplicationConnection
-from .follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
-from .redis import redis_channel
-from .redis_session import RedisSubscription, SubscriptionPolicy
-from .resp import RespConnection, RespError, parse_messages
+from streams.replication.protocol.connection import CLOSED, ReplicationConnection
+from streams.replication.worker.follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
+from streams.replication.publish.redis_bridge import redis_channel
+from streams.replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
+from streams.replication.protocol.resp import RespConnection, RespError, parse_messages
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ class BaseReplicationWorker:
         if not name or any(c in name for c in "\r\n"):
             raise ValueError(f"invalid worker name {name!r}")
         if streams is None:
-            from ..registry import STREAMS
+            from streams.registry import STREAMS
 
             streams = list(STREAMS)
         self.name = name

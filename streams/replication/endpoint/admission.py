@@ -35,7 +35,7 @@ from typing import Any, Callable, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import repl_setting
+from streams.conf import repl_setting
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from .consumer import ReplicationConsumer
+from streams.replication.endpoint.consumer import ReplicationConsumer
 
 if TYPE_CHECKING:
-    from .endpoint import Endpoint
+    from streams.replication.endpoint.server import Endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +142,11 @@ async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractSer
     """Start listening; connections are served until the returned server is closed.
 
     Each socket is first admitted (allowed networks, connection caps) and upgraded to TLS if
-    configured: :mod:`streams.replication.admission`.
+    configured: :mod:`streams.replication.endpoint.admission`.
     """
-    from ..conf import repl_setting
-    from .admission import AdmissionProtocol, PeerPolicy
-    from .tls import server_context_from_settings
+    from streams.conf import repl_setting
+    from streams.replication.endpoint.admission import AdmissionProtocol, PeerPolicy
+    from streams.replication.endpoint.tls import server_context_from_settings
 
     app = ReplicationConsumer.as_asgi()
     policy, ssl_context = PeerPolicy.from_settings(), server_context_from_settings()

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from ..registry import STREAMS, StreamSpec
-from ..updates import get_updates_since
-from .commands import (
+from streams.registry import STREAMS, StreamSpec
+from streams.updates import get_updates_since
+from streams.replication.protocol.commands import (
     ErrorCommand,
     LegacyPositionCommand,
     LegacyRdataCommand,
@@ -42,12 +42,12 @@ from .commands import (
     batch_updates,
     parse_line,
 )
-from .line_batch import LineBatch
-from .ratelimit import HISTORY_PAGE_COST, TokenBucket
+from streams.replication.protocol.line_batch import LineBatch
+from streams.replication.endpoint.ratelimit import HISTORY_PAGE_COST, TokenBucket
 
 if TYPE_CHECKING:
-    from .consumer import ReplicationConsumer
-    from .endpoint import Endpoint
+    from streams.replication.endpoint.consumer import ReplicationConsumer
+    from streams.replication.endpoint.server import Endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class LegacyStreamer:
     counts them for operators and tests (``counters``)."""
 
     def __init__(self, endpoint: "Endpoint", *, using: str = "default", page_rate: float | None = None) -> None:
-        from ..conf import repl_setting
+        from streams.conf import repl_setting
 
         self.endpoint = endpoint
         self.using = using

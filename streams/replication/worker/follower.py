@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence, Union
 
-from .commands import PositionCommand, RdataCommand, group_updates
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, group_updates
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from django.conf import settings
 
-from ..conf import repl_setting
-from .connections import EndpointCounters, disconnect_reason, endpoint_started
-from .consumer import ConnectionInfo
-from .relay import ReplicationRelay
-from .user_activity import SyncingUsers, UserIpRecorder
+from streams.conf import repl_setting
+from streams.replication.endpoint.bookkeeping import EndpointCounters, disconnect_reason, endpoint_started
+from streams.replication.endpoint.consumer import ConnectionInfo
+from streams.replication.endpoint.relay import ReplicationRelay
+from streams.replication.endpoint.user_activity import SyncingUsers, UserIpRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,10 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     """Start the relay and listen. Writes made in this process reach the relay directly."""
     from asgiref.sync import sync_to_async
 
-    from ..runtime import runtime
-    from .broadcast import CommandBroadcast
-    from .legacy import LegacyStreamer
-    from .tcp import serve
+    from streams.runtime import runtime
+    from streams.replication.endpoint.broadcast import CommandBroadcast
+    from streams.replication.endpoint.legacy import LegacyStreamer
+    from streams.replication.endpoint.tcp import serve
 
     from django.db import connections
 
@@ -109,8 +109,8 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     else:
         # Answer REPLICATE on the Synapse channel for writers that have gone quiet, including
         # writers that have exited (write_facts) and so cannot answer themselves.
-        from .commands import PositionCommand
-        from .redis import SynapseRedisBridge
+        from streams.replication.protocol.commands import PositionCommand
+        from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
         endpoint.bridge = SynapseRedisBridge(
             settings.REDIS_URL, endpoint.server_name,
@@ -125,7 +125,7 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     endpoint.broadcast = CommandBroadcast(endpoint)
     await endpoint.broadcast.start()
     if endpoint.bridge is not None:
-        from .redis_user_ips import RedisUserIps
+        from streams.replication.endpoint.redis_user_ips import RedisUserIps
 
         endpoint.bridge.start()
         # USER_IP of Redis workers and Synapse's processes, by one endpoint of the cluster.

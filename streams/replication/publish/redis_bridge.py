@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Awaitable, Callable, Iterable
 
-from .commands import (
+from streams.replication.protocol.commands import (
     Command,
     LockReleasedCommand,
     PositionCommand,
@@ -36,8 +36,8 @@ from .commands import (
     ReplicateCommand,
     UserIpCommand,
 )
-from .redis_session import CONFIRM_TIMEOUT, RedisSubscription, SubscriptionPolicy
-from .resp import LineSniffer, RespConnection, RespError, pack_publish, pack_publish_to
+from streams.replication.protocol.redis_session import CONFIRM_TIMEOUT, RedisSubscription, SubscriptionPolicy
+from streams.replication.protocol.resp import LineSniffer, RespConnection, RespError, pack_publish, pack_publish_to
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import dataclasses
 import re
 from typing import Final
 
-from .commands import (
+from streams.replication.protocol.commands import (
     ClearUserSyncCommand,
     Command,
     ErrorCommand,

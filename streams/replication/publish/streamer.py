@@ -23,11 +23,11 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
-from ..notifier import PositionAdvanced, PositionNotifier
-from ..registry import get_stream
-from .commands import PositionCommand, RdataCommand, encode_json
-from .layer_publish import GroupPublisher
-from .line_batch import add_counts
+from streams.notifier import PositionAdvanced, PositionNotifier
+from streams.registry import get_stream
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, encode_json
+from streams.replication.publish.layer_publish import GroupPublisher
+from streams.replication.protocol.line_batch import add_counts
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class ReplicationStreamer:
         # channels-redis's group_send without redis-py's client per message (layer_publish.py)
         self._group_publisher = GroupPublisher.for_layer(layer, LINES_GROUP)
         if self._redis is not None:
-            from .redis import SynapseRedisBridge
+            from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
             url, server_name = self._redis
             self.bridge = SynapseRedisBridge(url, server_name, announce=self._announce)

@@ -24,9 +24,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..id_store import pid_alive
-from ..registry import STREAMS, StreamSpec
-from .commands import PositionCommand, RdataCommand, encode_json
+from streams.id_store import pid_alive
+from streams.registry import STREAMS, StreamSpec
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, encode_json
 
 #: Tokens read per query: bounds the work of one step, so the event loop stays responsive
 #: after a large write from another shell.
@@ -71,7 +71,7 @@ def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict
     its recorded position (``caches`` records none: any process may write it)."""
     from django.db.models import Max, Min
 
-    from ..models import StreamPosition
+    from streams.models import StreamPosition
 
     result: dict[tuple[str, str], int] = {}
     for name, bound in bounds.items():

@@ -2,7 +2,7 @@
 endpoint's connections, and repairs what it cannot relay. See docs/replication.md.
 
 Writers publish their RDATA/POSITION lines on the cluster group ``replication.lines`` (see
-:mod:`streams.replication.streamer`); each message covers ``(prev, new]`` of one (stream,
+:mod:`streams.replication.publish.streamer`); each message covers ``(prev, new]`` of one (stream,
 writer). The relay keeps, per (stream, writer), the last token it sent on, and
 
 * relays a message whose ``prev`` it has reached (lines at or below what a worker has are
@@ -15,7 +15,7 @@ writer). The relay keeps, per (stream, writer), the last token it sent on, and
 
 On the embedded default (SQLite, no Redis: ``local_scan=True``) it relays nothing of the
 database streams and repairs nothing: it reads every local writer's committed rows from the
-database and sends them as RDATA (:mod:`streams.replication.local_scan`); line batches of
+database and sends them as RDATA (:mod:`streams.replication.endpoint.local_scan`); line batches of
 this process only wake that scan.
 
 Lines reach the connections as one message per batch on this process's in-memory layer;
@@ -31,11 +31,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from ..registry import STREAMS
-from .commands import PositionCommand
-from .follower import RESETTABLE_STREAMS
-from .line_batch import add_counts, counts_of
-from .streamer import LINES_GROUP
+from streams.registry import STREAMS
+from streams.replication.protocol.commands import PositionCommand
+from streams.replication.worker.follower import RESETTABLE_STREAMS
+from streams.replication.protocol.line_batch import add_counts, counts_of
+from streams.replication.publish.streamer import LINES_GROUP
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class ReplicationRelay:
 
     def __init__(self, *, using: str = "default", poll_interval: float | None = None,
                  grace: float | None = None, local_scan: bool = False) -> None:
-        from ..conf import repl_setting
+        from streams.conf import repl_setting
 
         self.using = using
         #: Embedded default (SQLite, no Redis): every fact is read from the database and sent
@@ -77,7 +77,7 @@ class ReplicationRelay:
     async def start(self) -> None:
         listening = asyncio.Event()
         if self.local_scan:
-            from .local_scan import ScanState
+            from streams.replication.endpoint.local_scan import ScanState
 
             self.scan = ScanState()
             await sync_to_async(self._load_scan_state, thread_sensitive=False)()
@@ -95,7 +95,7 @@ class ReplicationRelay:
         await listening.wait()
 
     def _load_scan_state(self) -> None:
-        from .local_scan import read_bounds, read_initial_writers
+        from streams.replication.endpoint.local_scan import read_bounds, read_initial_writers
 
         bounds = read_bounds(self.using)
         self.scan.scanned.update(bounds)
@@ -106,8 +106,8 @@ class ReplicationRelay:
     def _load_positions(self) -> dict[tuple[str, str], int]:
         """Where every writer stands now: the relay sends from here on (earlier facts are the
         catch-up's job)."""
-        from ..models import StreamPosition
-        from ..runtime import runtime
+        from streams.models import StreamPosition
+        from streams.runtime import runtime
 
         rt = runtime()
         result: dict[tuple[str, str], int] = {}
@@ -192,7 +192,7 @@ class ReplicationRelay:
             await self._send_positions([(key, new)])
 
     async def _poll_loop(self) -> None:
-        from ..models import StreamPosition
+        from streams.models import StreamPosition
 
         def read() -> list[tuple[str, str, int]]:
             return list(StreamPosition.objects.using(self.using).values_list("stream_name", "instance_name", "stream_id"))
@@ -240,7 +240,7 @@ class ReplicationRelay:
                 logger.exception("relay: could not read new rows from the database")
 
     async def scan_once(self) -> None:
-        from .local_scan import read_bounds
+        from streams.replication.endpoint.local_scan import read_bounds
 
         bounds = await sync_to_async(read_bounds, thread_sensitive=False)(self.using)
         for stream, bound in sorted(bounds.items()):
@@ -255,7 +255,7 @@ class ReplicationRelay:
                     await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
-        from ..updates import get_all_writers_rows
+        from streams.updates import get_all_writers_rows
 
         return get_all_writers_rows(STREAMS[stream], lo, hi, using=self.using)
 

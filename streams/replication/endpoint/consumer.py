@@ -1,7 +1,7 @@
 """The server side of one replication connection, as a Channels consumer (scope type
 ``replication``). See docs/replication.md.
 
-The TCP adapter (:mod:`streams.replication.tcp`) turns socket events into
+The TCP adapter (:mod:`streams.replication.endpoint.tcp`) turns socket events into
 ``replication.connect`` / ``replication.receive`` / ``replication.disconnect``; the relay's
 line batches arrive as ``replication.lines`` group messages. Parsing, direction checks and
 keepalive decisions are :class:`ReplicationConnection`'s; this class only acts on them.
@@ -16,8 +16,8 @@ from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
 
-from ..conf import repl_setting
-from .commands import (
+from streams.conf import repl_setting
+from streams.replication.protocol.commands import (
     ClearUserSyncCommand,
     Command,
     ErrorCommand,
@@ -34,12 +34,12 @@ from .commands import (
     UserIpCommand,
     UserSyncCommand,
 )
-from .connection import CLOSED, NEED_DATA, ReplicationConnection
-from .legacy import to_legacy
-from .line_batch import LineBatch
-from .ratelimit import TokenBucket, command_cost
-from .relay import CONNECTIONS_GROUP, LOCAL_LAYER
-from .validation import check_inbound
+from streams.replication.protocol.connection import CLOSED, NEED_DATA, ReplicationConnection
+from streams.replication.endpoint.legacy import to_legacy
+from streams.replication.protocol.line_batch import LineBatch
+from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
+from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
+from streams.replication.endpoint.validation import check_inbound
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ReplicationConsumer(AsyncConsumer):
         self.conn = ReplicationConnection(
             "server", now=now, handshake_timeout=float(repl_setting("REPLICATION_HANDSHAKE_TIMEOUT")),
             line_timeout=float(repl_setting("REPLICATION_LINE_TIMEOUT")))
-        #: The admission ticket (streams.replication.admission): tells the caps whether this
+        #: The admission ticket (streams.replication.endpoint.admission): tells the caps whether this
         #: connection is still in its handshake, and so may be evicted for a newcomer.
         self.ticket = self.scope.get("admission")
         self.legacy_reads: dict[str, Any] = {}  # stream -> legacy.HistoryRead in flight

@@ -21,8 +21,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from ..typing import DEFAULT_TIMEOUT_MS, TypingRefused
-from .auth import replication_secret_required
+from streams.typing import DEFAULT_TIMEOUT_MS, TypingRefused
+from streams.replication.http.auth import replication_secret_required
 
 MAX_UPDATES = 1000
 MAX_ID_LENGTH = 255
@@ -66,8 +66,8 @@ def parse_updates(body: bytes) -> list[tuple[str, str, bool, int]]:
 @replication_secret_required
 @require_POST
 def set_typing(request: HttpRequest) -> JsonResponse:
-    from ..id_generator import NotAWriter
-    from ..runtime import runtime
+    from streams.id_generator import NotAWriter
+    from streams.runtime import runtime
 
     try:
         changes = parse_updates(request.body)
@@ -90,7 +90,7 @@ def send_typing(base_url: str, changes: list[dict[str, Any]], *, secret: str, ti
     import urllib.error
     import urllib.request
 
-    from .auth import bearer_header
+    from streams.replication.http.auth import bearer_header
 
     request = urllib.request.Request(
         base_url.rstrip("/") + "/_synapse/replication/typing",

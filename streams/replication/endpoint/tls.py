@@ -12,7 +12,7 @@ import ssl
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import repl_setting
+from streams.conf import repl_setting
 
 
 def server_context(cert: str, key: str) -> ssl.SSLContext:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .resp import RespConnection
+from streams.replication.protocol.resp import RespConnection
 
 REPLY_TIMEOUT = 10.0
 _PLAIN_HOST_KEYS = {"address", "protocol"}

@@ -8,13 +8,13 @@ users come and go, which the defaults (1000/s, bursts of 5000) leave plenty of r
 """
 from __future__ import annotations
 
-from .commands import Command, LegacyReplicateCommand, LockReleasedCommand, RemoteServerUpCommand
+from streams.replication.protocol.commands import Command, LegacyReplicateCommand, LockReleasedCommand, RemoteServerUpCommand
 
 #: What a legacy ``REPLICATE <stream> <token>`` costs when received: it asks for a read of the
 #: stream's history from ``token`` (the pages it reads are paid for again, see
 #: :data:`HISTORY_PAGE_COST`), so a burst of 5000 takes at most 50 of them.
 HISTORY_REQUEST_COST = 100
-#: What each page of such a read costs (:data:`streams.replication.legacy.PAGE_ROWS` rows): the
+#: What each page of such a read costs (:data:`streams.replication.endpoint.legacy.PAGE_ROWS` rows): the
 #: reader waits for the tokens, so a connection reads at most rate / cost pages a second
 #: (20 pages, 10,000 rows, with the default 1000/s) and is never disconnected for it.
 HISTORY_PAGE_COST = 50

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from django.dispatch import Signal
 
-from ..registry import STREAMS
+from streams.registry import STREAMS
 
 if TYPE_CHECKING:
-    from .consumer import ConnectionInfo
-    from .endpoint import Endpoint
-    from .user_activity import SyncingUsers
+    from streams.replication.endpoint.consumer import ConnectionInfo
+    from streams.replication.endpoint.server import Endpoint
+    from streams.replication.endpoint.user_activity import SyncingUsers
 
 #: Sent by ``start_endpoint`` once it listens: ``endpoint=Endpoint, host=str, port=int``.
 #: Receivers run on the endpoint's event loop (they may start tasks there).

@@ -6,7 +6,7 @@ the whole grammar: one frozen dataclass per command (its docstring shows the for
 example line), :func:`parse_line` for text from a peer, :func:`format_command` for text to a
 peer, the "who may send what" allow-lists, and the JSON and batching rules shared by all of
 them. It reads no clock and touches no socket; framing, direction checks and keepalive
-decisions live in :mod:`streams.replication.connection`.
+decisions live in :mod:`streams.replication.protocol.connection`.
 
 The rules are Synapse's (``synapse/replication/tcp/commands.py``, ``synapse/util/json.py``;
 ``shared/specs/replication.md`` §2-§3). One older protocol generation is supported as well

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final, NoReturn
 
-from .commands import (
+from streams.replication.protocol.commands import (
     MAX_LINE_LENGTH,
     VALID_CLIENT_COMMANDS,
     VALID_SERVER_COMMANDS,
@@ -33,7 +33,7 @@ from .commands import (
     format_command,
     parse_line,
 )
-from .line_batch import LineBatch
+from streams.replication.protocol.line_batch import LineBatch
 
 __all__ = [
     "NEED_DATA",

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..models.user_ips import MAX_ACCESS_TOKEN, MAX_DEVICE_ID, MAX_IP, MAX_USER_AGENT, MAX_USER_ID
+from streams.models.user_ips import MAX_ACCESS_TOKEN, MAX_DEVICE_ID, MAX_IP, MAX_USER_AGENT, MAX_USER_ID
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def write_user_ips(rows: Iterable[tuple[str, str, str, str, str | None, int]], u
     ``last_seen`` and its user agent and device. Returns the number of rows written."""
     from django.db import connections, transaction
 
-    from ..models import UserIp
+    from streams.models import UserIp
 
     rows = list(rows)
     if not rows:

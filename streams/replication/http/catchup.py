@@ -23,13 +23,13 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from ..conf import instance_name as this_instance
-from ..conf import repl_setting
-from ..identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
-from ..registry import STREAMS
-from ..updates import TARGET_ROW_COUNT, get_updates_since
-from .auth import replication_secret_required
-from .txn_cache import TxnResponseCache
+from streams.conf import instance_name as this_instance
+from streams.conf import repl_setting
+from streams.identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
+from streams.registry import STREAMS
+from streams.updates import TARGET_ROW_COUNT, get_updates_since
+from streams.replication.http.auth import replication_secret_required
+from streams.replication.http.txn_cache import TxnResponseCache
 
 #: This process's answers by transaction ID (JSON bytes: never mutated once kept).
 RESPONSES = TxnResponseCache()
@@ -92,8 +92,8 @@ def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
         return _error(problem)
     if spec.name == "typing":
         # In memory, in its writer: this process must be it (Synapse asks the typing writer).
-        from ..id_generator import NotAWriter
-        from ..runtime import runtime
+        from streams.id_generator import NotAWriter
+        from streams.runtime import runtime
 
         try:
             result = runtime().typing().updates_since(from_token, upto_token, limit)

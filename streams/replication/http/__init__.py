@@ -1,0 +1,1 @@
+"""The /_synapse/replication/ HTTP endpoints: catch-up, their secret, typing."""

@@ -1,0 +1,1 @@
+"""The following side: the follower's pure rules and the worker clients (TCP, Redis) with their catch-up."""
