@@ -19,7 +19,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.dispatch import receiver
 
-from streams.replication.endpoint.bookkeeping import endpoint_snapshot, endpoint_started
+from streams.replication.endpoint.bookkeeping import endpoint_started
+from streams.replication.endpoint.server import endpoint_snapshot
 
 from .facts_history import minute_of, record_minute
 

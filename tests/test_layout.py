@@ -108,8 +108,6 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 KNOWN_CYCLES = [
     ["streams.admin", "streams.storage.admin_panels"],
     ["streams.jobs.definitions", "streams.jobs.runner"],
-    ["streams.replication.endpoint.bookkeeping", "streams.replication.endpoint.consumer", "streams.replication.endpoint.server",
-     "streams.replication.endpoint.legacy", "streams.replication.endpoint.tcp"],
     ["streams.storage", "streams.storage.persist"],
 ]
 

@@ -21,8 +21,6 @@ from django.dispatch import Signal
 from streams.registry import STREAMS
 
 if TYPE_CHECKING:
-    from streams.replication.endpoint.consumer import ConnectionInfo
-    from streams.replication.endpoint.server import Endpoint
     from streams.replication.endpoint.user_activity import SyncingUsers
 
 #: Sent by ``start_endpoint`` once it listens: ``endpoint=Endpoint, host=str, port=int``.
@@ -46,6 +44,26 @@ def disconnect_reason(text: str) -> str:
         if text.startswith(reason):
             return reason
     return text
+
+
+@dataclass
+class ConnectionInfo:
+    """What the endpoint knows about one connected worker (for operators)."""
+
+    channel_name: str
+    peer: str
+    connected_at: float
+    name: str = "anon"
+    last_ping_at: float | None = None
+    replicating: bool = False
+    legacy_streams: dict[str, str] = field(default_factory=dict)
+    federation_acks: dict[str, int] = field(default_factory=dict)
+    commands_in: int = 0
+    lines_out: int = 0
+    #: a USER_SYNC was refused by a cap (warned once per connection)
+    warned_syncing_cap: bool = False
+    #: the transport side (``pending_commands``: its outbound queue), for operators
+    outbound: Any = field(default=None, repr=False)
 
 
 @dataclass
@@ -119,46 +137,3 @@ def connection_snapshot(info: ConnectionInfo, syncing: SyncingUsers | None = Non
         "commands_in": info.commands_in,
         "lines_out": info.lines_out,
     }
-
-
-def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
-    """Everything operators see of one endpoint, as JSON-able data."""
-    return {
-        "server_name": endpoint.server_name,
-        "connections": sorted((connection_snapshot(i, endpoint.syncing) for i in list(endpoint.connections.values())),
-                              key=lambda c: (c["connected_at"], c["peer"])),
-        "recent_disconnects": [
-            {"at": at, "name": name, "peer": peer, "reason": disconnect_reason(reason), "detail": reason}
-            for at, name, peer, reason in reversed(endpoint.recent_disconnects)
-        ],
-        "counters": endpoint.counters.as_dict(),
-        # USER_IP: received, written to user_ips, upsert statements, refused, waiting
-        "user_ips": endpoint.user_ips.counters(),
-        # REMOTE_SERVER_UP / LOCK_RELEASED: from this endpoint's workers, from the other
-        # endpoints (channel layer), heard on Redis (and refused), our own echoes dropped
-        "cluster_commands": cluster_commands(endpoint),
-        # USER_IP published on Redis: whether this endpoint holds the recording lease, heard
-        "user_ips_from_redis": (endpoint.redis_user_ips.counters()
-                                if getattr(endpoint, "redis_user_ips", None) is not None else None),
-        "user_syncs": {"total": endpoint.syncing.total, "refused": endpoint.syncing.refused},
-        "history_reads": history_reads(endpoint),
-    }
-
-
-def cluster_commands(endpoint: Endpoint) -> dict[str, int]:
-    broadcast, bridge = getattr(endpoint, "broadcast", None), getattr(endpoint, "bridge", None)
-    counts = {name: getattr(broadcast, name, 0)
-              for name in ("from_workers", "from_endpoints", "from_redis", "refused_from_redis")}
-    counts["own_echoes"] = getattr(bridge, "own_echoes", 0)
-    return counts
-
-
-def history_reads(endpoint: Endpoint) -> dict[str, int]:
-    """The legacy REPLICATE history reads (started, replaced, cancelled, completed, pages, rows,
-    restarted; ``active`` now and ``most_active`` at once) and the peer state held."""
-    legacy = getattr(endpoint, "legacy", None)
-    out: dict[str, int] = {}
-    if legacy is not None:
-        out.update(legacy.counters)
-        out["active"], out["most_active"] = legacy.active, legacy.most_active
-    return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
@@ -35,6 +34,7 @@ from streams.replication.protocol.commands import (
     UserSyncCommand,
 )
 from streams.replication.protocol.connection import CLOSED, NEED_DATA, ReplicationConnection
+from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.protocol.line_batch import LineBatch
 from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
@@ -47,26 +47,6 @@ logger = logging.getLogger(__name__)
 TICK_SECONDS = 1.0
 #: How much of a peer's ERROR text is logged.
 MAX_LOGGED_ERROR = 200
-
-
-@dataclass
-class ConnectionInfo:
-    """What the endpoint knows about one connected worker (for operators)."""
-
-    channel_name: str
-    peer: str
-    connected_at: float
-    name: str = "anon"
-    last_ping_at: float | None = None
-    replicating: bool = False
-    legacy_streams: dict[str, str] = field(default_factory=dict)
-    federation_acks: dict[str, int] = field(default_factory=dict)
-    commands_in: int = 0
-    lines_out: int = 0
-    #: a USER_SYNC was refused by a cap (warned once per connection)
-    warned_syncing_cap: bool = False
-    #: the transport side (``pending_commands``: its outbound queue), for operators
-    outbound: Any = field(default=None, repr=False)
 
 
 class ReplicationConsumer(AsyncConsumer):
@@ -102,7 +82,7 @@ class ReplicationConsumer(AsyncConsumer):
         self.expected_seq: int | None = None
         await self.channel_layer.group_add(CONNECTIONS_GROUP, self.channel_name)
         self.endpoint.relay.attach(self.channel_name, self.replication_lines)
-        await self._send([ServerCommand(self.endpoint.server_name), PingCommand(str(int(now * 1000)))])
+        await self.send_commands([ServerCommand(self.endpoint.server_name), PingCommand(str(int(now * 1000)))])
         self.ticker = asyncio.create_task(self._tick())
 
     async def replication_receive(self, event: dict[str, Any]) -> None:
@@ -118,13 +98,13 @@ class ReplicationConsumer(AsyncConsumer):
                 cmd = check_inbound(cmd)
             except RemoteProtocolError as e:
                 logger.warning("replication %s (%s): %s", self.info.name, self.info.peer, e.error_text)
-                await self._error_and_close(e.error_text, reason="bad line")
+                await self.error_and_close(e.error_text, reason="bad line")
                 return
             if not self.bucket.take(time.monotonic(), command_cost(cmd)):
                 self.rate_exceeded = True
                 logger.warning("replication %s (%s): more than %s commands/s, disconnecting",
                                self.info.name, self.info.peer, self.bucket.rate)
-                await self._error_and_close("Too many commands", reason="command rate exceeded")
+                await self.error_and_close("Too many commands", reason="command rate exceeded")
                 return
             self.info.commands_in += 1
             await self._handle(cmd, now)
@@ -152,7 +132,7 @@ class ReplicationConsumer(AsyncConsumer):
             self.info.name = cmd.data
         elif isinstance(cmd, ReplicateCommand):
             self.info.replicating = True
-            await self._send([
+            await self.send_commands([
                 PositionCommand(stream, writer, token, token)
                 for (stream, writer), token in sorted(self.endpoint.relay.positions().items())
             ])
@@ -185,7 +165,7 @@ class ReplicationConsumer(AsyncConsumer):
         if self.expected_seq is not None and seq != self.expected_seq:
             # A batch never reached us (the local layer dropped it): this worker would miss
             # facts. Close; it catches up on reconnect.
-            await self._error_and_close("Failed to keep up", reason="failed to keep up")
+            await self.error_and_close("Failed to keep up", reason="failed to keep up")
             return
         self.expected_seq = seq + 1
         data = event["data"]
@@ -203,7 +183,7 @@ class ReplicationConsumer(AsyncConsumer):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    async def _send(self, cmds: list[Command]) -> None:
+    async def send_commands(self, cmds: list[Command]) -> None:
         if cmds:
             data = self.conn.send_many(cmds, time.time())
             self.info.lines_out += len(cmds)
@@ -238,9 +218,9 @@ class ReplicationConsumer(AsyncConsumer):
             self.endpoint.counters.throttled += 1
             await asyncio.sleep(bucket.wait_time(time.monotonic(), cost, keep))
 
-    async def _error_and_close(self, text: str, *, reason: str) -> None:
+    async def error_and_close(self, text: str, *, reason: str) -> None:
         try:
-            await self._send([ErrorCommand(text)])
+            await self.send_commands([ErrorCommand(text)])
         finally:
             self.endpoint.close_reason[self.channel_name] = reason
             await self.send({"type": "replication.close"})
@@ -250,13 +230,13 @@ class ReplicationConsumer(AsyncConsumer):
             await asyncio.sleep(TICK_SECONDS)
             now = time.time()
             if self.conn.timed_out(now):
-                await self._error_and_close("ping timeout", reason="ping timeout")
+                await self.error_and_close("ping timeout", reason="ping timeout")
                 return
             if self.conn.handshake_overdue(now):
-                await self._error_and_close("handshake timeout", reason="handshake timeout")
+                await self.error_and_close("handshake timeout", reason="handshake timeout")
                 return
             if self.conn.line_overdue(now):
-                await self._error_and_close("line timeout", reason="line timeout")
+                await self.error_and_close("line timeout", reason="line timeout")
                 return
             if self.conn.ping_due(now):
-                await self._send([PingCommand(str(int(now * 1000)))])
+                await self.send_commands([PingCommand(str(int(now * 1000)))])

@@ -26,7 +26,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 from asgiref.sync import sync_to_async
 
@@ -42,12 +42,23 @@ from streams.replication.protocol.commands import (
     batch_updates,
     parse_line,
 )
-from streams.replication.protocol.line_batch import LineBatch
+from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.endpoint.ratelimit import HISTORY_PAGE_COST, TokenBucket
+from streams.replication.protocol.commands import Command
+from streams.replication.protocol.line_batch import LineBatch
 
-if TYPE_CHECKING:
-    from streams.replication.endpoint.consumer import ReplicationConsumer
-    from streams.replication.endpoint.server import Endpoint
+
+class Subscriber(Protocol):
+    """A connection as a legacy subscription uses it (the endpoint's consumer)."""
+
+    info: ConnectionInfo
+    legacy_reads: dict[str, Any]  #: stream -> its HistoryRead in flight
+
+    async def send_commands(self, cmds: list[Command]) -> None: ...
+    async def send_lines(self, batch: LineBatch) -> None: ...
+    async def writable(self) -> None: ...
+    async def pay(self, cost: int) -> None: ...
+    async def error_and_close(self, text: str, *, reason: str) -> None: ...
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +152,12 @@ class LegacyStreamer:
     """The endpoint's legacy subscriptions: starts, replaces and cancels history reads, and
     counts them for operators and tests (``counters``)."""
 
-    def __init__(self, endpoint: "Endpoint", *, using: str = "default", page_rate: float | None = None) -> None:
+    def __init__(self, positions: Callable[[], dict[tuple[str, str], int]], *, using: str = "default",
+                 page_rate: float | None = None) -> None:
         from streams.conf import repl_setting
 
-        self.endpoint = endpoint
+        #: where every (stream, writer) stands now: a read goes up to there (the relay's positions)
+        self.positions = positions
         self.using = using
         rate = float(repl_setting("REPLICATION_HISTORY_PAGE_RATE")) if page_rate is None else page_rate
         #: Pages of the whole endpoint: the CPU all history reads together may take, whatever
@@ -164,16 +177,16 @@ class LegacyStreamer:
             self._slots = asyncio.Semaphore(1)
         return self._slots
 
-    async def subscribe(self, consumer: "ReplicationConsumer", cmd: LegacyReplicateCommand) -> None:
+    async def subscribe(self, consumer: Subscriber, cmd: LegacyReplicateCommand) -> None:
         names = [n for n, s in STREAMS.items() if s.db_backed] if cmd.stream_name == "ALL" else [cmd.stream_name]
         spec = STREAMS.get(cmd.stream_name)
         if cmd.stream_name != "ALL" and (spec is None or not spec.db_backed):
             shown = cmd.stream_name if len(cmd.stream_name) <= 40 else cmd.stream_name[:40] + "..."
-            await consumer._send([ErrorCommand(f"unknown stream: {shown!r}")])
+            await consumer.send_commands([ErrorCommand(f"unknown stream: {shown!r}")])
             return
         # No await from here to the end of the loop: a batch the relay sends after this
         # snapshot of positions reaches either the live subscription or the read's buffer.
-        positions = self.endpoint.relay.positions()
+        positions = self.positions()
         out = []
         for name in names:
             writers = {w: t for (s, w), t in positions.items() if s == name}
@@ -189,9 +202,9 @@ class LegacyStreamer:
                 consumer.legacy_reads[name] = read
                 read.task = asyncio.create_task(self._run(consumer, read), name=f"legacy-{name}")
                 self.counters["started"] += 1
-        await consumer._send(out)
+        await consumer.send_commands(out)
 
-    def stop(self, consumer: "ReplicationConsumer", name: str) -> bool:
+    def stop(self, consumer: Subscriber, name: str) -> bool:
         """Cancel ``consumer``'s read of ``name``, if any (True if there was one)."""
         read = consumer.legacy_reads.pop(name, None)
         if read is None:
@@ -200,13 +213,13 @@ class LegacyStreamer:
             read.task.cancel()
         return True
 
-    def stop_all(self, consumer: "ReplicationConsumer") -> None:
+    def stop_all(self, consumer: Subscriber) -> None:
         """The connection went: its reads end with it."""
         for name in list(consumer.legacy_reads):
             if self.stop(consumer, name):
                 self.counters["cancelled"] += 1
 
-    async def _run(self, consumer: "ReplicationConsumer", read: HistoryRead) -> None:
+    async def _run(self, consumer: Subscriber, read: HistoryRead) -> None:
         spec = STREAMS[read.name]
         self.active += 1
         self.most_active = max(self.most_active, self.active)
@@ -227,7 +240,7 @@ class LegacyStreamer:
                     break
                 # More arrived meanwhile than we keep: read on to where the writers are now.
                 self.counters["restarted"] += 1
-                read.extend({w: t for (s, w), t in self.endpoint.relay.positions().items() if s == read.name})
+                read.extend({w: t for (s, w), t in self.positions().items() if s == read.name})
             # Caught up: the position, the lines that arrived meanwhile, then live (no await
             # between taking the buffer and going live).
             if consumer.legacy_reads.get(read.name) is not read:
@@ -241,7 +254,7 @@ class LegacyStreamer:
         except Exception:
             self.counters["failed"] += 1
             logger.exception("legacy history read of %s failed", read.name)
-            await consumer._error_and_close("Internal error reading history", reason="history read failed")
+            await consumer.error_and_close("Internal error reading history", reason="history read failed")
         finally:
             self.active -= 1
 

@@ -12,8 +12,9 @@ from typing import Any
 from django.conf import settings
 
 from streams.conf import repl_setting
-from streams.replication.endpoint.bookkeeping import EndpointCounters, disconnect_reason, endpoint_started
-from streams.replication.endpoint.consumer import ConnectionInfo
+from streams.replication.endpoint.bookkeeping import (
+    ConnectionInfo, EndpointCounters, connection_snapshot, disconnect_reason, endpoint_started,
+)
 from streams.replication.endpoint.relay import ReplicationRelay
 from streams.replication.endpoint.user_activity import SyncingUsers, UserIpRecorder
 
@@ -89,6 +90,7 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     from streams.runtime import runtime
     from streams.replication.endpoint.broadcast import CommandBroadcast
     from streams.replication.endpoint.legacy import LegacyStreamer
+    from streams.replication.endpoint.consumer import ReplicationConsumer
     from streams.replication.endpoint.tcp import serve
 
     from django.db import connections
@@ -98,7 +100,7 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     relay = ReplicationRelay(using=using, local_scan=local_scan)
     await relay.start()
     endpoint = Endpoint(server_name=repl_setting("SERVER_NAME"), relay=relay)
-    endpoint.legacy = LegacyStreamer(endpoint, using=using)
+    endpoint.legacy = LegacyStreamer(relay.positions, using=using)
     endpoint.user_ips = UserIpRecorder(interval=repl_setting("USER_IP_FLUSH_SECONDS"), using=using,
                                         max_pending=int(repl_setting("REPLICATION_MAX_USER_IPS")))
     endpoint.user_ips.start()
@@ -132,9 +134,52 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
         endpoint.redis_user_ips = RedisUserIps(settings.REDIS_URL, endpoint.server_name, endpoint.user_ips,
                                                lease_seconds=float(repl_setting("USER_IP_LEASE_SECONDS")))
         endpoint.redis_user_ips.start()
-    server = await serve(endpoint, host, port)
+    server = await serve(endpoint, host, port, ReplicationConsumer.as_asgi())
     # Operators' tools (the dashboard) publish the endpoint's connections from here.
     for receiver, error in endpoint_started.send_robust(Endpoint, endpoint=endpoint, host=host, port=port):
         if error is not None:
             logger.error("endpoint_started receiver %r failed: %r", receiver, error)
     return endpoint, server
+
+
+def endpoint_snapshot(endpoint: Endpoint) -> dict[str, Any]:
+    """Everything operators see of one endpoint, as JSON-able data."""
+    return {
+        "server_name": endpoint.server_name,
+        "connections": sorted((connection_snapshot(i, endpoint.syncing) for i in list(endpoint.connections.values())),
+                              key=lambda c: (c["connected_at"], c["peer"])),
+        "recent_disconnects": [
+            {"at": at, "name": name, "peer": peer, "reason": disconnect_reason(reason), "detail": reason}
+            for at, name, peer, reason in reversed(endpoint.recent_disconnects)
+        ],
+        "counters": endpoint.counters.as_dict(),
+        # USER_IP: received, written to user_ips, upsert statements, refused, waiting
+        "user_ips": endpoint.user_ips.counters(),
+        # REMOTE_SERVER_UP / LOCK_RELEASED: from this endpoint's workers, from the other
+        # endpoints (channel layer), heard on Redis (and refused), our own echoes dropped
+        "cluster_commands": cluster_commands(endpoint),
+        # USER_IP published on Redis: whether this endpoint holds the recording lease, heard
+        "user_ips_from_redis": (endpoint.redis_user_ips.counters()
+                                if getattr(endpoint, "redis_user_ips", None) is not None else None),
+        "user_syncs": {"total": endpoint.syncing.total, "refused": endpoint.syncing.refused},
+        "history_reads": history_reads(endpoint),
+    }
+
+
+def cluster_commands(endpoint: Endpoint) -> dict[str, int]:
+    broadcast, bridge = getattr(endpoint, "broadcast", None), getattr(endpoint, "bridge", None)
+    counts = {name: getattr(broadcast, name, 0)
+              for name in ("from_workers", "from_endpoints", "from_redis", "refused_from_redis")}
+    counts["own_echoes"] = getattr(bridge, "own_echoes", 0)
+    return counts
+
+
+def history_reads(endpoint: Endpoint) -> dict[str, int]:
+    """The legacy REPLICATE history reads (started, replaced, cancelled, completed, pages, rows,
+    restarted; ``active`` now and ``most_active`` at once) and the peer state held."""
+    legacy = getattr(endpoint, "legacy", None)
+    out: dict[str, int] = {}
+    if legacy is not None:
+        out.update(legacy.counters)
+        out["active"], out["most_active"] = legacy.active, legacy.most_active
+    return out

@@ -10,12 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, Any, Callable
-
-from streams.replication.endpoint.consumer import ReplicationConsumer
-
-if TYPE_CHECKING:
-    from streams.replication.endpoint.server import Endpoint
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +25,7 @@ ABORT_AFTER_SECONDS = 5.0
 
 
 class ReplicationServerProtocol(asyncio.Protocol):
-    def __init__(self, endpoint: Endpoint, app: Callable, max_pending: int = MAX_PENDING_COMMANDS,
+    def __init__(self, endpoint: Any, app: Callable, max_pending: int = MAX_PENDING_COMMANDS,
                  ticket: Any = None) -> None:
         self.endpoint = endpoint
         self.app = app
@@ -138,8 +133,10 @@ class ReplicationServerProtocol(asyncio.Protocol):
             self._drop(b"ERROR Too many connections\n", "evicted")
 
 
-async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractServer:
-    """Start listening; connections are served until the returned server is closed.
+async def serve(endpoint: Any, host: str, port: int, app: Callable) -> asyncio.AbstractServer:
+    """Start listening; connections are served until the returned server is closed. Each is
+    handed to ``app`` (the ASGI application: the endpoint's consumer) with ``endpoint``, the
+    endpoint's shared state, in its scope.
 
     Each socket is first admitted (allowed networks, connection caps) and upgraded to TLS if
     configured: :mod:`streams.replication.endpoint.admission`.
@@ -148,7 +145,6 @@ async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.AbstractSer
     from streams.replication.endpoint.admission import AdmissionProtocol, PeerPolicy
     from streams.replication.endpoint.tls import server_context_from_settings
 
-    app = ReplicationConsumer.as_asgi()
     policy, ssl_context = PeerPolicy.from_settings(), server_context_from_settings()
     max_pending = int(repl_setting("REPLICATION_MAX_PENDING_COMMANDS"))
     send_buffer = int(repl_setting("REPLICATION_SEND_BUFFER_BYTES"))

@@ -58,7 +58,7 @@ def endpoint():
     relay = ReplicationRelay(poll_interval=60)
     relay.last_sent.update({("receipts", "master"): 5, ("events", "w1"): 9})
     endpoint = Endpoint(server_name="test.example", relay=relay)
-    endpoint.legacy = LegacyStreamer(endpoint)
+    endpoint.legacy = LegacyStreamer(relay.positions)
     return endpoint
 
 
