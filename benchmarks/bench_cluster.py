@@ -744,11 +744,10 @@ def run_e2e(ctx, cluster: Cluster, env: dict, url: str, pids: dict, n: int, fact
 # -- report --------------------------------------------------------------------------------------
 
 def machine_info(pg_url: str, redis_url: str) -> list[str]:
-    from _machine import cpu_description, load_average, server_versions  # benchmarks/ is on sys.path
-
     import django
     import psycopg
     import redis
+    from _machine import cpu_description, load_average, server_versions  # benchmarks/ is on sys.path
 
     v = server_versions(pg_url, redis_url)
     load = load_average()

@@ -69,11 +69,11 @@ def run(args) -> None:
     from datetime import datetime, timezone
 
     from django.db import connection
+    from prometheus_client import generate_latest
 
     from dashboard.feed import collect_state
     from dashboard.metrics import REGISTRY
     from dashboard.models import EndpointStatus
-    from prometheus_client import generate_latest
     from streams.registry import STREAMS
     from streams.replication.endpoint.bookkeeping import EndpointCounters
     from streams.runtime import runtime

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import psycopg
-
     from _machine import load_average
+
     from testing.services import PostgresServer
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")

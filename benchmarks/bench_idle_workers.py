@@ -44,8 +44,8 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._machine import cpu_description, load_average, server_versions  # noqa: E402
 from benchmarks._setup import migrated_database  # noqa: E402
-from testing.line_workers import LineWorkers  # noqa: E402
 from testing.accounting import cpu_seconds, peak_rss_kib, rss_kib  # noqa: E402
+from testing.line_workers import LineWorkers  # noqa: E402
 from testing.processes import ProcessGroup  # noqa: E402
 from testing.services import free_port  # noqa: E402
 

@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     users = args.users or rooms * 2
 
     from _machine import cpu_description
+
     from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()

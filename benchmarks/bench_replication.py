@@ -618,13 +618,12 @@ def pct(values: list[float], p: float) -> float:
 # -- machine info ------------------------------------------------------------------------------
 
 def machine_info(pg_url: str, redis_url: str) -> list[str]:
-    from _machine import cpu_description, load_average, server_versions  # benchmarks/ is on sys.path
-
     import channels
     import channels_redis
     import django
     import psycopg
     import redis
+    from _machine import cpu_description, load_average, server_versions  # benchmarks/ is on sys.path
 
     v = server_versions(pg_url, redis_url)
     load = load_average()

@@ -96,7 +96,6 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"database: {connection.vendor}")
     print(f"dataset: {events:,} events, {rooms:,} rooms, {users:,} users, {batch} events per persist_events call")
     rt = runtime()
-    rng = random.Random(seed)
 
     # -- persist ------------------------------------------------------------------------------
     gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)

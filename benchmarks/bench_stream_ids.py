@@ -177,10 +177,9 @@ def run_case(kind: str, url: str, procs: int, per_txn: int, facts_per_proc: int,
 
 
 def machine_info(url: str) -> list[str]:
-    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
-
     import django
     import psycopg
+    from _machine import cpu_description  # benchmarks/ is on sys.path when run as a script
 
     with psycopg.connect(url, autocommit=True) as conn:
         version = conn.execute("SELECT version()").fetchone()[0]

@@ -45,8 +45,8 @@ import argparse
 import json
 import os
 import random
-import secrets
 import re
+import secrets
 import signal
 import socket
 import subprocess

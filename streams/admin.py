@@ -15,14 +15,22 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR
 from django.db.models import Q
 from django.http import HttpResponseBadRequest, QueryDict
-from django.utils.text import smart_split
 from django.utils.html import format_html, format_html_join
+from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
 
 from .identifiers import fits_stream_id
 from .models import (
-    AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, JobRun, Receipt,
-    StreamPosition, StreamReservation, UserIp,
+    AccountData,
+    CacheInvalidation,
+    CurrentStateDelta,
+    DeviceInbox,
+    Event,
+    JobRun,
+    Receipt,
+    StreamPosition,
+    StreamReservation,
+    UserIp,
 )
 
 #: Further panels on an event's admin page: ``(title, render(event) -> HTML)``; build the HTML

@@ -14,9 +14,8 @@ from .conf import instance_name as configured_instance_name
 from .conf import stream_writers
 from .id_generator import MultiWriterIdGenerator
 from .id_store import id_store_for, table_refs
-from .notifier import PositionNotifier
+from .notifier import PositionNotifier, WireJournal
 from .registry import STREAMS, get_stream
-from .notifier import WireJournal
 from .writer import StreamWriter
 
 

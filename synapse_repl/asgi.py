@@ -12,13 +12,14 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-
 from django.conf import settings  # noqa: E402
 
 from dashboard.origin import SameOriginValidator  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from synapse_repl.security import (  # noqa: E402
-    TrustedRootPath, require_replication_secret, require_strong_secrets,
+    TrustedRootPath,
+    require_replication_secret,
+    require_strong_secrets,
 )
 
 require_replication_secret()

@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from .schedules import beat_schedule, half_an_hour_later
 from .secret import load_or_create_secret_key
 from .security import celery_redis_ssl, replication_secret
-from .state_dir import secure_state_dir
 from .startup import database_url_problem, redis_url_problem
+from .state_dir import secure_state_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))

@@ -5,9 +5,9 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
 from dashboard.metrics import counting_catchups
-from synapse_repl import health
 from streams.replication.http.catchup import get_repl_stream_updates, without_txn_id
 from streams.replication.http.typing import set_typing
+from synapse_repl import health
 
 # A database that refuses connections answers 503 with the reason, wherever it failed.
 handler500 = "synapse_repl.errors.server_error"

@@ -12,13 +12,12 @@ import tempfile
 
 import pytest
 
-from testing.services import MissingBinary, PostgresServer, RedisServer
-
-
 # Property tests explore new examples on every developer run; under CI (CI=true) they are
 # derandomized, so a submission's run is reproducible and a failure there is one anyone can
 # replay (new counter-examples are found on developers' runs and pinned as @example).
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+from testing.services import MissingBinary, PostgresServer, RedisServer
 
 _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):

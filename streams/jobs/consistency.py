@@ -2,7 +2,8 @@
 ``DataFrame -> DataFrame`` comparisons, one row per difference."""
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 DIFFERENCE_SCHEMA = "room_id string, event_id string, user_id string, expected string, found string"
 

@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 
 from . import io
 from .consistency import ordering_differences
-from .runner import Outcome, SAMPLE_LIMIT, register
+from .runner import SAMPLE_LIMIT, Outcome, register
 from .topology import topological_ordering
 
 #: the event's own declared depth, read from the stored JSON by the database

@@ -268,7 +268,8 @@ class ChainIndex:
     def graph_facts(self, events: Mapping) -> Callable:
         """A ``graph_facts`` for ``state_res.resolve``: the auth difference from the index (a
         walk when an event has no position), the v2.1 conflicted subgraph by walking."""
-        from .state_res import auth_difference as walked_difference, conflicted_subgraph
+        from .state_res import auth_difference as walked_difference
+        from .state_res import conflicted_subgraph
 
         def facts(state_sets, conflicted_ids):
             sets = [set(s.values()) for s in state_sets]

@@ -11,8 +11,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from .auth import AuthFailed, MissingAuthEvent, auth_state_from, auth_types_for_event, \
-    check_against_auth_events, check_state_dependent
+from .auth import (
+    AuthFailed,
+    MissingAuthEvent,
+    auth_state_from,
+    auth_types_for_event,
+    check_against_auth_events,
+    check_state_dependent,
+)
 from .event_format import Event, parse_event, with_content_hash
 from .room_versions import RoomVersion
 from .state_res import resolve

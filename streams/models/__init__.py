@@ -6,9 +6,21 @@ from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
 from .jobs import JobRun
 from .positions import StreamPosition, StreamReservation, StreamSequence
 from .storage import (
-    BackwardExtremity, CurrentStateEvent, EventAuth, EventEdge, EventToStateGroup, ExOutlier, ForwardExtremity,
+    BackwardExtremity,
+    CurrentStateEvent,
+    EventAuth,
+    EventEdge,
+    EventToStateGroup,
+    ExOutlier,
+    ForwardExtremity,
     Redaction,
-    Rejection, Room, RoomMembership, StateGroup, StateGroupEdge, StateGroupState, VisibilityRange,
+    Rejection,
+    Room,
+    RoomMembership,
+    StateGroup,
+    StateGroupEdge,
+    StateGroupState,
+    VisibilityRange,
 )
 from .user_ips import UserIp
 

@@ -9,8 +9,7 @@ from django.utils.html import format_html, format_html_join
 
 from ..admin import event_detail_panel
 from ..models import Event
-from ..models.storage import (EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge,
-                              StateGroupState)
+from ..models.storage import EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge, StateGroupState
 
 
 def _event_link(event_id: str):

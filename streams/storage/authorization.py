@@ -14,11 +14,20 @@ import threading
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..matrix.auth import (AuthFailed, MissingAuthEvent, auth_state_from, auth_types_for_event,
-                           check_against_auth_events, check_state_dependent, redaction_takes_effect)
-from ..matrix.event_format import Event as MatrixEvent, parse_event as parse_pdu
+from ..matrix.auth import (
+    AuthFailed,
+    MissingAuthEvent,
+    auth_state_from,
+    auth_types_for_event,
+    check_against_auth_events,
+    check_state_dependent,
+    redaction_takes_effect,
+)
+from ..matrix.event_format import Event as MatrixEvent
+from ..matrix.event_format import parse_event as parse_pdu
 from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
-from ..matrix.state_res import UnsupportedStateRes, resolve as resolve_v2
+from ..matrix.state_res import UnsupportedStateRes
+from ..matrix.state_res import resolve as resolve_v2
 from .events import BadEvent, RoomInfo, StateKey, StateMap
 from .sql import array, in_array, store_cursor
 

@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from ..matrix.event_format import BadEventFormat, Event as MatrixEvent, content_hash_matches
+from ..matrix.event_format import BadEventFormat, content_hash_matches
+from ..matrix.event_format import Event as MatrixEvent
 from ..matrix.event_format import parse_event as parse_pdu
 from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 

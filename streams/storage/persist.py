@@ -22,19 +22,33 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..models import CurrentStateDelta, Event
-from .events import (
-    CREATE, HISTORY_VISIBILITY, MEMBER, BadEvent, IncomingEvent, ParsedEvent, RoomInfo, StateKey,
-    StateMap, parse_events,
-)
 from ..matrix.chain_cover import IndexEvent
+from ..models import CurrentStateDelta, Event
 from .authorization import MatrixEvents, RoomInfos, authorize, redaction_applies, resolve_state
 from .chain_cover import ChainEvent, index_events
+from .events import (
+    CREATE,
+    HISTORY_VISIBILITY,
+    MEMBER,
+    BadEvent,
+    IncomingEvent,
+    ParsedEvent,
+    RoomInfo,
+    StateKey,
+    StateMap,
+    parse_events,
+)
 from .redactions import mark_redacted
 from .sql import array, delete_rows, for_update, in_array, insert_rows, is_sqlite, pipeline, store_cursor
 from .state_groups import NewGroup, StateGroupStore, resolve
 from .visibility import (
-    ANYONE, SHARED_ERAS, RangeSet, grants, normalise_visibility, shared_era, visible_to_member,
+    ANYONE,
+    SHARED_ERAS,
+    RangeSet,
+    grants,
+    normalise_visibility,
+    shared_era,
+    visible_to_member,
 )
 
 Key = tuple[int, int]

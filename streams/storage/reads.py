@@ -20,7 +20,7 @@ from .change_cache import StreamChangeCache
 from .events import StateMap
 from .redactions import client_json
 from .sql import is_sqlite, json_list, store_cursor
-from .state_groups import StateGroupStore, _LRU
+from .state_groups import _LRU, StateGroupStore
 from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
@@ -435,7 +435,8 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 [user_id, since.stream, now])
             for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
-                                    "stream_ordering": stream, "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches_for(using)).json})
+                                    "stream_ordering": stream,
+                                    "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches_for(using)).json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
         changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}

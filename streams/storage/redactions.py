@@ -15,6 +15,7 @@ from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .events import CREATE
 from .sql import array, in_array
 
+
 def mark_redacted(cursor: Any, event_ids: Sequence[str]) -> None:
     """Set ``events.redacted`` on the targets (the one permitted change to an event row)."""
     if event_ids:

@@ -151,9 +151,10 @@ def test_positions_change_live_in_a_real_browser(service, tmp_path):
             # A part the service needs fails (here the database loses its stream_sequences
             # table): the banner turns red with the reason, and /health/ready says 503; back
             # when the table is.
-            import psycopg
             import urllib.error
             import urllib.request
+
+            import psycopg
 
             with psycopg.connect(env["DATABASE_URL"], autocommit=True) as db:
                 db.execute("ALTER TABLE stream_sequences RENAME TO stream_sequences_away")

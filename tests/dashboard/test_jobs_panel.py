@@ -1,7 +1,8 @@
 """The jobs panel: the beat schedule's next runs and durations, progress in the feed, cancel."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.utils import timezone

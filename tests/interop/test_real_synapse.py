@@ -145,7 +145,7 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"{self.name} ignored SIGTERM:\n{self.log_text()[-3000:]}")
+            raise AssertionError(f"{self.name} ignored SIGTERM:\n{self.log_text()[-3000:]}") from None
         assert status == 0, self.log_text()[-3000:]
 
 

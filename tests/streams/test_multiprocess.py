@@ -70,7 +70,8 @@ def test_four_writer_processes(pg_url):
     for p in procs:
         finish(p)
 
-    (total, distinct, lo, hi), = fetch("SELECT count(*), count(DISTINCT stream_id), min(stream_id), max(stream_id) FROM receipts_linearized")
+    (total, distinct, lo, hi), = fetch(
+        "SELECT count(*), count(DISTINCT stream_id), min(stream_id), max(stream_id) FROM receipts_linearized")
     assert total == distinct == 20_000
     per_writer = dict(fetch("SELECT instance_name, count(*) FROM receipts_linearized GROUP BY instance_name"))
     assert per_writer == {w: 5000 for w in batches}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import os
+import secrets
 import signal
 import time
 import urllib.request
@@ -117,7 +117,8 @@ def test_relay_passes_a_typing_writer_restart_on_as_a_position_below():
             return {"stream": stream, "writer": "tw", "prev": prev, "new": new,
                     "data": "".join(line + "\n" for line in lines).encode(), "count": len(lines)}
 
-        await relay.on_lines(batch("typing", 0, 2, 'RDATA typing tw 2 ["!r",["@a"]]'))  # first heard: where it starts, then the rows
+        # first heard: where it starts, then the rows
+        await relay.on_lines(batch("typing", 0, 2, 'RDATA typing tw 2 ["!r",["@a"]]'))
         await relay.on_lines(batch("typing", 2, 3, 'RDATA typing tw 3 ["!r",[]]'))  # contiguous: relayed
         await relay.on_lines(batch("typing", 0, 1, 'RDATA typing tw 1 ["!r",["@b"]]'))  # the writer restarted
         await relay.on_lines(batch("typing", 1, 2, 'RDATA typing tw 2 ["!r",[]]'))

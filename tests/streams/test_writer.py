@@ -11,13 +11,13 @@ from io import StringIO
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connections
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from streams.direction import BACKWARDS
 from streams.conf import stream_writers
+from streams.direction import BACKWARDS
 from streams.models import Event, FactsAreAppendOnly, Receipt, StreamPosition
 from streams.notifier import PositionAdvanced
 from streams.runtime import StreamRuntime
@@ -242,9 +242,9 @@ def test_rows_stored_exactly_as_given(make_runtime, using):
     events[1] |= {"outlier": True, "rejected": True, "state_key": "", "membership": "join"}
     events[2]["json"] = bytes(range(256)) + b"\\N\t\n\\"
     ids = rt.writer("events").append([[(Event, e)] for e in events])
-    for sid, given in zip(ids, events):
+    for sid, sent in zip(ids, events):
         got = Event.objects.using(using).get(stream_ordering=sid)
-        assert {k: (bytes(getattr(got, k)) if k == "json" else getattr(got, k)) for k in given} == given
+        assert {k: (bytes(getattr(got, k)) if k == "json" else getattr(got, k)) for k in sent} == sent
 
 
 def test_batched_insert_errors_are_django_errors(make_runtime):

@@ -5,7 +5,11 @@ from __future__ import annotations
 import logging
 
 from synapse_repl.redaction import (
-    RedactingExceptionReporterFilter, RedactingFormatter, RedactingWrapper, redact_text, redact_url,
+    RedactingExceptionReporterFilter,
+    RedactingFormatter,
+    RedactingWrapper,
+    redact_text,
+    redact_url,
 )
 
 

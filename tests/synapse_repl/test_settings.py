@@ -19,7 +19,8 @@ def test_secret_key_generated_once_and_kept(tmp_path):
 
 
 def settings_in_subprocess(env: dict[str, str], expr: str) -> str:
-    code = f"import django, os; os.environ['DJANGO_SETTINGS_MODULE']='synapse_repl.settings'; django.setup(); from django.conf import settings; print(repr(({expr})))"
+    code = (f"import django, os; os.environ['DJANGO_SETTINGS_MODULE']='synapse_repl.settings'; django.setup(); "
+            f"from django.conf import settings; print(repr(({expr})))")
     base = {"PATH": os.environ["PATH"]}
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**base, **env},
                             capture_output=True, text=True, check=True)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from synapse_repl.startup import StartupError, check_java, database_url_problem, java_executable, redact_url, redis_url_problem
 from testing.services import free_port
-from synapse_repl.startup import (StartupError, check_java, database_url_problem, java_executable, redact_url,
-                                  redis_url_problem)
 
 ROOT = Path(__file__).resolve().parents[2]
 

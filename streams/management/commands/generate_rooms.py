@@ -17,7 +17,6 @@ from streams.storage import BadEvent, StorageUnsupported, persist_events
 from streams.storage.generator import RoomGenerator
 from synapse_repl.startup import check_startable
 
-
 #: Without --seed: not the demo's seed 0, so a first generate_rooms next to the demo's rooms
 #: does not collide with them.
 DEFAULT_SEED = 1

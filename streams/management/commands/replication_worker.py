@@ -38,13 +38,13 @@ from django.core.management.base import BaseCommand, CommandError
 from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
 from streams.registry import STREAMS
+from streams.replication.endpoint.tls import client_context_from_settings
 from streams.replication.worker.client import (
     BaseReplicationWorker,
     RedisReplicationWorker,
     ReplicationWorker,
     parse_instance_map,
 )
-from streams.replication.endpoint.tls import client_context_from_settings
 from synapse_repl.redaction import redact_text, redact_url
 
 

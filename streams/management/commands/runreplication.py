@@ -14,7 +14,6 @@ from streams.management.commands.runservice import split_listen
 from synapse_repl.errors import database_errors_as_one_line
 from synapse_repl.startup import check_startable, listen_problem
 
-
 #: Seconds a thread may hold the GIL while the event loop waits for it (Python's default: 0.005).
 SWITCH_INTERVAL = 0.001
 
@@ -42,9 +41,8 @@ class Command(BaseCommand):
             raise listen_problem(e, host, port, setting) from None
 
     async def _serve(self, host: str, port: int) -> None:
-        from streams.replication.endpoint.server import start_endpoint
-
         from streams.replication.endpoint.loop_lag import watch_loop_lag
+        from streams.replication.endpoint.server import start_endpoint
 
         endpoint, server = await start_endpoint(host, port)
         # Everything loaded so far (Django, the app, the relay's state) lives as long as the

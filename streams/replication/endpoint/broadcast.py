@@ -40,9 +40,9 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
-from streams.replication.protocol.commands import LockReleasedCommand, RemoteProtocolError, RemoteServerUpCommand, parse_line
 from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
 from streams.replication.endpoint.validation import check_inbound
+from streams.replication.protocol.commands import LockReleasedCommand, RemoteProtocolError, RemoteServerUpCommand, parse_line
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,11 @@ from typing import Any
 from channels.consumer import AsyncConsumer, get_handler_name
 
 from streams.conf import repl_setting
+from streams.replication.endpoint.bookkeeping import ConnectionInfo
+from streams.replication.endpoint.legacy import to_legacy
+from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
+from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
+from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import (
     ClearUserSyncCommand,
     Command,
@@ -34,12 +39,7 @@ from streams.replication.protocol.commands import (
     UserSyncCommand,
 )
 from streams.replication.protocol.connection import CLOSED, NEED_DATA, ReplicationConnection
-from streams.replication.endpoint.bookkeeping import ConnectionInfo
-from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.protocol.line_batch import LineBatch
-from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
-from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
-from streams.replication.endpoint.validation import check_inbound
 
 logger = logging.getLogger(__name__)
 

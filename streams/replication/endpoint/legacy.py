@@ -31,8 +31,10 @@ from typing import Any, Callable, Protocol
 from asgiref.sync import sync_to_async
 
 from streams.registry import STREAMS, StreamSpec
-from streams.updates import get_updates_since
+from streams.replication.endpoint.bookkeeping import ConnectionInfo
+from streams.replication.endpoint.ratelimit import HISTORY_PAGE_COST, TokenBucket
 from streams.replication.protocol.commands import (
+    Command,
     ErrorCommand,
     LegacyPositionCommand,
     LegacyRdataCommand,
@@ -42,10 +44,8 @@ from streams.replication.protocol.commands import (
     batch_updates,
     parse_line,
 )
-from streams.replication.endpoint.bookkeeping import ConnectionInfo
-from streams.replication.endpoint.ratelimit import HISTORY_PAGE_COST, TokenBucket
-from streams.replication.protocol.commands import Command
 from streams.replication.protocol.line_batch import LineBatch
+from streams.updates import get_updates_since
 
 
 class Subscriber(Protocol):

@@ -24,10 +24,10 @@ import logging
 import uuid
 from typing import Any
 
+from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import RemoteProtocolError, UserIpCommand, parse_line
 from streams.replication.protocol.redis_session import CONFIRM_TIMEOUT, RedisSubscription, SubscriptionPolicy
 from streams.replication.protocol.resp import RespConnection, RespError, parse_messages
-from streams.replication.endpoint.validation import check_inbound
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from channels.layers import get_channel_layer
 
 from streams.registry import STREAMS
 from streams.replication.protocol.commands import PositionCommand
-from streams.replication.worker.follower import RESETTABLE_STREAMS
 from streams.replication.protocol.line_batch import add_counts, counts_of
 from streams.replication.publish.streamer import LINES_GROUP
+from streams.replication.worker.follower import RESETTABLE_STREAMS
 
 logger = logging.getLogger(__name__)
 

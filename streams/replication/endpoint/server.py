@@ -13,7 +13,11 @@ from django.conf import settings
 
 from streams.conf import repl_setting
 from streams.replication.endpoint.bookkeeping import (
-    ConnectionInfo, EndpointCounters, connection_snapshot, disconnect_reason, endpoint_started,
+    ConnectionInfo,
+    EndpointCounters,
+    connection_snapshot,
+    disconnect_reason,
+    endpoint_started,
 )
 from streams.replication.endpoint.relay import ReplicationRelay
 from streams.replication.endpoint.user_activity import SyncingUsers, UserIpRecorder
@@ -86,14 +90,13 @@ class Endpoint:
 async def start_endpoint(host: str, port: int, *, using: str = "default") -> tuple[Endpoint, asyncio.AbstractServer]:
     """Start the relay and listen. Writes made in this process reach the relay directly."""
     from asgiref.sync import sync_to_async
-
-    from streams.runtime import runtime
-    from streams.replication.endpoint.broadcast import CommandBroadcast
-    from streams.replication.endpoint.legacy import LegacyStreamer
-    from streams.replication.endpoint.consumer import ReplicationConsumer
-    from streams.replication.endpoint.tcp import serve
-
     from django.db import connections
+
+    from streams.replication.endpoint.broadcast import CommandBroadcast
+    from streams.replication.endpoint.consumer import ReplicationConsumer
+    from streams.replication.endpoint.legacy import LegacyStreamer
+    from streams.replication.endpoint.tcp import serve
+    from streams.runtime import runtime
 
     # Embedded default: no channel layer reaches other processes, the database does.
     local_scan = not settings.REDIS_URL and connections[using].vendor == "sqlite"

@@ -27,9 +27,9 @@ from streams.conf import instance_name as this_instance
 from streams.conf import repl_setting
 from streams.identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
 from streams.registry import STREAMS
-from streams.updates import TARGET_ROW_COUNT, get_updates_since
 from streams.replication.http.auth import replication_secret_required
 from streams.replication.http.txn_cache import TxnResponseCache
+from streams.updates import TARGET_ROW_COUNT, get_updates_since
 
 #: This process's answers by transaction ID (JSON bytes: never mutated once kept).
 RESPONSES = TxnResponseCache()

@@ -21,8 +21,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from streams.typing import DEFAULT_TIMEOUT_MS, TypingRefused
 from streams.replication.http.auth import replication_secret_required
+from streams.typing import DEFAULT_TIMEOUT_MS, TypingRefused
 
 MAX_UPDATES = 1000
 MAX_ID_LENGTH = 255

@@ -1,1 +1,2 @@
-"""The replication protocol, sans-I/O: commands and their wire form, the connection state machine, line batches, RESP and the Redis subscription core."""
+"""The replication protocol, sans-I/O: commands and their wire form, the connection state
+machine, line batches, RESP and the Redis subscription core."""

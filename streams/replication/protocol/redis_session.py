@@ -43,9 +43,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
-from synapse_repl.redaction import redact_url
-
 from streams.replication.protocol.resp import RespConnection, RespError, pack_command
+from synapse_repl.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 

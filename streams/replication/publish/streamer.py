@@ -8,10 +8,11 @@ publishes them as **one** channel-layer message on the cluster group
 ``replication.lines``. Every endpoint relays those messages to its connections.
 
 The rows come with the advance (``PositionAdvanced.facts``: what the writer just wrote, kept
-in its :class:`~streams.notifier.WireJournal` until the advance), not from the database. The batch is formatted (and serialized) on the writer's thread as the
-advance is announced; writing it to Redis runs on an event loop of the streamer's own thread
-(or on a given loop, for the in-memory layer of an endpoint process), so a writer's commit
-path never waits for Redis.
+in its :class:`~streams.notifier.WireJournal` until the advance), not from the database.
+The batch is formatted (and serialized) on the writer's thread as the advance is announced;
+writing it to Redis runs on an event loop of the streamer's own thread (or on a given loop,
+for the in-memory layer of an endpoint process), so a writer's commit path never waits for
+Redis.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from channels.layers import get_channel_layer
 from streams.notifier import PositionAdvanced, PositionNotifier
 from streams.registry import get_stream
 from streams.replication.protocol.commands import PositionCommand, RdataCommand, encode_json
-from streams.replication.publish.layer_publish import GroupPublisher
 from streams.replication.protocol.line_batch import add_counts
+from streams.replication.publish.layer_publish import GroupPublisher
 
 logger = logging.getLogger(__name__)
 

@@ -56,8 +56,6 @@ from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
 
 from redis.asyncio.connection import parse_url as parse_redis_url
 
-from synapse_repl.redaction import redact_url
-
 from streams.replication.http.auth import bearer_header
 from streams.replication.protocol.commands import (
     Command,
@@ -72,10 +70,11 @@ from streams.replication.protocol.commands import (
     parse_line,
 )
 from streams.replication.protocol.connection import CLOSED, ReplicationConnection
-from streams.replication.worker.follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
-from streams.replication.publish.redis_bridge import redis_channel
 from streams.replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
 from streams.replication.protocol.resp import RespConnection, RespError, parse_messages
+from streams.replication.publish.redis_bridge import redis_channel
+from streams.replication.worker.follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
+from synapse_repl.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 

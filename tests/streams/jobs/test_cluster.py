@@ -32,7 +32,8 @@ def cluster_celery(tmp_path_factory, django_db_setup, django_db_blocker, redis_s
     group = ProcessGroup(tmp_path)
     group.env = {**os.environ, "DATABASE_URL": pg_url, "REDIS_URL": redis_server.url,
                  "STATE_DIR": str(tmp_path / "state"), "SPARK_MASTER": spark_cluster.url,
-                 "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DRIVER_MEMORY": "1g", "SPARK_SHUFFLE_PARTITIONS": "2", "SPARK_EXECUTOR_MEMORY": "1g",
+                 "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DRIVER_MEMORY": "1g", "SPARK_SHUFFLE_PARTITIONS": "2",
+                 "SPARK_EXECUTOR_MEMORY": "1g",
                  "JOBS_RECOMPUTE_CRON": "", "JOBS_CHECK_CRON": "", "JOBS_CHAIN_COVER_CHECK_CRON": ""}
     group.start("celery", "-m", "celery", "-A", "synapse_repl", "worker", "--pool", "solo",
                 "--prefetch-multiplier", "1", "--loglevel", "INFO", "-Q", "celery", "--without-heartbeat",

@@ -3,6 +3,7 @@ orderings corrupted on purpose, the check reports exactly those, the recompute f
 from __future__ import annotations
 
 import os
+
 import pytest
 from django.core.management import call_command
 from django.db import connection

@@ -9,7 +9,12 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from streams.jobs.visibility import (
-    DIFF_SCHEMA, EVENTS_SCHEMA, GROUPS_SCHEMA, RANGES_SCHEMA, visibility_differences, visibility_ranges,
+    DIFF_SCHEMA,
+    EVENTS_SCHEMA,
+    GROUPS_SCHEMA,
+    RANGES_SCHEMA,
+    visibility_differences,
+    visibility_ranges,
 )
 
 A, B = "@alice:hs", "@bob:hs"

@@ -7,15 +7,15 @@ restricted join by an invited user); drawing the auth state directly reaches all
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from synapse.api.errors import SynapseError
 from synapse.api.room_versions import KNOWN_ROOM_VERSIONS as SYNAPSE_VERSIONS
 from synapse.event_auth import auth_types_for_event as synapse_auth_types
 from synapse.event_auth import check_state_dependent_auth_rules
 from synapse.events import make_event_from_dict
 
-from streams.matrix.auth import AuthFailed, auth_types_for_event, check_state_dependent, \
-    check_state_independent
+from streams.matrix.auth import AuthFailed, auth_types_for_event, check_state_dependent, check_state_independent
 from streams.matrix.event_format import parse_event, with_content_hash
 from streams.matrix.room_versions import CREATOR_POWER_LEVEL, KNOWN_ROOM_VERSIONS
 
@@ -195,7 +195,7 @@ def test_auth_events_that_rules_1_to_3_refuse(problem, reason):
         check_state_independent(message, known.get, rejected)
 
 
-def _pdu(sender, etype, content, state_key=None, _ts=[0]):
+def _pdu(sender, etype, content, state_key=None, _ts=[0]):  # noqa: B006 (a counter shared by every call)
     _ts[0] += 1
     pdu = {"type": etype, "sender": sender, "content": content, "depth": 5,
            "origin_server_ts": _ts[0], "prev_events": ["$p"], "auth_events": [], "room_id": "!r:s1"}
@@ -234,6 +234,7 @@ def test_redactions_take_effect_as_in_synapse(version_id, redacter, author, reda
     """v3+: redact level, or the same server as the redacted event's sender (Synapse:
     ``check_redaction`` flags the event for the domain re-check done when it is read)."""
     from synapse.event_auth import check_redaction
+
     from streams.matrix.auth import redaction_takes_effect
 
     version = KNOWN_ROOM_VERSIONS[version_id]

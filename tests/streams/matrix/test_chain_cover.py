@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streams.matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed, auth_events_of, build, canonical
 from streams.matrix.state_res import auth_closure, auth_difference, resolve
-
 from testing.synapse_oracle import SynapseEvents
-from .test_generated_rooms import action, play, start_room
 
-import pytest
+from .test_generated_rooms import action, play, start_room
 
 
 def ev(event_id, key, *auth):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from synapse.api.room_versions import KNOWN_ROOM_VERSIONS as SYNAPSE_VERSIONS
 from synapse.crypto.event_signing import compute_content_hash
 from synapse.events import make_event_from_dict
@@ -14,8 +15,13 @@ from synapse.synapse_rust.events import redact_event_dict
 
 from streams.matrix import canonical_json
 from streams.matrix.event_format import (
-    BadEventFormat, compute_event_id, content_hash, content_hash_matches, parse_event,
-    room_id_from_create_event_id, with_content_hash,
+    BadEventFormat,
+    compute_event_id,
+    content_hash,
+    content_hash_matches,
+    parse_event,
+    room_id_from_create_event_id,
+    with_content_hash,
 )
 from streams.matrix.redaction import redact
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS, UnknownRoomVersion, room_version

@@ -8,12 +8,12 @@ each event), never from ours, so one difference anywhere fails the run at the fi
 shows up in."""
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
 from streams.matrix.state_res import resolve
-
 from testing.synapse_oracle import SynapseEvents
 
 USERS = ["@a:s1", "@b:s2", "@c:s3", "@d:s1", "@e:s2"]

@@ -8,8 +8,15 @@ import pytest
 
 from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
-from streams.matrix.state_res import UnsupportedStateRes, auth_difference, conflicted_subgraph, \
-    mainline_order, resolve, reverse_topological_power_order, split
+from streams.matrix.state_res import (
+    UnsupportedStateRes,
+    auth_difference,
+    conflicted_subgraph,
+    mainline_order,
+    resolve,
+    reverse_topological_power_order,
+    split,
+)
 
 A, B = "@a:s1", "@b:s2"
 JR = ("m.room.join_rules", "")

@@ -11,10 +11,10 @@ import pytest
 from channels.testing import ApplicationCommunicator
 
 from streams.replication.endpoint.consumer import ReplicationConsumer
-from streams.replication.endpoint.server import Endpoint
 from streams.replication.endpoint.legacy import LegacyStreamer
-from streams.replication.protocol.line_batch import counts_of
 from streams.replication.endpoint.relay import ReplicationRelay
+from streams.replication.endpoint.server import Endpoint
+from streams.replication.protocol.line_batch import counts_of
 from streams.replication.publish.streamer import build_lines
 
 
@@ -128,8 +128,8 @@ def test_a_missed_batch_closes_the_connection(endpoint):
         await peer.send("REPLICATE\n")
         await peer.read()
         deliver = endpoint.relay._connections[next(iter(endpoint.relay._connections))]
-        await deliver({"type": "replication.lines", "seq": 1, "data": b"POSITION receipts master 5 6\n", "counts": {"POSITION": 1}})
-        await deliver({"type": "replication.lines", "seq": 3, "data": b"POSITION receipts master 6 8\n", "counts": {"POSITION": 1}})
+        for seq, data in ((1, b"POSITION receipts master 5 6\n"), (3, b"POSITION receipts master 6 8\n")):
+            await deliver({"type": "replication.lines", "seq": seq, "data": data, "counts": {"POSITION": 1}})
         await peer.read()
         await peer.disconnect()
         return peer

@@ -55,7 +55,7 @@ def test_reconnects_after_redis_closed_the_connection(redis_server):
                       if info.get("cmd") == "publish"]
             client.close()
             assert killed == [1]
-            for attempt in range(3):  # the first send after the kill may fail; the next reconnects
+            for _attempt in range(3):  # the first send after the kill may fail; the next reconnects
                 try:
                     await publisher.send({"type": "t", "n": 2})
                     break

@@ -8,8 +8,8 @@ from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.registry import get_stream
 from streams.replication.endpoint import legacy
-from streams.replication.protocol.commands import LegacyRdataCommand
 from streams.replication.endpoint.legacy import HistoryRead
+from streams.replication.protocol.commands import LegacyRdataCommand
 from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from streams.registry import STREAMS
-from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
 from streams.replication.endpoint.local_scan import SCAN_PAGE_TOKENS, ScanState, safe_bounds
+from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
 
 
 def test_safe_bound_stops_below_the_lowest_live_reservation():

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.replication.protocol.commands import parse_line
 from streams.replication.endpoint.ratelimit import HISTORY_REQUEST_COST, TokenBucket, command_cost
+from streams.replication.protocol.commands import parse_line
 
 
 def test_burst_then_rate():

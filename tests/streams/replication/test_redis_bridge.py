@@ -147,7 +147,7 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
             PositionCommand(s, w, t, t) for (s, w), t in upto.items()])
         bridge.start()
         await asyncio.wait_for(bridge.subscribed.wait(), 10)
-        for round_ in range(40):
+        for _round in range(40):
             # Each round: the publisher's connections are gone (as after a Redis restart),
             # then a REPLICATE arrives while the streamer publishes its next batch.
             if bridge._publisher is not None:
@@ -179,8 +179,8 @@ def test_bridge_notices_a_redis_restart_and_announces_again(redis_server):
     writer's position again. After a restart it announces (unasked) and answers again."""
     import asyncio
 
-    from streams.replication.publish.redis_bridge import SynapseRedisBridge
     from streams.replication.protocol.resp import RespConnection, parse_messages
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
     server_name = f"restart{random.getrandbits(32):x}.example"
     announced = []
@@ -258,8 +258,8 @@ def test_endpoint_bridge_volunteers_changed_positions(redis_server):
     REPLICATE came before a writer went still still learns where the writer stopped."""
     import asyncio
 
-    from streams.replication.publish.redis_bridge import SynapseRedisBridge
     from streams.replication.protocol.resp import RespConnection, parse_messages
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
     server_name = f"volunteer{random.getrandbits(32):x}.example"
     settled = {("events", "w0"): 3}

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from testing.services import free_port
-
 from testing.processes import ProcessGroup, wait_port
+from testing.services import free_port
 
 SERVER_NAME = "faults.example"
 WRITERS = "events=w1,w2;account_data=w3"

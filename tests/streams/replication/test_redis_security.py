@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from streams.replication.protocol.commands import RdataCommand, parse_line
-from tests.streams.replication.test_limits import running_endpoint, self_signed
 from tests.streams.replication.test_endpoint import SERVER_NAME, handshake
+from tests.streams.replication.test_limits import running_endpoint, self_signed
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -96,8 +96,8 @@ def test_celery_broker_with_a_password(redis_server_with_password):
 def test_rediss_is_verified_by_every_client(tmp_path):
     """A TLS-only Redis: redis-py (layer, bridge, worker) and Celery connect with the CA given
     in the URL, and refuse the server without it."""
-    from testing.services import RedisServer
     from synapse_repl.security import celery_redis_ssl
+    from testing.services import RedisServer
 
     cert, key = self_signed(tmp_path, "redis")
     server = RedisServer(password="pw", tls_cert=str(cert), tls_key=str(key))

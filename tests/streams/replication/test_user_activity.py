@@ -13,10 +13,14 @@ import pytest
 import redis
 
 from streams.models import UserIp
-from streams.replication.protocol.commands import ClearUserSyncCommand, UserIpCommand, UserSyncCommand, parse_line
 from streams.replication.endpoint.user_activity import (
-    SyncingUsers, UserIpBatch, UserIpRecorder, syncing_by_user, write_user_ips,
+    SyncingUsers,
+    UserIpBatch,
+    UserIpRecorder,
+    syncing_by_user,
+    write_user_ips,
 )
+from streams.replication.protocol.commands import ClearUserSyncCommand, UserIpCommand, UserSyncCommand, parse_line
 from testing.processes import wait_port
 from testing.services import free_port
 
@@ -421,8 +425,8 @@ def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
 def test_federation_acks_kept_bounded_for_operators():
     from types import SimpleNamespace
 
-    from streams.replication.protocol.commands import FederationAckCommand
     from streams.replication.endpoint.server import MAX_FEDERATION_ACKS, Endpoint
+    from streams.replication.protocol.commands import FederationAckCommand
 
     endpoint = Endpoint(server_name="hs", relay=None)
     info = SimpleNamespace(federation_acks={})

@@ -1,13 +1,13 @@
 """What the endpoint accepts from a peer beyond the grammar (streams/replication/endpoint/validation.py)."""
 import pytest
 
-from streams.replication.protocol.commands import RemoteProtocolError, UserIpCommand, parse_line
 from streams.replication.endpoint.validation import (
     MAX_USER_AGENT_LENGTH,
     check_inbound,
     text_problem,
     user_id_problem,
 )
+from streams.replication.protocol.commands import RemoteProtocolError, UserIpCommand, parse_line
 
 
 @pytest.mark.parametrize("user_id", [

@@ -21,8 +21,8 @@ from django.db import connections
 from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
 from streams.status import stream_status
-
 from testing.processes import ROOT
+
 from .test_redis_faults import CONNECTED, RedisCluster
 
 WRITERS = "receipts=w1,w2"

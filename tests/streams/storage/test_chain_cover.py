@@ -62,8 +62,10 @@ def test_waiting_events_are_placed_when_their_auth_events_come(default_database)
     positions, links = stored_rows()
     from streams.matrix.chain_cover import IndexEvent
 
-    expected = build([IndexEvent("$C", "m.room.create", "", ()), IndexEvent("$M", "m.room.member", "@m:s2", ("$C", "$X")),
-                      IndexEvent("$N", "m.room.member", "@n:s2", ("$C", "$M")), IndexEvent("$X", "m.room.join_rules", "", ("$C",))])
+    expected = build([IndexEvent("$C", "m.room.create", "", ()),
+                      IndexEvent("$M", "m.room.member", "@m:s2", ("$C", "$X")),
+                      IndexEvent("$N", "m.room.member", "@n:s2", ("$C", "$M")),
+                      IndexEvent("$X", "m.room.join_rules", "", ("$C",))])
     assert canonical(positions, links) == canonical(
         [(e, c, s) for e, (c, s) in expected.positions.items()],
         [(oc, o, tc, t) for oc, d in expected.links.items() for tc, ps in d.items() for o, t in ps])

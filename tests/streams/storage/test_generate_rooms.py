@@ -5,8 +5,8 @@ import json
 from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
 from django.apps import apps
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from streams.storage.reads import forget_caches

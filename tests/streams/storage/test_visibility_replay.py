@@ -151,7 +151,7 @@ def test_ranges_match_the_rules_on_forked_rooms(store, ops, batch):
         return info[eid][4] if eid else None
 
     after, before = {}, {}
-    for eid, prevs, kind, skey, *_ in events:
+    for eid, prevs, _kind, skey, *_ in events:
         before[eid] = _resolve([after[p] for p in sorted(prevs, key=key.get, reverse=True)]) if prevs else {}
         after[eid] = dict(before[eid])
         if skey is not None:
