@@ -301,7 +301,7 @@ class SparkStandaloneCluster:
             try:
                 if self.alive_workers() >= 1:
                     return
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or its web UI not serving JSON yet
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no spark worker registered within {timeout:.0f} s:\n" + self.log_tail("worker"))
