@@ -7,6 +7,7 @@ and its neighbours) and by ``benchmarks/soak.py``.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -32,6 +33,20 @@ def tail(path: Path, n: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10, *, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds; reaped either way.
+    ``group``: the signals go to its whole process group (a service and the children it
+    started; it must have been started with ``start_new_session=True``)."""
+    send = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait()
 
 
 def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.processes import wait_port
+from testing.processes import stop_process, wait_port
 from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,13 +36,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def stop(proc: subprocess.Popen) -> None:
     """Stop the service and the children it started (its own process group)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_process(proc, timeout=15, group=True)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.processes import wait_port
+from testing.processes import stop_process, wait_port
 from testing.services import free_port
 
 from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, SCREENSHOTS, WAIT_MS
@@ -56,13 +56,7 @@ OVERFLOWING_TABLES = """() => {
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_process(proc, timeout=15, group=True)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import pytest
 
-from testing.processes import ROOT, jsonl_records
+from testing.processes import ROOT, jsonl_records, stop_process
 from testing.services import free_port
 from testing.synapse_homeserver import ClientApi, SynapseHomeserver, SynapseUnavailable
 
@@ -408,8 +408,4 @@ def test_synapse_lock_released_reaches_a_tcp_worker_of_our_endpoint_once(synapse
         assert got == [expected] * published, (published, got, log_path.read_text(errors="replace")[-3000:])
         client.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=15)

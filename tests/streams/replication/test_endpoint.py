@@ -17,7 +17,7 @@ from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
 from streams.runtime import StreamRuntime
-from testing.processes import wait_port
+from testing.processes import stop_process, wait_port
 from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -82,11 +82,7 @@ def endpoint(pg_url, tmp_path, redis_server):
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     wait_port(port, proc, tmp_path / "endpoint.log", timeout=30)
     yield port, log
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_process(proc)
     log.close()
 
 

@@ -20,6 +20,7 @@ from streams.models import Receipt
 from streams.replication.endpoint import tcp
 from streams.runtime import StreamRuntime
 from testing.line_workers import LineWorkers
+from testing.processes import stop_process
 from testing.services import free_port
 from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
 
@@ -49,11 +50,7 @@ def running_endpoint(pg_url: str, log_path: Path, **env_extra: str):
             time.sleep(0.1)
         yield port, read_log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()
 
 
