@@ -178,26 +178,7 @@ class ChainIndex:
 
     def reach(self, event_ids: Iterable[str]) -> dict[int, int]:
         """Per chain, the highest seq the events' auth chains (events included) hold there."""
-        reach: dict[int, int] = {}
-        todo: list[int] = []
-        for event_id in event_ids:
-            chain, seq = self.position(event_id)
-            if reach.get(chain, 0) < seq:
-                reach[chain] = seq
-                todo.append(chain)
-        links = self.links
-        while todo:
-            chain = todo.pop()
-            top = reach[chain]
-            for target, pairs in links.get(chain, {}).items():
-                best = 0
-                for o, t in pairs:
-                    if o <= top and t > best:
-                        best = t
-                if best > reach.get(target, 0):
-                    reach[target] = best
-                    todo.append(target)
-        return reach
+        return self._raised({}, event_ids)
 
     def _reach_of(self, event_id: str) -> dict[int, int]:
         cache = self._reach_cache
