@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
 from django.db import connections, transaction
@@ -399,8 +400,6 @@ _HOST = socket.gethostname()
 def _recorder(connection: Any = None) -> tuple[Any, int, str]:
     """When, and by which process (pid, host), a position is recorded: the dashboard shows
     each writer's last write and whether the process that made it still runs."""
-    from datetime import datetime, timezone
-
     now = datetime.now(timezone.utc)
     return (connection.ops.adapt_datetimefield_value(now) if connection is not None else now,
             os.getpid(), _HOST)
