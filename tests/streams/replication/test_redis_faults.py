@@ -111,8 +111,13 @@ def test_cluster_survives_redis_restarts(pg_url, redis_server, tmp_path):
         # Kill Redis twice while the facts flow (each time once the Redis worker has received
         # another 3,000 facts), for about a second each time.
         progress = 0
-        for _ in range(2):
+        for fault in range(2):
             wait_for(lambda: cluster.count("redis") >= progress + 3000, "facts to flow to the Redis worker")
+            # ... and every writer subscribed again after the previous kill: a kill during its
+            # resubscription is a failed attempt, not the loss of a subscription, and the
+            # assertion below counts losses
+            wait_for(lambda: all(cluster.log_count(f"writer-{w}", f"Redis subscription to {SERVER_NAME} back")
+                                 >= fault for w in ("w1", "w2", "w3")), "the writers to resubscribe")
             assert all(w.poll() is None for w in writers), "the writers finished before the fault"
             redis_server.kill()
             time.sleep(1)
