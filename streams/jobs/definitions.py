@@ -10,9 +10,11 @@ from .consistency import ordering_differences
 from .runner import SAMPLE_LIMIT, Outcome, register
 from .topology import topological_ordering
 
-#: the event's own declared depth, read from the stored JSON by the database
+#: the event's own declared depth, read from the stored JSON by the database. On PostgreSQL
+#: as ``json`` with \u0000 turned into \u0001, as ``_AUTH_EVENTS`` below: ``jsonb`` refuses
+#: that valid escape, and one event carrying it in its content would stop the job
 _DECLARED_DEPTH = {
-    "postgresql": "(convert_from(json, 'UTF8')::jsonb ->> 'depth')::bigint",
+    "postgresql": "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json ->> 'depth')::bigint",
     "sqlite": "CAST(json_extract(CAST(json AS TEXT), '$.depth') AS INTEGER)",
 }
 
@@ -94,8 +96,9 @@ def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outco
 
 # -- visibility ---------------------------------------------------------------------------------
 
-_HV_VALUE = {
-    "postgresql": "convert_from(ev.json, 'UTF8')::jsonb -> 'content' ->> 'history_visibility'",
+_HV_VALUE = {  # PostgreSQL: not jsonb, see _DECLARED_DEPTH
+    "postgresql": "replace(convert_from(ev.json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'content' "
+                  "->> 'history_visibility'",
     "sqlite": "json_extract(CAST(ev.json AS TEXT), '$.content.history_visibility')",
 }
 
