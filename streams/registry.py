@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .direction import IdDirection, direction
-from .models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, Receipt
+from .models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, ExOutlier, Receipt
 from .models.base import FactModel
 
 
@@ -19,9 +19,15 @@ from .models.base import FactModel
 class BackingTable:
     """A table holding rows of a stream, keyed by the stream ID in ``id_column``."""
 
-    model: type[FactModel]
+    #: a FactModel, or a derived table the stream also reads (``ex_outlier_stream``)
+    model: type[FactModel] | type[ExOutlier]
     wire_fields: Sequence[str] | None = None
     wire_row: Callable[[Sequence[Any]], list[Any]] | None = None
+    #: the rows to read for the wire, given the database alias (default: the model's)
+    rows: Callable[[str], Any] | None = None
+
+    def queryset(self, using: str) -> Any:
+        return self.rows(using) if self.rows is not None else self.model.objects.using(using)
 
     @property
     def table(self) -> str:
@@ -107,10 +113,15 @@ def get_stream(name: str) -> StreamSpec:
 # In Synapse's registration order (STREAMS_MAP).
 declare(StreamSpec(
     "events",
-    tables=(BackingTable(Event), BackingTable(CurrentStateDelta)),
+    # a de-outliered event is an ``ev`` row at its ex_outlier_stream position (as in Synapse)
+    # (at one token an ``ev`` row comes before the ``state`` rows, as Synapse merges them)
+    tables=(BackingTable(Event),
+            BackingTable(ExOutlier, wire_fields=Event.WIRE_FIELDS, wire_row=Event.wire_row,
+                         rows=ExOutlier.with_event_fields),
+            BackingTable(CurrentStateDelta)),
     sequence="events_stream_seq",
     multi_writer=True,
-    description="new events (ev rows) and current-state changes (state rows)",
+    description="new events (ev rows, de-outliered events too) and current-state changes (state rows)",
 ))
 declare(StreamSpec(
     "backfill",

@@ -33,7 +33,7 @@ def _fetch(table: BackingTable, signs: IdDirection, instance: str, lo: int, hi: 
     """Rows of ``table`` by ``instance`` with wire token in ``(lo, hi]``, ordered."""
     model = table.model
     field = model.STREAM_ID_FIELD
-    qs = (model.objects.using(using).filter(instance_name=instance)
+    qs = (table.queryset(using).filter(instance_name=instance)
           .filter(**signs.lookups(field, lo, hi)).order_by(signs.ascending(field), "pk"))
     qs = qs.values_list(field, *table.fields)
     if limit is not None:
@@ -94,7 +94,7 @@ def get_all_writers_rows(spec: StreamSpec, from_token: int, upto_token: int, *,
     for index, table in enumerate(spec.tables):
         model = table.model
         field = model.STREAM_ID_FIELD
-        qs = model.objects.using(using).filter(**signs.lookups(field, from_token, upto_token))
+        qs = table.queryset(using).filter(**signs.lookups(field, from_token, upto_token))
         for values in qs.values_list(field, "pk", "instance_name", *table.fields):
             merged.append((signs.to_wire(values[0]), index, values[1], values[2], table.to_wire(list(values[3:]))))
     merged.sort(key=lambda item: item[:3])

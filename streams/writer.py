@@ -101,6 +101,14 @@ class StreamWriter:
             self.insert_rows(ids, facts)
         return ids
 
+    def record_wire_row(self, stream_id: int, row: list[Any]) -> None:
+        """Add the wire row of a row written inside the open transaction by other SQL than
+        :meth:`insert_rows` (a de-outliered event's ``ex_outlier_stream`` row), so that RDATA
+        carries it as catch-up will."""
+        wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
+        if wire is not None:
+            wire.setdefault(stream_id, []).append(row)
+
     def insert_rows(self, ids: Sequence[int], facts: Sequence[Sequence[Row]]) -> None:
         """Insert the rows of ``facts`` at ``ids`` inside the caller's open transaction."""
         if len(ids) != len(facts):

@@ -11,6 +11,8 @@ facts of a stream, so they are plain models.
 """
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -207,7 +209,11 @@ class EventAuth(models.Model):
 class ExOutlier(models.Model):
     """An outlier that became a full event (Synapse's ``ex_outlier_stream``): the event keeps
     its ``events.stream_ordering``; this row takes a new position of the events stream so
-    workers hear of it."""
+    workers hear of it: the stream sends it as an ``ev`` row (the event's fields, now with
+    ``outlier`` false) at that position, as Synapse's events stream does. Written by the
+    persist path with the SQL of the other derived tables, not by a stream writer."""
+
+    STREAM_ID_FIELD: ClassVar[str] = "event_stream_ordering"
 
     event_stream_ordering = models.BigIntegerField(_("stream position"), primary_key=True)
     event_id = models.CharField(_("event ID"), max_length=255)
@@ -216,6 +222,16 @@ class ExOutlier(models.Model):
 
     class Meta:
         db_table = "ex_outlier_stream"
+
+    @classmethod
+    def with_event_fields(cls, using: str) -> Any:
+        """The rows, each annotated with its event's wire fields (``Event.WIRE_FIELDS``) read
+        from the ``events`` row: what the events stream sends for it."""
+        from .events import Event
+
+        event = Event.objects.using(using).filter(event_id=models.OuterRef("event_id"))
+        return cls.objects.using(using).annotate(**{
+            name: models.Subquery(event.values(name)[:1]) for name in Event.WIRE_FIELDS if name != "event_id"})
 
 
 class Rejection(models.Model):

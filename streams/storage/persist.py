@@ -751,7 +751,6 @@ class _Batch:
             if not self.backfill:
                 rows.extend((CurrentStateDelta, d) for d in self.deltas.get(ev.event_id, ()))
             facts.append(rows)
-        self.writer.insert_rows(self.ids, facts)
         done = [ev for ev in ex_outliers if ev.event_id not in skip]
         if done:
             cur.execute("UPDATE events SET outlier = FALSE WHERE " + in_array(cur, "event_id"),
@@ -760,6 +759,15 @@ class _Batch:
                         ["bigint", "text", "bigint", "text"],
                         [(ev.extra["stream_id"], ev.event_id, ev.state_group_after, self.writer.generator.instance_name)
                          for ev in done])
+            if not self.backfill:
+                # the events stream's ``ev`` row of the row above (before the token's state
+                # rows); in a backfill batch the row has a backfill ID, which no stream sends
+                # (as in Synapse)
+                for ev in done:
+                    self.writer.record_wire_row(ev.extra["stream_id"], Event.wire_row([
+                        ev.event_id, ev.room_id, ev.type, ev.state_key, ev.redacts, ev.relates_to,
+                        ev.membership, False, False]))
+        self.writer.insert_rows(self.ids, facts)
         mark_redacted(cur, self.redacted_stored)
         insert_rows(cur, "redactions", ["event_id", "redacts", "received_ts"], ["text", "text", "bigint"],
                     self.redaction_rows)

@@ -87,5 +87,5 @@ def test_registry_wire_formats():
     ev = STREAMS["events"].tables[0]
     assert ev.to_wire(["$e", "!r", "m.room.member", "@u", None, None, "join", False, False]) == [
         "ev", ["$e", "!r", "m.room.member", "@u", None, None, "join", False, False]]
-    assert STREAMS["events"].tables[1].to_wire(["!r", "m.room.name", "", "$e"]) == ["state", ["!r", "m.room.name", "", "$e"]]
+    assert STREAMS["events"].tables[2].to_wire(["!r", "m.room.name", "", "$e"]) == ["state", ["!r", "m.room.name", "", "$e"]]
     assert STREAMS["backfill"].tables[0].to_wire(["$e", "!r", "t", None, None, None]) == ["$e", "!r", "t", None, None, None]
