@@ -1,4 +1,5 @@
-"""The jobs the runner knows, each: read (io) -> compute (pure) -> write or compare."""
+"""The built-in jobs (listed by name in ``registry``), each: read (io) -> compute (pure) -> write
+or compare."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -7,7 +8,7 @@ from pyspark.sql import functions as F
 
 from . import io
 from .consistency import ordering_differences
-from .runner import SAMPLE_LIMIT, Outcome, register
+from .outcome import SAMPLE_LIMIT, Outcome
 from .topology import topological_ordering
 
 #: the event's own declared depth, read from the stored JSON by the database
@@ -63,7 +64,6 @@ def apply_orderings(stage: io.Staging) -> int:
     return changed
 
 
-@register("topological_ordering")
 def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute every event's topological ordering and swap the changed ones in."""
     events, result = _orderings(spark, rooms)
@@ -78,7 +78,6 @@ def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> O
     return Outcome(rows_in=rows_in, rows_out=max(changed, 0), differences=None)
 
 
-@register("check_topological_ordering")
 def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Compare recomputed orderings with the stored ones; write nothing."""
     events, result = _orderings(spark, rooms)
@@ -182,7 +181,6 @@ def apply_ranges(stage: io.Staging, rooms: Sequence[str] | None, low: int, high:
     return skipped, inserted
 
 
-@register("visibility")
 def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute the visibility ranges and swap them in, room by room. A room that gained
     events while the job ran keeps its incrementally maintained rows (reported as skipped)."""
@@ -201,7 +199,6 @@ def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
                                     f"incrementally maintained ranges"}] if skipped > 0 else [])
 
 
-@register("check_visibility")
 def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Compare recomputed visibility with the stored ranges, event by event; write nothing."""
     from .visibility import visibility_differences
@@ -309,7 +306,6 @@ def apply_chain_cover(positions: io.Staging, links: io.Staging, rooms: Sequence[
     return skipped, inserted_positions, inserted_links
 
 
-@register("rebuild_chain_cover")
 def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the chain cover index from the events' auth events and swap it in, room by room.
     A room that gained events while the job ran keeps its incrementally maintained index."""
@@ -331,7 +327,6 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
                                     f"incrementally maintained index"}] if skipped > 0 else [])
 
 
-@register("check_chain_cover")
 def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the index and compare it with the stored one (chains named by their first
     event); write nothing."""
