@@ -33,6 +33,7 @@ from .models import (
     UserIp,
 )
 
+
 class InputFilter(admin.SimpleListFilter):
     """A sidebar filter with a text box: ``lookup`` = the typed value."""
 

@@ -4,9 +4,8 @@ state group, and the room state at the event. They are listed in :data:`EVENT_DE
 other code may add a panel with :func:`event_detail_panel`."""
 from __future__ import annotations
 
-from urllib.parse import urlencode
-
 from typing import Callable
+from urllib.parse import urlencode
 
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join

@@ -118,3 +118,69 @@ def test_import_cycles_only_shrink():
 
 def test_cycle_finder_finds_a_circle():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# -- where the dialects differ ------------------------------------------------------------------
+
+#: The modules where PostgreSQL and SQLite may differ, each the boundary of its concern
+#: (streams/dialect.py's docstring names them).
+DIALECT_MODULES = {
+    "streams/dialect.py",  # the stream machinery: writers, ID stores, endpoint, commands
+    "streams/storage/sql.py",  # the room event store's SQL
+    "streams/jobs/dialect.py",  # the batch jobs' reads, writes and locks
+    "synapse_repl/settings.py",  # SQLite's connection options, before Django's connections exist
+}
+#: The room event store's queries written twice ask ``storage.sql.is_sqlite``; sql.py's
+#: docstring lists each of these modules and what differs there.
+IS_SQLITE_CALLERS = {
+    "streams/storage/reads.py",
+    "streams/storage/chain_cover.py",
+    "streams/storage/state_groups.py",
+    "streams/storage/persist.py",
+}
+VENDOR_NAMES = {"postgresql", "sqlite", "django.db.backends.postgresql", "django.db.backends.sqlite3"}
+
+
+def dialect_tests(source: str) -> list[str]:
+    """Where ``source`` asks which database it runs on: a ``.vendor``, a comparison with (or a
+    dict keyed by) a vendor or engine name, a call of ``is_sqlite``."""
+    def vendor_name(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value in VENDOR_NAMES
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "vendor":
+            found.append(f"{node.lineno}: .vendor")
+        elif isinstance(node, ast.Compare) and any(map(vendor_name, [node.left, *node.comparators])):
+            found.append(f"{node.lineno}: compares with a vendor name")
+        elif isinstance(node, ast.Dict) and any(map(vendor_name, node.keys)):
+            found.append(f"{node.lineno}: a dict keyed by vendor")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "is_sqlite":
+            found.append(f"{node.lineno}: is_sqlite()")
+    return found
+
+
+def test_dialects_differ_only_in_the_dialect_modules():
+    offenders = {}
+    for package in DEPLOYABLE:
+        for path in (ROOT / package).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            if "migrations" in path.parts or rel in DIALECT_MODULES:
+                continue
+            found = dialect_tests(path.read_text())
+            if rel in IS_SQLITE_CALLERS:
+                found = [f for f in found if not f.endswith("is_sqlite()")]
+            if found:
+                offenders[rel] = found
+    assert offenders == {}, "move these behind streams/dialect.py, storage/sql.py or jobs/dialect.py"
+
+
+def test_dialect_finder_finds_each_form():
+    source = ('if connection.vendor == "postgresql": pass\n'
+              'if kind != "sqlite": pass\n'
+              'EXPR = {"postgresql": "a", "sqlite": "b"}\n'
+              'if is_sqlite(cursor): pass\n'
+              'ENGINE = "django.db.backends.sqlite3"\n')
+    assert sorted(dialect_tests(source)) == ["1: .vendor", "1: compares with a vendor name",
+                                             "2: compares with a vendor name", "3: a dict keyed by vendor",
+                                             "4: is_sqlite()"]
