@@ -11,7 +11,7 @@
 
 Which of the two a stream gets is chosen in ``streams/dialect.py``.
 
-Both answer the start-up questions of replication spec §12.7 (:meth:`load_state`).
+Both answer the start-up questions of docs/streams.md, "Start-up and recovery" (:meth:`load_state`).
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ class IdStore:
             self.sequence_set_at_least(cursor, highest)
 
     def load_state(self, writers: Sequence[str] | None) -> LoadedState:
-        """Read what §12.7 needs: positions, the linear start, rows above it."""
+        """Read what start-up needs (docs/streams.md): positions, the linear start, rows above it."""
         connection = connections[self.using]
         with transaction.atomic(using=self.using), connection.cursor() as cursor:
             self.ensure_sequence(cursor)

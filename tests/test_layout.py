@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,3 +185,25 @@ def test_dialect_finder_finds_each_form():
     assert sorted(dialect_tests(source)) == ["1: .vendor", "1: compares with a vendor name",
                                              "2: compares with a vendor name", "3: a dict keyed by vendor",
                                              "4: is_sqlite()"]
+
+
+# -- citations ------------------------------------------------------------------------------------
+
+#: Citations of texts that are not in this repository (the distilled specs the project was
+#: started from): the code cites docs/*.md or Synapse's public source instead.
+OUTSIDE_CITATION = re.compile(r"shared/(?:specs|reference)|\b(?:spec|lesson|shared spec) §")
+#: Being rewritten on other branches, which replace their citations there: streams/storage/persist.py
+#: and streams/replication/worker/client.py. The integrator empties this after merging them.
+CITATIONS_TO_REPLACE = {"streams/storage/persist.py", "streams/replication/worker/client.py"}
+
+
+def test_code_and_docs_cite_nothing_outside_the_repository():
+    paths = [p for package in (*DEPLOYABLE, "testing", "tests") for p in (ROOT / package).rglob("*.py")]
+    paths += [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in paths if str(path.relative_to(ROOT)) not in CITATIONS_TO_REPLACE
+        and path != Path(__file__).resolve()
+        for n, line in enumerate(path.read_text().splitlines(), 1) if OUTSIDE_CITATION.search(line)
+    ]
+    assert offenders == [], "cite docs/*.md or Synapse's source path instead"

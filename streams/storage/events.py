@@ -15,7 +15,7 @@ from ..matrix.event_format import Event as MatrixEvent
 from ..matrix.event_format import parse_event as parse_pdu
 from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 
-#: Synapse refuses depths outside [0, 2^53 - 1] (storage spec §3.2).
+#: Synapse refuses depths outside [0, 2^53 - 1] (``synapse/events/validator.py``; docs/storage.md).
 MAX_DEPTH = 2**53 - 1
 
 MEMBER = "m.room.member"

@@ -1,4 +1,5 @@
-"""MultiWriterIdGenerator against real databases: the vectors of replication spec §14.4
+"""MultiWriterIdGenerator against real databases: the vectors of Synapse's
+``tests/storage/test_id_generators.py``
 (Synapse's tests/storage/test_id_generators.py) and the worked example of streams.md.
 
 Harness as in Synapse: table(s) ``foobar(stream_id, instance_name, data)``, sequence
