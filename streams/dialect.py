@@ -17,9 +17,12 @@ twice) and ``jobs/dialect.py`` (the batch jobs' reads, writes and locks); beside
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from django.db import connections
+
+if TYPE_CHECKING:
+    from .id_store import IdStore
 
 POSTGRESQL = "postgresql"
 SQLITE = "sqlite"
@@ -49,7 +52,7 @@ def vendor_allows_several_writers(vendor: str) -> bool:
     return vendor == POSTGRESQL
 
 
-def id_store_for(using: str, **kwargs: Any) -> Any:
+def id_store_for(using: str, **kwargs: Any) -> "IdStore":
     """The ID store of a stream on database ``using`` (``kwargs``: the store's arguments)."""
     from .id_store import PostgresIdStore, SQLiteIdStore
 
