@@ -60,11 +60,12 @@ def python_topological_ordering() -> tuple[float, int]:
     from django.db import connection
 
     from streams.jobs import definitions, io
+    from streams.jobs.dialect import for_database
     from streams.jobs.topology import orderings_in_python
 
     t0 = time.monotonic()
     with connection.cursor() as cursor:
-        events = _fetch(cursor, definitions._events_query("postgresql").sql(None, io.quote))
+        events = _fetch(cursor, definitions._events_query(for_database()).sql(None, io.quote))
         edges = _fetch(cursor, definitions.EDGES.sql(None, io.quote))
     result = orderings_in_python(events[["room_id", "event_id", "stream_ordering", "depth"]].itertuples(index=False),
                                  edges[["room_id", "event_id", "prev_event_id"]].itertuples(index=False))
@@ -84,6 +85,7 @@ def python_visibility() -> tuple[float, int, int, int]:
     from django.db import connection
 
     from streams.jobs import definitions, io
+    from streams.jobs.dialect import for_database
     from streams.jobs.visibility import ANYONE, SHARED_ERAS, ranges_of_room, room_visibility
 
     t0 = time.monotonic()
@@ -91,7 +93,7 @@ def python_visibility() -> tuple[float, int, int, int]:
     with connection.cursor() as cursor:
         events = _fetch(cursor, definitions.VIS_EVENTS.sql(None, io.quote))
         edges = _fetch(cursor, definitions.EDGES.sql(None, io.quote))
-        groups = _fetch(cursor, definitions._groups_query("postgresql").sql(None, io.quote))
+        groups = _fetch(cursor, definitions._groups_query(for_database()).sql(None, io.quote))
     prevs = edges.groupby("event_id")["prev_event_id"].agg(list)
     events["prev_events"] = events["event_id"].map(prevs)
     groups_by_room = dict(tuple(groups.groupby("room_id", sort=False)))
@@ -218,11 +220,12 @@ def python_chain_cover() -> tuple[float, int]:
 
     from streams.jobs import definitions, io
     from streams.jobs.chain_cover import chain_cover_in_python
+    from streams.jobs.dialect import for_database
 
     t0 = time.monotonic()
     low, high = definitions._stream_bounds(None)
     with connection.cursor() as cursor:
-        events = _fetch(cursor, definitions._chain_events_query("postgresql").sql(None, io.quote))
+        events = _fetch(cursor, definitions._chain_events_query(for_database()).sql(None, io.quote))
     positions, links = chain_cover_in_python(events.itertuples(index=False, name=None))
     staged_positions = io.Staging.create("bench_chain_pos", definitions.POSITION_COLUMNS)
     staged_links = io.Staging.create("bench_chain_links", definitions.LINK_COLUMNS)

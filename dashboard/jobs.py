@@ -96,7 +96,7 @@ def job_log(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 def job_names() -> list[str]:
-    from streams.jobs.runner import JOBS, load_jobs
+    from streams.jobs.registry import JOBS, load_jobs
 
     load_jobs()
     return sorted(JOBS)

@@ -2,14 +2,13 @@
 
 Every fact table can be searched and filtered by room, sender (or user), type, stream ID
 (from/to, or a number typed in the search box) and writer. An event's page shows its stored
-JSON exactly as received and pretty-printed, and the panels other parts register with
-:func:`event_detail_panel` (edges, state group, state at the event). The stream-positions
+JSON exactly as received and pretty-printed, and the panels of ``admin_panels`` (edges,
+verdict, state group, state at the event). The stream-positions
 and pending-IDs pages carry the live panel of the dashboard (same WebSocket feed).
 """
 from __future__ import annotations
 
 import json
-from typing import Callable
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR
@@ -19,6 +18,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
 
+from .admin_panels import EVENT_DETAIL_PANELS
 from .identifiers import fits_stream_id
 from .models import (
     AccountData,
@@ -32,20 +32,6 @@ from .models import (
     StreamReservation,
     UserIp,
 )
-
-#: Further panels on an event's admin page: ``(title, render(event) -> HTML)``; build the HTML
-#: with ``format_html`` (a plain string is shown escaped). Event storage (edges, state group,
-#: state at an event) registers its panels here.
-EVENT_DETAIL_PANELS: list[tuple[str, Callable[[Event], str]]] = []
-
-
-def event_detail_panel(title: str) -> Callable[[Callable[[Event], str]], Callable[[Event], str]]:
-    """Decorator: show ``render(event)`` (``format_html`` output) under ``title`` on every
-    event's page."""
-    def register(render: Callable[[Event], str]) -> Callable[[Event], str]:
-        EVENT_DETAIL_PANELS.append((title, render))
-        return render
-    return register
 
 
 class InputFilter(admin.SimpleListFilter):
@@ -306,6 +292,3 @@ class JobRunAdmin(ReadOnlyAdmin):
     @admin.display(description=_("duration (s)"))
     def duration(self, run: JobRun):
         return None if run.duration_seconds is None else round(run.duration_seconds, 1)
-
-
-from .storage import admin_panels  # noqa: E402,F401  (the room store registers its event panels)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+
+from .dialect import several_writers, vendor_allows_several_writers
 
 DEFAULT_WRITER = "master"
 
@@ -41,7 +42,7 @@ def stream_writers(text: str | None = None, *, vendor: str | None = None) -> dic
     from .registry import STREAMS
 
     configured = parse_stream_writers(repl_setting("STREAM_WRITERS") if text is None else text)
-    vendor = vendor or connections["default"].vendor
+    several_allowed = several_writers("default") if vendor is None else vendor_allows_several_writers(vendor)
     for name in configured:
         if name not in STREAMS:
             raise ImproperlyConfigured(
@@ -65,7 +66,7 @@ def stream_writers(text: str | None = None, *, vendor: str | None = None) -> dic
             raise ImproperlyConfigured(
                 f"STREAM_WRITERS: stream {name} allows exactly one writer, got {', '.join(writers)}"
             )
-        if len(writers) > 1 and vendor == "sqlite":
+        if len(writers) > 1 and not several_allowed:
             raise ImproperlyConfigured(
                 f"STREAM_WRITERS: stream {name} has several writers ({', '.join(writers)}), "
                 "which needs PostgreSQL; SQLite supports one writer per stream. "

@@ -1,6 +1,6 @@
 """``MultiWriterIdGenerator``: hands out stream IDs and tracks how far each writer got.
 
-Design notes: docs/streams.md. The semantics are Synapse's (replication spec §12): reserve
+Design notes: docs/streams.md. The semantics are Synapse's (``synapse/storage/util/id_generators.py``): reserve
 IDs (``nextval``), write the rows, complete the IDs on commit *and* on rollback; positions
 only advance over contiguous completed IDs. The bookkeeping is :class:`StreamPositions`
 (pure), the database work is an :class:`IdStore`; this class joins them and tells the

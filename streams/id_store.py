@@ -9,7 +9,9 @@
   SQLite has one writer per stream, so the reservation runs on the Django connection before
   the writing transaction opens.
 
-Both answer the start-up questions of replication spec §12.7 (:meth:`load_state`).
+Which of the two a stream gets is chosen in ``streams/dialect.py``.
+
+Both answer the start-up questions of docs/streams.md, "Start-up and recovery" (:meth:`load_state`).
 """
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ class IdStore:
             self.sequence_set_at_least(cursor, highest)
 
     def load_state(self, writers: Sequence[str] | None) -> LoadedState:
-        """Read what §12.7 needs: positions, the linear start, rows above it."""
+        """Read what start-up needs (docs/streams.md): positions, the linear start, rows above it."""
         connection = connections[self.using]
         with transaction.atomic(using=self.using), connection.cursor() as cursor:
             self.ensure_sequence(cursor)
@@ -424,14 +426,6 @@ def _raise_position_sql(direction: IdDirection) -> str:
         f"UPDATE {POSITIONS} SET stream_id = %s, recorded_at = %s, pid = %s, host = %s "
         f"WHERE stream_name = %s AND instance_name = %s AND stream_id {cmp} %s"
     )
-
-
-def id_store_for(vendor: str, **kwargs: Any) -> IdStore:
-    if vendor == "postgresql":
-        return PostgresIdStore(**kwargs)
-    if vendor == "sqlite":
-        return SQLiteIdStore(**kwargs)
-    raise RuntimeError(f"stream IDs need PostgreSQL or SQLite, not {vendor}")
 
 
 def table_refs(tables: Iterable[Any]) -> list[TableRef]:

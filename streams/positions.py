@@ -1,7 +1,7 @@
 """Stream positions: the scratchpad of a stream ID generator and the reader-side tracker.
 
 Design notes: docs/streams.md. The rules are Synapse's ``MultiWriterIdGenerator`` (see
-``shared/specs/replication.md`` §12.4-§12.6), kept here free of any database or clock so that
+``synapse/storage/util/id_generators.py``; docs/streams.md, "Positions"), kept here free of any database or clock so that
 they can be tested on their own:
 
 * a writer's **current position** is the largest ID such that all of its reservations up to
@@ -128,7 +128,7 @@ class StreamPositions:
         rows: Iterable[tuple[str, int]],
         writers: Iterable[str] | None,
     ) -> None:
-        """Start-up state read from the database (replication spec §12.7).
+        """Start-up state read from the database (docs/streams.md, "Start-up and recovery").
 
         ``positions``: what ``stream_positions`` holds for the configured writers (a writer's
         own entry already replaced by the sequence value on PostgreSQL); ``persisted_upto``:

@@ -1,7 +1,7 @@
 """The stream catalogue: one declaration per stream.
 
 A declaration says which tables back the stream (and which column holds the stream ID), the
-row format sent on the wire (Synapse's field order, ``shared/specs/replication.md`` §8-§9),
+row format sent on the wire (Synapse's field order, its ``synapse/replication/tcp/streams/``),
 whether several writers are allowed, and which PostgreSQL sequence hands out its IDs.
 Adding a stream = one :func:`declare` call here plus its model.
 """

@@ -8,12 +8,12 @@ from typing import Callable
 
 from django.apps import apps
 from django.conf import settings
-from django.db import connections
 
 from .conf import instance_name as configured_instance_name
 from .conf import stream_writers
+from .dialect import id_store_for
 from .id_generator import MultiWriterIdGenerator
-from .id_store import id_store_for, table_refs
+from .id_store import table_refs
 from .notifier import PositionNotifier, WireJournal
 from .registry import STREAMS, get_stream
 from .writer import StreamWriter
@@ -47,13 +47,12 @@ class StreamRuntime:
                 if not spec.db_backed:
                     raise ValueError(f"stream {stream_name} is kept in memory; it has no ID generator")
                 store = id_store_for(
-                    connections[self.using].vendor,
+                    self.using,
                     stream_name=spec.name,
                     sequence=spec.sequence,
                     tables=table_refs(spec.tables),
                     instance_name=self.instance_name,
                     backwards=spec.backwards,
-                    using=self.using,
                 )
                 gen = MultiWriterIdGenerator(
                     stream_name=spec.name,

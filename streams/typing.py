@@ -1,5 +1,5 @@
 """The ``typing`` stream: who is typing in which room, kept in memory by its writer, as
-Synapse's typing writer keeps it (replication spec §8, §9.5; docs/streams.md).
+Synapse's typing writer keeps it (``synapse/handlers/typing.py``; docs/streams.md).
 
 No table backs it. The writer process holds, per room, the users typing (each until a
 timeout) and the serial of the room's last change; one counter hands out serials from 1

@@ -1,5 +1,7 @@
 """Reading a stream's rows back: ``get_updates_since``, the update function every sender
-(RDATA after a write, catch-up over HTTP, legacy REPLICATE) uses. Replication spec §7.
+(RDATA after a write, catch-up over HTTP, legacy REPLICATE) uses, with the limits of Synapse's
+``Stream.get_updates_since`` (``synapse/replication/tcp/streams/_base.py``; docs/replication.md,
+"Catch-up").
 
 Contract (Synapse's): the rows one writer wrote in ``(from_token, upto_token]``, sorted by
 token, at most about ``limit`` of them. When limited, the returned bound is a token such that

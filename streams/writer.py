@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from django.db import connections, transaction
 
+from .dialect import bulk_insert_sql
 from .id_generator import MultiWriterIdGenerator
 from .models.base import FactModel
 from .notifier import WireJournal
@@ -207,14 +208,10 @@ class StreamWriter:
             return None if field.null else _REQUIRED
 
         copy_sql = unnest_sql = copy_preps = None
-        if connection.vendor == "postgresql":
-            copy_sql = "COPY {} ({}) FROM STDIN".format(qn(meta.db_table), ", ".join(qn(c) for c in columns))
-            types = [id_field.db_type(connection), writer_field.db_type(connection),
-                     *(f.db_type(connection) for f in fields)]
-            unnest_sql = "INSERT INTO {} ({}) SELECT * FROM unnest({})".format(
-                qn(meta.db_table), ", ".join(qn(c) for c in columns),
-                ", ".join(f"%b::{t}[]" for t in types),
-            )
+        bulk = bulk_insert_sql(self.using, qn(meta.db_table), [qn(c) for c in columns], lambda: [
+            id_field.db_type(connection), writer_field.db_type(connection), *(f.db_type(connection) for f in fields)])
+        if bulk is not None:
+            copy_sql, unnest_sql = bulk
             # Values as executemany takes them, but JSON as its text (parsed by the server)
             # instead of one Jsonb wrapper per value.
             copy_preps = [None, None, *(_copy_prep(f, connection) for f in fields)]

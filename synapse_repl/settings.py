@@ -150,8 +150,8 @@ JOB_SCHEDULES = {
     "hourly chain cover check": (_CHAIN_COVER_CHECK_CRON, "check_chain_cover"),
 }
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
-#: More job definitions: comma-separated modules that register jobs with
-#: ``streams.jobs.runner.register`` (imported wherever jobs are listed or run).
+#: More job definitions: comma-separated modules, each naming its jobs in a module-level
+#: ``JOBS = {"name": function}`` (imported wherever jobs are listed or run; docs/jobs.md).
 JOB_MODULES = [m.strip() for m in os.environ.get("JOB_MODULES", "").split(",") if m.strip()]
 
 # --- /health/ready (synapse_repl/health.py) ------------------------------------------------

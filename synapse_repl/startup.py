@@ -65,13 +65,15 @@ def check_database(alias: str = "default", *, migrated: bool = True) -> None:
     """The database answers, and (``migrated``) every migration has been applied."""
     from django.db import DatabaseError, connections
 
+    from streams.dialect import is_local_file
+
     connection = connections[alias]
     try:
         connection.ensure_connection()
     except DatabaseError as e:
         connection.close()
         fix = ("fix DATABASE_URL (the file's directory must exist and be writable)"
-               if connection.vendor == "sqlite" else "start the database server or fix DATABASE_URL")
+               if is_local_file(alias) else "start the database server or fix DATABASE_URL")
         raise StartupError(f"cannot connect to {_database_label(alias)}: {_one_line(e)}; {fix}") from None
     if not migrated:
         return

@@ -1,4 +1,5 @@
-"""Synapse 1.163.2 called in process as the reference implementation (shared spec §7).
+"""Synapse 1.163.2 called in process as the reference implementation (docs/matrix.md,
+"How it is checked").
 
 Its events are built from the very PDU dicts ours are built from; its verdicts come from
 ``check_state_independent_auth_rules`` + ``check_state_dependent_auth_rules``, its resolved

@@ -19,6 +19,7 @@ from django.db import connections
 from django.utils import timezone
 
 from ..models import JobRun
+from .dialect import for_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,19 +31,8 @@ def child_environment(using: str = "default") -> dict[str, str]:
     """This process's environment, with the database, state directory and Spark master this
     process actually uses (a test's database, a settings override) rather than the ones its
     environment named at start-up."""
-    from urllib.parse import quote
-
     env = os.environ.copy()
-    params = connections[using].settings_dict
-    if connections[using].vendor == "postgresql":
-        auth = quote(params.get("USER") or "", safe="")
-        if params.get("PASSWORD"):
-            auth += ":" + quote(params["PASSWORD"], safe="")
-        host = params.get("HOST") or "localhost"
-        port = f":{params['PORT']}" if params.get("PORT") else ""
-        env["DATABASE_URL"] = f"postgres://{auth + '@' if auth else ''}{host}{port}/{quote(params['NAME'], safe='')}"
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{params['NAME']}"
+    env["DATABASE_URL"] = for_database(using).database_url(connections[using].settings_dict)
     env["STATE_DIR"] = str(settings.STATE_DIR)
     env["SPARK_MASTER"] = settings.SYNAPSE_REPL["SPARK_MASTER"]
     return env

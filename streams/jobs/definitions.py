@@ -1,4 +1,5 @@
-"""The jobs the runner knows, each: read (io) -> compute (pure) -> write or compare."""
+"""The built-in jobs (listed by name in ``registry``), each: read (io) -> compute (pure) -> write
+or compare."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -7,23 +8,16 @@ from pyspark.sql import functions as F
 
 from . import io
 from .consistency import ordering_differences
-from .runner import SAMPLE_LIMIT, Outcome, register
+from .dialect import JobDialect, for_database
+from .outcome import SAMPLE_LIMIT, Outcome
 from .topology import topological_ordering
 
-#: the event's own declared depth, read from the stored JSON by the database. On PostgreSQL
-#: as ``json`` with \u0000 turned into \u0001, as ``_AUTH_EVENTS`` below: ``jsonb`` refuses
-#: that valid escape, and one event carrying it in its content would stop the job
-_DECLARED_DEPTH = {
-    "postgresql": "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json ->> 'depth')::bigint",
-    "sqlite": "CAST(json_extract(CAST(json AS TEXT), '$.depth') AS INTEGER)",
-}
 
-
-def _events_query(vendor: str) -> io.Query:
+def _events_query(dialect: JobDialect) -> io.Query:
     return io.Query(
         columns=("room_id", "event_id", "stream_ordering", "depth", "topological_ordering"),
         source=f"(SELECT room_id, event_id, stream_ordering, topological_ordering, "
-               f"{_DECLARED_DEPTH[vendor]} AS depth FROM events) AS ev",
+               f"{dialect.declared_depth} AS depth FROM events) AS ev",
         schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
         partition_column="stream_ordering",
     )
@@ -37,14 +31,8 @@ EDGES = io.Query(
 )
 
 
-def _vendor() -> str:
-    from django.db import connection
-
-    return connection.vendor
-
-
 def _orderings(spark: Any, rooms: Sequence[str] | None):
-    events = io.read(spark, _events_query(_vendor()), rooms).cache()
+    events = io.read(spark, _events_query(for_database()), rooms).cache()
     edges = io.read(spark, EDGES, rooms)
     return events, topological_ordering(events, edges)
 
@@ -65,7 +53,6 @@ def apply_orderings(stage: io.Staging) -> int:
     return changed
 
 
-@register("topological_ordering")
 def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute every event's topological ordering and swap the changed ones in."""
     events, result = _orderings(spark, rooms)
@@ -80,7 +67,6 @@ def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> O
     return Outcome(rows_in=rows_in, rows_out=max(changed, 0), differences=None)
 
 
-@register("check_topological_ordering")
 def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Compare recomputed orderings with the stored ones; write nothing."""
     events, result = _orderings(spark, rooms)
@@ -96,12 +82,6 @@ def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outco
 
 # -- visibility ---------------------------------------------------------------------------------
 
-_HV_VALUE = {  # PostgreSQL: not jsonb, see _DECLARED_DEPTH
-    "postgresql": "replace(convert_from(ev.json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'content' "
-                  "->> 'history_visibility'",
-    "sqlite": "json_extract(CAST(ev.json AS TEXT), '$.content.history_visibility')",
-}
-
 VIS_EVENTS = io.Query(
     columns=("room_id", "event_id", "topological_ordering", "stream_ordering", "type", "state_key",
              "membership", "outlier", "rejected", "state_group"),
@@ -114,13 +94,13 @@ VIS_EVENTS = io.Query(
 )
 
 
-def _groups_query(vendor: str) -> io.Query:
+def _groups_query(dialect: JobDialect) -> io.Query:
     return io.Query(
         columns=("room_id", "state_group", "prev_state_group", "type", "state_key", "membership",
                  "history_visibility"),
         source="(SELECT g.room_id, g.id AS state_group, eg.prev_state_group, s.type, s.state_key, "
                "ev.membership, CASE WHEN s.type = 'm.room.history_visibility' THEN "
-               f"{_HV_VALUE[vendor]} END AS history_visibility "
+               f"{dialect.history_visibility} END AS history_visibility "
                "FROM state_groups g LEFT JOIN state_group_edges eg ON eg.state_group = g.id "
                "LEFT JOIN state_groups_state s ON s.state_group = g.id AND (s.type = 'm.room.member' "
                "OR (s.type = 'm.room.history_visibility' AND s.state_key = '')) "
@@ -150,14 +130,14 @@ def _visibility(spark: Any, rooms: Sequence[str] | None):
     prevs = (io.read(spark, EDGES, rooms).groupBy("event_id")
              .agg(F.collect_list("prev_event_id").alias("prev_events")))
     events = events.join(prevs, on="event_id", how="left").cache()
-    groups = io.read(spark, _groups_query(_vendor()), rooms)
+    groups = io.read(spark, _groups_query(for_database()), rooms)
     return events, visibility_ranges(events, groups)
 
 
 def _stream_bounds(rooms: Sequence[str] | None) -> tuple[int, int]:
     from django.db import connection
 
-    where, params = ("WHERE room_id = ANY(%s)", [list(rooms)]) if rooms and connection.vendor == "postgresql" else ("", [])
+    where, params = for_database().rooms_filter(rooms)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT coalesce(min(stream_ordering), 0), coalesce(max(stream_ordering), 0) FROM events {where}",
                        params)
@@ -170,10 +150,8 @@ def apply_ranges(stage: io.Staging, rooms: Sequence[str] | None, low: int, high:
     cols = ", ".join(n for n, _ in RANGE_COLUMNS)
     keep = "room_id NOT IN (SELECT room_id FROM job_vis_skipped)"
     target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
-    statements = []
-    if _vendor() == "postgresql":
-        # a persisting transaction that writes ranges waits for the swap, or the swap for it
-        statements.append(("LOCK TABLE room_visibility_ranges IN SHARE ROW EXCLUSIVE MODE", ()))
+    # a persisting transaction that writes ranges waits for the swap, or the swap for it
+    statements = for_database().lock_tables("room_visibility_ranges")
     statements += [
         ("CREATE TEMPORARY TABLE job_vis_skipped AS SELECT DISTINCT room_id FROM events "
          "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
@@ -185,7 +163,6 @@ def apply_ranges(stage: io.Staging, rooms: Sequence[str] | None, low: int, high:
     return skipped, inserted
 
 
-@register("visibility")
 def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute the visibility ranges and swap them in, room by room. A room that gained
     events while the job ran keeps its incrementally maintained rows (reported as skipped)."""
@@ -204,7 +181,6 @@ def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
                                     f"incrementally maintained ranges"}] if skipped > 0 else [])
 
 
-@register("check_visibility")
 def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Compare recomputed visibility with the stored ranges, event by event; write nothing."""
     from .visibility import visibility_differences
@@ -222,19 +198,11 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 # -- chain cover index ----------------------------------------------------------------------------
 
-_AUTH_EVENTS = {
-    # \u0000 is valid JSON that PostgreSQL's JSON operators refuse; turned into \u0001 (still
-    # valid wherever it stands, and event IDs never hold it) so such an event cannot stop the job
-    "postgresql": "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'auth_events')::text",
-    "sqlite": "json_extract(CAST(json AS TEXT), '$.auth_events')",
-}
-
-
-def _chain_events_query(vendor: str) -> io.Query:
+def _chain_events_query(dialect: JobDialect) -> io.Query:
     """The state events with their auth events as the stored JSON lists them."""
     return io.Query(
         columns=("room_id", "event_id", "stream_ordering", "type", "state_key", "auth_events"),
-        source=f"(SELECT room_id, event_id, stream_ordering, type, state_key, {_AUTH_EVENTS[vendor]} AS auth_events "
+        source=f"(SELECT room_id, event_id, stream_ordering, type, state_key, {dialect.auth_events} AS auth_events "
                f"FROM events WHERE state_key IS NOT NULL) AS ev",
         schema="room_id string, event_id string, stream_ordering long, type string, state_key string, "
                "auth_events string",
@@ -265,7 +233,7 @@ LINK_COLUMNS = [("room_id", "text"), ("origin_chain_id", "bigint"), ("origin_seq
 def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
     from .chain_cover import chain_cover
 
-    events = io.read(spark, _chain_events_query(_vendor()), rooms).cache()
+    events = io.read(spark, _chain_events_query(for_database()), rooms).cache()
     positions, links = chain_cover(events)
     return events, positions, links
 
@@ -279,13 +247,11 @@ def apply_chain_cover(positions: io.Staging, links: io.Staging, rooms: Sequence[
     (skipped rooms, positions, links)."""
     keep = "room_id NOT IN (SELECT room_id FROM job_chain_skipped)"
     target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
-    postgres = _vendor() == "postgresql"
-    base = ("greatest((SELECT coalesce(max(chain_id), 0) FROM event_auth_chains), "
-            "(SELECT last_value FROM event_auth_chain_id))" if postgres
-            else "(SELECT coalesce(max(chain_id), 0) FROM event_auth_chains)")
-    statements = []
-    if postgres:  # a persisting transaction that indexes events waits for the swap, or it for them
-        statements.append(("LOCK TABLE event_auth_chains, event_auth_chain_links IN SHARE ROW EXCLUSIVE MODE", ()))
+    dialect = for_database()
+    base = dialect.chain_id_base
+    # a persisting transaction that indexes events waits for the swap, or it for them
+    statements = dialect.lock_tables("event_auth_chains, event_auth_chain_links")
+    offset = len(statements)
     statements += [
         ("CREATE TEMPORARY TABLE job_chain_skipped AS SELECT DISTINCT room_id FROM events "
          "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
@@ -303,16 +269,12 @@ def apply_chain_cover(positions: io.Staging, links: io.Staging, rooms: Sequence[
         ("DROP TABLE job_chain_skipped", ()),
         ("DROP TABLE job_chain_base", ()),
     ]
-    if postgres:
-        statements.append(("SELECT setval('event_auth_chain_id', greatest((SELECT coalesce(max(chain_id), 0) "
-                           "FROM event_auth_chains), (SELECT last_value FROM event_auth_chain_id)))", ()))
+    statements += dialect.chain_id_catch_up()
     counts = io.swap_in(statements)
-    offset = 1 if postgres else 0
     skipped, inserted_positions, inserted_links = counts[offset], counts[offset + 4], counts[offset + 5]
     return skipped, inserted_positions, inserted_links
 
 
-@register("rebuild_chain_cover")
 def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the chain cover index from the events' auth events and swap it in, room by room.
     A room that gained events while the job ran keeps its incrementally maintained index."""
@@ -334,7 +296,6 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
                                     f"incrementally maintained index"}] if skipped > 0 else [])
 
 
-@register("check_chain_cover")
 def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the index and compare it with the stored one (chains named by their first
     event); write nothing."""

@@ -1,8 +1,7 @@
 """The jobs' thin I/O shell: tables in as DataFrames, results out through staging tables.
 
-Full mode reads and writes PostgreSQL over JDBC (Debian's driver; reads split into
-partitions on a numeric column so every core pulls its share). On the embedded default the
-rows come from SQLite through Django's connection. Results always land in a staging table
+How rows travel (JDBC on PostgreSQL, Django's connection on SQLite) is the dialect's
+(``dialect.py``). Results always land in a staging table
 first; :func:`swap_in` then applies them in one transaction, so a job that fails at any
 point before it leaves the live tables as they were.
 """
@@ -14,7 +13,7 @@ from typing import Any, Sequence
 
 from django.db import connections, transaction
 
-from ..pg import connection_kwargs
+from .dialect import for_database
 
 
 @dataclass(frozen=True)
@@ -33,17 +32,6 @@ class Query:
         return text
 
 
-def jdbc_url(using: str = "default") -> tuple[str, dict[str, str]]:
-    kw = connection_kwargs(using)
-    url = f"jdbc:postgresql://{kw.get('host', 'localhost')}:{kw.get('port', 5432)}/{kw['dbname']}"
-    props = {"driver": "org.postgresql.Driver"}
-    if "user" in kw:
-        props["user"] = kw["user"]
-    if "password" in kw:
-        props["password"] = kw["password"]
-    return url, props
-
-
 def quote(value: str) -> str:
     """An SQL string literal (standard quoting: PostgreSQL with standard_conforming_strings, SQLite)."""
     if "\x00" in value:
@@ -54,29 +42,8 @@ def quote(value: str) -> str:
 def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str = "default",
          partitions: int | None = None):
     """The rows of ``query`` as a DataFrame (only ``rooms``' rows if given)."""
-    connection = connections[using]
-    if connection.vendor == "postgresql":
-        url, props = jdbc_url(using)
-        sql = query.sql(rooms, quote)
-        reader = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
-        for k, v in props.items():
-            reader = reader.option(k, v)
-        partitions = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
-        if query.partition_column and partitions > 1:
-            with connection.cursor() as cursor:
-                cursor.execute(f"SELECT min({query.partition_column}), max({query.partition_column}) "
-                               f"FROM ({sql}) AS bounds")
-                low, high = cursor.fetchone()
-            if low is not None and high > low:
-                reader = (reader.option("partitionColumn", query.partition_column)
-                          .option("lowerBound", str(low)).option("upperBound", str(high + 1))
-                          .option("numPartitions", str(partitions)))
-        df = reader.option("dbtable", f"({sql}) AS job_input").load()
-        return df.select(*query.columns).to(spark.createDataFrame([], query.schema).schema)
-    with connection.cursor() as cursor:
-        cursor.execute(query.sql(rooms, quote))
-        rows = cursor.fetchall()
-    return spark.createDataFrame(rows, query.schema)
+    return for_database(using).read(spark, query.sql(rooms, quote), query.columns, query.schema,
+                                    query.partition_column, using, partitions)
 
 
 @dataclass
@@ -90,39 +57,15 @@ class Staging:
     @classmethod
     def create(cls, job: str, columns: Sequence[tuple[str, str]], using: str = "default") -> "Staging":
         stage = cls(f"job_staging_{job}_{uuid.uuid4().hex[:10]}", list(columns), using)
-        unlogged = "UNLOGGED " if connections[using].vendor == "postgresql" else ""
         cols = ", ".join(f"{n} {t}" for n, t in stage.columns)
         with connections[using].cursor() as cursor:
-            cursor.execute(f"CREATE {unlogged}TABLE {stage.name} ({cols})")
+            cursor.execute(f"CREATE {for_database(using).staging_table} {stage.name} ({cols})")
         return stage
 
     def write(self, df) -> int:
         """Write ``df`` (with exactly this table's columns) into the staging table."""
         names = [n for n, _ in self.columns]
-        df = df.select(*names)
-        connection = connections[self.using]
-        if connection.vendor == "postgresql":
-            url, props = jdbc_url(self.using)
-            (df.write.format("jdbc").option("url", url).option("dbtable", self.name)
-             .option("batchsize", "10000").option("rewriteBatchedInserts", "true")
-             .options(**props).mode("append").save())
-            with connection.cursor() as cursor:
-                cursor.execute(f"SELECT count(*) FROM {self.name}")
-                return cursor.fetchone()[0]
-        sql = f"INSERT INTO {self.name} ({', '.join(names)}) VALUES ({', '.join('%s' for _ in names)})"
-        n = 0
-        batch: list[tuple[Any, ...]] = []
-        with connection.cursor() as cursor:
-            for row in df.toLocalIterator():
-                batch.append(tuple(row))
-                if len(batch) >= 10000:
-                    cursor.executemany(sql, batch)
-                    n += len(batch)
-                    batch.clear()
-            if batch:
-                cursor.executemany(sql, batch)
-                n += len(batch)
-        return n
+        return for_database(self.using).write(df.select(*names), self.name, names, self.using)
 
     def drop(self) -> None:
         with connections[self.using].cursor() as cursor:

@@ -3,19 +3,13 @@
 PostgreSQL: a session advisory lock on a connection of its own, so it is released by the
 server the moment its holder dies (a crashed job never blocks the next one). SQLite (one
 machine): an exclusive ``flock`` on a file in the state directory, released by the kernel the
-same way.
+same way. Both are taken in ``dialect.py``.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
-from pathlib import Path
 
-from django.conf import settings
-from django.db import connections
-
-from ..pg import dedicated_connection
+from .dialect import Closable, for_database
 
 
 class JobLock:
@@ -25,8 +19,7 @@ class JobLock:
         self.job = job
         self.using = using
         self.held = False
-        self._conn = None
-        self._file = None
+        self._handle: Closable | None = None
 
     @property
     def key(self) -> int:
@@ -34,37 +27,14 @@ class JobLock:
         return int.from_bytes(digest, "big", signed=True)
 
     def acquire(self) -> bool:
-        vendor = connections[self.using].vendor
-        if vendor == "postgresql":
-            self._conn = dedicated_connection(f"synapse_repl job lock {self.job}", self.using)
-            self.held = bool(self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()[0])
-            if not self.held:
-                self._conn.close()
-                self._conn = None
-        else:
-            path = Path(settings.STATE_DIR) / "locks" / f"job-{self.job}.lock"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a+")
-            try:
-                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.held = True
-                self._file.seek(0)
-                self._file.truncate()
-                self._file.write(f"{os.getpid()}\n")
-                self._file.flush()
-            except BlockingIOError:
-                self._file.close()
-                self._file = None
+        self._handle = for_database(self.using).try_lock(self.job, self.key, self.using)
+        self.held = self._handle is not None
         return self.held
 
     def release(self) -> None:
-        if self._conn is not None:
-            self._conn.close()  # ends the session: the advisory lock goes with it
-            self._conn = None
-        if self._file is not None:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
         self.held = False
 
     def __enter__(self) -> bool:

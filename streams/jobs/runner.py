@@ -4,55 +4,20 @@ from __future__ import annotations
 
 import logging
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from django.utils import timezone
 
 from ..models import JobRun
 from .lock import JobLock
+from .outcome import SAMPLE_LIMIT
+from .registry import JOBS, load_jobs
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Outcome:
-    """What a job reports back: rows read and written, and any differences it found."""
-
-    rows_in: int = 0
-    rows_out: int = 0
-    differences: int | None = None
-    sample: list[dict[str, Any]] = field(default_factory=list)
-
-
-#: name -> function(spark, rooms) -> Outcome; filled by the job modules (see ``jobs``)
-JOBS: dict[str, Callable[[Any, Sequence[str] | None], Outcome]] = {}
-
-SAMPLE_LIMIT = 1000
-
-
 class UnknownJob(ValueError):
     pass
-
-
-def register(name: str):
-    def deco(fn):
-        JOBS[name] = fn
-        return fn
-    return deco
-
-
-def load_jobs() -> None:
-    """Import the job definitions (they need pyspark, so not at Django start-up), and those of
-    ``JOB_MODULES`` (an operator's own jobs: modules that ``@register`` them)."""
-    import importlib
-
-    from django.conf import settings
-
-    from . import definitions  # noqa: F401
-
-    for module in getattr(settings, "JOB_MODULES", ()):
-        importlib.import_module(module)
 
 
 def missing_rooms(rooms: Sequence[str] | None) -> list[str]:

@@ -1,5 +1,5 @@
 """Topological ordering recomputed from the stored events: the batch twin of the persist
-path's ordering (shared/specs/storage.md §3.2).
+path's ordering (docs/storage.md, "The persist path").
 
 As in Synapse, an event's topological ordering is its own declared ``depth``: it never
 changes, so a ``t`` token handed to a client keeps its meaning whatever arrives later. Only

@@ -1,6 +1,6 @@
 """The Matrix authorization rules, per room version: may this event be part of the room,
-given the state it is checked against? (docs/matrix.md; spec facts in
-shared/specs/matrix-state.md §2.)
+given the state it is checked against? (docs/matrix.md; the Matrix spec's authorization rules
+per room version, as Synapse's ``synapse/event_auth.py`` applies them.)
 
 Split as the receive path and state resolution need it:
 * :func:`check_state_independent` -- rules 1-3: the create event's own rules, and whether the

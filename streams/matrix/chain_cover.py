@@ -1,5 +1,6 @@
 """The chain cover index of a room's auth graph: auth chain questions answered from a few
-numbers per event instead of walks over every ancestor (shared/specs/matrix-state.md §5).
+numbers per event instead of walks over every ancestor (docs/storage.md, "The chain cover
+index"; Synapse's ``docs/auth_chain_difference_algorithm.md``).
 
 Every indexed state event gets a position ``(chain, seq)``. A *chain* is a run of events in
 which each is an auth ancestor of the next (usually the successive versions of one state key:

@@ -1,6 +1,6 @@
 """Room versions 1-12 as data: what each version changes in event IDs, redaction, the
-authorization rules and state resolution (docs/matrix.md; spec facts in
-shared/specs/matrix-state.md §1).
+authorization rules and state resolution (docs/matrix.md; the Matrix spec's room versions, as
+Synapse's ``synapse/api/room_versions.py`` flags them).
 
 A room's version is fixed by its create event (``content.room_version``, missing = "1"); every
 rule that differs between versions reads one of these flags instead of comparing version

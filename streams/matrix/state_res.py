@@ -1,6 +1,7 @@
 """State resolution v2 (room versions 2-11) and v2.1 (room v12, MSC4297): the one room state
 that several state sets (the states after each prev event of a merge) resolve to.
-(docs/matrix.md; spec facts in shared/specs/matrix-state.md §3.)
+(docs/matrix.md; the Matrix spec's state resolution v2, as Synapse's ``synapse/state/v2.py``
+implements it.)
 
 Deterministic by construction: the result depends only on the events (their auth edges,
 senders' power, ``origin_server_ts``, IDs) and which of them were rejected -- never on arrival

@@ -1,5 +1,5 @@
 """The chain cover index of the rooms' auth graphs (``streams.storage.chain_cover``;
-shared/specs/matrix-state.md §5). Names and columns follow Synapse's tables, plus ``room_id``
+docs/storage.md, "The chain cover index"). Names and columns follow Synapse's tables, plus ``room_id``
 so the batch job can rebuild and check rooms one at a time."""
 from __future__ import annotations
 

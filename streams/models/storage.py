@@ -4,7 +4,7 @@ Indexes are declared in ``Meta`` (not ``db_index``/``unique`` on text fields), s
 gets no extra ``varchar_pattern_ops`` "like" index per column: nothing here is searched by
 prefix, and every index is paid for on each persisted batch.
 
-Names and columns follow Synapse (``shared/specs/storage.md`` §1-§2) where Synapse has the
+Names and columns follow Synapse (its schema, ``synapse/storage/schema/``) where Synapse has the
 table, so Synapse tools and SQL read them unchanged. These are derived tables, written only by
 ``streams.storage.persist`` (and, for visibility, by the batch jobs of issue 6); they are not
 facts of a stream, so they are plain models.

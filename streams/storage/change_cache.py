@@ -1,6 +1,6 @@
 """``StreamChangeCache``: for each entity (room, user), the stream position of its last change,
-so a sync skips rooms with nothing new without touching the database (storage spec §3.7;
-the semantics, including "unknown entity = unchanged", are Synapse's)."""
+so a sync skips rooms with nothing new without touching the database (Synapse's
+``synapse/util/caches/stream_change_cache.py``; the semantics, including "unknown entity = unchanged", are Synapse's)."""
 from __future__ import annotations
 
 import threading

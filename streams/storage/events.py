@@ -15,7 +15,9 @@ from ..matrix.event_format import Event as MatrixEvent
 from ..matrix.event_format import parse_event as parse_pdu
 from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 
-#: Synapse refuses depths outside [0, 2^53 - 1] (storage spec §3.2).
+#: Depths outside [0, 2^53 - 1] are refused: a canonical JSON integer's range (Synapse's
+#: ``event_from_pdu_json``, ``synapse/federation/federation_base.py``, refuses negative depths
+#: and, from room v6, integers beyond it; docs/storage.md, "The persist path").
 MAX_DEPTH = 2**53 - 1
 
 MEMBER = "m.room.member"

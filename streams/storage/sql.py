@@ -1,4 +1,5 @@
-"""The SQL dialects of the storage code: the one place where PostgreSQL and SQLite differ.
+"""The room event store's dialect boundary: where its SQL differs between PostgreSQL and
+SQLite (``streams/dialect.py`` says where else the dialects differ).
 
 * **PostgreSQL** (the full mode): a server-binding psycopg cursor on Django's own connection
   (so the same transaction) sends whole columns as binary array parameters: one
@@ -10,9 +11,14 @@
   transaction is ``IMMEDIATE`` (it holds the database's write lock from its first statement),
   so no row locks are needed.
 
-Call sites build each statement from these helpers and write a query twice only where the
-dialects really differ (LATERAL joins, ``DISTINCT ON``, sequences): ``cursor.vendor`` tells
-which one they have.
+Call sites build each statement from these helpers. A query is written twice only where the
+dialects really differ, each such place asking :func:`is_sqlite` (and only these, a test
+checks): the timelines and syncs of ``reads.py`` (PostgreSQL: ``LATERAL`` joins and
+``DISTINCT ON`` over the visibility ranges, planned without bitmap scans; SQLite: one query
+per room), the reach of chains and chain IDs of ``chain_cover.py`` (a sequence, or the largest
+ID + 1), the state of a group and its IDs in ``state_groups.py`` (``DISTINCT ON`` and a
+sequence, or the chain's rows oldest first and an ID table row), and the first membership per
+room and user in ``persist.py`` (``DISTINCT ON``, or a window).
 """
 from __future__ import annotations
 
@@ -23,8 +29,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from django.db import connections
 
-POSTGRESQL = "postgresql"
-SQLITE = "sqlite"
+from ..dialect import POSTGRESQL, SQLITE
 
 
 class StorageUnsupported(RuntimeError):

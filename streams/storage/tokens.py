@@ -1,5 +1,6 @@
 """Room stream tokens in Synapse's forms: ``s<stream>`` (live) and ``t<topological>-<stream>``
-(historic). A token is a position *after* an event (storage spec §3.3)."""
+(historic). A token is a position *after* an event (Synapse's ``RoomStreamToken``,
+``synapse/types/__init__.py``)."""
 from __future__ import annotations
 
 import re

@@ -1,7 +1,8 @@
 """History visibility, computed once when an event is persisted and stored as ranges.
 
 Who may see event E (key ``k = (topological_ordering, stream_ordering)``) is decided from the
-state after E (``shared/specs/storage.md`` §4.1, boundary rules included):
+state after E (the client-server spec's history visibility rules as Synapse's
+``synapse/visibility.py`` applies them, boundary rules included; docs/storage.md, "Visibility"):
 
 * ``world_readable``: anyone -> E is in the ranges of the pseudo-user ``*``;
 * user u with membership ``join`` after E, or ``invite`` under ``invited``;

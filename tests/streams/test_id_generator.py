@@ -1,4 +1,5 @@
-"""MultiWriterIdGenerator against real databases: the vectors of replication spec §14.4
+"""MultiWriterIdGenerator against real databases: the vectors of Synapse's
+``tests/storage/test_id_generators.py``
 (Synapse's tests/storage/test_id_generators.py) and the worked example of streams.md.
 
 Harness as in Synapse: table(s) ``foobar(stream_id, instance_name, data)``, sequence
@@ -10,8 +11,9 @@ from __future__ import annotations
 import pytest
 from django.db import connections
 
+from streams.dialect import id_store_for
 from streams.id_generator import MultiWriterIdGenerator, NotAWriter
-from streams.id_store import TableRef, id_store_for
+from streams.id_store import TableRef
 
 STREAM = "test_stream"
 
@@ -76,9 +78,9 @@ class Harness:
     def gen(self, instance: str = "master", writers=("master",), backwards: bool = False,
             tables=None, notifier=None) -> MultiWriterIdGenerator:
         store = id_store_for(
-            self.conn.vendor, stream_name=STREAM, sequence="foobar_seq",
+            self.using, stream_name=STREAM, sequence="foobar_seq",
             tables=[TableRef(t, "stream_id") for t in (tables or self.tables)],
-            instance_name=instance, backwards=backwards, using=self.using,
+            instance_name=instance, backwards=backwards,
         )
         g = MultiWriterIdGenerator(
             stream_name=STREAM, instance_name=instance, store=store,

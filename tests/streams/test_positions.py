@@ -10,7 +10,7 @@ def clock():
 
 
 def test_tracker_derives_linear_from_writer_updates():
-    """Vector §14.4 #6 as a reader fed by replication updates."""
+    """A vector of Synapse's tests/storage/test_id_generators.py as a reader fed by replication updates."""
     t = PositionTracker({"first": 3, "second": 5}, clock=clock)
     assert t.linear() == 3
     assert t.for_writer("second") == 5

@@ -12,7 +12,7 @@ through replication. Rules:
   the counter, ``allocated``);
 * **begin / fetch / record**: the same allocation split in three steps, so that other things
   happen between "snapshot taken", "sequence handed out IDs" and "IDs recorded as unfinished"
-  (the race the in-flight snapshot closes, spec §12.3/§12.5). A fetch may also fail, either
+  (the race the in-flight snapshot closes, docs/streams.md "Several transactions in flight"). A fetch may also fail, either
   before the sequence moved or after it (the values are then burnt: nobody ever writes them);
 * **complete**: a writer completes some of its recorded IDs, by commit or rollback (both are
   ``finish``; the model remembers which, positions must not care);
@@ -282,7 +282,7 @@ class PositionsMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._has("fetched"))
     @rule(data=st.data(), k=st.integers(1, 3), commit=st.booleans())
     def concurrent_write(self, data, k, commit):
-        """The race of spec §12.5 made likely: while one allocation of a writer has its IDs
+        """The race of docs/streams.md "Several transactions in flight" made likely: while one allocation of a writer has its IDs
         from the sequence but not yet recorded, another allocation of the same writer gets
         later IDs and completes (some of) them."""
         fetched = [a for m in self.wm.values() for a in m.in_flight if a.ids is not None]

@@ -10,7 +10,7 @@ def help_of(app: str, name: str) -> str:
 
 
 def test_run_job_help_lists_every_job():
-    from streams.jobs.runner import JOBS, load_jobs
+    from streams.jobs.registry import JOBS, load_jobs
 
     load_jobs()
     text = " ".join(help_of("streams", "run_job").split())

@@ -18,8 +18,8 @@ import threading
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
 
+from streams.dialect import is_local_file
 from streams.models import Room
 from streams.registry import STREAMS
 from streams.runtime import runtime
@@ -38,7 +38,7 @@ TRICKLE_WEIGHTS = {"events": 5, "receipts": 3, "account_data": 1, "to_device": 1
 
 
 def embedded_default() -> bool:
-    return not settings.REDIS_URL and connections["default"].vendor == "sqlite"
+    return not settings.REDIS_URL and is_local_file("default")
 
 
 class Command(BaseCommand):

@@ -5,7 +5,8 @@ Two ways to follow the cluster:
 * ``--connect HOST:PORT`` (default: ``REPLICATION_LISTEN``): over TCP, through a replication
   endpoint (``runreplication``), whose ``SERVER`` must be ``--server-name``.
 * ``--redis [--redis-url URL]`` (default URL: ``settings.REDIS_URL``; ``--redis-url`` alone
-  implies ``--redis``): straight from Redis pub/sub, as Synapse workers do (spec §5): the
+  implies ``--redis``): straight from Redis pub/sub, as Synapse workers do
+  (``synapse/replication/tcp/redis.py``; docs/replication.md, "Redis, as Synapse speaks it"): the
   worker SUBSCRIBEs to the channel named exactly the server name (``--server-name``, default
   ``SERVER_NAME``), and once subscribed PUBLISHes ``REPLICATE ``; writers answer with their
   positions and publish their RDATA/POSITION there. ``--connect`` cannot be combined with it.

@@ -36,7 +36,8 @@ class Command(BaseCommand):
             self.stderr.write(f"progress: {line}")
 
     def handle(self, *args, job: str, rooms, via_celery: bool, run: int | None = None, **options) -> None:
-        from streams.jobs.runner import JOBS, load_jobs, run_job
+        from streams.jobs.registry import JOBS, load_jobs
+        from streams.jobs.runner import run_job
         from streams.models import JobRun
 
         load_jobs()

@@ -28,6 +28,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from tqdm import tqdm
 
+from streams.dialect import several_writers
 from streams.id_generator import NotAWriter
 from streams.registry import STREAMS
 from streams.runtime import runtime
@@ -86,7 +87,7 @@ class Command(BaseCommand):
                 )
         except NotAWriter as e:
             raise CommandError(str(e)) from None
-        if concurrency > 1 and connections[writer.using].vendor != "postgresql":
+        if concurrency > 1 and not several_writers(writer.using):
             raise CommandError("--concurrency above 1 needs PostgreSQL (SQLite has one writing transaction)")
 
         model = spec.primary_model

@@ -90,8 +90,8 @@ class Endpoint:
 async def start_endpoint(host: str, port: int, *, using: str = "default") -> tuple[Endpoint, asyncio.AbstractServer]:
     """Start the relay and listen. Writes made in this process reach the relay directly."""
     from asgiref.sync import sync_to_async
-    from django.db import connections
 
+    from streams.dialect import is_local_file
     from streams.replication.endpoint.broadcast import CommandBroadcast
     from streams.replication.endpoint.consumer import ReplicationConsumer
     from streams.replication.endpoint.legacy import LegacyStreamer
@@ -99,7 +99,7 @@ async def start_endpoint(host: str, port: int, *, using: str = "default") -> tup
     from streams.runtime import runtime
 
     # Embedded default: no channel layer reaches other processes, the database does.
-    local_scan = not settings.REDIS_URL and connections[using].vendor == "sqlite"
+    local_scan = not settings.REDIS_URL and is_local_file(using)
     relay = ReplicationRelay(using=using, local_scan=local_scan)
     await relay.start()
     endpoint = Endpoint(server_name=repl_setting("SERVER_NAME"), relay=relay)

@@ -1,5 +1,6 @@
 """``GET /_synapse/replication/get_repl_stream_updates/<stream>/<txn_id>``: catch-up for a
-worker that missed updates (replication spec §10.2). See docs/replication.md.
+worker that missed updates (Synapse's ``synapse/replication/http/streams.py``). See
+docs/replication.md, "Catch-up".
 
 As in Synapse, ``<txn_id>`` is a fresh random ID per request and the answer is kept under it
 for 30 minutes (:mod:`.txn_cache`, per process): a repeated ID gets the first answer again,

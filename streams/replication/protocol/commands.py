@@ -9,8 +9,8 @@ them. It reads no clock and touches no socket; framing, direction checks and kee
 decisions live in :mod:`streams.replication.protocol.connection`.
 
 The rules are Synapse's (``synapse/replication/tcp/commands.py``, ``synapse/util/json.py``;
-``shared/specs/replication.md`` §2-§3). One older protocol generation is supported as well
-(``shared/reference/tcp_replication_legacy.md``): a client may send ``REPLICATE <stream>
+docs/replication.md, "The protocol core"). One older protocol generation is supported as well
+(docs/replication.md, "The endpoint"): a client may send ``REPLICATE <stream>
 <token>``, and our server can answer with the old three-field ``RDATA``/``POSITION`` lines.
 
 Errors are named by who is at fault: :class:`RemoteProtocolError` when the peer sent
@@ -728,12 +728,13 @@ COMMANDS_BY_NAME: dict[str, type[Command]] = {
 # Names whose line is read as an older-generation command when the body is not blank.
 _LEGACY_WHEN_BODY: dict[str, type[Command]] = {"REPLICATE": LegacyReplicateCommand}
 
-#: What a TCP server may send (spec §3.16). NEW_ACTIVE_TASK and CANCEL_TASK are Redis-only.
+#: What a TCP server may send (Synapse's ``VALID_SERVER_COMMANDS``, ``synapse/replication/tcp/commands.py``).
+#: NEW_ACTIVE_TASK and CANCEL_TASK are Redis-only.
 VALID_SERVER_COMMANDS: frozenset[str] = frozenset(
     {"SERVER", "RDATA", "POSITION", "ERROR", "PING", "REMOTE_SERVER_UP", "LOCK_RELEASED"}
 )
 
-#: What a TCP client may send (spec §3.16).
+#: What a TCP client may send (Synapse's ``VALID_CLIENT_COMMANDS``).
 VALID_CLIENT_COMMANDS: frozenset[str] = frozenset(
     {
         "NAME",
@@ -791,7 +792,7 @@ def format_command(cmd: Command) -> str:
     return line
 
 
-# --- batching (spec §7) -------------------------------------------------------------------
+# --- batching (docs/replication.md, "Catch-up") -------------------------------------------------------------------
 
 T = TypeVar("T")
 

@@ -239,7 +239,7 @@ class RedisSubscription:
             conn = await RespConnection.open(self.url, machine.policy.confirm_timeout)
             conn.write(pack_command("SUBSCRIBE", *self.channels))
             for _ in self.channels:
-                # Nothing is read before every confirmation (spec §5.3): what the owner
+                # Nothing is read before every confirmation (as ``synapse/replication/tcp/redis.py``): what the owner
                 # publishes in on_subscribed is then sure to come back to us.
                 try:
                     reply = await conn.read_reply(machine.confirm_time_left(clock()))

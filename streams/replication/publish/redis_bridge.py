@@ -1,4 +1,4 @@
-"""Synapse's Redis transport (replication spec §5), for interoperating with Synapse-style
+"""Synapse's Redis transport (``synapse/replication/tcp/redis.py``), for interoperating with Synapse-style
 subscribers. See docs/replication.md.
 
 Every command goes out as one PUBLISH on the channel named after the homeserver
@@ -278,7 +278,8 @@ class SynapseRedisBridge:
                     self._told.update(((c.stream_name, c.instance_name), c.new_token) for c in changed)
 
     async def _on_subscribed(self) -> None:
-        """Subscribed (again): say where we stand before anything else (spec §5.3 step 4),
+        """Subscribed (again): say where we stand before anything else (docs/replication.md,
+        "Redis, as Synapse speaks it"),
         so whoever missed lines while we were away sees it and catches up."""
         self._sniffer = LineSniffer(self._prefixes)  # nothing of the old connection is pending
         self.resubscriptions += 1

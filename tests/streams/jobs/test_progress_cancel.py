@@ -8,7 +8,9 @@ import time
 import pytest
 
 from streams.jobs.monitor import summary
-from streams.jobs.runner import JOBS, Outcome, run_job
+from streams.jobs.outcome import Outcome
+from streams.jobs.registry import JOBS
+from streams.jobs.runner import run_job
 from streams.models import JobRun
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -5,7 +5,9 @@ import pytest
 from django.utils import timezone
 
 from streams.jobs.lock import JobLock
-from streams.jobs.runner import JOBS, Outcome, UnknownJob, run_job
+from streams.jobs.outcome import Outcome
+from streams.jobs.registry import JOBS
+from streams.jobs.runner import UnknownJob, run_job
 from streams.models import JobRun, Room
 
 pytestmark = pytest.mark.django_db(transaction=True)

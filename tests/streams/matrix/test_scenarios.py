@@ -1,5 +1,5 @@
 """The well-known state-resolution scenarios by name, each with its expected outcome
-(shared spec §8): the seven of Synapse's ``tests/state/test_v2.py`` harness in room versions
+(docs/matrix.md): the seven of Synapse's ``tests/state/test_v2.py`` harness in room versions
 10, 11 and 12, and the state resets MSC4297 fixes, where v12 must differ from v11 exactly
 there. Every room is also replayed through Synapse (its IDs, verdicts and states)."""
 from __future__ import annotations

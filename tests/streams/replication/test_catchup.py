@@ -1,4 +1,4 @@
-"""The catch-up endpoint and the update function behind it (spec §10.2, §7)."""
+"""The catch-up endpoint and the update function behind it (docs/replication.md, "Catch-up")."""
 import random
 
 import pytest

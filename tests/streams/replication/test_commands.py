@@ -1,6 +1,6 @@
 """The replication line grammar (``streams/replication/protocol/commands.py``), no database.
 
-Vectors from ``shared/specs/replication.md`` §14.1, byte-exact lines per command, round
+Vectors from Synapse's ``tests/replication/tcp/test_commands.py``, byte-exact lines per command, round
 trips, a corpus of malformed lines with the exact ``ERROR`` text each must produce, and
 hypothesis fuzzing of ``parse_line``.
 """
@@ -106,7 +106,7 @@ LEGACY_SENT_ONLY: list[tuple[Command, str]] = [
 ]
 
 
-# --- §14.1 vectors ------------------------------------------------------------------------
+# --- Synapse's test_commands.py vectors ------------------------------------------------------------------------
 
 
 def test_synapse_vector_replicate_without_body():

@@ -1,4 +1,4 @@
-"""StreamFollower: the receiving rules of spec §6.3-§6.5, vectors of §14.5 (pure, no I/O)."""
+"""StreamFollower: the receiving rules of docs/replication.md, "The worker" (pure, no I/O)."""
 from __future__ import annotations
 
 import logging
@@ -36,7 +36,7 @@ def connected_follower(current=10, streams=(S, "typing", "caches")):
     return f
 
 
-# --- spec §14.5 ------------------------------------------------------------------------------
+# --- gap detection vectors ------------------------------------------------------------------------------
 
 
 def test_position_prev_equals_current_advances_without_fetch():
@@ -90,7 +90,7 @@ def test_typing_reset_is_adopted():
         Deliver("typing", W, 4, (["!r", ["@u"]],))]
 
 
-# --- the rest of §6.3-§6.4 -------------------------------------------------------------------
+# --- the rest of the receiving rules -------------------------------------------------------------------
 
 
 def test_position_between_prev_and_new_advances():

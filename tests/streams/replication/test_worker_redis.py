@@ -4,7 +4,7 @@ catch-up endpoint.
 The writer side (:class:`FakeWriters`) is played with a plain redis-py client, as a writer
 process or endpoint would: it subscribes to the channel, answers ``REPLICATE `` with
 ``POSITION <stream> <writer> <t> <t>`` for every writer it plays (and announces them when it
-(re)subscribes itself, spec §5.3 step 4), and publishes RDATA lines as it writes facts, which
+(re)subscribes itself, as ``synapse/replication/tcp/redis.py`` does), and publishes RDATA lines as it writes facts, which
 the catch-up endpoint (``CatchUpSource`` of test_worker.py) serves too. Each test uses its own
 channel (server name): the ``redis_server`` fixture is shared by the whole session.
 """
@@ -205,7 +205,7 @@ class Proxy:
 
 
 def test_subscribes_first_then_publishes_replicate(redis_server, catchup):
-    """§5.3: REPLICATE goes out only once the SUBSCRIBE is confirmed, so the answers reach us."""
+    """REPLICATE goes out only once the SUBSCRIBE is confirmed, so the answers reach us."""
     channel = unique_channel()
 
     async def scenario():

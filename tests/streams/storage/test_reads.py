@@ -145,7 +145,7 @@ def test_incremental_sync(store):
     assert again["rooms"] == {} and again["membership_changes"] == []
 
 
-# Synapse's tests/util/test_stream_change_cache.py vectors (storage spec §3.7)
+# Synapse's tests/util/test_stream_change_cache.py vectors
 def test_change_cache_vectors():
     cache = StreamChangeCache("t", 3)
     for e, p in (("user@foo.com", 6), ("bar@baz.net", 7), ("user2@foo.com", 8), ("bar2@baz.net", 8)):

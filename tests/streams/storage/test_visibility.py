@@ -1,4 +1,4 @@
-"""History visibility (shared/specs/storage.md §4.1, §4.3 #8, §4.4) through the real persist
+"""History visibility (docs/storage.md, "Visibility"; vectors of Synapse's tests/test_visibility.py) through the real persist
 path and the reads, table-driven: each case builds a room step by step and lists, by label,
 which of the labelled events a user sees."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ A, J, O = "@resident:hs", "@joiner:hs", "@outsider:hs"
 SETUP = [("create", A), ("member", A, "join", A, None)]
 
 CASES = {
-    # §4.3 #8 test_joined_history_visibility
+    # Synapse's tests/test_visibility.py: test_joined_history_visibility
     "joined: joiner sees join..leave": (
         [("vis", A, "joined", None), ("msg", A, "before"), ("member", J, "join", J, "join"),
          ("msg", A, "during"), ("member", J, "leave", J, "leave"), ("msg", A, "after")],

@@ -1,15 +1,17 @@
-"""The room-store panels on an event's admin page: its DAG edges, its verdict (rejection
-reason, auth events), its state group, and the room state at the event (registered with ``streams.admin.event_detail_panel``)."""
+"""The panels on an event's admin page below its JSON (``streams.admin`` shows them): the room
+store's view of the event, its DAG edges, its verdict (rejection reason, auth events), its
+state group, and the room state at the event. They are listed in :data:`EVENT_DETAIL_PANELS`;
+other code may add a panel with :func:`event_detail_panel`."""
 from __future__ import annotations
 
+from typing import Callable
 from urllib.parse import urlencode
 
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from ..admin import event_detail_panel
-from ..models import Event
-from ..models.storage import EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge, StateGroupState
+from .models import Event
+from .models.storage import EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge, StateGroupState
 
 
 def _event_link(event_id: str):
@@ -24,7 +26,6 @@ def _list(event_ids) -> str:
     return format_html_join(", ", "{}", ((_event_link(e),) for e in ids))
 
 
-@event_detail_panel("DAG edges")
 def edges_panel(event: Event) -> str:
     prevs = EventEdge.objects.filter(event_id=event.event_id).values_list("prev_event_id", flat=True)
     nexts = EventEdge.objects.filter(prev_event_id=event.event_id).values_list("event_id", flat=True)
@@ -32,7 +33,6 @@ def edges_panel(event: Event) -> str:
                        _list(prevs), _list(nexts), event.depth, event.topological_ordering)
 
 
-@event_detail_panel("Authorization")
 def authorization_panel(event: Event) -> str:
     """Why the event was rejected (it is stored but never state, never shown), and the auth
     events it cites."""
@@ -43,7 +43,6 @@ def authorization_panel(event: Event) -> str:
     return format_html("{}<p>auth_events: {}</p>", verdict, _list(auth))
 
 
-@event_detail_panel("State group")
 def state_group_panel(event: Event) -> str:
     row = EventToStateGroup.objects.filter(event_id=event.event_id).first()
     if row is None:
@@ -56,10 +55,9 @@ def state_group_panel(event: Event) -> str:
                        row.state_group, kind, rows, group.chain_length if group else "?")
 
 
-@event_detail_panel("State at this event")
 def state_panel(event: Event) -> str:
-    from .reads import NotFound, state_at_event
-    from .sql import StorageUnsupported
+    from .storage.reads import NotFound, state_at_event
+    from .storage.sql import StorageUnsupported
 
     try:
         state = state_at_event(event.event_id)
@@ -69,3 +67,22 @@ def state_panel(event: Event) -> str:
                             ((t, k, _event_link(e)) for (t, k), e in sorted(state.items())))
     return format_html('<table class="state-at-event"><thead><tr><th>type</th><th>state_key</th><th>event</th>'
                        '</tr></thead><tbody>{}</tbody></table>', rows)
+
+
+#: The panels on an event's admin page, in order: ``(title, render(event) -> HTML)``; build the
+#: HTML with ``format_html`` (a plain string is shown escaped).
+EVENT_DETAIL_PANELS: list[tuple[str, Callable[[Event], str]]] = [
+    ("DAG edges", edges_panel),
+    ("Authorization", authorization_panel),
+    ("State group", state_group_panel),
+    ("State at this event", state_panel),
+]
+
+
+def event_detail_panel(title: str) -> Callable[[Callable[[Event], str]], Callable[[Event], str]]:
+    """Decorator: show ``render(event)`` (``format_html`` output) under ``title`` on every
+    event's page, after the panels above."""
+    def add(render: Callable[[Event], str]) -> Callable[[Event], str]:
+        EVENT_DETAIL_PANELS.append((title, render))
+        return render
+    return add

@@ -1,0 +1,217 @@
+"""The batch jobs' dialect boundary: everything the jobs do differently on PostgreSQL (full
+mode) and SQLite (the embedded default) is here, and nowhere else under ``streams/jobs/``.
+
+* **PostgreSQL**: Spark reads and writes over JDBC (Debian's driver; reads split into
+  partitions on a numeric column so every core pulls its share); staging tables are
+  ``UNLOGGED``; a swap locks the tables it replaces (a persisting transaction waits for it, or
+  it for them) and moves the chain-ID sequence on; one run per job holds a session advisory
+  lock on a connection of its own; JSON fields are read with ``jsonb``.
+* **SQLite**: rows come and go through Django's connection; no table locks (the writing
+  transaction holds the whole database), no sequences (a new chain ID is the largest + 1); the
+  run's lock is an exclusive ``flock`` on a file in the state directory; JSON fields are read
+  with ``json_extract``.
+
+Both locks die with their holder (the server ends the session, the kernel drops the flock),
+so a crashed run never blocks the next one.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO, Any, Protocol, Sequence
+from urllib.parse import quote as url_quote
+
+from django.conf import settings
+from django.db import connections
+
+from ..dialect import POSTGRESQL, SQLITE
+from ..pg import connection_kwargs, dedicated_connection
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class JobDialect:
+    """What a job needs to know of its database; :func:`for_database` gives the one in use."""
+
+    name: str
+    #: SQL: the event's own declared depth, read from its stored JSON (column ``json``)
+    declared_depth: str
+    #: SQL: a history visibility event's ``content.history_visibility`` (column ``ev.json``)
+    history_visibility: str
+    #: SQL: a state event's ``auth_events`` as JSON text (column ``json``)
+    auth_events: str
+    #: SQL: the base above which rebuilt chain IDs are moved (every chain ID in use or handed out)
+    chain_id_base: str
+    #: ``CREATE {staging_table} name (...)``
+    staging_table: str
+
+    def read(self, spark: Any, sql: str, columns: Sequence[str], schema: str, partition_column: str | None,
+             using: str, partitions: int | None) -> Any:
+        """The rows of ``sql`` as a DataFrame of ``columns`` with the Spark ``schema``."""
+        raise NotImplementedError
+
+    def write(self, df: Any, table: str, names: Sequence[str], using: str) -> int:
+        """Append ``df`` (columns ``names``) to ``table``; the number of rows written."""
+        raise NotImplementedError
+
+    def lock_tables(self, tables: str) -> list[tuple[str, Sequence[Any]]]:
+        """Statements that open a swap of ``tables`` so that persisting transactions wait."""
+        return []
+
+    def chain_id_catch_up(self) -> list[tuple[str, Sequence[Any]]]:
+        """Statements that close a chain cover swap: the sequence continues after its IDs."""
+        return []
+
+    def rooms_filter(self, rooms: Sequence[str] | None) -> tuple[str, list[Any]]:
+        """``WHERE`` clause and parameters of the job's stream bounds, for ``rooms``."""
+        return "", []
+
+    def try_lock(self, job: str, key: int, using: str) -> Closable | None:
+        """Take the run lock of ``job`` (``key``: 64 bits of its name), or None if it is held.
+        Closing what it returns releases the lock."""
+        raise NotImplementedError
+
+    def database_url(self, params: dict[str, Any]) -> str:
+        """A ``DATABASE_URL`` naming the database of Django ``params`` (for a child process)."""
+        raise NotImplementedError
+
+
+class PostgresJobs(JobDialect):
+    name = POSTGRESQL
+    # \u0000 is valid JSON that PostgreSQL's jsonb refuses; read as json with it turned into
+    # \u0001 (still valid wherever it stands, and event IDs never hold it) so one event
+    # carrying it in its content cannot stop a job
+    declared_depth = "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json ->> 'depth')::bigint"
+    history_visibility = ("replace(convert_from(ev.json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'content' "
+                          "->> 'history_visibility'")
+    auth_events = "(replace(convert_from(json, 'UTF8'), '\\u0000', '\\u0001')::json -> 'auth_events')::text"
+    chain_id_base = ("greatest((SELECT coalesce(max(chain_id), 0) FROM event_auth_chains), "
+                     "(SELECT last_value FROM event_auth_chain_id))")
+    staging_table = "UNLOGGED TABLE"
+
+    def read(self, spark, sql, columns, schema, partition_column, using, partitions):
+        url, props = jdbc_url(using)
+        reader = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
+        for k, v in props.items():
+            reader = reader.option(k, v)
+        partitions = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
+        if partition_column and partitions > 1:
+            with connections[using].cursor() as cursor:
+                cursor.execute(f"SELECT min({partition_column}), max({partition_column}) FROM ({sql}) AS bounds")
+                low, high = cursor.fetchone()
+            if low is not None and high > low:
+                reader = (reader.option("partitionColumn", partition_column)
+                          .option("lowerBound", str(low)).option("upperBound", str(high + 1))
+                          .option("numPartitions", str(partitions)))
+        df = reader.option("dbtable", f"({sql}) AS job_input").load()
+        return df.select(*columns).to(spark.createDataFrame([], schema).schema)
+
+    def write(self, df, table, names, using):
+        url, props = jdbc_url(using)
+        (df.write.format("jdbc").option("url", url).option("dbtable", table)
+         .option("batchsize", "10000").option("rewriteBatchedInserts", "true")
+         .options(**props).mode("append").save())
+        with connections[using].cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {table}")
+            return cursor.fetchone()[0]
+
+    def lock_tables(self, tables):
+        return [(f"LOCK TABLE {tables} IN SHARE ROW EXCLUSIVE MODE", ())]
+
+    def chain_id_catch_up(self):
+        return [("SELECT setval('event_auth_chain_id', greatest((SELECT coalesce(max(chain_id), 0) "
+                 "FROM event_auth_chains), (SELECT last_value FROM event_auth_chain_id)))", ())]
+
+    def rooms_filter(self, rooms):
+        return ("WHERE room_id = ANY(%s)", [list(rooms)]) if rooms else ("", [])
+
+    def try_lock(self, job, key, using):
+        conn = dedicated_connection(f"synapse_repl job lock {job}", using)
+        if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+            return conn  # closing it ends the session: the advisory lock goes with it
+        conn.close()
+        return None
+
+    def database_url(self, params):
+        auth = url_quote(params.get("USER") or "", safe="")
+        if params.get("PASSWORD"):
+            auth += ":" + url_quote(params["PASSWORD"], safe="")
+        host = params.get("HOST") or "localhost"
+        port = f":{params['PORT']}" if params.get("PORT") else ""
+        return f"postgres://{auth + '@' if auth else ''}{host}{port}/{url_quote(params['NAME'], safe='')}"
+
+
+class SQLiteJobs(JobDialect):
+    name = SQLITE
+    declared_depth = "CAST(json_extract(CAST(json AS TEXT), '$.depth') AS INTEGER)"
+    history_visibility = "json_extract(CAST(ev.json AS TEXT), '$.content.history_visibility')"
+    auth_events = "json_extract(CAST(json AS TEXT), '$.auth_events')"
+    chain_id_base = "(SELECT coalesce(max(chain_id), 0) FROM event_auth_chains)"
+    staging_table = "TABLE"
+
+    def read(self, spark, sql, columns, schema, partition_column, using, partitions):
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+        return spark.createDataFrame(rows, schema)
+
+    def write(self, df, table, names, using):
+        sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('%s' for _ in names)})"
+        n = 0
+        batch: list[tuple[Any, ...]] = []
+        with connections[using].cursor() as cursor:
+            for row in df.toLocalIterator():
+                batch.append(tuple(row))
+                if len(batch) >= 10000:
+                    cursor.executemany(sql, batch)
+                    n += len(batch)
+                    batch.clear()
+            if batch:
+                cursor.executemany(sql, batch)
+                n += len(batch)
+        return n
+
+    def try_lock(self, job, key, using):
+        path = Path(settings.STATE_DIR) / "locks" / f"job-{job}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        file: IO[str] = open(path, "a+")
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            return None
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()}\n")
+        file.flush()
+        return file  # closing it drops the flock
+
+    def database_url(self, params):
+        return f"sqlite:///{params['NAME']}"
+
+
+_DIALECTS: dict[str, JobDialect] = {POSTGRESQL: PostgresJobs(), SQLITE: SQLiteJobs()}
+
+
+def for_database(using: str = "default") -> JobDialect:
+    """The dialect of Django's database ``using``."""
+    vendor = connections[using].vendor
+    try:
+        return _DIALECTS[vendor]
+    except KeyError:
+        raise RuntimeError(f"the batch jobs need PostgreSQL or SQLite (database {using!r} is {vendor})") from None
+
+
+def jdbc_url(using: str = "default") -> tuple[str, dict[str, str]]:
+    """The JDBC URL and properties of PostgreSQL database ``using``."""
+    kw = connection_kwargs(using)
+    url = f"jdbc:postgresql://{kw.get('host', 'localhost')}:{kw.get('port', 5432)}/{kw['dbname']}"
+    props = {"driver": "org.postgresql.Driver"}
+    if "user" in kw:
+        props["user"] = kw["user"]
+    if "password" in kw:
+        props["password"] = kw["password"]
+    return url, props
