@@ -185,7 +185,7 @@ def test_tls_endpoint_and_verifying_worker(pg_url, tmp_path):
     import ssl
 
     from streams.replication.endpoint.tls import client_context
-    from streams.replication.worker.client import ReplicationWorker
+    from streams.replication.worker.tcp_worker import ReplicationWorker
 
     cert, key = self_signed(tmp_path, "endpoint")
     other_cert, _ = self_signed(tmp_path, "other")

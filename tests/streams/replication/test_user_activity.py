@@ -272,7 +272,7 @@ def test_a_redis_workers_cluster_commands_reach_each_tcp_worker_once(two_endpoin
     the TCP workers of every endpoint, each exactly once (every endpoint hears Redis and
     hands it to its own connections only)."""
     from streams.replication.protocol.commands import LockReleasedCommand, RemoteServerUpCommand
-    from streams.replication.worker.client import RedisReplicationWorker
+    from streams.replication.worker.redis_worker import RedisReplicationWorker
 
     a_port, b_port = two_endpoints
     tcp_workers = [worker(a_port, "w-a1"), worker(a_port, "w-a2"), worker(b_port, "w-b")]
