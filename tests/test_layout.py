@@ -120,3 +120,15 @@ def test_import_cycles_only_shrink():
 
 def test_cycle_finder_finds_a_circle():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+#: The replication modules that may reach the process's runtime: Django views, the process's
+#: edge (one accessor). Everything else is handed what it needs (runtime.py wires a process).
+RUNTIME_EDGES = {"streams.replication.http.typing"}
+
+
+def test_nothing_below_the_edges_reaches_up_to_the_runtime():
+    graph = module_graph()
+    reaching = sorted(name for name, deps in graph.items()
+                      if name.startswith("streams.replication") and "streams.runtime" in deps)
+    assert reaching == sorted(RUNTIME_EDGES)

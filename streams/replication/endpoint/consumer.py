@@ -20,6 +20,7 @@ from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
 from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
+from streams.replication.endpoint.state import Endpoint
 from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import (
     ClearUserSyncCommand,
@@ -62,7 +63,7 @@ class ReplicationConsumer(AsyncConsumer):
         await handler(message)
 
     async def replication_connect(self, event: dict[str, Any]) -> None:
-        self.endpoint = self.scope["endpoint"]
+        self.endpoint: Endpoint = self.scope["endpoint"]
         now = time.time()
         self.conn = ReplicationConnection(
             "server", now=now, handshake_timeout=float(repl_setting("REPLICATION_HANDSHAKE_TIMEOUT")),

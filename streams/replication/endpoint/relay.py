@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -48,10 +48,15 @@ class ReplicationRelay:
     """Per endpoint: last token sent per (stream, writer), and the relaying of line batches."""
 
     def __init__(self, *, using: str = "default", poll_interval: float | None = None,
-                 grace: float | None = None, local_scan: bool = False) -> None:
+                 grace: float | None = None, local_scan: bool = False,
+                 local_positions: Callable[[], dict[tuple[str, str], int]] | None = None) -> None:
+        """``local_positions``: where this process's own writers stand (wire tokens), beside
+        the ``stream_positions`` table (``StreamRuntime.writer_positions``; None: the table
+        alone)."""
         from streams.conf import repl_setting
 
         self.using = using
+        self.local_positions = local_positions
         #: Embedded default (SQLite, no Redis): every fact is read from the database and sent
         #: as RDATA; line batches only wake the scan (local_scan.py).
         self.local_scan = local_scan
@@ -107,17 +112,8 @@ class ReplicationRelay:
         """Where every writer stands now: the relay sends from here on (earlier facts are the
         catch-up's job)."""
         from streams.models import StreamPosition
-        from streams.runtime import runtime
 
-        rt = runtime()
-        result: dict[tuple[str, str], int] = {}
-        for name, spec in STREAMS.items():
-            if not spec.db_backed:
-                continue
-            gen = rt.generator(name)
-            writers = rt.writers.get(name) or ()
-            for writer in {*writers, *gen.get_positions()}:
-                result[(name, writer)] = spec.to_wire(gen.get_current_token_for_writer(writer))
+        result = dict(self.local_positions()) if self.local_positions is not None else {}
         for row in StreamPosition.objects.using(self.using).all():
             spec = STREAMS.get(row.stream_name)
             if spec is None or not spec.db_backed:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from streams.replication.endpoint.state import Endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +28,7 @@ ABORT_AFTER_SECONDS = 5.0
 
 
 class ReplicationServerProtocol(asyncio.Protocol):
-    def __init__(self, endpoint: Any, app: Callable, max_pending: int = MAX_PENDING_COMMANDS,
+    def __init__(self, endpoint: Endpoint, app: Callable, max_pending: int = MAX_PENDING_COMMANDS,
                  ticket: Any = None) -> None:
         self.endpoint = endpoint
         self.app = app
@@ -133,7 +136,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
             self._drop(b"ERROR Too many connections\n", "evicted")
 
 
-async def serve(endpoint: Any, host: str, port: int, app: Callable) -> asyncio.AbstractServer:
+async def serve(endpoint: Endpoint, host: str, port: int, app: Callable) -> asyncio.AbstractServer:
     """Start listening; connections are served until the returned server is closed. Each is
     handed to ``app`` (the ASGI application: the endpoint's consumer) with ``endpoint``, the
     endpoint's shared state, in its scope.

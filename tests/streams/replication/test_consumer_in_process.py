@@ -11,9 +11,8 @@ import pytest
 from channels.testing import ApplicationCommunicator
 
 from streams.replication.endpoint.consumer import ReplicationConsumer
-from streams.replication.endpoint.legacy import LegacyStreamer
 from streams.replication.endpoint.relay import ReplicationRelay
-from streams.replication.endpoint.server import Endpoint
+from streams.replication.endpoint.state import Endpoint
 from streams.replication.protocol.line_batch import counts_of
 from streams.replication.publish.streamer import build_lines
 
@@ -57,9 +56,7 @@ class Peer:
 def endpoint():
     relay = ReplicationRelay(poll_interval=60)
     relay.last_sent.update({("receipts", "master"): 5, ("events", "w1"): 9})
-    endpoint = Endpoint(server_name="test.example", relay=relay)
-    endpoint.legacy = LegacyStreamer(relay.positions)
-    return endpoint
+    return Endpoint.build("test.example", relay)
 
 
 def run(coro):

@@ -425,13 +425,12 @@ def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
 def test_federation_acks_kept_bounded_for_operators():
     from types import SimpleNamespace
 
-    from streams.replication.endpoint.server import MAX_FEDERATION_ACKS, Endpoint
+    from streams.replication.endpoint.bookkeeping import MAX_FEDERATION_ACKS, record_federation_ack
     from streams.replication.protocol.commands import FederationAckCommand
 
-    endpoint = Endpoint(server_name="hs", relay=None)
     info = SimpleNamespace(federation_acks={})
     for n in range(MAX_FEDERATION_ACKS + 5):
-        endpoint.federation_ack(info, FederationAckCommand(f"fed{n}", n))
-    endpoint.federation_ack(info, FederationAckCommand("fed0", 99))  # a known sender moves on
-    endpoint.federation_ack(info, FederationAckCommand("bad\x00", 1))
+        record_federation_ack(info, FederationAckCommand(f"fed{n}", n))
+    record_federation_ack(info, FederationAckCommand("fed0", 99))  # a known sender moves on
+    record_federation_ack(info, FederationAckCommand("bad\x00", 1))
     assert len(info.federation_acks) == MAX_FEDERATION_ACKS and info.federation_acks["fed0"] == 99
