@@ -169,13 +169,12 @@ class ReplicationConsumer(AsyncConsumer):
             await self.error_and_close("Failed to keep up", reason="failed to keep up")
             return
         self.expected_seq = seq + 1
-        data = event["data"]
         for read in self.legacy_reads.values():
-            read.offer(data)  # lines of a stream whose history is being read wait for it
+            read.offer(event["parts"])  # lines of a stream whose history is being read wait for it
         if self.info.legacy_streams:
-            await self._send_batch(to_legacy(data, self.info.legacy_streams), legacy=True)
+            await self._send_batch(to_legacy(event["parts"], self.info.legacy_streams), legacy=True)
         elif self.info.replicating:
-            await self._send_batch(LineBatch(data, event["counts"]))
+            await self._send_batch(LineBatch(event["data"], event["counts"]))
 
     async def replication_relay_command(self, event: dict[str, Any]) -> None:
         if event["origin"] != self.channel_name:

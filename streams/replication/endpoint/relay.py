@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 from streams.registry import STREAMS
 from streams.replication.protocol.commands import PositionCommand
-from streams.replication.protocol.line_batch import add_counts, counts_of
+from streams.replication.protocol.line_batch import BatchPart, WriterRun, add_counts, counts_of
 from streams.replication.publish.streamer import LINES_GROUP
 from streams.replication.worker.follower import RESETTABLE_STREAMS
 
@@ -161,8 +161,9 @@ class ReplicationRelay:
             self.last_sent[key] = new
             self._changed_at[key] = time.monotonic()
             self.resets += 1
-            reset = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
-            await self._send(reset + message["data"], add_counts(counts, {"POSITION": 1}))
+            reset = PositionCommand(key[0], key[1], prev, prev)
+            await self._send(reset.to_line().encode() + b"\n" + message["data"], add_counts(counts, {"POSITION": 1}),
+                             (reset, self._run(message, counts)))
             return
         if last is None and key[0] in RESETTABLE_STREAMS:
             # The first batch this endpoint hears of an in-memory stream's writer (its run
@@ -171,8 +172,9 @@ class ReplicationRelay:
             # heard of the writer start there, skipping the batch's rows for good.
             self.last_sent[key] = new
             self._changed_at[key] = time.monotonic()
-            start = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
-            await self._send(start + message["data"], add_counts(counts, {"POSITION": 1}))
+            start = PositionCommand(key[0], key[1], prev, prev)
+            await self._send(start.to_line().encode() + b"\n" + message["data"], add_counts(counts, {"POSITION": 1}),
+                             (start, self._run(message, counts)))
             return
         if last is not None and new <= last:
             return  # already covered
@@ -181,7 +183,7 @@ class ReplicationRelay:
         self._behind_since.pop(key, None)
         if last is not None and prev <= last:
             self.relayed_messages += 1
-            await self._send(message["data"], counts)
+            await self._send(message["data"], counts, (self._run(message, counts),))
         else:
             # We never saw (last, prev]: let every worker fetch what it is missing.
             self.repairs += 1
@@ -245,10 +247,11 @@ class ReplicationRelay:
                 rows = await sync_to_async(self._read_rows, thread_sensitive=False)(stream, lo, hi)
                 # No await from here to the send: a REPLICATE answered meanwhile announces
                 # either positions before these lines or positions covering them.
-                lines = self.scan.lines(STREAMS[stream], lo, hi, rows)
-                if lines:
+                cmds = self.scan.commands(STREAMS[stream], lo, hi, rows)
+                if cmds:
                     self.relayed_messages += 1
-                    await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines))
+                    lines = [c.to_line() for c in cmds]
+                    await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines), tuple(cmds))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
         from streams.updates import get_all_writers_rows
@@ -258,8 +261,14 @@ class ReplicationRelay:
     # -- output -----------------------------------------------------------------------------
 
     async def _send_positions(self, items: list[tuple[tuple[str, str], int]]) -> None:
-        lines = [PositionCommand(s, w, t, t).to_line() for (s, w), t in items]
-        await self._send(("\n".join(lines) + "\n").encode(), {"POSITION": len(lines)})
+        cmds = [PositionCommand(s, w, t, t) for (s, w), t in items]
+        lines = [c.to_line() for c in cmds]
+        await self._send(("\n".join(lines) + "\n").encode(), {"POSITION": len(lines)}, tuple(cmds))
+
+    @staticmethod
+    def _run(message: dict[str, Any], counts: Mapping[str, int]) -> WriterRun:
+        return WriterRun(message["stream"], message["writer"], int(message["prev"]), int(message["new"]),
+                         message["data"], counts)
 
     def attach(self, channel_name: str, deliver: Any) -> None:
         """A connection of this endpoint wants every batch (``deliver(message)``)."""
@@ -268,13 +277,15 @@ class ReplicationRelay:
     def detach(self, channel_name: str) -> None:
         self._connections.pop(channel_name, None)
 
-    async def _send(self, data: bytes, counts: dict[str, int]) -> None:
+    async def _send(self, data: bytes, counts: Mapping[str, int], parts: tuple[BatchPart, ...]) -> None:
+        """``parts``: what ``data`` is, as data (writer runs and commands, in order), for
+        readers that need more than the bytes (the legacy rewrite)."""
         # Callers update ``last_sent`` with no await before this: a connection announcing
         # positions (on REPLICATE) either gets these lines or announces positions covering them.
         # Within the process, batches go straight to the connections (one call each): a
         # channel-layer hop per connection and batch cost ten times more (measured).
         self.seq += 1
-        message = {"type": "replication.lines", "seq": self.seq, "data": data, "counts": counts}
+        message = {"type": "replication.lines", "seq": self.seq, "data": data, "counts": counts, "parts": parts}
         for deliver in list(self._connections.values()):
             try:
                 await deliver(message)
