@@ -89,8 +89,8 @@ def main() -> None:
         new = to_legacy([run], subscribed)
         old = parsing_every_line(data, subscribed)
         assert new.data == old.data, name
-        t_new = best(lambda: to_legacy([run], subscribed), repeat, number)
-        t_old = best(lambda: parsing_every_line(data, subscribed), repeat, number)
+        t_new = best(lambda s=subscribed: to_legacy([run], s), repeat, number)
+        t_old = best(lambda s=subscribed: parsing_every_line(data, s), repeat, number)
         print(f"  {name:24s} structured {t_new / len(lines) * 1e6:7.3f}   parsing every line (baseline) "
               f"{t_old / len(lines) * 1e6:7.3f}   x{t_old / t_new:.0f}")
 
