@@ -1,5 +1,5 @@
-"""One Redis subscription kept alive: the part the writer-side bridge (``redis.py``) and the
-Redis worker (``worker.py``) share (docs/replication.md).
+"""One Redis subscription kept alive: the part the writer-side bridge
+(``publish/redis_bridge.py``) and the Redis worker (``worker/redis_worker.py``) share (docs/replication.md).
 
 Its life, for both: connect -> ``SUBSCRIBE`` the channels -> wait for every confirmation ->
 the owner's ``on_subscribed`` (the worker publishes ``REPLICATE``, a writer announces its
@@ -239,7 +239,7 @@ class RedisSubscription:
             conn = await RespConnection.open(self.url, machine.policy.confirm_timeout)
             conn.write(pack_command("SUBSCRIBE", *self.channels))
             for _ in self.channels:
-                # Nothing is read before every confirmation (spec §5.3): what the owner
+                # Nothing is read before every confirmation (docs/replication.md): what the owner
                 # publishes in on_subscribed is then sure to come back to us.
                 try:
                     reply = await conn.read_reply(machine.confirm_time_left(clock()))

@@ -1,8 +1,8 @@
-"""Receiving rules of one replication follower (docs/replication.md; spec §6.3-§6.5, §14.5).
+"""Receiving rules of one replication follower (docs/replication.md, "The follower's rules").
 
 ``StreamFollower`` is pure: no sockets, no asyncio, no clock, no Django. It is fed the RDATA and
 POSITION commands of one worker process and the pages of HTTP catch-up, and answers with
-*decisions* for an adapter (``worker.py``) to execute, in the order returned:
+*decisions* for an adapter (``base.py``) to execute, in the order returned:
 
 * ``Deliver(stream, writer, token, rows)`` — a fact to hand to the application (once, in order);
 * ``Advanced(stream, writer, token)`` — the writer's position moved with no rows (Synapse's
@@ -15,7 +15,7 @@ POSITION commands of one worker process and the pages of HTTP catch-up, and answ
 
 Per-stream ordering (the design choice). Synapse gives each stream one FIFO queue and one
 consumer that *awaits* the catch-up before taking the next item, so RDATA can never race a
-POSITION catch-up (spec §6.2, lesson §15 #8). Here the follower holds that queue itself: while a
+POSITION catch-up. Here the follower holds that queue itself: while a
 catch-up of stream S is in flight, every RDATA/POSITION of S is parked in S's queue and replayed,
 in arrival order and under the normal rules, as soon as the catch-up ends. Other streams go on.
 So the whole ordering argument lives in this file and is tested without I/O; the adapter only
@@ -43,12 +43,12 @@ from streams.replication.protocol.commands import PositionCommand, RdataCommand,
 logger = logging.getLogger(__name__)
 
 #: Streams whose writer keeps its tokens in memory, so they restart from 0 with the writer
-#: (spec §6.4 ``can_discard_position`` is false for them, §9.5). Only ``typing`` exists here.
+#: (a POSITION of theirs is never discarded early). Only ``typing`` exists here.
 RESETTABLE_STREAMS = frozenset({"typing", "federation", "presence_federation"})
 
 #: First retry of a failed catch-up after this many seconds, doubling up to the cap: quick
 #: enough that a writer's brief restart costs little, slow enough not to hammer a writer that
-#: is down (lesson §15 #9).
+#: is down.
 RETRY_FIRST_DELAY = 0.25
 RETRY_MAX_DELAY = 10.0
 
@@ -117,7 +117,7 @@ class _CatchUp:
 
 
 class StreamFollower:
-    """Per-(stream, writer) current tokens and the §6.3-§6.4 rules for one worker process.
+    """Per-(stream, writer) current tokens and the receiving rules for one worker process.
 
     The *current token* of a writer is the highest token whose facts (and every earlier fact of
     that writer) have been decided: handed out as ``Deliver``/``Advanced``. A stream is
@@ -177,7 +177,7 @@ class StreamFollower:
     # --- connection ------------------------------------------------------------------------
 
     def connection_lost(self) -> None:
-        """Forget which streams were connected (spec §6.5): each needs a new POSITION.
+        """Forget which streams were connected: each needs a new POSITION.
 
         Catch-ups in flight go on (their rows are real) but will not mark their stream
         connected. Commands of the old connection still queued behind them are dropped: the
@@ -200,7 +200,7 @@ class StreamFollower:
     def on_position(self, cmd: PositionCommand) -> list[Decision]:
         if not self._follows(cmd.stream_name, cmd.instance_name):
             return []
-        # Early discard (spec §6.4), only when nothing of the stream is waiting in line.
+        # Early discard, only when nothing of the stream is waiting in line.
         if cmd.stream_name not in self._catch_ups and self._can_discard(cmd):
             return []
         return self._submit(cmd)
@@ -252,7 +252,7 @@ class StreamFollower:
 
     def _follows(self, stream: str, writer: str) -> bool:
         if writer == self.instance_name:
-            return False  # our own echo (spec §3.17)
+            return False  # our own echo
         if stream not in self.streams:
             if stream not in self._ignored_streams:
                 self._ignored_streams.add(stream)
@@ -261,7 +261,8 @@ class StreamFollower:
         return True
 
     def _can_discard(self, cmd: PositionCommand) -> bool:
-        """Spec §6.4 ``can_discard_position``, and only for a connected stream."""
+        """A POSITION that says nothing new (Synapse's ``can_discard_position``), and only for a
+        connected stream."""
         return (
             (cmd.stream_name, cmd.instance_name) in self._connected
             and cmd.stream_name not in self.resettable
@@ -295,12 +296,13 @@ class StreamFollower:
             return []
         rows = self._batches.pop(key, []) + [cmd.row]
         if cmd.token <= self.current_token(stream, writer):
-            return []  # stale or duplicate (lesson §15 #8)
+            return []  # stale or duplicate
         self._tokens[key] = cmd.token
         return [Deliver(stream, writer, cmd.token, tuple(rows))]
 
     def _process_position(self, cmd: PositionCommand) -> list[Decision]:
-        """Spec §6.4 steps 1-7; the case table is in §6.4 and the vectors in §14.5."""
+        """The POSITION rule (docs/replication.md, "The follower's rules"); the cases are
+        tested in test_follower.py."""
         stream, writer = cmd.stream_name, cmd.instance_name
         prev, new = cmd.prev_token, cmd.new_token
         if self._can_discard(cmd):
