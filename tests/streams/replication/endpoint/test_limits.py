@@ -22,9 +22,9 @@ from streams.runtime import StreamRuntime
 from testing.line_workers import LineWorkers
 from testing.processes import stop_process
 from testing.services import free_port
-from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
+from tests.streams.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

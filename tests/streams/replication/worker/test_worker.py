@@ -30,7 +30,7 @@ from streams.replication.worker.tcp_worker import ReplicationWorker
 from testing.processes import jsonl_records
 
 SERVER_NAME = "test.hs"
-MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
+MANAGE_PY = Path(__file__).resolve().parents[4] / "manage.py"
 
 
 # --- the scripted replication server ---------------------------------------------------------
