@@ -39,7 +39,7 @@ from streams.replication.protocol.commands import (
     UserIpCommand,
     UserSyncCommand,
 )
-from streams.replication.protocol.connection import CLOSED, NEED_DATA, ReplicationConnection
+from streams.replication.protocol.connection import ReplicationConnection
 from streams.replication.protocol.line_batch import LineBatch
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ TICK_SECONDS = 1.0
 MAX_LOGGED_ERROR = 200
 
 
-class ReplicationConsumer(AsyncConsumer):
+class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is opaque to the CI's mypy
     channel_layer_alias = LOCAL_LAYER
 
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -93,10 +93,10 @@ class ReplicationConsumer(AsyncConsumer):
         self.conn.receive_data(event["bytes"], now)
         while True:
             try:
-                cmd = self.conn.next_event(now)
-                if cmd is NEED_DATA or cmd is CLOSED:
+                received = self.conn.next_event(now)
+                if not isinstance(received, Command):  # NEED_DATA or CLOSED
                     return
-                cmd = check_inbound(cmd)
+                cmd = check_inbound(received)
             except RemoteProtocolError as e:
                 logger.warning("replication %s (%s): %s", self.info.name, self.info.peer, e.error_text)
                 await self.error_and_close(e.error_text, reason="bad line")

@@ -69,7 +69,7 @@ class ReplicationRelay:
         self._changed_at: dict[tuple[str, str], float] = {}
         self._agreed_at: dict[tuple[str, str], float] = {}
         self._behind_since: dict[tuple[str, str], tuple[int, float]] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._connections: dict[str, Any] = {}
         self.seq = 0  # number of the last line batch sent to the connections group
         self.relayed_messages = 0
