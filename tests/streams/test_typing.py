@@ -22,7 +22,7 @@ from streams.writer import WireJournal
 from testing.processes import ProcessGroup, jsonl_records, wait_port
 from testing.services import free_port
 
-from .replication.test_endpoint import LineClient
+from .replication.endpoint.test_endpoint import LineClient
 
 SERVER_NAME = "test.example"
 WAIT = 30
