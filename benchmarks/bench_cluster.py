@@ -196,7 +196,8 @@ def _count_worker_child(env: dict, name: str, transport: str, port: int, web_por
     import asyncio
     import signal
 
-    from streams.replication.worker.client import RedisReplicationWorker, ReplicationWorker
+    from streams.replication.worker.redis_worker import RedisReplicationWorker
+    from streams.replication.worker.tcp_worker import ReplicationWorker
 
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, struct.calcsize(COUNT_FMT))

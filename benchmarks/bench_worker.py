@@ -5,7 +5,7 @@
 A sender process (plain sockets) listens on a free loopback port, answers the worker's
 handshake with ``SERVER`` and ``POSITION receipts w1 0 1``, then sends N ``RDATA receipts w1
 <token> <row>`` lines (a ~300-byte receipt row, the cluster benchmark's size) in one go.
-The worker is :class:`~streams.replication.worker.client.ReplicationWorker` in this process with a
+The worker is :class:`~streams.replication.worker.tcp_worker.ReplicationWorker` in this process with a
 counting coroutine callback (what ``bench_cluster``'s count sink does); it is timed from
 connect until the callback has seen every fact.
 
@@ -66,7 +66,7 @@ def _cpu() -> float:
 
 
 async def _worker_run(port: int, facts: int) -> tuple[float, float]:
-    from streams.replication.worker.client import ReplicationWorker
+    from streams.replication.worker.tcp_worker import ReplicationWorker
 
     got = 0
     done = asyncio.Event()

@@ -100,6 +100,19 @@ class StreamRuntime:
         typing.announce()
         return typing
 
+    def writer_positions(self) -> dict[tuple[str, str], int]:
+        """Wire tokens per (stream, writer) of every database-backed stream: the configured
+        writers and those this process's generators know of (blocking: may read the
+        database). Where an endpoint in this process starts relaying from."""
+        result: dict[tuple[str, str], int] = {}
+        for name, spec in STREAMS.items():
+            if not spec.db_backed:
+                continue
+            gen = self.generator(name)
+            for writer in {*(self.writers.get(name) or ()), *gen.get_positions()}:
+                result[(name, writer)] = spec.to_wire(gen.get_current_token_for_writer(writer))
+        return result
+
     def db_streams(self) -> list[str]:
         return [name for name, spec in STREAMS.items() if spec.db_backed]
 

@@ -194,7 +194,7 @@ def test_dialect_finder_finds_each_form():
 OUTSIDE_CITATION = re.compile(r"shared/(?:specs|reference)|\b(?:spec|lesson|shared spec) §")
 #: Being rewritten on other branches, which replace their citations there: streams/storage/persist.py
 #: and streams/replication/worker/client.py. The integrator empties this after merging them.
-CITATIONS_TO_REPLACE = {"streams/storage/persist.py", "streams/replication/worker/client.py"}
+CITATIONS_TO_REPLACE: set[str] = set()
 
 
 def test_code_and_docs_cite_nothing_outside_the_repository():
@@ -207,3 +207,15 @@ def test_code_and_docs_cite_nothing_outside_the_repository():
         for n, line in enumerate(path.read_text().splitlines(), 1) if OUTSIDE_CITATION.search(line)
     ]
     assert offenders == [], "cite docs/*.md or Synapse's source path instead"
+
+
+#: The replication modules that may reach the process's runtime: Django views, the process's
+#: edge (one accessor). Everything else is handed what it needs (runtime.py wires a process).
+RUNTIME_EDGES = {"streams.replication.http.typing"}
+
+
+def test_nothing_below_the_edges_reaches_up_to_the_runtime():
+    graph = module_graph()
+    reaching = sorted(name for name, deps in graph.items()
+                      if name.startswith("streams.replication") and "streams.runtime" in deps)
+    assert reaching == sorted(RUNTIME_EDGES)

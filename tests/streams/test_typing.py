@@ -22,7 +22,7 @@ from streams.writer import WireJournal
 from testing.processes import ProcessGroup, jsonl_records, wait_port
 from testing.services import free_port
 
-from .replication.test_endpoint import LineClient
+from .replication.endpoint.test_endpoint import LineClient
 
 SERVER_NAME = "test.example"
 WAIT = 30
@@ -292,7 +292,8 @@ def test_typing_in_the_endpoints_own_process_reaches_a_tcp_worker():
     port = free_port()
 
     async def run() -> list[str]:
-        endpoint, server = await start_endpoint("127.0.0.1", port)
+        streams = await sync_to_async(runtime, thread_sensitive=False)()
+        endpoint, server = await start_endpoint("127.0.0.1", port, streams=streams)
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"NAME embedded-worker\nREPLICATE \n")

@@ -40,12 +40,10 @@ from streams.conf import repl_setting
 from streams.management.commands.runservice import split_listen
 from streams.registry import STREAMS
 from streams.replication.endpoint.tls import client_context_from_settings
-from streams.replication.worker.client import (
-    BaseReplicationWorker,
-    RedisReplicationWorker,
-    ReplicationWorker,
-    parse_instance_map,
-)
+from streams.replication.worker.base import BaseReplicationWorker
+from streams.replication.worker.catchup_client import parse_instance_map
+from streams.replication.worker.redis_worker import RedisReplicationWorker
+from streams.replication.worker.tcp_worker import ReplicationWorker
 from synapse_repl.redaction import redact_text, redact_url
 
 

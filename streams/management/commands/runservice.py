@@ -115,10 +115,11 @@ def start_endpoint_in_process(host: str, port: int):
     import daphne.server  # installs the asyncio reactor on daphne's loop
 
     from streams.replication.endpoint.server import start_endpoint
+    from streams.runtime import runtime
 
     loop = daphne.server.twisted_loop
     try:
-        endpoint, _server = loop.run_until_complete(start_endpoint(host, port))
+        endpoint, _server = loop.run_until_complete(start_endpoint(host, port, streams=runtime()))
     except OSError as e:
         raise CommandError(
             f"cannot listen for replication on REPLICATION_LISTEN={host}:{port}: "

@@ -22,6 +22,7 @@ from streams.registry import STREAMS
 
 if TYPE_CHECKING:
     from streams.replication.endpoint.user_activity import SyncingUsers
+    from streams.replication.protocol.commands import FederationAckCommand
 
 #: Sent by ``start_endpoint`` once it listens: ``endpoint=Endpoint, host=str, port=int``.
 #: Receivers run on the endpoint's event loop (they may start tasks there).
@@ -36,6 +37,8 @@ MAX_USERS_LISTED = 50
 #: USER_SYNC entries (user, device, syncing process) per connection in a snapshot, for the
 #: per-user page; a worker reporting more shows only the first ones (by user ID).
 MAX_SYNCS_LISTED = 1000
+#: Federation senders whose last FEDERATION_ACK a connection keeps (a worker runs one).
+MAX_FEDERATION_ACKS = 16
 
 
 def disconnect_reason(text: str) -> str:
@@ -64,6 +67,17 @@ class ConnectionInfo:
     warned_syncing_cap: bool = False
     #: the transport side (``pending_commands``: its outbound queue), for operators
     outbound: Any = field(default=None, repr=False)
+
+
+def record_federation_ack(info: ConnectionInfo, cmd: FederationAckCommand) -> None:
+    """Kept for operators only: Synapse's main process trims its in-memory ``federation``
+    stream queue to the lowest ack, and this project has no federation stream
+    (docs/replication.md)."""
+    acks = info.federation_acks
+    if not (0 < len(cmd.instance_name) <= 255 and cmd.instance_name.isprintable()):
+        return  # shown in the snapshot (a JSON column): no NUL, no control characters
+    if cmd.instance_name in acks or len(acks) < MAX_FEDERATION_ACKS:
+        acks[cmd.instance_name] = cmd.token
 
 
 @dataclass

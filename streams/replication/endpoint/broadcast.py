@@ -36,13 +36,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 
 from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
 from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import LockReleasedCommand, RemoteProtocolError, RemoteServerUpCommand, parse_line
+
+if TYPE_CHECKING:
+    from streams.replication.publish.redis_bridge import SynapseRedisBridge
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +57,11 @@ BROADCAST_GROUP = "replication.broadcast"
 class CommandBroadcast:
     """One endpoint's part in spreading ``REMOTE_SERVER_UP`` / ``LOCK_RELEASED``."""
 
-    def __init__(self, endpoint: Any, *, cluster_layer: Any = None, local_layer: Any = None) -> None:
-        self.endpoint = endpoint
+    def __init__(self, bridge: SynapseRedisBridge | None, *, cluster_layer: Any = None,
+                 local_layer: Any = None) -> None:
+        """``bridge``: the endpoint's Synapse Redis channel, when the cluster has Redis (the
+        other endpoints hear us there); otherwise the cluster channel layer carries it."""
+        self.bridge = bridge
         self.endpoint_id = uuid.uuid4().hex
         self.cluster_layer = cluster_layer or get_channel_layer()
         self.local_layer = local_layer or get_channel_layer(LOCAL_LAYER)
@@ -63,10 +69,10 @@ class CommandBroadcast:
         self.from_endpoints = 0
         self.from_redis = 0
         self.refused_from_redis = 0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.endpoint.bridge is not None:
+        if self.bridge is not None:
             return  # the other endpoints hear our publications on Redis
         channel = await self.cluster_layer.new_channel()
         await self.cluster_layer.group_add(BROADCAST_GROUP, channel)
@@ -81,7 +87,7 @@ class CommandBroadcast:
         """``line`` came from the connection ``origin`` of this endpoint: pass it on."""
         self.from_workers += 1
         await self._to_connections(line, origin)
-        bridge = self.endpoint.bridge
+        bridge = self.bridge
         if bridge is not None:
             if not await bridge.publish_command_lines([line]):
                 logger.warning("could not publish %r on Redis", line[:100])

@@ -20,6 +20,7 @@ from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
 from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
+from streams.replication.endpoint.state import Endpoint
 from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import (
     ClearUserSyncCommand,
@@ -38,7 +39,7 @@ from streams.replication.protocol.commands import (
     UserIpCommand,
     UserSyncCommand,
 )
-from streams.replication.protocol.connection import CLOSED, NEED_DATA, ReplicationConnection
+from streams.replication.protocol.connection import ReplicationConnection
 from streams.replication.protocol.line_batch import LineBatch
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ TICK_SECONDS = 1.0
 MAX_LOGGED_ERROR = 200
 
 
-class ReplicationConsumer(AsyncConsumer):
+class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is opaque to the CI's mypy
     channel_layer_alias = LOCAL_LAYER
 
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -62,7 +63,7 @@ class ReplicationConsumer(AsyncConsumer):
         await handler(message)
 
     async def replication_connect(self, event: dict[str, Any]) -> None:
-        self.endpoint = self.scope["endpoint"]
+        self.endpoint: Endpoint = self.scope["endpoint"]
         now = time.time()
         self.conn = ReplicationConnection(
             "server", now=now, handshake_timeout=float(repl_setting("REPLICATION_HANDSHAKE_TIMEOUT")),
@@ -92,10 +93,10 @@ class ReplicationConsumer(AsyncConsumer):
         self.conn.receive_data(event["bytes"], now)
         while True:
             try:
-                cmd = self.conn.next_event(now)
-                if cmd is NEED_DATA or cmd is CLOSED:
+                received = self.conn.next_event(now)
+                if not isinstance(received, Command):  # NEED_DATA or CLOSED
                     return
-                cmd = check_inbound(cmd)
+                cmd = check_inbound(received)
             except RemoteProtocolError as e:
                 logger.warning("replication %s (%s): %s", self.info.name, self.info.peer, e.error_text)
                 await self.error_and_close(e.error_text, reason="bad line")
@@ -168,13 +169,12 @@ class ReplicationConsumer(AsyncConsumer):
             await self.error_and_close("Failed to keep up", reason="failed to keep up")
             return
         self.expected_seq = seq + 1
-        data = event["data"]
         for read in self.legacy_reads.values():
-            read.offer(data)  # lines of a stream whose history is being read wait for it
+            read.offer(event["parts"])  # lines of a stream whose history is being read wait for it
         if self.info.legacy_streams:
-            await self._send_batch(to_legacy(data, self.info.legacy_streams), legacy=True)
+            await self._send_batch(to_legacy(event["parts"], self.info.legacy_streams), legacy=True)
         elif self.info.replicating:
-            await self._send_batch(LineBatch(data, event["counts"]))
+            await self._send_batch(LineBatch(event["data"], event["counts"]))
 
     async def replication_relay_command(self, event: dict[str, Any]) -> None:
         if event["origin"] != self.channel_name:

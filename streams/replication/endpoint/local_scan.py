@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from streams.id_store import pid_alive
 from streams.registry import STREAMS, StreamSpec
-from streams.replication.protocol.commands import PositionCommand, RdataCommand, encode_json
+from streams.replication.protocol.commands import PositionCommand, RdataCommand
 
 #: Tokens read per query: bounds the work of one step, so the event loop stays responsive
 #: after a large write from another shell.
@@ -111,14 +111,15 @@ class ScanState:
             return None
         return lo, min(bound, lo + SCAN_PAGE_TOKENS)
 
-    def lines(self, spec: StreamSpec, lo: int, hi: int, rows: list[tuple[str, int, list[Any]]]) -> list[str]:
-        """The lines for ``rows`` (every writer's, tokens in ``(lo, hi]``, in order) and the
+    def commands(self, spec: StreamSpec, lo: int, hi: int,
+                 rows: list[tuple[str, int, list[Any]]]) -> list[RdataCommand | PositionCommand]:
+        """The commands for ``rows`` (every writer's, tokens in ``(lo, hi]``, in order) and the
         bookkeeping: RDATA in token order (``batch`` for all rows of a fact but its last); a
         writer seen for the first time is first announced with ``POSITION s w 0 lo`` (it has
         nothing at or below ``lo``: everything there was read), so a worker takes its RDATA
         without a catch-up."""
         stream = spec.name
-        out: list[str] = []
+        out: list[RdataCommand | PositionCommand] = []
         i = 0
         while i < len(rows):
             writer, token, _ = rows[i]
@@ -128,12 +129,12 @@ class ScanState:
             key = (stream, writer)
             last = self.last_sent.get(key)
             if last is None:
-                out.append(PositionCommand(stream, writer, 0, lo).to_line())
+                out.append(PositionCommand(stream, writer, 0, lo))
                 last = self.last_sent[key] = lo
             if token > last:
                 for _, _, row in rows[i:j - 1]:
-                    out.append(f"{RdataCommand.NAME} {stream} {writer} batch {encode_json(row)}")
-                out.append(f"{RdataCommand.NAME} {stream} {writer} {token} {encode_json(rows[j - 1][2])}")
+                    out.append(RdataCommand(stream, writer, None, row))
+                out.append(RdataCommand(stream, writer, token, rows[j - 1][2]))
                 self.last_sent[key] = token
             i = j
         self.scanned[stream] = hi

@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 from streams.registry import STREAMS
 from streams.replication.protocol.commands import PositionCommand
-from streams.replication.protocol.line_batch import add_counts, counts_of
+from streams.replication.protocol.line_batch import BatchPart, WriterRun, add_counts, counts_of
 from streams.replication.publish.streamer import LINES_GROUP
 from streams.replication.worker.follower import RESETTABLE_STREAMS
 
@@ -48,10 +48,15 @@ class ReplicationRelay:
     """Per endpoint: last token sent per (stream, writer), and the relaying of line batches."""
 
     def __init__(self, *, using: str = "default", poll_interval: float | None = None,
-                 grace: float | None = None, local_scan: bool = False) -> None:
+                 grace: float | None = None, local_scan: bool = False,
+                 local_positions: Callable[[], dict[tuple[str, str], int]] | None = None) -> None:
+        """``local_positions``: where this process's own writers stand (wire tokens), beside
+        the ``stream_positions`` table (``StreamRuntime.writer_positions``; None: the table
+        alone)."""
         from streams.conf import repl_setting
 
         self.using = using
+        self.local_positions = local_positions
         #: Embedded default (SQLite, no Redis): every fact is read from the database and sent
         #: as RDATA; line batches only wake the scan (local_scan.py).
         self.local_scan = local_scan
@@ -64,7 +69,7 @@ class ReplicationRelay:
         self._changed_at: dict[tuple[str, str], float] = {}
         self._agreed_at: dict[tuple[str, str], float] = {}
         self._behind_since: dict[tuple[str, str], tuple[int, float]] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._connections: dict[str, Any] = {}
         self.seq = 0  # number of the last line batch sent to the connections group
         self.relayed_messages = 0
@@ -107,17 +112,8 @@ class ReplicationRelay:
         """Where every writer stands now: the relay sends from here on (earlier facts are the
         catch-up's job)."""
         from streams.models import StreamPosition
-        from streams.runtime import runtime
 
-        rt = runtime()
-        result: dict[tuple[str, str], int] = {}
-        for name, spec in STREAMS.items():
-            if not spec.db_backed:
-                continue
-            gen = rt.generator(name)
-            writers = rt.writers.get(name) or ()
-            for writer in {*writers, *gen.get_positions()}:
-                result[(name, writer)] = spec.to_wire(gen.get_current_token_for_writer(writer))
+        result = dict(self.local_positions()) if self.local_positions is not None else {}
         for row in StreamPosition.objects.using(self.using).all():
             spec = STREAMS.get(row.stream_name)
             if spec is None or not spec.db_backed:
@@ -165,8 +161,9 @@ class ReplicationRelay:
             self.last_sent[key] = new
             self._changed_at[key] = time.monotonic()
             self.resets += 1
-            reset = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
-            await self._send(reset + message["data"], add_counts(counts, {"POSITION": 1}))
+            reset = PositionCommand(key[0], key[1], prev, prev)
+            await self._send(reset.to_line().encode() + b"\n" + message["data"], add_counts(counts, {"POSITION": 1}),
+                             (reset, self._run(message, counts)))
             return
         if last is None and key[0] in RESETTABLE_STREAMS:
             # The first batch this endpoint hears of an in-memory stream's writer (its run
@@ -175,8 +172,9 @@ class ReplicationRelay:
             # heard of the writer start there, skipping the batch's rows for good.
             self.last_sent[key] = new
             self._changed_at[key] = time.monotonic()
-            start = PositionCommand(key[0], key[1], prev, prev).to_line().encode() + b"\n"
-            await self._send(start + message["data"], add_counts(counts, {"POSITION": 1}))
+            start = PositionCommand(key[0], key[1], prev, prev)
+            await self._send(start.to_line().encode() + b"\n" + message["data"], add_counts(counts, {"POSITION": 1}),
+                             (start, self._run(message, counts)))
             return
         if last is not None and new <= last:
             return  # already covered
@@ -185,7 +183,7 @@ class ReplicationRelay:
         self._behind_since.pop(key, None)
         if last is not None and prev <= last:
             self.relayed_messages += 1
-            await self._send(message["data"], counts)
+            await self._send(message["data"], counts, (self._run(message, counts),))
         else:
             # We never saw (last, prev]: let every worker fetch what it is missing.
             self.repairs += 1
@@ -249,10 +247,11 @@ class ReplicationRelay:
                 rows = await sync_to_async(self._read_rows, thread_sensitive=False)(stream, lo, hi)
                 # No await from here to the send: a REPLICATE answered meanwhile announces
                 # either positions before these lines or positions covering them.
-                lines = self.scan.lines(STREAMS[stream], lo, hi, rows)
-                if lines:
+                cmds = self.scan.commands(STREAMS[stream], lo, hi, rows)
+                if cmds:
                     self.relayed_messages += 1
-                    await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines))
+                    lines = [c.to_line() for c in cmds]
+                    await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines), tuple(cmds))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
         from streams.updates import get_all_writers_rows
@@ -262,8 +261,14 @@ class ReplicationRelay:
     # -- output -----------------------------------------------------------------------------
 
     async def _send_positions(self, items: list[tuple[tuple[str, str], int]]) -> None:
-        lines = [PositionCommand(s, w, t, t).to_line() for (s, w), t in items]
-        await self._send(("\n".join(lines) + "\n").encode(), {"POSITION": len(lines)})
+        cmds = [PositionCommand(s, w, t, t) for (s, w), t in items]
+        lines = [c.to_line() for c in cmds]
+        await self._send(("\n".join(lines) + "\n").encode(), {"POSITION": len(lines)}, tuple(cmds))
+
+    @staticmethod
+    def _run(message: dict[str, Any], counts: Mapping[str, int]) -> WriterRun:
+        return WriterRun(message["stream"], message["writer"], int(message["prev"]), int(message["new"]),
+                         message["data"], counts)
 
     def attach(self, channel_name: str, deliver: Any) -> None:
         """A connection of this endpoint wants every batch (``deliver(message)``)."""
@@ -272,13 +277,15 @@ class ReplicationRelay:
     def detach(self, channel_name: str) -> None:
         self._connections.pop(channel_name, None)
 
-    async def _send(self, data: bytes, counts: dict[str, int]) -> None:
+    async def _send(self, data: bytes, counts: Mapping[str, int], parts: tuple[BatchPart, ...]) -> None:
+        """``parts``: what ``data`` is, as data (writer runs and commands, in order), for
+        readers that need more than the bytes (the legacy rewrite)."""
         # Callers update ``last_sent`` with no await before this: a connection announcing
         # positions (on REPLICATE) either gets these lines or announces positions covering them.
         # Within the process, batches go straight to the connections (one call each): a
         # channel-layer hop per connection and batch cost ten times more (measured).
         self.seq += 1
-        message = {"type": "replication.lines", "seq": self.seq, "data": data, "counts": counts}
+        message = {"type": "replication.lines", "seq": self.seq, "data": data, "counts": counts, "parts": parts}
         for deliver in list(self._connections.values()):
             try:
                 await deliver(message)

@@ -10,7 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+if TYPE_CHECKING:
+    from streams.replication.endpoint.state import Endpoint
+
+#: An ASGI application as this adapter runs it: ``app(scope, receive, send)``.
+App = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
+                Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +32,13 @@ ABORT_AFTER_SECONDS = 5.0
 
 
 class ReplicationServerProtocol(asyncio.Protocol):
-    def __init__(self, endpoint: Any, app: Callable, max_pending: int = MAX_PENDING_COMMANDS,
+    def __init__(self, endpoint: Endpoint, app: App, max_pending: int = MAX_PENDING_COMMANDS,
                  ticket: Any = None) -> None:
         self.endpoint = endpoint
         self.app = app
         self.max_pending = max_pending
         self.transport: asyncio.Transport | None = None
-        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.paused = False
         #: set while the transport takes writes without queueing (``replication.drain`` waits)
         self.writable = asyncio.Event()
@@ -43,7 +50,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
         self.pending: collections.deque[bytes] = collections.deque()
         self.pending_commands = 0
         self.closing = False
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
         self.abort_timer: asyncio.TimerHandle | None = None
 
     # -- socket side ------------------------------------------------------------------------
@@ -133,7 +140,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
             self._drop(b"ERROR Too many connections\n", "evicted")
 
 
-async def serve(endpoint: Any, host: str, port: int, app: Callable) -> asyncio.AbstractServer:
+async def serve(endpoint: Endpoint, host: str, port: int, app: App) -> asyncio.AbstractServer:
     """Start listening; connections are served until the returned server is closed. Each is
     handed to ``app`` (the ASGI application: the endpoint's consumer) with ``endpoint``, the
     endpoint's shared state, in its scope.

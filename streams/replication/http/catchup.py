@@ -94,10 +94,10 @@ def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
     if spec.name == "typing":
         # In memory, in its writer: this process must be it (Synapse asks the typing writer).
         from streams.id_generator import NotAWriter
-        from streams.runtime import runtime
+        from streams.replication.http.typing import typing_writer
 
         try:
-            result = runtime().typing().updates_since(from_token, upto_token, limit)
+            result = typing_writer().updates_since(from_token, upto_token, limit)
         except NotAWriter as e:
             return JsonResponse({"errcode": "M_UNKNOWN", "error": str(e)}, status=400)
     else:

@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from streams.replication.http.auth import replication_secret_required
-from streams.typing import DEFAULT_TIMEOUT_MS, TypingRefused
+from streams.typing import DEFAULT_TIMEOUT_MS, TypingRefused, TypingWriter
 
 MAX_UPDATES = 1000
 MAX_ID_LENGTH = 255
@@ -62,19 +62,26 @@ def parse_updates(body: bytes) -> list[tuple[str, str, bool, int]]:
     return changes
 
 
+def typing_writer() -> TypingWriter:
+    """This process's typing writer: the one place the replication views reach the process's
+    runtime (they are its edge, as Django builds them). Raises ``NotAWriter`` elsewhere."""
+    from streams.runtime import runtime
+
+    return runtime().typing()
+
+
 @csrf_exempt  # a process-to-process API behind the replication secret, not a form
 @replication_secret_required
 @require_POST
 def set_typing(request: HttpRequest) -> JsonResponse:
     from streams.id_generator import NotAWriter
-    from streams.runtime import runtime
 
     try:
         changes = parse_updates(request.body)
     except ValueError as e:
         return _error(str(e))
     try:
-        writer = runtime().typing()
+        writer = typing_writer()
     except NotAWriter as e:
         return JsonResponse({"errcode": "M_UNKNOWN", "error": str(e)}, status=400)
     try:

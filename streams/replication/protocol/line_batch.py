@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from streams.replication.protocol.commands import Command
+
 
 def counts_of(lines: Iterable[str]) -> dict[str, int]:
     """Commands per name of ``lines`` (each a whole line, without newline)."""
@@ -49,3 +51,28 @@ class LineBatch:
 
     def __add__(self, other: LineBatch) -> LineBatch:
         return LineBatch(self.data + other.data, add_counts(self.counts, other.counts))
+
+
+@dataclass(frozen=True, slots=True)
+class WriterRun:
+    """One writer's lines on one stream covering ``(prev, new]``, as its streamer made them:
+    RDATA in token order (``batch`` rows before their fact's token line), with a
+    ``POSITION stream writer a b`` (``prev <= a < b <= new``) wherever the position moved past
+    the last row (consecutive advances may be coalesced into one run). ``counts``: commands
+    per name in ``data``.
+
+    What a reader needs to take the lines apart without parsing them: whose they are and what
+    range they cover (the legacy rewrite keeps or drops a whole run by it).
+    """
+
+    stream: str
+    writer: str
+    prev: int
+    new: int
+    data: bytes
+    counts: Mapping[str, int]
+
+
+#: What a batch's lines are, in order: whole writer runs, or single commands (repairs, the
+#: embedded scan's RDATA). Their encoded lines, concatenated, are the batch's ``data``.
+BatchPart = WriterRun | Command

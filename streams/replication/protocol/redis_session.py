@@ -1,5 +1,5 @@
-"""One Redis subscription kept alive: the part the writer-side bridge (``redis.py``) and the
-Redis worker (``worker.py``) share (docs/replication.md).
+"""One Redis subscription kept alive: the part the writer-side bridge
+(``publish/redis_bridge.py``) and the Redis worker (``worker/redis_worker.py``) share (docs/replication.md).
 
 Its life, for both: connect -> ``SUBSCRIBE`` the channels -> wait for every confirmation ->
 the owner's ``on_subscribed`` (the worker publishes ``REPLICATE``, a writer announces its

@@ -1,1 +1,3 @@
-"""The following side: the follower's pure rules and the worker clients (TCP, Redis) with their catch-up."""
+"""The following side: the follower's pure rules (``follower``), the transport-independent worker
+(``base``: lanes, catch-up runs), its sessions (``tcp_worker``, ``redis_worker``), the catch-up
+client (``catchup_client``) and cache invalidation (``cache_invalidation``)."""

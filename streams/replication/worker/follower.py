@@ -3,7 +3,7 @@ Synapse's ``ReplicationCommandHandler``, ``synapse/replication/tcp/handler.py``)
 
 ``StreamFollower`` is pure: no sockets, no asyncio, no clock, no Django. It is fed the RDATA and
 POSITION commands of one worker process and the pages of HTTP catch-up, and answers with
-*decisions* for an adapter (``worker.py``) to execute, in the order returned:
+*decisions* for an adapter (``base.py``) to execute, in the order returned:
 
 * ``Deliver(stream, writer, token, rows)`` — a fact to hand to the application (once, in order);
 * ``Advanced(stream, writer, token)`` — the writer's position moved with no rows (Synapse's

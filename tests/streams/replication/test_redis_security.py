@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from streams.replication.protocol.commands import RdataCommand, parse_line
-from tests.streams.replication.test_endpoint import SERVER_NAME, handshake
-from tests.streams.replication.test_limits import running_endpoint, self_signed
+from tests.streams.replication.endpoint.test_endpoint import SERVER_NAME, handshake
+from tests.streams.replication.endpoint.test_limits import running_endpoint, self_signed
 
 ROOT = Path(__file__).resolve().parents[3]
 

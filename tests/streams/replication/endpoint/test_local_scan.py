@@ -21,11 +21,11 @@ def test_safe_bound_stops_below_the_lowest_live_reservation():
     assert bounds == {"receipts": 14, "caches": 7, "events": 5}
 
 
-def test_lines_in_token_order_with_batches_and_a_first_position_for_new_writers():
+def test_commands_in_token_order_with_batches_and_a_first_position_for_new_writers():
     state = ScanState(scanned={"events": 10}, last_sent={("events", "master"): 9})
     rows = [("master", 11, ["e11"]), ("other", 12, ["e12a"]), ("other", 12, ["e12b"]), ("master", 13, ["e13"])]
-    lines = state.lines(STREAMS["events"], 10, 20, rows)
-    cmds = [parse_line(line) for line in lines]
+    cmds = state.commands(STREAMS["events"], 10, 20, rows)
+    assert [parse_line(c.to_line()) for c in cmds] == cmds  # what goes on the wire
     assert cmds[1] == PositionCommand("events", "other", 0, 10)  # before its first RDATA
     rdata = [cmds[0], *cmds[2:]]
     assert all(isinstance(c, RdataCommand) for c in rdata)
@@ -34,7 +34,7 @@ def test_lines_in_token_order_with_batches_and_a_first_position_for_new_writers(
     assert state.scanned["events"] == 20
     assert state.last_sent == {("events", "master"): 13, ("events", "other"): 12}
     # Rows at or below what was sent (announced at start-up) are not sent again.
-    assert state.lines(STREAMS["events"], 20, 30, [("master", 13, ["again"])]) == []
+    assert state.commands(STREAMS["events"], 20, 30, [("master", 13, ["again"])]) == []
 
 
 def test_ranges_are_paged():

@@ -22,9 +22,9 @@ from streams.runtime import StreamRuntime
 from testing.line_workers import LineWorkers
 from testing.processes import stop_process
 from testing.services import free_port
-from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
+from tests.streams.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -185,7 +185,7 @@ def test_tls_endpoint_and_verifying_worker(pg_url, tmp_path):
     import ssl
 
     from streams.replication.endpoint.tls import client_context
-    from streams.replication.worker.client import ReplicationWorker
+    from streams.replication.worker.tcp_worker import ReplicationWorker
 
     cert, key = self_signed(tmp_path, "endpoint")
     other_cert, _ = self_signed(tmp_path, "other")

@@ -15,8 +15,8 @@ from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.replication.endpoint.legacy import PAGE_ROWS
 from streams.runtime import StreamRuntime
-from tests.streams.replication.test_endpoint import SERVER_NAME, LineClient, handshake
-from tests.streams.replication.test_limits import connect_from, running_endpoint, wait_for_log
+from tests.streams.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
+from tests.streams.replication.endpoint.test_limits import connect_from, running_endpoint, wait_for_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.registry import get_stream
 from streams.replication.http.auth import bearer_header
-from streams.replication.worker.client import new_txn_id
+from streams.replication.worker.catchup_client import new_txn_id
 from streams.runtime import StreamRuntime
 from streams.updates import get_updates_since
 
@@ -136,7 +136,7 @@ def test_range_and_page_size_caps(rt, client, settings):
 
 def test_worker_asks_for_a_long_range_in_pieces(rt, live_server, settings):
     """fetch_catch_up_page splits a range longer than the cap: the follower keeps asking."""
-    from streams.replication.worker.client import fetch_catch_up_page
+    from streams.replication.worker.catchup_client import fetch_catch_up_page
 
     settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "REPLICATION_CATCHUP_MAX_RANGE": 10}
     ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(6), i))]
@@ -158,7 +158,7 @@ def test_worker_asks_for_big_pages_and_falls_back_when_refused(rt, live_server, 
     """page_limit (the worker passes REPLICATION_CATCHUP_MAX_LIMIT): one request where the
     server's default of 100 rows would take three; a server capping lower is asked again
     without a limit instead of failing forever."""
-    from streams.replication.worker.client import fetch_catch_up_page
+    from streams.replication.worker.catchup_client import fetch_catch_up_page
 
     ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(7), i))]
                                         for i in range(250)])
@@ -218,7 +218,7 @@ def test_the_form_without_a_txn_id_is_unrecognized_as_in_synapse(client):
 def test_fetch_catch_up_page_sends_a_fresh_txn_id_each_time(rt, live_server, settings):
     """Two requests for the same range, rows written in between: the second sees them (with a
     reused ID it would get the first, stale answer)."""
-    from streams.replication.worker.client import fetch_catch_up_page
+    from streams.replication.worker.catchup_client import fetch_catch_up_page
 
     rng = random.Random(9)
     w = rt.writer("receipts")

@@ -9,7 +9,7 @@ from streams.models import Receipt
 from streams.registry import get_stream
 from streams.replication.endpoint import legacy
 from streams.replication.endpoint.legacy import HistoryRead
-from streams.replication.protocol.commands import LegacyRdataCommand
+from streams.replication.protocol.commands import LegacyRdataCommand, PositionCommand, RdataCommand
 from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,10 +53,10 @@ def test_pages_merge_every_writer_in_token_order(two_writers):
 
 def test_live_lines_wait_for_the_read_and_overflow_to_a_new_target(monkeypatch):
     read = HistoryRead("receipts", 0, {"master": 10})
-    batch = ("RDATA receipts master 9 [\"!r:hs\",\"m.read\",\"@u:hs\",\"$e\",null,{}]\n"
-             "RDATA receipts master 11 [\"!r:hs\",\"m.read\",\"@u:hs\",\"$f\",null,{}]\n"
-             "RDATA events master 12 [\"ev\",[]]\n"
-             "POSITION receipts master 11 11\n").encode()
+    batch = [RdataCommand("receipts", "master", 9, ["!r:hs", "m.read", "@u:hs", "$e", None, {}]),
+             RdataCommand("receipts", "master", 11, ["!r:hs", "m.read", "@u:hs", "$f", None, {}]),
+             RdataCommand("events", "master", 12, ["ev", []]),
+             PositionCommand("receipts", "master", 11, 11)]
     read.offer(batch)
     assert read.buffered == 2  # token 11 and its POSITION: 9 is history, events is not ours
     assert read.buffer[0].startswith(b"RDATA receipts 11 ")

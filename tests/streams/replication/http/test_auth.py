@@ -7,7 +7,7 @@ import pytest
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.replication.http.auth import check_authorization
-from streams.replication.worker.client import CatchUpError, fetch_catch_up_page
+from streams.replication.worker.catchup_client import CatchUpError, fetch_catch_up_page
 from streams.runtime import StreamRuntime
 
 URL = "/_synapse/replication/get_repl_stream_updates/receipts/txn-auth"  # Synapse's form

@@ -20,7 +20,7 @@ from streams.runtime import StreamRuntime
 from testing.processes import stop_process, wait_port
 from testing.services import free_port
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SERVER_NAME = "test.example"
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,10 +11,10 @@ import pytest
 from channels.testing import ApplicationCommunicator
 
 from streams.replication.endpoint.consumer import ReplicationConsumer
-from streams.replication.endpoint.legacy import LegacyStreamer
 from streams.replication.endpoint.relay import ReplicationRelay
-from streams.replication.endpoint.server import Endpoint
-from streams.replication.protocol.line_batch import counts_of
+from streams.replication.endpoint.state import Endpoint
+from streams.replication.protocol.commands import PositionCommand, parse_line
+from streams.replication.protocol.line_batch import WriterRun, counts_of
 from streams.replication.publish.streamer import build_lines
 
 
@@ -57,9 +57,7 @@ class Peer:
 def endpoint():
     relay = ReplicationRelay(poll_interval=60)
     relay.last_sent.update({("receipts", "master"): 5, ("events", "w1"): 9})
-    endpoint = Endpoint(server_name="test.example", relay=relay)
-    endpoint.legacy = LegacyStreamer(relay.positions)
-    return endpoint
+    return Endpoint.build("test.example", relay)
 
 
 def run(coro):
@@ -91,12 +89,13 @@ def test_relayed_lines_only_after_replicate(endpoint):
         peer = Peer(endpoint)
         await peer.connect()
         await peer.read()
-        await endpoint.relay._send(data, counts_of(lines))  # before REPLICATE: not for this worker
+        run_ = WriterRun("receipts", "master", 5, 7, data, counts_of(lines))
+        await endpoint.relay._send(data, counts_of(lines), (run_,))  # before REPLICATE: not for this worker
         before = list(await peer.read())
         await peer.send("REPLICATE\n")
         await peer.read()
         endpoint.relay.last_sent[("receipts", "master")] = 7
-        await endpoint.relay._send(data, counts_of(lines))
+        await endpoint.relay._send(data, counts_of(lines), (run_,))
         got = (await peer.read())[len(before) + 2:]
         await peer.disconnect()
         return before, got
@@ -129,7 +128,8 @@ def test_a_missed_batch_closes_the_connection(endpoint):
         await peer.read()
         deliver = endpoint.relay._connections[next(iter(endpoint.relay._connections))]
         for seq, data in ((1, b"POSITION receipts master 5 6\n"), (3, b"POSITION receipts master 6 8\n")):
-            await deliver({"type": "replication.lines", "seq": seq, "data": data, "counts": {"POSITION": 1}})
+            await deliver({"type": "replication.lines", "seq": seq, "data": data, "counts": {"POSITION": 1},
+                           "parts": (parse_line(data.decode().strip()),)})
         await peer.read()
         await peer.disconnect()
         return peer
@@ -151,7 +151,8 @@ def test_relayed_lines_count_as_sent_so_no_ping_while_they_flow(endpoint):
         conn.last_sent -= 60  # as if the last command was sent a minute ago
         assert conn.ping_due(time.time())
         endpoint.relay.last_sent[("receipts", "master")] = 6
-        await endpoint.relay._send(b"POSITION receipts master 5 6\n", {"POSITION": 1})  # delivered in this call
+        await endpoint.relay._send(b"POSITION receipts master 5 6\n", {"POSITION": 1},
+                                   (PositionCommand("receipts", "master", 5, 6),))  # delivered in this call
         due = conn.ping_due(time.time())
         await peer.disconnect()
         return due

@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from streams.replication.protocol.commands import batch_updates
-from streams.replication.worker.client import RedisReplicationWorker
+from streams.replication.worker.redis_worker import RedisReplicationWorker
 from synapse_repl.redaction import redact_url
 
 from .test_worker import MANAGE_PY, RecordingHarness, _jsonl, catchup, run, wait_until  # noqa: F401 (fixture)

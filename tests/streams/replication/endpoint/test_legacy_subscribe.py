@@ -6,6 +6,7 @@ from __future__ import annotations
 from streams.registry import STREAMS
 from streams.replication.endpoint import legacy
 from streams.replication.protocol.commands import RdataCommand
+from streams.replication.protocol.line_batch import WriterRun
 from streams.updates import Updates
 
 
@@ -28,8 +29,8 @@ def test_facts_written_during_the_backlog_read_follow_its_position(monkeypatch):
     # Meanwhile the writer commits facts 5 (already in the read's range) and 6, and the relay
     # passes them on: the connection is not subscribed yet.
     table[6] = ["!room:hs", "m.read", "@u6:hs", {}]
-    live = b"".join((RdataCommand("receipts", "master", t, table[t]).to_line() + "\n").encode() for t in (5, 6))
-    read.offer(live)
+    data = b"".join((RdataCommand("receipts", "master", t, table[t]).to_line() + "\n").encode() for t in (5, 6))
+    read.offer([WriterRun("receipts", "master", 4, 6, data, {"RDATA": 2})])
     while not read.done:
         data = read.read_page(STREAMS["receipts"], "default", limit=2).data
         sent += _lines(data)

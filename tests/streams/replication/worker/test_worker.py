@@ -23,12 +23,14 @@ from typing import Any
 import pytest
 from django.core.cache import caches
 
-from streams.replication.worker import client as worker_module
-from streams.replication.worker.client import DjangoCacheInvalidator, ReplicationWorker, parse_instance_map
+from streams.replication.worker import tcp_worker as worker_module
+from streams.replication.worker.cache_invalidation import DjangoCacheInvalidator
+from streams.replication.worker.catchup_client import parse_instance_map
+from streams.replication.worker.tcp_worker import ReplicationWorker
 from testing.processes import jsonl_records
 
 SERVER_NAME = "test.hs"
-MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
+MANAGE_PY = Path(__file__).resolve().parents[4] / "manage.py"
 
 
 # --- the scripted replication server ---------------------------------------------------------

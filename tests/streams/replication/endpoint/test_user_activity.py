@@ -272,7 +272,7 @@ def test_a_redis_workers_cluster_commands_reach_each_tcp_worker_once(two_endpoin
     the TCP workers of every endpoint, each exactly once (every endpoint hears Redis and
     hands it to its own connections only)."""
     from streams.replication.protocol.commands import LockReleasedCommand, RemoteServerUpCommand
-    from streams.replication.worker.client import RedisReplicationWorker
+    from streams.replication.worker.redis_worker import RedisReplicationWorker
 
     a_port, b_port = two_endpoints
     tcp_workers = [worker(a_port, "w-a1"), worker(a_port, "w-a2"), worker(b_port, "w-b")]
@@ -425,13 +425,12 @@ def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
 def test_federation_acks_kept_bounded_for_operators():
     from types import SimpleNamespace
 
-    from streams.replication.endpoint.server import MAX_FEDERATION_ACKS, Endpoint
+    from streams.replication.endpoint.bookkeeping import MAX_FEDERATION_ACKS, record_federation_ack
     from streams.replication.protocol.commands import FederationAckCommand
 
-    endpoint = Endpoint(server_name="hs", relay=None)
     info = SimpleNamespace(federation_acks={})
     for n in range(MAX_FEDERATION_ACKS + 5):
-        endpoint.federation_ack(info, FederationAckCommand(f"fed{n}", n))
-    endpoint.federation_ack(info, FederationAckCommand("fed0", 99))  # a known sender moves on
-    endpoint.federation_ack(info, FederationAckCommand("bad\x00", 1))
+        record_federation_ack(info, FederationAckCommand(f"fed{n}", n))
+    record_federation_ack(info, FederationAckCommand("fed0", 99))  # a known sender moves on
+    record_federation_ack(info, FederationAckCommand("bad\x00", 1))
     assert len(info.federation_acks) == MAX_FEDERATION_ACKS and info.federation_acks["fed0"] == 99
