@@ -108,7 +108,6 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 KNOWN_CYCLES = [
     ["streams.admin", "streams.storage.admin_panels"],
     ["streams.jobs.definitions", "streams.jobs.runner"],
-    ["streams.storage", "streams.storage.persist"],
 ]
 
 

@@ -1,7 +1,7 @@
 """History visibility, computed once when an event is persisted and stored as ranges.
 
 Who may see event E (key ``k = (topological_ordering, stream_ordering)``) is decided from the
-state after E (``shared/specs/storage.md`` §4.1, boundary rules included):
+state after E (docs/storage.md, "Visibility", boundary rules included):
 
 * ``world_readable``: anyone -> E is in the ranges of the pseudo-user ``*``;
 * user u with membership ``join`` after E, or ``invite`` under ``invited``;
@@ -14,7 +14,8 @@ state after E (``shared/specs/storage.md`` §4.1, boundary rules included):
 
 A user's ranges are kept per room as sorted inclusive key ranges; the last one is open
 (end ``None``) while the current state lets the user see each new event, so a new message
-costs no visibility write at all. Everything here is pure; ``persist`` loads and saves.
+costs no visibility write at all. Everything here is pure; the planner applies it
+(``plan_visibility.py``), the persist path loads and saves the ranges.
 """
 from __future__ import annotations
 
