@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .authorization import MatrixEvents, RoomInfos
+from .caches import storage_caches
 from .events import IncomingEvent, parse_events
 from .plan import Plan
 from .plan_loader import DatabaseReader, EventFacts, RoomContexts, load_snapshot
 from .plan_writer import write_plan
 from .planner import plan_batch
-from .reads import change_caches_for
 from .sql import pipeline, store_cursor
 from .state_groups import StateGroupStore
 
@@ -111,7 +111,7 @@ def persister_for(runtime: Any) -> EventPersister:
         p = _PERSISTERS.get(runtime)
         if p is None:
             p = _PERSISTERS[runtime] = EventPersister()
-            p.on_commit.append(change_caches_for(runtime.using).record)
+            p.on_commit.append(storage_caches(runtime).record_changes)
         return p
 
 
