@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .authorization import MatrixEvents, RoomInfos
 from .events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
 from .plan_visibility import HV_KEY
-from .snapshot import KnownEvent, RoomContext, Snapshot, WaitingRedaction
+from .snapshot import Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
 from .sql import array, for_update, in_array, is_sqlite
 from .state_groups import NewGroup, StateGroupStore
 from .visibility import SHARED_ERAS, RangeSet, normalise_visibility
@@ -211,7 +211,7 @@ def _load_room_details(reader: DatabaseReader, contexts: dict[str, RoomContext])
         "LEFT JOIN event_to_state_groups g USING (event_id) WHERE " + in_array(cursor, "f.room_id"), [rooms],
     )
     for room_id, eid, topo, stream, group in cursor.fetchall():
-        contexts[room_id].forward[eid] = ((topo, stream), group)
+        contexts[room_id].forward[eid] = Extremity((topo, stream), group)
     cursor.execute(
         "SELECT room_id, user_id, start_topological, start_stream, end_topological, end_stream "
         f"FROM room_visibility_ranges WHERE {in_rooms} "

@@ -31,7 +31,7 @@ from .plan import (
     VisibilityRangeRow,
 )
 from .plan_visibility import HV_KEY, Touched, at_head, off_head, set_open
-from .snapshot import Key, KnownEvent, PlanReader, PrevInfo, RoomContext, Snapshot
+from .snapshot import Extremity, Key, KnownEvent, PlanReader, PrevInfo, RoomContext, Snapshot
 from .state_groups import NewGroup, resolve
 from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, shared_era
 
@@ -278,7 +278,7 @@ class _Planner:
             self.room_changes[ev.room_id] = ev.stream_ordering
             for p in ev.prev_events:
                 ctx.forward.pop(p, None)
-            ctx.forward[ev.event_id] = (ev.key, ev.state_group_after)
+            ctx.forward[ev.event_id] = Extremity(ev.key, ev.state_group_after)
             self.fwd_changed.add(ev.room_id)
         elif ctx.head is None:
             ctx.head = ev.key
@@ -332,11 +332,12 @@ class _Planner:
         """After an event off the room's linear head: current state = the resolved state of the
         forward extremities; open visibility ranges follow it."""
         if len(ctx.forward) == 1:
-            ((_, (_, group)),) = ctx.forward.items()
+            (only,) = ctx.forward.values()
+            group = only.state_group
             new = dict(self._state_of(ctx, group))
             chain = self.reader.chain_length(group) if group is not None else None
         else:
-            new = self._resolve(ctx, [(k, self._state_of(ctx, g)) for k, g in ctx.forward.values()])
+            new = self._resolve(ctx, [(x.key, self._state_of(ctx, x.state_group)) for x in ctx.forward.values()])
             group, chain = None, None
         old = ctx.current
         changed: dict[StateKey, str | None] = {k: v for k, v in new.items() if old.get(k) != v}

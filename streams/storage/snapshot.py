@@ -6,7 +6,7 @@ group planned a moment ago, the verdict on an event of the batch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from .events import RoomInfo, StateMap
 from .state_groups import NewGroup
@@ -50,6 +50,13 @@ class WaitingRedaction:
     redaction_id: str
 
 
+class Extremity(NamedTuple):
+    """A forward extremity of a room: where it is, and the state group after it."""
+
+    key: Key
+    state_group: int | None
+
+
 @dataclass
 class RoomContext:
     """What the persist path knows about a room between batches (valid while the ``rooms`` row
@@ -66,8 +73,8 @@ class RoomContext:
     current: StateMap = field(default_factory=dict)
     memberships: dict[str, str] = field(default_factory=dict)
     visibility: str = "shared"
-    #: forward extremities: event_id -> (key, state group after it)
-    forward: dict[str, tuple[Key, int | None]] = field(default_factory=dict)
+    #: forward extremities by event ID
+    forward: dict[str, Extremity] = field(default_factory=dict)
     #: visibility ranges per user (``*`` and ``*shared`` included)
     ranges: dict[str, RangeSet] = field(default_factory=dict)
     #: each user's latest join key
