@@ -3,8 +3,10 @@
 The planner (``planner.py``) computes a :class:`Plan` from the batch and what was loaded for
 it; the writer (``plan_writer.py``) turns it into SQL and nothing else. A plan holds no
 cursor and no SQL, so the decisions of the persist path are tested by comparing plans
-(tests/streams/storage/test_planner.py). Row records are named tuples: the writer passes
-them to ``sql.insert_rows`` as they are.
+(tests/streams/storage/test_planner.py). Rows are tuples the writer passes to
+``sql.insert_rows`` as they are: named tuples where a batch has few of them, plain tuples
+(columns named by the ``*_COLUMNS`` constants) for the tables with several rows per event,
+where building a named tuple per row would cost persist measurable time.
 """
 from __future__ import annotations
 
@@ -40,31 +42,15 @@ class RejectionRow(NamedTuple):
     last_check: str
 
 
-class EventAuthRow(NamedTuple):
-    event_id: str
-    auth_id: str
-    room_id: str
-
-
-class EventStateGroupRow(NamedTuple):
-    event_id: str
-    state_group: int
-
-
-class EventEdgeRow(NamedTuple):
-    event_id: str
-    prev_event_id: str
-    room_id: str
-
-
-class MembershipRow(NamedTuple):
-    event_id: str
-    user_id: str
-    sender: str
-    room_id: str
-    membership: str | None
-    event_stream_ordering: int
-    topological_ordering: int
+EVENT_AUTH_COLUMNS = ("event_id", "auth_id", "room_id")
+EventAuthRow = tuple[str, str, str]
+EVENT_TO_STATE_GROUPS_COLUMNS = ("event_id", "state_group")
+EventStateGroupRow = tuple[str, int]
+EVENT_EDGES_COLUMNS = ("event_id", "prev_event_id", "room_id")
+EventEdgeRow = tuple[str, str, str]
+MEMBERSHIP_COLUMNS = ("event_id", "user_id", "sender", "room_id", "membership", "event_stream_ordering",
+                      "topological_ordering")
+MembershipRow = tuple[str, str, str, str, "str | None", int, int]
 
 
 class CurrentStateRow(NamedTuple):

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from ..models import CurrentStateDelta, Event
 from .chain_cover import index_events
-from .plan import Plan
+from .plan import EVENT_AUTH_COLUMNS, EVENT_EDGES_COLUMNS, EVENT_TO_STATE_GROUPS_COLUMNS, MEMBERSHIP_COLUMNS, Plan
 from .redactions import mark_redacted
 from .sql import array, delete_rows, in_array, insert_rows
 from .state_groups import NewGroup
@@ -30,16 +30,13 @@ def write_plan(cur: Any, writer: Any, ids: Sequence[int], plan: Plan) -> None:
     insert_rows(cur, "rejections", ["event_id", "reason", "last_check"], ["text", "text", "text"], plan.rejections)
     write_state_groups(cur, plan.state_groups)
     # auth edges, and the chain cover index of the same auth graph
-    insert_rows(cur, "event_auth", ["event_id", "auth_id", "room_id"], ["text", "text", "text"], plan.event_auth)
+    insert_rows(cur, "event_auth", EVENT_AUTH_COLUMNS, ["text", "text", "text"], plan.event_auth)
     index_events(cur, plan.chain_events)
-    insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
+    insert_rows(cur, "event_to_state_groups", EVENT_TO_STATE_GROUPS_COLUMNS, ["text", "bigint"],
                 plan.event_to_state_groups)
-    insert_rows(cur, "event_edges", ["event_id", "prev_event_id", "room_id"], ["text", "text", "text"],
-                plan.event_edges)
-    insert_rows(cur, "room_memberships",
-                ["event_id", "user_id", "sender", "room_id", "membership", "event_stream_ordering",
-                 "topological_ordering"], ["text", "text", "text", "text", "text", "bigint", "bigint"],
-                plan.memberships)
+    insert_rows(cur, "event_edges", EVENT_EDGES_COLUMNS, ["text", "text", "text"], plan.event_edges)
+    insert_rows(cur, "room_memberships", MEMBERSHIP_COLUMNS,
+                ["text", "text", "text", "text", "text", "bigint", "bigint"], plan.memberships)
     cur.execute("DELETE FROM event_backward_extremities WHERE " + in_array(cur, "event_id"),
                 [array(cur, plan.resolved_backward)])
     insert_rows(cur, "event_backward_extremities", ["event_id", "room_id"], ["text", "text"],

@@ -18,12 +18,8 @@ from .chain_cover import ChainEvent
 from .events import CREATE, MEMBER, BadEvent, ParsedEvent, RoomInfo, StateKey, StateMap
 from .plan import (
     CurrentStateRow,
-    EventAuthRow,
-    EventEdgeRow,
     EventRow,
-    EventStateGroupRow,
     ExOutlierRow,
-    MembershipRow,
     Plan,
     RedactionRow,
     RejectionRow,
@@ -407,19 +403,19 @@ class _Planner:
                            for ev in new if ev.rejected_reason]
         # auth edges and the chain cover index of the same auth graph (rejected events and
         # outliers too: they are in it, as in Synapse's)
-        plan.event_auth = [EventAuthRow(ev.event_id, a, ev.room_id) for ev in new if ev.matrix is not None
+        plan.event_auth = [(ev.event_id, a, ev.room_id) for ev in new if ev.matrix is not None
                            for a in dict.fromkeys(ev.matrix.auth_event_ids)]
         plan.chain_events = [ChainEvent(ev.room_id, IndexEvent(ev.event_id, ev.type, ev.state_key,
                                                                ev.matrix.auth_event_ids))
                              for ev in new if ev.matrix is not None and ev.state_key is not None]
-        plan.event_to_state_groups = [EventStateGroupRow(ev.event_id, ev.state_group_after) for ev in self.events
+        plan.event_to_state_groups = [(ev.event_id, ev.state_group_after) for ev in self.events
                                       if not ev.outlier and ev.state_group_after is not None
                                       and ev.event_id not in skip]
         accepted = [ev for ev in self.events if not ev.outlier and not ev.rejected_reason]
-        plan.event_edges = [EventEdgeRow(ev.event_id, p, ev.room_id) for ev in accepted
+        plan.event_edges = [(ev.event_id, p, ev.room_id) for ev in accepted
                             for p in dict.fromkeys(ev.prev_events)]
-        plan.memberships = [MembershipRow(ev.event_id, ev.state_key, ev.sender, ev.room_id, ev.membership,  # type: ignore[arg-type]
-                                          ev.stream_ordering, ev.topological_ordering)
+        plan.memberships = [(ev.event_id, ev.state_key, ev.sender, ev.room_id, ev.membership,  # type: ignore[misc]
+                             ev.stream_ordering, ev.topological_ordering)
                             for ev in accepted if ev.type == MEMBER]
         plan.resolved_backward = list(self.by_id)
         plan.backward_extremities = self._backward_extremities(accepted)

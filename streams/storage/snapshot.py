@@ -15,7 +15,7 @@ from .visibility import RangeSet
 Key = tuple[int, int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KnownEvent:
     """A stored event the batch refers to (itself, a prev, a redaction target, a state event)."""
 
@@ -32,7 +32,7 @@ class KnownEvent:
         return (self.topological_ordering, self.stream_ordering)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrevInfo:
     """What an event needs of one of its prev events."""
 
