@@ -87,6 +87,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     from streams.models import Event
     from streams.runtime import runtime
     from streams.storage import persist_events, reads
+    from streams.storage.caches import storage_caches
     from streams.storage.generator import RoomGenerator
     from streams.storage.tokens import RoomStreamToken
 
@@ -137,8 +138,10 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         c.execute("SELECT event_id FROM event_to_state_groups ORDER BY random() LIMIT %s", [samples])
         sample_events = [r[0] for r in c.fetchall()]
 
+    caches = storage_caches()
+
     def cold(i: int) -> None:
-        reads.forget_caches()
+        caches.forget()
         reads.state_at_event(sample_events[i])
 
     cold_ms = timed(cold, len(sample_events))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from django.apps import apps
 from django.conf import settings
@@ -38,6 +38,9 @@ class StreamRuntime:
         self._typing = None  # TypingWriter, when this process writes the typing stream
         self._lock = threading.Lock()
         self.streamer = None
+        #: the room event store's read caches for this database (``streams.storage.caches``),
+        #: created on first use
+        self.storage_caches: Any = None
 
     def generator(self, stream_name: str) -> MultiWriterIdGenerator:
         with self._lock:

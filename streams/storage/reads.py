@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from django.db import transaction
 
 from ..matrix.room_versions import UnknownRoomVersion, room_version
-from .change_cache import StreamChangeCache
+from .caches import StorageCaches, storage_caches
 from .events import StateMap
 from .redactions import client_json
 from .sql import is_sqlite, json_list, store_cursor
-from .state_groups import _LRU, StateGroupStore
 from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
@@ -120,7 +118,7 @@ def _timeline_cursor(using: str) -> Iterator[Any]:
         yield cur
 
 
-def _ids_not_in_json(cur: Any, caches: "ReadCaches", room_id: str) -> bool:
+def _ids_not_in_json(cur: Any, caches: StorageCaches, room_id: str) -> bool:
     """Whether the room's events carry no ``event_id`` field (authorized rooms of v3+: the ID
     is a hash); cached per room (a room's version never changes)."""
     hashed = caches.hashed_id_rooms.get(room_id)
@@ -144,7 +142,7 @@ def with_event_id(raw: bytes, event_id: str) -> bytes:
     return b'{"event_id":' + json.dumps(event_id).encode() + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
 
 
-def _row(r: Sequence[Any], cur: Any, caches: "ReadCaches") -> EventRow:
+def _row(r: Sequence[Any], cur: Any, caches: StorageCaches) -> EventRow:
     raw = client_json(bytes(r[4]), r[5])
     if _ids_not_in_json(cur, caches, r[1]):
         raw = with_event_id(raw, r[0])
@@ -166,82 +164,6 @@ def current_token(cursor: Any) -> int:
     return min([top] + [i - 1 for i in pending]) if pending else top
 
 
-# -- caches -----------------------------------------------------------------------------------
-
-class ChangeCaches:
-    """Per-room and per-user "last change" positions of one database, kept current from the
-    tables (so events written by other processes are seen) and by this process's writes."""
-
-    PREFILL = 100_000
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self.rooms: StreamChangeCache | None = None
-        self.members: StreamChangeCache | None = None
-        self._fed_upto = 0
-        self._lock = threading.Lock()
-
-    def record(self, room_changes: list[tuple[str, int]], member_changes: list[tuple[str, int]]) -> None:
-        if self.rooms is not None and self.members is not None:
-            self.rooms.entities_have_changed(room_changes)
-            self.members.entities_have_changed(member_changes)
-
-    def refresh(self, cursor: Any, now: int) -> None:
-        with self._lock:
-            if self.rooms is None or self.members is None:
-                start = max(0, now - self.PREFILL)
-                self.rooms = StreamChangeCache("rooms", start)
-                self.members = StreamChangeCache("members", start)
-                self._fed_upto = start
-            if now <= self._fed_upto:
-                return
-            cursor.execute(
-                "SELECT room_id, max(stream_ordering) FROM events WHERE stream_ordering > %s "
-                "AND stream_ordering <= %s AND NOT outlier GROUP BY room_id", [self._fed_upto, now])
-            self.rooms.entities_have_changed(cursor.fetchall())
-            cursor.execute(
-                "SELECT user_id, max(event_stream_ordering) FROM room_memberships WHERE event_stream_ordering > %s "
-                "AND event_stream_ordering <= %s GROUP BY user_id", [self._fed_upto, now])
-            self.members.entities_have_changed(cursor.fetchall())
-            self._fed_upto = now
-
-
-class ReadCaches:
-    """Everything the reads of one database keep between calls, owned in one place: the change
-    caches, group states and event -> group (they never change), and which rooms' events
-    carry hashed IDs. One per database alias (group IDs of two databases are unrelated)."""
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self.change = ChangeCaches(using)
-        self.state = StateGroupStore(cache_keys=2_000_000)
-        self.event_group = _LRU(50_000)
-        self.hashed_id_rooms = _LRU(200_000)
-
-
-_READ_CACHES: dict[str, ReadCaches] = {}
-_READ_CACHES_LOCK = threading.Lock()
-
-
-def caches_for(using: str) -> ReadCaches:
-    """The read caches of database ``using``."""
-    caches = _READ_CACHES.get(using)
-    if caches is None:
-        with _READ_CACHES_LOCK:
-            caches = _READ_CACHES.setdefault(using, ReadCaches(using))
-    return caches
-
-
-def change_caches_for(using: str) -> ChangeCaches:
-    return caches_for(using).change
-
-
-def forget_caches() -> None:
-    """Drop every read cache (tests that recreate the database)."""
-    with _READ_CACHES_LOCK:
-        _READ_CACHES.clear()
-
-
 # -- single events and state ------------------------------------------------------------------
 
 def _visible(cursor: Any, event_id: str, user_id: str) -> bool:
@@ -250,23 +172,24 @@ def _visible(cursor: Any, event_id: str, user_id: str) -> bool:
     return cursor.fetchone() is not None
 
 
-def get_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> EventRow:
-    with store_cursor(using) as cur:
+def get_event(event_id: str, *, user_id: str | None = None, runtime: Any = None) -> EventRow:
+    caches = storage_caches(runtime)
+    with store_cursor(caches.using) as cur:
         cur.execute(f"SELECT {_COLUMNS} FROM events e WHERE e.event_id = %s AND NOT e.outlier AND NOT e.rejected",
                     [event_id])
         row = cur.fetchone()
         if row is None or (user_id is not None and not _visible(cur, event_id, user_id)):
             raise NotFound(f"event {event_id} not found")
-        return _row(row, cur, caches_for(using))
+        return _row(row, cur, caches)
 
 
-def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "default") -> StateMap:
+def state_at_event(event_id: str, *, user_id: str | None = None, runtime: Any = None) -> StateMap:
     """The room state after ``event_id`` (before it, for a rejected event), walking the delta
     chain of its state group; groups and event->group are cached (they never change)."""
-    with store_cursor(using) as cur:
+    caches = storage_caches(runtime)
+    with store_cursor(caches.using) as cur:
         if user_id is not None and not _visible(cur, event_id, user_id):
             raise NotFound(f"event {event_id} not found")
-        caches = caches_for(using)
         group = caches.event_group.get(event_id)
         if group is None:
             cur.execute("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", [event_id])
@@ -281,7 +204,7 @@ def state_at_event(event_id: str, *, user_id: str | None = None, using: str = "d
 # -- room history -----------------------------------------------------------------------------
 
 def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | None = None,
-                  direction: str = "b", limit: int = 10, using: str = "default") -> dict[str, Any]:
+                  direction: str = "b", limit: int = 10, runtime: Any = None) -> dict[str, Any]:
     """A page of the room's history in (topological, stream) order, from a token.
 
     Backwards the next token is ``t{last.topo}-{last.stream - 1}``, forwards
@@ -304,13 +227,14 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
             bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
             range_bound = ("AND (coalesce(v.end_topological, %s), coalesce(v.end_stream, %s)) > (%%(t)s, %%(s)s)"
                            % (_MAX, _MAX))
-    with _timeline_cursor(using) as cur:
+    caches = storage_caches(runtime)
+    with _timeline_cursor(caches.using) as cur:
         if is_sqlite(cur):
             page = visible_events_sqlite("%(room)s", order=direction, event_filter=bound)
         else:
             page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
         cur.execute("SELECT * FROM " + page + " y", params)
-        rows = [_row(r, cur, caches_for(using)) for r in cur.fetchall()]
+        rows = [_row(r, cur, caches) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = None
@@ -326,22 +250,23 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
 
 
 def topological_events(room_id: str, *, user_id: str | None = None, from_token: RoomStreamToken | None = None,
-                       limit: int = 100, using: str = "default") -> dict[str, Any]:
+                       limit: int = 100, runtime: Any = None) -> dict[str, Any]:
     """The room's events oldest first in (topological, stream) order -- the order federation
     needs. Without ``user_id`` it is the server's view (every accepted event)."""
     if user_id is not None:
-        return room_messages(room_id, user_id, from_token=from_token, direction="f", limit=limit, using=using)
+        return room_messages(room_id, user_id, from_token=from_token, direction="f", limit=limit, runtime=runtime)
     limit = _limit(limit)
     params: dict[str, Any] = {"room": room_id, "limit": limit + 1}
     bound = ""
     if from_token is not None:
         params.update(t=from_token.topological if from_token.topological is not None else -1, s=from_token.stream)
         bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
-    with _timeline_cursor(using) as cur:
+    caches = storage_caches(runtime)
+    with _timeline_cursor(caches.using) as cur:
         cur.execute(
             f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
             f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
-        rows = [_row(r, cur, caches_for(using)) for r in cur.fetchall()]
+        rows = [_row(r, cur, caches) for r in cur.fetchall()]
     more = len(rows) > limit
     rows = rows[:limit]
     end = rows[-1].token if rows and more else None
@@ -356,12 +281,13 @@ _MY_ROOMS = """SELECT c.room_id, r.last_stream FROM current_state_events c JOIN 
                     ORDER BY r.last_stream DESC, c.room_id LIMIT %(rooms)s"""
 
 
-def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str = "default") -> dict[str, Any]:
+def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, runtime: Any = None) -> dict[str, Any]:
     """The latest ``limit`` visible events of each of the user's ``rooms`` most recently active
     joined rooms: one query on PostgreSQL (rooms chosen and events fetched with a LATERAL
     join), one per room on SQLite."""
     limit, rooms = _limit(limit), _limit(rooms)
-    with _timeline_cursor(using) as cur:
+    caches = storage_caches(runtime)
+    with _timeline_cursor(caches.using) as cur:
         now = current_token(cur)
         params = {"user": user_id, "rooms": rooms, "now": now, "limit": limit + 1}
         in_window = "AND e.stream_ordering <= %(now)s"
@@ -377,7 +303,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, using: str 
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
             rows = cur.fetchall()
-        out = _group_timelines(cur, caches_for(using), rows, limit, historic=True)
+        out = _group_timelines(cur, caches, rows, limit, historic=True)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
 
 
@@ -393,7 +319,7 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
     return out
 
 
-def _group_timelines(cur: Any, caches: ReadCaches, rows: Sequence[Sequence[Any]], limit: int, *,
+def _group_timelines(cur: Any, caches: StorageCaches, rows: Sequence[Sequence[Any]], limit: int, *,
                      historic: bool) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -412,21 +338,22 @@ def _group_timelines(cur: Any, caches: ReadCaches, rows: Sequence[Sequence[Any]]
 
 
 def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
-                     using: str = "default") -> dict[str, Any]:
+                     runtime: Any = None) -> dict[str, Any]:
     """What is new for the user after ``since``: visible events in rooms they are in (rooms
     with no change since then are skipped by the room change cache without a query) and their
     membership changes in any room (invites included)."""
     limit = _limit(limit)
-    caches = change_caches_for(using)
-    with _timeline_cursor(using) as cur:
+    caches = storage_caches(runtime)
+    change = caches.change
+    with _timeline_cursor(caches.using) as cur:
         now = current_token(cur)
-        caches.refresh(cur, now)
-        assert caches.rooms is not None and caches.members is not None
+        change.refresh(cur, now)
+        assert change.rooms is not None and change.members is not None
         cur.execute("SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s "
                     "AND membership = 'join'", [user_id])
         joined = {r[0] for r in cur.fetchall()}
         memberships = []
-        if caches.members.has_entity_changed(user_id, since.stream):
+        if change.members.has_entity_changed(user_id, since.stream):
             cur.execute(
                 "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
                 f"{REDACTED_VERSION} "
@@ -436,9 +363,9 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
             for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
                                     "stream_ordering": stream,
-                                    "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches_for(using)).json})
+                                    "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches).json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
-        changed = sorted(caches.rooms.get_entities_changed(joined, since.stream))
+        changed = sorted(change.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
         if changed and since.stream < now:
             params = {"user": user_id, "since": since.stream, "now": now, "limit": limit + 1}
@@ -451,13 +378,13 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
                 rows = cur.fetchall()
-            out = _group_timelines(cur, caches_for(using), rows, limit, historic=False)
+            out = _group_timelines(cur, caches, rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 
 
 def sync(user_id: str, *, since: RoomStreamToken | None = None, limit: int = 10, rooms: int = 100,
-         using: str = "default") -> dict[str, Any]:
+         runtime: Any = None) -> dict[str, Any]:
     if since is None:
-        return initial_sync(user_id, limit=limit, rooms=rooms, using=using)
-    return incremental_sync(user_id, since, limit=limit, using=using)
+        return initial_sync(user_id, limit=limit, rooms=rooms, runtime=runtime)
+    return incremental_sync(user_id, since, limit=limit, runtime=runtime)

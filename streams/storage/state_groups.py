@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .events import StateKey, StateMap
-from .sql import insert_rows, is_sqlite
+from .sql import is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
 MAX_STATE_DELTA_HOPS = 100
@@ -78,6 +78,16 @@ def resolve(candidates: Sequence[tuple[tuple[int, int], Mapping[StateKey, str]]]
         for k, v in state.items():
             result.setdefault(k, v)
     return result
+
+
+def plan_group(gid: int, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
+               delta: StateMap, full_state: Callable[[], StateMap]) -> NewGroup:
+    """Group ``gid`` for ``parent`` + ``delta``: a delta row set, or a full snapshot when there
+    is no parent or the parent's chain is full (``full_state()`` is then called for the whole
+    map), so no read walks more than :data:`MAX_STATE_DELTA_HOPS` groups."""
+    if parent is None or parent_chain_length is None or parent_chain_length >= MAX_STATE_DELTA_HOPS:
+        return NewGroup(gid, room_id, event_id, None, dict(full_state()), 1)
+    return NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
 
 
 class _LRU:
@@ -188,15 +198,12 @@ class StateGroupStore:
     def new_group(self, cursor: Any, *, room_id: str, event_id: str, parent: int | None,
                   parent_chain_length: int | None, delta: StateMap, full_state: Any,
                   hint: int = 64) -> NewGroup:
-        """A group for ``parent`` + ``delta``: a delta row set, or a full snapshot when there is
-        no parent or the chain is full (``full_state()`` is then called for the whole map)."""
-        gid = self._next_id(cursor, hint)
-        if parent is None or parent_chain_length is None or parent_chain_length >= MAX_STATE_DELTA_HOPS:
-            group = NewGroup(gid, room_id, event_id, None, dict(full_state()), 1)
-        else:
-            group = NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
-        self._chain_lengths.put(gid, group.chain_length)
-        self._pending[gid] = group
+        """:func:`plan_group` with the next ID of this writer's pool (``hint``: how many IDs
+        to take at once when the pool is empty); kept as pending until it is written."""
+        group = plan_group(self._next_id(cursor, hint), room_id=room_id, event_id=event_id, parent=parent,
+                           parent_chain_length=parent_chain_length, delta=delta, full_state=full_state)
+        self._chain_lengths.put(group.id, group.chain_length)
+        self._pending[group.id] = group
         return group
 
     def discard_pending(self) -> None:
@@ -209,14 +216,7 @@ class StateGroupStore:
         """Cache a state the caller will not change any more."""
         self._states.put(group, state)
 
-    def write(self, cursor: Any, groups: Sequence[NewGroup]) -> None:
+    def written(self, groups: Sequence[NewGroup]) -> None:
+        """These groups are in the database now (read back like any other)."""
         for g in groups:
             self._pending.pop(g.id, None)
-        insert_rows(cursor, "state_groups", ["id", "room_id", "event_id", "chain_length"],
-                    ["bigint", "text", "text", "integer"],
-                    [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
-        insert_rows(cursor, "state_group_edges", ["state_group", "prev_state_group"], ["bigint", "bigint"],
-                    [(g.id, g.parent) for g in groups if g.parent is not None])
-        insert_rows(cursor, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
-                    ["bigint", "text", "text", "text", "text"],
-                    [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])

@@ -15,7 +15,8 @@ state after E (the client-server spec's history visibility rules as Synapse's
 
 A user's ranges are kept per room as sorted inclusive key ranges; the last one is open
 (end ``None``) while the current state lets the user see each new event, so a new message
-costs no visibility write at all. Everything here is pure; ``persist`` loads and saves.
+costs no visibility write at all. Everything here is pure; the planner applies it
+(``plan_visibility.py``), the persist path loads and saves the ranges.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from django.db import connection
 from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
 from streams.storage import persist_events
-from streams.storage.reads import forget_caches
+from streams.storage.caches import storage_caches
 
 #: the mark of every test using ``store``: both test databases, committed for real
 ON_BOTH_DATABASES = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
@@ -35,8 +35,8 @@ def rows(sql, *params):
 @pytest.fixture
 def store(default_database):
     assert connection.vendor == default_database  # the code under test sees this database
-    forget_caches()
+    storage_caches().forget()  # the reads' (the process runtime's): group IDs start again
     rt = StreamRuntime(instance_name="master", writers=stream_writers("", vendor=default_database), using="default")
     yield Store(rt, default_database)
     rt.close()
-    forget_caches()
+    storage_caches().forget()

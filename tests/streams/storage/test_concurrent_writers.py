@@ -13,7 +13,8 @@ from django.db import connection, connections
 from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
 from streams.storage import persist_events
-from streams.storage.reads import forget_caches, state_at_event
+from streams.storage.caches import storage_caches
+from streams.storage.reads import state_at_event
 
 from .test_matrix_persist import A, E, M, current_state, new_room
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_two_writers_persist_two_branches_at_once():
-    forget_caches()
+    storage_caches().forget()
     writers = stream_writers("events=w1,w2", vendor="postgresql")
     runtimes = [StreamRuntime(instance_name=n, writers=writers, using="default") for n in ("w1", "w2")]
     try:
@@ -75,7 +76,7 @@ def test_two_writers_persist_two_branches_at_once():
         persist_events([pdu(merge)], runtime=runtimes[1])
         persist_events([pdu(after)], runtime=runtimes[0])
 
-        forget_caches()
+        storage_caches().forget()
         for e in room.order:
             assert state_at_event(e) == room.state_after[e], e
         assert current_state(room.room_id) == room.state_after[after]
@@ -87,4 +88,4 @@ def test_two_writers_persist_two_branches_at_once():
     finally:
         for rt in runtimes:
             rt.close()
-        forget_caches()
+        storage_caches().forget()

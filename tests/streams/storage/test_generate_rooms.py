@@ -9,8 +9,6 @@ from django.apps import apps
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from streams.storage.reads import forget_caches
-
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 
 
@@ -22,13 +20,11 @@ def one(sql):
 
 @pytest.fixture
 def fresh_runtime():
-    """The command uses the process runtime: a new one per database (its caches name state
-    groups of one database)."""
-    forget_caches()
+    """The command uses the process runtime: a new one per database (it holds the caches,
+    which name state groups of one database)."""
     apps.get_app_config("streams").runtime = None
     yield
     apps.get_app_config("streams").runtime = None
-    forget_caches()
 
 
 def test_generate_rooms_builds_every_feature(default_database, fresh_runtime):

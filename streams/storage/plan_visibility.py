@@ -1,0 +1,118 @@
+"""The planner's visibility steps: how one accepted event changes a room's ranges.
+
+Each function changes the room context's :class:`~streams.storage.visibility.RangeSet` s in
+place and adds the (room, user) pairs it touched to ``touched`` (their rows are rewritten).
+The rules themselves are ``visibility.py``'s; docs/storage.md, "Visibility", says why.
+"""
+from __future__ import annotations
+
+from .events import CREATE, HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateKey, StateMap
+from .snapshot import Key, PlanReader, RoomContext
+from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, shared_era, visible_to_member
+
+HV_KEY: StateKey = (HISTORY_VISIBILITY, "")
+Touched = set[tuple[str, str]]
+
+
+def switch(ctx: RoomContext, touched: Touched, user: str, before: bool, after: bool, k: Key) -> None:
+    """A rule flips at event ``k`` for ``user``: the event is visible if it held before or after."""
+    if before == after:
+        return
+    rs = ctx.user_ranges(user)
+    if after and not rs.is_open:
+        rs.add(k, None)
+    elif before and not after:
+        if not rs.covers(k):
+            rs.add(k, k)
+        rs.close_at(k)
+    touched.add((ctx.room_id, user))
+
+
+def joined(ctx: RoomContext, touched: Touched, user: str, k: Key) -> None:
+    """``user`` joins at ``k``: the shared-history eras before it become visible."""
+    rs = ctx.user_ranges(user)
+    for start, end in ctx.user_ranges(SHARED_ERAS).clipped_before(k):
+        rs.add(start, end)
+    touched.add((ctx.room_id, user))
+
+
+def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, member_before: str | None) -> None:
+    """An event at the room's head on the current state (the fast path): only what it
+    changes -- its own member's range, or the rules a visibility event flips."""
+    k = ev.key
+    if ctx.head == k and len(ctx.forward) == 1 and ev.type == CREATE:
+        switch(ctx, touched, SHARED_ERAS, False, shared_era(vis), k)
+        switch(ctx, touched, ANYONE, False, vis == "world_readable", k)
+    if ev.type == MEMBER:
+        u = ev.state_key
+        assert u is not None
+        rs = ctx.user_ranges(u)
+        own = visible_to_member(vis_values=(vis,), membership_after=ev.membership,
+                                own_change=(ev.membership, member_before))
+        after_open = grants(ev.membership, vis)
+        if own and not rs.covers(k):
+            rs.add(k, None if after_open else k)
+        elif not own and rs.covers(k):
+            rs.remove_point(k)
+        if rs.is_open and not after_open:
+            rs.close_at(k)
+        elif after_open and not rs.is_open:
+            rs.add(k, None)
+        touched.add((ctx.room_id, u))
+        if ev.membership == "join":
+            joined(ctx, touched, u, k)
+    elif (ev.type, ev.state_key) == HV_KEY:
+        new = normalise_visibility(ev.body["content"].get("history_visibility"))
+        for u, m in ctx.memberships.items():
+            if m == "invite":
+                switch(ctx, touched, u, vis == "invited", new == "invited", k)
+        switch(ctx, touched, ANYONE, vis == "world_readable", new == "world_readable", k)
+        switch(ctx, touched, SHARED_ERAS, shared_era(vis), shared_era(new), k)
+
+
+def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedEvent, after_map: StateMap,
+             vis_before: str, member_before: str | None) -> None:
+    """An event persisted off the head (backfill, forks): decided for every user."""
+    k = ev.key
+    reader.load_facts([e for (t, s), e in after_map.items() if t == MEMBER or (t, s) == HV_KEY])
+    vis_after = reader.visibility(after_map.get(HV_KEY))
+    vis_values = (vis_after, vis_before) if (ev.type, ev.state_key) == HV_KEY else (vis_after,)
+    members = {s: reader.membership(e) for (t, s), e in after_map.items() if t == MEMBER}
+    candidates = set(members) | set(ctx.last_join) | {u for u in ctx.ranges if not u.startswith("*")}
+    for u in candidates:
+        own = (ev.membership, member_before) if ev.type == MEMBER and ev.state_key == u else None
+        later = ctx.last_join.get(u)
+        want = visible_to_member(vis_values=vis_values, membership_after=members.get(u), own_change=own,
+                                 joins_later=later is not None and later > k)
+        point(ctx, touched, u, want, k)
+    point(ctx, touched, ANYONE, "world_readable" in vis_values, k)
+    point(ctx, touched, SHARED_ERAS, any(shared_era(v) for v in vis_values), k)
+    if ev.type == MEMBER and ev.membership == "join":
+        assert ev.state_key is not None
+        joined(ctx, touched, ev.state_key, k)
+
+
+def point(ctx: RoomContext, touched: Touched, user: str, want: bool, k: Key) -> None:
+    """``user`` sees the event at ``k`` iff ``want``."""
+    rs = ctx.ranges.get(user)
+    has = rs is not None and rs.covers(k)
+    if want and not has:
+        ctx.user_ranges(user).add(k, k)
+    elif rs is not None and has and not want:
+        rs.remove_point(k)
+    else:
+        return
+    touched.add((ctx.room_id, user))
+
+
+def set_open(ctx: RoomContext, touched: Touched, user: str, should: bool, k: Key) -> None:
+    """After current state changed at ``k``: ``user`` sees each new event iff ``should``
+    (events up to the head stay as they were decided; the event itself is decided next)."""
+    rs = ctx.user_ranges(user)
+    at_head = ctx.head is None or ctx.head <= k
+    if rs.is_open and not should:
+        rs.close_at((k[0], k[1] - 1) if at_head or ctx.head is None else ctx.head)
+        touched.add((ctx.room_id, user))
+    elif should and not rs.is_open:
+        rs.add(k if at_head or ctx.head is None else (ctx.head[0], ctx.head[1] + 1), None)
+        touched.add((ctx.room_id, user))

@@ -1,0 +1,136 @@
+"""What the planner is given about the database: plain records, loaded once per batch by
+``plan_loader`` (or built by hand in tests), and the narrow :class:`PlanReader` it asks for
+anything whose answer depends on decisions made earlier in the same batch (the state of a
+group planned a moment ago, the verdict on an event of the batch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
+
+from .events import RoomInfo, StateMap
+from .state_groups import NewGroup
+from .visibility import RangeSet
+
+Key = tuple[int, int]
+
+
+@dataclass(slots=True)
+class KnownEvent:
+    """A stored event the batch refers to (itself, a prev, a redaction target, a state event)."""
+
+    event_id: str
+    room_id: str
+    topological_ordering: int
+    stream_ordering: int
+    outlier: bool
+    rejected: bool
+    state_group: int | None  #: the group after it (None: an outlier, or no state known)
+
+    @property
+    def key(self) -> Key:
+        return (self.topological_ordering, self.stream_ordering)
+
+
+@dataclass(slots=True)
+class PrevInfo:
+    """What an event needs of one of its prev events."""
+
+    key: Key
+    state_group: int | None  #: the state after the prev
+    has_state: bool  #: False for an outlier: its state is not known
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRedaction:
+    """A stored redaction whose target is in the batch (it arrived first)."""
+
+    target: str
+    room_id: str
+    redaction_id: str
+
+
+class Extremity(NamedTuple):
+    """A forward extremity of a room: where it is, and the state group after it."""
+
+    key: Key
+    state_group: int | None
+
+
+@dataclass
+class RoomContext:
+    """What the persist path knows about a room between batches (valid while the ``rooms`` row
+    still says ``version``). The planner changes it in place to the room after the batch; the
+    persister keeps it for the next batch once the transaction commits."""
+
+    room_id: str
+    head: Key | None = None
+    last_stream: int = 0
+    min_depth: int | None = None
+    current_group: int | None = None
+    current_chain: int | None = None
+    #: current state, owned by this context (changed in place on the fast path)
+    current: StateMap = field(default_factory=dict)
+    memberships: dict[str, str] = field(default_factory=dict)
+    visibility: str = "shared"
+    #: forward extremities by event ID
+    forward: dict[str, Extremity] = field(default_factory=dict)
+    #: visibility ranges per user (``*`` and ``*shared`` included)
+    ranges: dict[str, RangeSet] = field(default_factory=dict)
+    #: each user's latest join key
+    last_join: dict[str, Key] = field(default_factory=dict)
+    #: the room's version and whether its events are authorized (None: no create event yet)
+    info: RoomInfo | None = None
+
+    @property
+    def version(self) -> tuple[Any, ...]:
+        return (self.head, self.current_group, self.last_stream)
+
+    def user_ranges(self, user: str) -> RangeSet:
+        rs = self.ranges.get(user)
+        if rs is None:
+            rs = self.ranges[user] = RangeSet()
+        return rs
+
+
+@dataclass
+class Snapshot:
+    """Everything the batch's plan starts from."""
+
+    rooms: dict[str, RoomContext]
+    known: dict[str, KnownEvent] = field(default_factory=dict)
+    waiting_redactions: list[WaitingRedaction] = field(default_factory=list)
+
+
+class PlanReader(Protocol):
+    """The reads the planner makes while planning (the loader's answers come from the
+    database and the persister's caches; a test's from dicts)."""
+
+    #: event_id -> the core's event, with ``entry``/``add``/``rejected`` (``authorization.MatrixEvents``)
+    matrix: Any
+
+    def state_of_group(self, group: int) -> StateMap:
+        """The full state of a stored group or one planned earlier (shared: do not change it)."""
+
+    def chain_length(self, group: int) -> int:
+        """The number of groups in ``group``'s delta chain."""
+
+    def new_group(self, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
+                  delta: StateMap, full_state: Callable[[], StateMap], hint: int = 64) -> NewGroup:
+        """A new group (its ID taken now): see ``state_groups.plan_group``."""
+
+    def remember_state(self, group: int, state: StateMap) -> None:
+        """The full state of a planned group, which the planner will not change any more."""
+
+    def load_facts(self, event_ids: Iterable[str]) -> None:
+        """Make :meth:`membership` / :meth:`visibility` answer for these events."""
+
+    def put_facts(self, event_id: str, membership: str | None, visibility: str | None) -> None:
+        """What a state event of the batch says (not in the database yet)."""
+
+    def membership(self, event_id: str | None) -> str | None:
+        """The membership a member event sets (None: unknown, or no event)."""
+
+    def visibility(self, event_id: str | None) -> str:
+        """The history visibility an ``m.room.history_visibility`` event sets (``shared``
+        for none or an unknown value)."""
