@@ -136,7 +136,7 @@ IS_SQLITE_CALLERS = {
     "streams/storage/reads.py",
     "streams/storage/chain_cover.py",
     "streams/storage/state_groups.py",
-    "streams/storage/persist.py",
+    "streams/storage/plan_loader.py",
 }
 VENDOR_NAMES = {"postgresql", "sqlite", "django.db.backends.postgresql", "django.db.backends.sqlite3"}
 

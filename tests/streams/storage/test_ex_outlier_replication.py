@@ -18,7 +18,7 @@ from streams.registry import get_stream
 from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
 from streams.runtime import StreamRuntime
 from streams.storage import IncomingEvent, persist_events
-from streams.storage.reads import forget_caches
+from streams.storage.caches import storage_caches
 from streams.updates import get_updates_since
 from testing.processes import stop_process, wait_port
 from testing.services import free_port
@@ -51,12 +51,12 @@ def endpoint(pg_url, tmp_path, redis_server):
 def writer(redis_server):
     from channels_redis.pubsub import RedisPubSubChannelLayer
 
-    forget_caches()
+    storage_caches().forget()
     rt = StreamRuntime(instance_name="master", writers=stream_writers(WRITERS))
     rt.stream_replication(layer=RedisPubSubChannelLayer(hosts=[redis_server.url]))
     yield rt
     rt.close()
-    forget_caches()
+    storage_caches().forget()
 
 
 def events_rdata(sock_file, upto: int) -> list[tuple[int, list]]:

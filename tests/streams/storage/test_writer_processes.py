@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.storage.reads import forget_caches, state_at_event
+from streams.storage.caches import storage_caches
+from streams.storage.reads import state_at_event
 
 from .helpers import rows
 from .test_matrix_persist import A, E, M, current_state, new_room
@@ -82,7 +83,7 @@ def test_two_writer_processes_one_room(pg_url, tmp_path):
                     "AND EXISTS (SELECT 1 FROM state_groups_state p WHERE p.state_group = e.prev_state_group)")
     assert inverted[0][0] > 0
 
-    forget_caches()  # read everything back from the database, as a third process would
+    storage_caches().forget()  # read everything back from the database, as a third process would
     wrong = {e: state_at_event(e) for e in room.order if state_at_event(e) != room.state_after[e]}
     assert not wrong, sorted(wrong)[:5]
     assert current_state(room.room_id) == room.state_after[room.order[-1]]
