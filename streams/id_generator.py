@@ -26,6 +26,25 @@ class NotAWriter(Exception):
     """This process is not a configured writer of the stream."""
 
 
+class Completion:
+    """The statement that completes a reservation inside the transaction writing its rows
+    (:meth:`MultiWriterIdGenerator.get_next_mult_completing`): it deletes the reservation and
+    records ``position`` (internal sign; ``None``: not known yet, recorded after the commit).
+    A writer that dies before its commit leaves the reservation in place, as before."""
+
+    __slots__ = ("sql", "params", "position", "done")
+
+    def __init__(self, sql: str, params: Sequence[object], position: int | None) -> None:
+        self.sql = sql
+        self.params = params
+        self.position = position
+        self.done = False
+
+    def committed(self) -> None:
+        """The transaction that ran :attr:`sql` committed."""
+        self.done = True
+
+
 class MultiWriterIdGenerator:
     """Stream IDs for one stream in one process.
 
@@ -90,6 +109,50 @@ class MultiWriterIdGenerator:
         Wrap the transaction that writes the rows: a rolled-back block completes its IDs too
         (a fact with zero rows).
         """
+        reservation = self._reserve(n)
+        ok = False
+        try:
+            yield [self.direction.from_wire(i) for i in reservation.stream_ids]
+            ok = True
+        finally:
+            self._complete(reservation, ok)
+
+    @contextlib.contextmanager
+    def get_next_mult_completing(self, n: int) -> Iterator[tuple[list[int], Completion | None]]:
+        """As :meth:`get_next_mult`, for a caller that owns the transaction writing the rows:
+        it also gets a :class:`Completion` (``None`` where the store has none: SQLite), runs
+        its statement last in that transaction and calls :meth:`Completion.committed` once
+        the commit succeeded. The reservation then goes, and the position is recorded, in
+        the same commit as the rows, with no round trip of its own afterwards.
+
+        Without ``committed()`` (an exception, a failed commit) the IDs complete as a
+        rollback: the reservation is deleted on the dedicated connection, as usual.
+        """
+        reservation = self._reserve(n)
+        completion: Completion | None = None
+        try:
+            position = self._positions.position_if_finished(reservation.stream_ids)
+            if self.writers is None:
+                position = None  # any process writes (caches): no positions recorded
+            statement = self._store.completion_statement(
+                reservation, None if position is None else self.direction.from_wire(position)
+            )
+            if statement is not None:
+                completion = Completion(statement[0], statement[1], position)
+        except BaseException:
+            self._complete(reservation, False)
+            raise
+        ok = False
+        try:
+            yield [self.direction.from_wire(i) for i in reservation.stream_ids], completion
+            ok = True
+        finally:
+            if ok and completion is not None and completion.done:
+                self._completed_in_transaction(reservation, completion)
+            else:
+                self._complete(reservation, ok)
+
+    def _reserve(self, n: int) -> Reservation:
         if n < 1:
             raise ValueError("reserve at least one stream ID")
         if not self.is_writer:
@@ -103,12 +166,20 @@ class MultiWriterIdGenerator:
             reservation = self._store.reserve(n)
         finally:
             self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
-        ok = False
-        try:
-            yield [self.direction.from_wire(i) for i in reservation.stream_ids]
-            ok = True
-        finally:
-            self._complete(reservation, ok)
+        return reservation
+
+    def _completed_in_transaction(self, reservation: Reservation, completion: Completion) -> None:
+        """The writer's commit deleted the reservation and recorded ``completion.position``;
+        record again only if the position moved further meanwhile (or was not known)."""
+        self._positions.finish(reservation.stream_ids)
+        if self.writers is not None:
+            position = self._positions.for_writer(self.instance_name)
+            if completion.position is None or position > completion.position:
+                try:
+                    self._store.complete(reservation, self.direction.from_wire(position))
+                except Exception:
+                    logger.exception("stream %s: could not record position %d", self.stream_name, position)
+        self._publish()
 
     def _complete(self, reservation: Reservation, ok: bool) -> None:
         self._positions.finish(reservation.stream_ids)

@@ -100,6 +100,11 @@ class IdStore:
         """Drop the reservation; record ``position`` (external sign) in stream_positions."""
         raise NotImplementedError
 
+    def completion_statement(self, reservation: Reservation, position: int | None) -> tuple[str, tuple[Any, ...]] | None:
+        """SQL and parameters that do :meth:`complete` inside the writer's own transaction,
+        or ``None`` where completion must stay outside it."""
+        return None
+
     def raise_recorded_position(self, position: int) -> None:
         """Move this writer's existing stream_positions entry up to ``position`` (external
         sign); a writer with no entry yet gets one with its first write."""
@@ -220,6 +225,7 @@ class PostgresIdStore(IdStore):
         self._conn_pid = 0
         self._upsert_sql = _upsert_position_sql(self.direction)
         self._complete_sql = f"WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s) {self._upsert_sql}"
+        self._delete_sql = f"DELETE FROM {RESERVATIONS} WHERE id = %s"
 
     def _connection(self) -> Any:
         if self._conn is None or self._conn.closed or self._conn_pid != os.getpid():
@@ -286,12 +292,22 @@ class PostgresIdStore(IdStore):
 
     def complete(self, reservation: Reservation, position: int | None) -> None:
         if position is None:
-            self._run(f"DELETE FROM {RESERVATIONS} WHERE id = %s", (reservation.reservation_id,))
+            self._run(self._delete_sql, (reservation.reservation_id,))
         else:
             self._run(
                 self._complete_sql,
                 (reservation.reservation_id, self.stream_name, self.instance_name, position, *_recorder()),
             )
+
+    def completion_statement(self, reservation: Reservation, position: int | None) -> tuple[str, tuple[Any, ...]]:
+        """Run by the writer's connection as the last statement of the transaction writing
+        the rows: the reservation disappears in the very commit that makes the rows visible
+        (a reader sees one or the other, never neither), and a transaction that never
+        commits (rolled back, writer killed) leaves it in place."""
+        if position is None:
+            return self._delete_sql, (reservation.reservation_id,)
+        return self._complete_sql, (reservation.reservation_id, self.stream_name, self.instance_name, position,
+                                    *_recorder())
 
     def raise_recorded_position(self, position: int) -> None:
         self._run(_raise_position_sql(self.direction),

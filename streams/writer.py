@@ -76,48 +76,23 @@ class StreamWriter:
         The IDs complete when the block ends, whether it commits or raises. Rows must be
         written with :meth:`insert_rows` (that is how replication learns them).
         """
-        with self.generator.get_next_mult(n_facts) as ids:
-            journal = self.journal
-            wire: dict[int, list[list[Any]]] = {}
-            self._local.wire = wire if journal is not None else None
-            try:
-                with transaction.atomic(using=self.using):
-                    yield ids
-            except BaseException:
-                if journal is not None:
-                    journal.record(ids, {})  # rolled back: facts with zero rows
-                raise
-            else:
-                if journal is not None:
-                    journal.record(ids, wire)
-            finally:
-                self._local.wire = None
+        with self.generator.get_next_mult(n_facts) as ids, self._journaled(ids):
+            with transaction.atomic(using=self.using):
+                yield ids
 
     def append(self, facts: Sequence[Sequence[Row]]) -> list[int]:
         """Write ``facts`` (each a list of rows sharing one stream ID) in one transaction."""
         if not facts:
             return []
+        if self._owns_transaction():
+            return self._append_completing(facts)
         with self.transaction(len(facts)) as ids:
             self.insert_rows(ids, facts)
         return ids
 
     def insert_rows(self, ids: Sequence[int], facts: Sequence[Sequence[Row]]) -> None:
         """Insert the rows of ``facts`` at ``ids`` inside the caller's open transaction."""
-        if len(ids) != len(facts):
-            raise ValueError(f"{len(facts)} facts but {len(ids)} stream IDs")
-        by_model: dict[type[FactModel], list[list[Any]]] = {}
-        instance = self.generator.instance_name
-        wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
-        for stream_id, rows in zip(ids, facts):
-            for model, values in rows:
-                plan = self._plan(model)
-                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
-                if _REQUIRED in raw:
-                    name = plan.columns[raw.index(_REQUIRED)][0]
-                    raise ValueError(f"{model.__name__}.{name} is required")
-                by_model.setdefault(model, []).append([stream_id, instance, *raw])
-                if wire is not None:
-                    wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
+        by_model = self._rows_by_model(ids, facts)
         connection = connections[self.using]
         for model, params_list in by_model.items():
             plan = self._plans[model]
@@ -136,6 +111,107 @@ class StreamWriter:
                                    for row in params_list]
                 with connection.cursor() as cursor:
                     cursor.executemany(plan.sql, params_list)
+
+    def _rows_by_model(self, ids: Sequence[int], facts: Sequence[Sequence[Row]]) -> dict[type[FactModel], list[list[Any]]]:
+        """The rows to insert per table (stream ID, writer, fields); the wire rows recorded."""
+        if len(ids) != len(facts):
+            raise ValueError(f"{len(facts)} facts but {len(ids)} stream IDs")
+        by_model: dict[type[FactModel], list[list[Any]]] = {}
+        instance = self.generator.instance_name
+        wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
+        for stream_id, rows in zip(ids, facts):
+            for model, values in rows:
+                plan = self._plan(model)
+                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
+                if _REQUIRED in raw:
+                    name = plan.columns[raw.index(_REQUIRED)][0]
+                    raise ValueError(f"{model.__name__}.{name} is required")
+                by_model.setdefault(model, []).append([stream_id, instance, *raw])
+                if wire is not None:
+                    wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
+        return by_model
+
+    # -- the writer's own transaction (PostgreSQL) ----------------------------------------------
+
+    def _owns_transaction(self) -> bool:
+        """Whether :meth:`append` may run its transaction itself on the raw connection: on
+        PostgreSQL, outside any transaction or pipeline of the caller."""
+        connection = connections[self.using]
+        if connection.vendor != "postgresql" or connection.in_atomic_block or not connection.get_autocommit():
+            return False
+        connection.ensure_connection()
+        return not connection.connection.pgconn.pipeline_status
+
+    def _append_completing(self, facts: Sequence[Sequence[Row]]) -> list[int]:
+        """:meth:`append` with the completion (reservation deleted, position recorded) as the
+        last statement of the transaction, sent with the COMMIT: at one fact per transaction
+        BEGIN, INSERT, completion and COMMIT go in one pipeline, so the transaction costs the
+        reservation's round trip and one more (docs/streams.md)."""
+        with self.generator.get_next_mult_completing(len(facts)) as (ids, completion):
+            if completion is None:  # no completion statement for this store
+                with self._journaled(ids):
+                    with transaction.atomic(using=self.using):
+                        self.insert_rows(ids, facts)
+                return ids
+            with self._journaled(ids):
+                by_model = self._rows_by_model(ids, facts)
+                self._commit_rows(by_model, completion.sql, completion.params)
+            completion.committed()
+        return ids
+
+    @contextlib.contextmanager
+    def _journaled(self, ids: list[int]) -> Iterator[None]:
+        """Record the wire rows written in the block in the journal (a block that raises
+        rolled back: facts with zero rows)."""
+        journal = self.journal
+        wire: dict[int, list[list[Any]]] = {}
+        self._local.wire = wire if journal is not None else None
+        try:
+            yield
+        except BaseException:
+            if journal is not None:
+                journal.record(ids, {})
+            raise
+        else:
+            if journal is not None:
+                journal.record(ids, wire)
+        finally:
+            self._local.wire = None
+
+    def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any]) -> None:
+        """BEGIN, insert ``by_model``, run ``sql``, COMMIT, on Django's connection in
+        autocommit (Django sees no transaction: nothing of its own runs in between)."""
+        import psycopg
+
+        connection = connections[self.using]
+        pg = connection.connection
+        with connection.wrap_database_errors:
+            try:
+                with psycopg.Cursor(pg) as cursor:
+                    if all(len(rows) == 1 for rows in by_model.values()):
+                        # One pipeline, one round trip (COPY is not allowed in a pipeline).
+                        with pg.pipeline():
+                            cursor.execute("BEGIN")
+                            for model, rows in by_model.items():
+                                plan = self._plans[model]
+                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]))
+                            cursor.execute(sql, params)
+                            cursor.execute("COMMIT")
+                    else:
+                        cursor.execute("BEGIN")
+                        for model, rows in by_model.items():
+                            plan = self._plans[model]
+                            if len(rows) == 1:
+                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]))
+                            else:
+                                self._insert_copy(connection, plan, rows)
+                        with pg.pipeline():
+                            cursor.execute(sql, params)
+                            cursor.execute("COMMIT")
+            except BaseException:
+                if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    pg.rollback()
+                raise
 
     @staticmethod
     def _insert_copy(connection: Any, plan: _InsertPlan, rows: list[list[Any]]) -> None:
@@ -216,6 +292,12 @@ class StreamWriter:
                            copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire)
         self._plans[model] = plan
         return plan
+
+
+def _prepared_row(plan: _InsertPlan, row: list[Any]) -> list[Any]:
+    """``row`` as a server-bound ``INSERT`` takes it (JSON as its text, as for COPY)."""
+    preps = plan.copy_preps or ()
+    return [v if prep is None or v is None else prep(v) for prep, v in zip(preps, row)]
 
 
 def _copy_prep(field: Any, connection: Any) -> Any:
