@@ -102,7 +102,8 @@ class IdStore:
 
     def completion_statement(self, reservation: Reservation, position: int | None) -> tuple[str, tuple[Any, ...]] | None:
         """SQL and parameters that do :meth:`complete` inside the writer's own transaction,
-        or ``None`` where completion must stay outside it."""
+        or ``None`` where completion must stay outside it. One statement (a writer may add
+        its inserts as WITH clauses in front, so it runs all in one autocommit statement)."""
         return None
 
     def raise_recorded_position(self, position: int) -> None:

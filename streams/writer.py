@@ -145,8 +145,8 @@ class StreamWriter:
     def _append_completing(self, facts: Sequence[Sequence[Row]]) -> list[int]:
         """:meth:`append` with the completion (reservation deleted, position recorded) as the
         last statement of the transaction, sent with the COMMIT: at one fact per transaction
-        BEGIN, INSERT, completion and COMMIT go in one pipeline, so the transaction costs the
-        reservation's round trip and one more (docs/streams.md)."""
+        the row and the completion are one statement in autocommit, so the transaction costs
+        the reservation's round trip and one more (docs/streams.md)."""
         with self.generator.get_next_mult_completing(len(facts)) as (ids, completion):
             if completion is None:  # no completion statement for this store
                 with self._journaled(ids):
@@ -179,7 +179,7 @@ class StreamWriter:
             self._local.wire = None
 
     def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any]) -> None:
-        """BEGIN, insert ``by_model``, run ``sql``, COMMIT, on Django's connection in
+        """Insert ``by_model`` and run ``sql`` in one transaction on Django's connection, in
         autocommit (Django sees no transaction: nothing of its own runs in between)."""
         import psycopg
 
@@ -189,15 +189,15 @@ class StreamWriter:
             try:
                 with psycopg.Cursor(pg) as cursor:
                     if all(len(rows) == 1 for rows in by_model.values()):
-                        # One pipeline, one round trip (COPY is not allowed in a pipeline).
-                        with pg.pipeline():
-                            cursor.execute("BEGIN")
-                            for model, rows in by_model.items():
-                                plan = self._plans[model]
-                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]))
-                            cursor.execute(sql, params)
-                            cursor.execute("COMMIT")
+                        # One statement in autocommit, so one round trip and its own
+                        # transaction: each row an INSERT in a WITH clause of the completion
+                        # (PostgreSQL runs every data-modifying WITH part, all or nothing).
+                        inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
+                                   for model, rows in by_model.items()]
+                        cursor.execute(*_with_parts(inserts, sql, params))
                     else:
+                        # COPY is its own round trip and not allowed in a pipeline: BEGIN,
+                        # COPY, then the completion and COMMIT together.
                         cursor.execute("BEGIN")
                         for model, rows in by_model.items():
                             plan = self._plans[model]
@@ -292,6 +292,18 @@ class StreamWriter:
                            copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire)
         self._plans[model] = plan
         return plan
+
+
+def _with_parts(parts: list[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any]) -> tuple[str, list[Any]]:
+    """One statement running ``parts`` (data-modifying statements) as WITH clauses of
+    ``sql`` (which may have a WITH clause of its own), with the parameters in order."""
+    ctes = ", ".join(f"w{i} AS ({part})" for i, (part, _) in enumerate(parts))
+    head = sql.lstrip()
+    if head[:5].upper() == "WITH ":
+        combined = f"WITH {ctes}, {head[5:]}"
+    else:
+        combined = f"WITH {ctes} {head}"
+    return combined, [p for _, part_params in parts for p in part_params] + list(params)
 
 
 def _prepared_row(plan: _InsertPlan, row: list[Any]) -> list[Any]:
