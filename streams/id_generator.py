@@ -15,7 +15,7 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from .direction import direction
-from .id_store import IdStore, Reservation
+from .id_store import IdStore, PipelinedReservation, Reservation
 from .notifier import PositionAdvanced, PositionNotifier, WireJournal
 from .positions import PendingId, SignedPositions, StreamPositions
 
@@ -43,6 +43,17 @@ class Completion:
     def committed(self) -> None:
         """The transaction that ran :attr:`sql` committed."""
         self.done = True
+
+
+class PipelinedWrite:
+    """A write begun with :meth:`MultiWriterIdGenerator.begin_pipelined`."""
+
+    __slots__ = ("ticket", "statements", "position_floor")
+
+    def __init__(self, ticket: int, statements: PipelinedReservation, position_floor: int | None) -> None:
+        self.ticket = ticket
+        self.statements = statements
+        self.position_floor = position_floor
 
 
 class MultiWriterIdGenerator:
@@ -148,18 +159,53 @@ class MultiWriterIdGenerator:
             ok = True
         finally:
             if ok and completion is not None and completion.done:
-                self._completed_in_transaction(reservation, completion)
+                self._completed_in_transaction(reservation, completion.position)
             else:
                 self._complete(reservation, ok)
 
-    def _reserve(self, n: int) -> Reservation:
-        if n < 1:
-            raise ValueError("reserve at least one stream ID")
+    def begin_pipelined(self) -> PipelinedWrite | None:
+        """Start a write of one ID whose reservation runs in the writer's own pipeline
+        (:class:`PipelinedReservation`: one round trip for the whole transaction), or
+        ``None`` where the store has no such statements. End it with :meth:`end_pipelined`,
+        whatever happens."""
+        self._check_writer()
+        ticket = self._positions.begin_allocation()
+        try:
+            floor = self._positions.position_floor_if_alone() if self.writers is not None else None
+            statements = self._store.pipelined_reservation(floor)
+        except BaseException:
+            self._positions.allocated(ticket, None)
+            raise
+        if statements is None:
+            self._positions.allocated(ticket, None)
+            return None
+        return PipelinedWrite(ticket, statements, floor)
+
+    def end_pipelined(self, write: PipelinedWrite, reservation: Reservation | None, committed: bool) -> None:
+        """``reservation``: what the reserving statement returned (``None``: it failed, or its
+        answer was lost with the connection: then nothing is known here, and a reservation
+        that did commit shows as stuck until this writer restarts). ``committed``: the
+        statement writing the rows committed."""
+        self._positions.allocated(write.ticket, reservation.stream_ids if reservation else None)
+        if reservation is None:
+            return
+        if committed:
+            recorded = None if write.position_floor is None else max(write.position_floor, *reservation.stream_ids)
+            self._completed_in_transaction(reservation, recorded)
+        else:
+            self._complete(reservation, False)
+
+    def _check_writer(self) -> None:
         if not self.is_writer:
             raise NotAWriter(
                 f"{self.instance_name} is not a writer of stream {self.stream_name} "
                 f"(writers: {', '.join(self.writers or ())})"
             )
+
+    def _reserve(self, n: int) -> Reservation:
+        if n < 1:
+            raise ValueError("reserve at least one stream ID")
+        self._check_writer()
         ticket = self._positions.begin_allocation()
         reservation: Reservation | None = None
         try:
@@ -168,13 +214,14 @@ class MultiWriterIdGenerator:
             self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
         return reservation
 
-    def _completed_in_transaction(self, reservation: Reservation, completion: Completion) -> None:
-        """The writer's commit deleted the reservation and recorded ``completion.position``;
-        record again only if the position moved further meanwhile (or was not known)."""
+    def _completed_in_transaction(self, reservation: Reservation, recorded: int | None) -> None:
+        """The writer's commit deleted the reservation and recorded position ``recorded``
+        (internal sign); record again only if the position moved further meanwhile (or
+        none was recorded)."""
         self._positions.finish(reservation.stream_ids)
         if self.writers is not None:
             position = self._positions.for_writer(self.instance_name)
-            if completion.position is None or position > completion.position:
+            if recorded is None or position > recorded:
                 try:
                     self._store.complete(reservation, self.direction.from_wire(position))
                 except Exception:

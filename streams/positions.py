@@ -134,6 +134,15 @@ class StreamPositions:
                 return None
             return max(self._max_local, self._max_seen_allocated, self._persisted_upto, max(ids))
 
+    def position_floor_if_alone(self) -> int | None:
+        """During this writer's only allocation (begun, not yet allocated, nothing else of
+        its own outstanding): its position once the allocated IDs finish is the greater of
+        this floor and their largest (:meth:`position_if_finished`). ``None`` otherwise."""
+        with self._lock:
+            if len(self._in_flight) != 1 or self._unfinished or self._finished:
+                return None
+            return max(self._max_local, self._max_seen_allocated, self._persisted_upto)
+
     def load(
         self,
         *,

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from django.db import connections, transaction
 
 from .id_generator import MultiWriterIdGenerator
+from .id_store import Reservation
 from .models.base import FactModel
 from .notifier import WireJournal
 from .registry import StreamSpec
@@ -57,6 +58,7 @@ class StreamWriter:
         self.generator = generator
         self.using = using
         self._plans: dict[type[FactModel], _InsertPlan] = {}
+        self._id_sql: dict[tuple[type[FactModel], str], str] = {}
         self._local = threading.local()
 
     @property
@@ -85,6 +87,10 @@ class StreamWriter:
         if not facts:
             return []
         if self._owns_transaction():
+            if len(facts) == 1:
+                ids = self._append_pipelined(facts)
+                if ids is not None:
+                    return ids
             return self._append_completing(facts)
         with self.transaction(len(facts)) as ids:
             self.insert_rows(ids, facts)
@@ -158,6 +164,65 @@ class StreamWriter:
                 self._commit_rows(by_model, completion.sql, completion.params)
             completion.committed()
         return ids
+
+    def _append_pipelined(self, facts: Sequence[Sequence[Row]]) -> list[int] | None:
+        """One fact (at most one row per table) in one round trip: ``BEGIN; reserve;
+        COMMIT; rows + completion`` in one pipeline (:class:`PipelinedReservation`); ``None``
+        where that does not apply. The reservation commits before the rows' statement runs,
+        so the ID is pending and visible to every process until the rows commit."""
+        import psycopg
+
+        models = [model for model, _ in facts[0]]
+        if len(set(models)) != len(models):
+            return None
+        write = self.generator.begin_pipelined()
+        if write is None:
+            return None
+        statements = write.statements
+        journal = self.journal
+        wire: dict[int, list[list[Any]]] = {}
+        self._local.wire = wire if journal is not None else None
+        reservation: Reservation | None = None
+        committed = False
+        try:
+            # Stream ID 0 stands in: the server writes currval(sequence), the reserved ID.
+            by_model = self._rows_by_model([0], facts)
+            inserts = [(self._sql_with_id(model, statements.id_sql), _prepared_row(self._plans[model], rows[0])[1:])
+                       for model, rows in by_model.items()]
+            sql, params = _with_parts(inserts, statements.completion_sql, statements.completion_params)
+            connection = connections[self.using]
+            pg = connection.connection
+            with connection.wrap_database_errors, psycopg.Cursor(pg) as tx, psycopg.Cursor(pg) as reserve, \
+                    psycopg.Cursor(pg) as cursor:
+                try:
+                    with pg.pipeline():
+                        tx.execute("BEGIN")
+                        reserve.execute(statements.reserve_sql, statements.reserve_params)
+                        tx.execute("COMMIT")
+                        cursor.execute(sql, params)  # its own transaction, committed at the sync
+                finally:
+                    reservation = _reservation_result(reserve)
+                    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        pg.rollback()
+            committed = True
+        finally:
+            self._local.wire = None
+            ids = reservation.stream_ids if reservation is not None else None
+            if journal is not None and ids:
+                journal.record(ids, {ids[0]: wire[0]} if committed and 0 in wire else {})
+            self.generator.end_pipelined(write, reservation, committed)
+        assert ids is not None
+        return list(ids)
+
+    def _sql_with_id(self, model: type[FactModel], id_sql: str) -> str:
+        """The model's single-row INSERT with ``id_sql`` as its stream ID."""
+        key = (model, id_sql)
+        sql = self._id_sql.get(key)
+        if sql is None:
+            plan = self._plans[model]
+            head, values = plan.sql.split(" VALUES (%s, ", 1)
+            sql = self._id_sql[key] = f"{head} VALUES ({id_sql}, {values}"
+        return sql
 
     @contextlib.contextmanager
     def _journaled(self, ids: list[int]) -> Iterator[None]:
@@ -292,6 +357,18 @@ class StreamWriter:
                            copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire)
         self._plans[model] = plan
         return plan
+
+
+def _reservation_result(cursor: Any) -> Reservation | None:
+    """The reservation a pipelined reserving statement returned, if it ran and answered."""
+    try:
+        row = cursor.fetchone()
+    except Exception:
+        return None
+    if row is None:
+        return None
+    ids = json.loads(row[1]) if isinstance(row[1], str) else row[1]  # Django loads jsonb as text
+    return Reservation(int(row[0]), [int(i) for i in ids])
 
 
 def _with_parts(parts: list[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any]) -> tuple[str, list[Any]]:

@@ -92,10 +92,12 @@ def blocked_on_lock(pg_url, application_prefix=None):
 
 
 def test_append_completes_in_its_commit_without_a_round_trip_of_its_own(runtimes, monkeypatch):
-    """One statement on the dedicated connection per transaction (the reservation): the
-    completion and the position travel with the COMMIT."""
+    """Nothing on the dedicated connection at one fact per transaction (reservation, rows and
+    completion in the writer's one pipeline); only the reservation for a batch (the
+    completion and the position travel with the COMMIT)."""
     rt = runtimes()
     w = rt.writer("receipts")
+    w.append(facts(1, seed=9))  # looks up the reservations' ID sequence once
     calls = []
     real_run = PostgresIdStore._run
 
@@ -104,15 +106,37 @@ def test_append_completes_in_its_commit_without_a_round_trip_of_its_own(runtimes
         return real_run(self, sql, params)
 
     monkeypatch.setattr(PostgresIdStore, "_run", run)
-    for n in (1, 3):
+    for n, dedicated in ((1, 0), (3, 1), (1, 0)):
         calls.clear()
         ids = w.append(facts(n))
-        assert len(calls) == 1 and "nextval" in calls[0]
+        assert len(calls) == dedicated and all("nextval" in sql for sql in calls)
         assert list(Receipt.objects.filter(stream_id__in=ids).values_list("stream_id", flat=True).order_by("stream_id")) == ids
         assert StreamPosition.objects.get(stream_name="receipts", instance_name="master").stream_id == ids[-1]
         assert not StreamReservation.objects.filter(stream_name="receipts").exists()
         assert w.generator.pending() == []
         assert w.generator.get_current_token() == ids[-1]
+
+
+def test_one_fact_bad_row_reserves_nothing_and_a_failed_insert_completes(runtimes):
+    rt = runtimes()
+    w = rt.writer("receipts")
+    before = w.generator.get_current_token()
+    bad = dict(Receipt.synthetic(random.Random(1), 0))
+    del bad["room_id"]
+    with pytest.raises(ValueError, match="room_id is required"):
+        w.append([[(Receipt, bad)]])
+    assert w.generator.pending() == [] and w.generator.get_current_token() == before
+    too_long = dict(Receipt.synthetic(random.Random(1), 0), room_id="!" * 300)  # varchar(255)
+    from django.db import DataError
+
+    with pytest.raises(DataError):
+        w.append([[(Receipt, too_long)]])
+    # The reservation committed, the row's statement failed: completed as a rollback.
+    assert not StreamReservation.objects.filter(stream_name="receipts").exists()
+    assert w.generator.pending() == []
+    assert Receipt.objects.count() == 0
+    assert w.append(facts(1)) == [w.generator.get_current_token()]
+    assert w.generator.get_current_token() > before + 1
 
 
 def test_pending_id_is_visible_until_the_commit_that_writes_its_row(runtimes, pg_url):
