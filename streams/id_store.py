@@ -245,10 +245,9 @@ class PostgresIdStore(IdStore):
     # The reservation of PipelinedReservation: on the writer's own connection, whose commits
     # wait for the WAL flush; this one need not (as on the dedicated connection).
     _PIPELINED_RESERVE_SQL = f"""
-        WITH fast AS (SELECT set_config('synchronous_commit', 'off', true)),
-             ids AS (SELECT nextval(%s) AS id FROM generate_series(1, 1))
+        WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))
         INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
-        SELECT %s, %s, to_jsonb(array_agg(id ORDER BY id)), now(), %s FROM ids, fast
+        SELECT %s, %s, jsonb_build_array(nextval(%s)), now(), %s FROM fast
         RETURNING id, stream_ids
     """
 
@@ -361,7 +360,7 @@ class PostgresIdStore(IdStore):
                 self.direction, stream_id_sql=f"GREATEST(%s, {current_id})")
             completion_params = (self.stream_name, self.instance_name, position_floor, *_recorder())
         return PipelinedReservation(
-            self._PIPELINED_RESERVE_SQL, (self.sequence, self.stream_name, self.instance_name, os.getpid()),
+            self._PIPELINED_RESERVE_SQL, (self.stream_name, self.instance_name, self.sequence, os.getpid()),
             current_id, completion_sql, completion_params,
         )
 
