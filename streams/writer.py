@@ -8,6 +8,11 @@ earlier ``INSERT ... SELECT * FROM unnest(arrays)`` with binary arrays, whose ar
 Python: writer CPU 12 -> 10.5 us and PostgreSQL backend 12.5 -> 10 us per fact at 100 facts
 per transaction), except inside a pipeline (the room event store's), where COPY is not
 allowed; elsewhere (and for a single row) ``executemany`` of one ``INSERT``.
+
+When ``append`` owns its transaction on PostgreSQL (no transaction or pipeline of the
+caller's), the completion (reservation deleted, position recorded) is part of that commit, and
+one fact takes one round trip in all: reservation, row and completion in one pipeline
+(``_append_pipelined``; docs/streams.md, "Writing").
 """
 from __future__ import annotations
 
