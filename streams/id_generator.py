@@ -15,7 +15,7 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from .direction import direction
-from .id_store import IdStore, Reservation
+from .id_store import IdStore, PipelinedReservation, Reservation
 from .notifier import PositionAdvanced, PositionNotifier, WireJournal
 from .positions import PendingId, SignedPositions, StreamPositions
 
@@ -24,6 +24,36 @@ logger = logging.getLogger(__name__)
 
 class NotAWriter(Exception):
     """This process is not a configured writer of the stream."""
+
+
+class Completion:
+    """The statement that completes a reservation inside the transaction writing its rows
+    (:meth:`MultiWriterIdGenerator.get_next_mult_completing`): it deletes the reservation and
+    records ``position`` (internal sign; ``None``: not known yet, recorded after the commit).
+    A writer that dies before its commit leaves the reservation in place, as before."""
+
+    __slots__ = ("sql", "params", "position", "done")
+
+    def __init__(self, sql: str, params: Sequence[object], position: int | None) -> None:
+        self.sql = sql
+        self.params = params
+        self.position = position
+        self.done = False
+
+    def committed(self) -> None:
+        """The transaction that ran :attr:`sql` committed."""
+        self.done = True
+
+
+class PipelinedWrite:
+    """A write begun with :meth:`MultiWriterIdGenerator.begin_pipelined`."""
+
+    __slots__ = ("ticket", "statements", "position_floor")
+
+    def __init__(self, ticket: int, statements: PipelinedReservation, position_floor: int | None) -> None:
+        self.ticket = ticket
+        self.statements = statements
+        self.position_floor = position_floor
 
 
 class MultiWriterIdGenerator:
@@ -90,25 +120,113 @@ class MultiWriterIdGenerator:
         Wrap the transaction that writes the rows: a rolled-back block completes its IDs too
         (a fact with zero rows).
         """
-        if n < 1:
-            raise ValueError("reserve at least one stream ID")
-        if not self.is_writer:
-            raise NotAWriter(
-                f"{self.instance_name} is not a writer of stream {self.stream_name} "
-                f"(writers: {', '.join(self.writers or ())})"
-            )
-        ticket = self._positions.begin_allocation()
-        reservation: Reservation | None = None
-        try:
-            reservation = self._store.reserve(n)
-        finally:
-            self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
+        reservation = self._reserve(n)
         ok = False
         try:
             yield [self.direction.from_wire(i) for i in reservation.stream_ids]
             ok = True
         finally:
             self._complete(reservation, ok)
+
+    @contextlib.contextmanager
+    def get_next_mult_completing(self, n: int) -> Iterator[tuple[list[int], Completion | None]]:
+        """As :meth:`get_next_mult`, for a caller that owns the transaction writing the rows:
+        it also gets a :class:`Completion` (``None`` where the store has none: SQLite), runs
+        its statement last in that transaction and calls :meth:`Completion.committed` once
+        the commit succeeded. The reservation then goes, and the position is recorded, in
+        the same commit as the rows, with no round trip of its own afterwards.
+
+        Without ``committed()`` (an exception, a failed commit) the IDs complete as a
+        rollback: the reservation is deleted on the dedicated connection, as usual.
+        """
+        reservation = self._reserve(n)
+        completion: Completion | None = None
+        try:
+            position = self._positions.position_if_finished(reservation.stream_ids)
+            if self.writers is None:
+                position = None  # any process writes (caches): no positions recorded
+            statement = self._store.completion_statement(
+                reservation, None if position is None else self.direction.from_wire(position)
+            )
+            if statement is not None:
+                completion = Completion(statement[0], statement[1], position)
+        except BaseException:
+            self._complete(reservation, False)
+            raise
+        ok = False
+        try:
+            yield [self.direction.from_wire(i) for i in reservation.stream_ids], completion
+            ok = True
+        finally:
+            if ok and completion is not None and completion.done:
+                self._completed_in_transaction(reservation, completion.position)
+            else:
+                self._complete(reservation, ok)
+
+    def begin_pipelined(self) -> PipelinedWrite | None:
+        """Start a write of one ID whose reservation runs in the writer's own pipeline
+        (:class:`PipelinedReservation`: one round trip for the whole transaction), or
+        ``None`` where the store has no such statements. End it with :meth:`end_pipelined`,
+        whatever happens."""
+        self._check_writer()
+        ticket = self._positions.begin_allocation()
+        try:
+            floor = self._positions.position_floor_if_alone() if self.writers is not None else None
+            statements = self._store.pipelined_reservation(floor)
+        except BaseException:
+            self._positions.allocated(ticket, None)
+            raise
+        if statements is None:
+            self._positions.allocated(ticket, None)
+            return None
+        return PipelinedWrite(ticket, statements, floor)
+
+    def end_pipelined(self, write: PipelinedWrite, reservation: Reservation | None, committed: bool) -> None:
+        """``reservation``: what the reserving statement returned (``None``: it failed, or its
+        answer was lost with the connection: then nothing is known here, and a reservation
+        that did commit shows as stuck until this writer restarts). ``committed``: the
+        statement writing the rows committed."""
+        self._positions.allocated(write.ticket, reservation.stream_ids if reservation else None)
+        if reservation is None:
+            return
+        if committed:
+            recorded = None if write.position_floor is None else max(write.position_floor, *reservation.stream_ids)
+            self._completed_in_transaction(reservation, recorded)
+        else:
+            self._complete(reservation, False)
+
+    def _check_writer(self) -> None:
+        if not self.is_writer:
+            raise NotAWriter(
+                f"{self.instance_name} is not a writer of stream {self.stream_name} "
+                f"(writers: {', '.join(self.writers or ())})"
+            )
+
+    def _reserve(self, n: int) -> Reservation:
+        if n < 1:
+            raise ValueError("reserve at least one stream ID")
+        self._check_writer()
+        ticket = self._positions.begin_allocation()
+        reservation: Reservation | None = None
+        try:
+            reservation = self._store.reserve(n)
+        finally:
+            self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
+        return reservation
+
+    def _completed_in_transaction(self, reservation: Reservation, recorded: int | None) -> None:
+        """The writer's commit deleted the reservation and recorded position ``recorded``
+        (internal sign); record again only if the position moved further meanwhile (or
+        none was recorded)."""
+        self._positions.finish(reservation.stream_ids)
+        if self.writers is not None:
+            position = self._positions.for_writer(self.instance_name)
+            if recorded is None or position > recorded:
+                try:
+                    self._store.complete(reservation, self.direction.from_wire(position))
+                except Exception:
+                    logger.exception("stream %s: could not record position %d", self.stream_name, position)
+        self._publish()
 
     def _complete(self, reservation: Reservation, ok: bool) -> None:
         self._positions.finish(reservation.stream_ids)

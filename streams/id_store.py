@@ -51,6 +51,24 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class PipelinedReservation:
+    """One stream ID reserved and completed in the writer's own pipeline (one round trip):
+
+    ``BEGIN; <reserve_sql>; COMMIT; <rows, with id_sql as their stream ID, as WITH clauses
+    of completion_sql>``. The reservation commits (visible to every process) before the
+    statement writing the rows starts; that statement deletes it and records the position
+    in the same commit as the rows. ``id_sql`` and ``completion_sql`` find the ID and the
+    reservation with ``currval``: they are this session's last ones.
+    """
+
+    reserve_sql: str
+    reserve_params: tuple[Any, ...]
+    id_sql: str
+    completion_sql: str
+    completion_params: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
 class LoadedState:
     """What the database says at start-up (all values in the internal, positive sign)."""
 
@@ -101,6 +119,17 @@ class IdStore:
     def complete(self, reservation: Reservation, position: int | None) -> None:
         """Drop the reservation; record ``position`` (external sign) in stream_positions."""
         raise NotImplementedError
+
+    def completion_statement(self, reservation: Reservation, position: int | None) -> tuple[str, tuple[Any, ...]] | None:
+        """SQL and parameters that do :meth:`complete` inside the writer's own transaction,
+        or ``None`` where completion must stay outside it. One statement (a writer may add
+        its inserts as WITH clauses in front, so it runs all in one autocommit statement)."""
+        return None
+
+    def pipelined_reservation(self, position_floor: int | None) -> PipelinedReservation | None:
+        """The statements that reserve one ID and complete it in the writer's own pipeline
+        (:class:`PipelinedReservation`), or ``None`` where there are none."""
+        return None
 
     def raise_recorded_position(self, position: int) -> None:
         """Move this writer's existing stream_positions entry up to ``position`` (external
@@ -215,13 +244,24 @@ class PostgresIdStore(IdStore):
         RETURNING id, stream_ids
     """
 
+    # The reservation of PipelinedReservation: on the writer's own connection, whose commits
+    # wait for the WAL flush; this one need not (as on the dedicated connection).
+    _PIPELINED_RESERVE_SQL = f"""
+        WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))
+        INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
+        SELECT %s, %s, jsonb_build_array(nextval(%s)), now(), %s FROM fast
+        RETURNING id, stream_ids
+    """
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._lock = threading.Lock()
+        self._reservation_sequence: str | None = None
         self._conn: Any = None
         self._conn_pid = 0
         self._upsert_sql = _upsert_position_sql(self.direction)
         self._complete_sql = f"WITH gone AS (DELETE FROM {RESERVATIONS} WHERE id = %s) {self._upsert_sql}"
+        self._delete_sql = f"DELETE FROM {RESERVATIONS} WHERE id = %s"
 
     def _connection(self) -> Any:
         if self._conn is None or self._conn.closed or self._conn_pid != os.getpid():
@@ -288,12 +328,43 @@ class PostgresIdStore(IdStore):
 
     def complete(self, reservation: Reservation, position: int | None) -> None:
         if position is None:
-            self._run(f"DELETE FROM {RESERVATIONS} WHERE id = %s", (reservation.reservation_id,))
+            self._run(self._delete_sql, (reservation.reservation_id,))
         else:
             self._run(
                 self._complete_sql,
                 (reservation.reservation_id, self.stream_name, self.instance_name, position, *_recorder()),
             )
+
+    def completion_statement(self, reservation: Reservation, position: int | None) -> tuple[str, tuple[Any, ...]]:
+        """Run by the writer's connection as the last statement of the transaction writing
+        the rows: the reservation disappears in the very commit that makes the rows visible
+        (a reader sees one or the other, never neither), and a transaction that never
+        commits (rolled back, writer killed) leaves it in place."""
+        if position is None:
+            return self._delete_sql, (reservation.reservation_id,)
+        return self._complete_sql, (reservation.reservation_id, self.stream_name, self.instance_name, position,
+                                    *_recorder())
+
+    def pipelined_reservation(self, position_floor: int | None) -> PipelinedReservation | None:
+        """``position_floor``: the writer's position is recorded as the greater of it and
+        the ID (``None``: only the reservation is deleted). Forward streams only."""
+        if self.direction.backwards:
+            return None
+        if self._reservation_sequence is None:
+            (name,) = self._run("SELECT pg_get_serial_sequence(%s, 'id')", (RESERVATIONS,))
+            self._reservation_sequence = name
+        current_id = f"currval('{self.sequence}')"
+        gone = f"DELETE FROM {RESERVATIONS} WHERE id = currval('{self._reservation_sequence}')"
+        if position_floor is None:
+            completion_sql, completion_params = gone, ()
+        else:
+            completion_sql = f"WITH gone AS ({gone}) " + _upsert_position_sql(
+                self.direction, stream_id_sql=f"GREATEST(%s, {current_id})")
+            completion_params = (self.stream_name, self.instance_name, position_floor, *_recorder())
+        return PipelinedReservation(
+            self._PIPELINED_RESERVE_SQL, (self.stream_name, self.instance_name, self.sequence, os.getpid()),
+            current_id, completion_sql, completion_params,
+        )
 
     def raise_recorded_position(self, position: int) -> None:
         self._run(_raise_position_sql(self.direction),
@@ -407,13 +478,13 @@ def _recorder(connection: Any = None) -> tuple[Any, int, str]:
             os.getpid(), _HOST)
 
 
-def _upsert_position_sql(direction: IdDirection) -> str:
+def _upsert_position_sql(direction: IdDirection, stream_id_sql: str = "%s") -> str:
     """Monotonic upsert of a writer's position (counting down for backwards streams), with
     when and by which process it advanced."""
     cmp = direction.behind_sql()
     return f"""
         INSERT INTO {POSITIONS} (stream_name, instance_name, stream_id, recorded_at, pid, host)
-        VALUES (%s, %s, %s, %s, %s, %s)
+        VALUES (%s, %s, {stream_id_sql}, %s, %s, %s)
         ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = excluded.stream_id,
             recorded_at = excluded.recorded_at, pid = excluded.pid, host = excluded.host
         WHERE {POSITIONS}.stream_id {cmp} excluded.stream_id

@@ -120,6 +120,29 @@ class StreamPositions:
 
             self._add_persisted_many(ids)
 
+    def position_if_finished(self, ids: Iterable[int]) -> int | None:
+        """This writer's position once ``ids`` (reserved, not finished) finish, if it is
+        known now: when nothing else of this writer is outstanding. ``None`` otherwise.
+
+        Lets the transaction that writes ``ids`` record the position itself, before the
+        IDs finish here. Valid even if another allocation starts meanwhile: its IDs come
+        from the sequence after every ID seen so far, so they are above this position.
+        """
+        ids = set(ids)
+        with self._lock:
+            if self._in_flight or self._finished or set(self._unfinished) != ids or not ids:
+                return None
+            return max(self._max_local, self._max_seen_allocated, self._persisted_upto, max(ids))
+
+    def position_floor_if_alone(self) -> int | None:
+        """During this writer's only allocation (begun, not yet allocated, nothing else of
+        its own outstanding): its position once the allocated IDs finish is the greater of
+        this floor and their largest (:meth:`position_if_finished`). ``None`` otherwise."""
+        with self._lock:
+            if len(self._in_flight) != 1 or self._unfinished or self._finished:
+                return None
+            return max(self._max_local, self._max_seen_allocated, self._persisted_upto)
+
     def load(
         self,
         *,

@@ -8,6 +8,11 @@ earlier ``INSERT ... SELECT * FROM unnest(arrays)`` with binary arrays, whose ar
 Python: writer CPU 12 -> 10.5 us and PostgreSQL backend 12.5 -> 10 us per fact at 100 facts
 per transaction), except inside a pipeline (the room event store's), where COPY is not
 allowed; elsewhere (and for a single row) ``executemany`` of one ``INSERT``.
+
+When ``append`` owns its transaction on PostgreSQL (no transaction or pipeline of the
+caller's), the completion (reservation deleted, position recorded) is part of that commit, and
+one fact takes one round trip in all: reservation, row and completion in one pipeline
+(``_append_pipelined``; docs/streams.md, "Writing").
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from django.db import connections, transaction
 
 from .dialect import bulk_insert_sql
 from .id_generator import MultiWriterIdGenerator
+from .id_store import Reservation
 from .models.base import FactModel
 from .notifier import WireJournal
 from .registry import StreamSpec
@@ -58,6 +64,7 @@ class StreamWriter:
         self.generator = generator
         self.using = using
         self._plans: dict[type[FactModel], _InsertPlan] = {}
+        self._id_sql: dict[tuple[type[FactModel], str], str] = {}
         self._local = threading.local()
 
     @property
@@ -77,27 +84,20 @@ class StreamWriter:
         The IDs complete when the block ends, whether it commits or raises. Rows must be
         written with :meth:`insert_rows` (that is how replication learns them).
         """
-        with self.generator.get_next_mult(n_facts) as ids:
-            journal = self.journal
-            wire: dict[int, list[list[Any]]] = {}
-            self._local.wire = wire if journal is not None else None
-            try:
-                with transaction.atomic(using=self.using):
-                    yield ids
-            except BaseException:
-                if journal is not None:
-                    journal.record(ids, {})  # rolled back: facts with zero rows
-                raise
-            else:
-                if journal is not None:
-                    journal.record(ids, wire)
-            finally:
-                self._local.wire = None
+        with self.generator.get_next_mult(n_facts) as ids, self._journaled(ids):
+            with transaction.atomic(using=self.using):
+                yield ids
 
     def append(self, facts: Sequence[Sequence[Row]]) -> list[int]:
         """Write ``facts`` (each a list of rows sharing one stream ID) in one transaction."""
         if not facts:
             return []
+        if self._owns_transaction():
+            if len(facts) == 1:
+                ids = self._append_pipelined(facts)
+                if ids is not None:
+                    return ids
+            return self._append_completing(facts)
         with self.transaction(len(facts)) as ids:
             self.insert_rows(ids, facts)
         return ids
@@ -112,21 +112,7 @@ class StreamWriter:
 
     def insert_rows(self, ids: Sequence[int], facts: Sequence[Sequence[Row]]) -> None:
         """Insert the rows of ``facts`` at ``ids`` inside the caller's open transaction."""
-        if len(ids) != len(facts):
-            raise ValueError(f"{len(facts)} facts but {len(ids)} stream IDs")
-        by_model: dict[type[FactModel], list[list[Any]]] = {}
-        instance = self.generator.instance_name
-        wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
-        for stream_id, rows in zip(ids, facts):
-            for model, values in rows:
-                plan = self._plan(model)
-                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
-                if _REQUIRED in raw:
-                    name = plan.columns[raw.index(_REQUIRED)][0]
-                    raise ValueError(f"{model.__name__}.{name} is required")
-                by_model.setdefault(model, []).append([stream_id, instance, *raw])
-                if wire is not None:
-                    wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
+        by_model = self._rows_by_model(ids, facts)
         connection = connections[self.using]
         for model, params_list in by_model.items():
             plan = self._plans[model]
@@ -145,6 +131,166 @@ class StreamWriter:
                                    for row in params_list]
                 with connection.cursor() as cursor:
                     cursor.executemany(plan.sql, params_list)
+
+    def _rows_by_model(self, ids: Sequence[int], facts: Sequence[Sequence[Row]]) -> dict[type[FactModel], list[list[Any]]]:
+        """The rows to insert per table (stream ID, writer, fields); the wire rows recorded."""
+        if len(ids) != len(facts):
+            raise ValueError(f"{len(facts)} facts but {len(ids)} stream IDs")
+        by_model: dict[type[FactModel], list[list[Any]]] = {}
+        instance = self.generator.instance_name
+        wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
+        for stream_id, rows in zip(ids, facts):
+            for model, values in rows:
+                plan = self._plan(model)
+                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
+                if _REQUIRED in raw:
+                    name = plan.columns[raw.index(_REQUIRED)][0]
+                    raise ValueError(f"{model.__name__}.{name} is required")
+                by_model.setdefault(model, []).append([stream_id, instance, *raw])
+                if wire is not None:
+                    wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
+        return by_model
+
+    # -- the writer's own transaction (PostgreSQL) ----------------------------------------------
+
+    def _owns_transaction(self) -> bool:
+        """Whether :meth:`append` may run its transaction itself on the raw connection: on
+        PostgreSQL, outside any transaction or pipeline of the caller."""
+        connection = connections[self.using]
+        if connection.vendor != "postgresql" or connection.in_atomic_block or not connection.get_autocommit():
+            return False
+        connection.ensure_connection()
+        return not connection.connection.pgconn.pipeline_status
+
+    def _append_completing(self, facts: Sequence[Sequence[Row]]) -> list[int]:
+        """:meth:`append` with the completion (reservation deleted, position recorded) as the
+        last statement of the transaction, sent with the COMMIT: at one fact per transaction
+        the row and the completion are one statement in autocommit, so the transaction costs
+        the reservation's round trip and one more (docs/streams.md)."""
+        with self.generator.get_next_mult_completing(len(facts)) as (ids, completion):
+            if completion is None:  # no completion statement for this store
+                with self._journaled(ids):
+                    with transaction.atomic(using=self.using):
+                        self.insert_rows(ids, facts)
+                return ids
+            with self._journaled(ids):
+                by_model = self._rows_by_model(ids, facts)
+                self._commit_rows(by_model, completion.sql, completion.params)
+            completion.committed()
+        return ids
+
+    def _append_pipelined(self, facts: Sequence[Sequence[Row]]) -> list[int] | None:
+        """One fact (at most one row per table) in one round trip: ``BEGIN; reserve;
+        COMMIT; rows + completion`` in one pipeline (:class:`PipelinedReservation`); ``None``
+        where that does not apply. The reservation commits before the rows' statement runs,
+        so the ID is pending and visible to every process until the rows commit."""
+        import psycopg
+
+        models = [model for model, _ in facts[0]]
+        if len(set(models)) != len(models):
+            return None
+        write = self.generator.begin_pipelined()
+        if write is None:
+            return None
+        statements = write.statements
+        journal = self.journal
+        wire: dict[int, list[list[Any]]] = {}
+        self._local.wire = wire if journal is not None else None
+        reservation: Reservation | None = None
+        committed = False
+        try:
+            # Stream ID 0 stands in: the server writes currval(sequence), the reserved ID.
+            by_model = self._rows_by_model([0], facts)
+            inserts = [(self._sql_with_id(model, statements.id_sql), _prepared_row(self._plans[model], rows[0])[1:])
+                       for model, rows in by_model.items()]
+            sql, params = _with_parts(inserts, statements.completion_sql, statements.completion_params)
+            connection = connections[self.using]
+            pg = connection.connection
+            with connection.wrap_database_errors, psycopg.Cursor(pg) as tx, psycopg.Cursor(pg) as reserve, \
+                    psycopg.Cursor(pg) as cursor:
+                try:
+                    with pg.pipeline():
+                        tx.execute("BEGIN")
+                        reserve.execute(statements.reserve_sql, statements.reserve_params)
+                        tx.execute("COMMIT")
+                        cursor.execute(sql, params)  # its own transaction, committed at the sync
+                finally:
+                    reservation = _reservation_result(reserve)
+                    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        pg.rollback()
+            committed = True
+        finally:
+            self._local.wire = None
+            ids = reservation.stream_ids if reservation is not None else None
+            if journal is not None and ids:
+                journal.record(ids, {ids[0]: wire[0]} if committed and 0 in wire else {})
+            self.generator.end_pipelined(write, reservation, committed)
+        assert ids is not None
+        return list(ids)
+
+    def _sql_with_id(self, model: type[FactModel], id_sql: str) -> str:
+        """The model's single-row INSERT with ``id_sql`` as its stream ID."""
+        key = (model, id_sql)
+        sql = self._id_sql.get(key)
+        if sql is None:
+            plan = self._plans[model]
+            head, values = plan.sql.split(" VALUES (%s, ", 1)
+            sql = self._id_sql[key] = f"{head} VALUES ({id_sql}, {values}"
+        return sql
+
+    @contextlib.contextmanager
+    def _journaled(self, ids: list[int]) -> Iterator[None]:
+        """Record the wire rows written in the block in the journal (a block that raises
+        rolled back: facts with zero rows)."""
+        journal = self.journal
+        wire: dict[int, list[list[Any]]] = {}
+        self._local.wire = wire if journal is not None else None
+        try:
+            yield
+        except BaseException:
+            if journal is not None:
+                journal.record(ids, {})
+            raise
+        else:
+            if journal is not None:
+                journal.record(ids, wire)
+        finally:
+            self._local.wire = None
+
+    def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any]) -> None:
+        """Insert ``by_model`` and run ``sql`` in one transaction on Django's connection, in
+        autocommit (Django sees no transaction: nothing of its own runs in between)."""
+        import psycopg
+
+        connection = connections[self.using]
+        pg = connection.connection
+        with connection.wrap_database_errors:
+            try:
+                with psycopg.Cursor(pg) as cursor:
+                    if all(len(rows) == 1 for rows in by_model.values()):
+                        # One statement in autocommit, so one round trip and its own
+                        # transaction: each row an INSERT in a WITH clause of the completion
+                        # (PostgreSQL runs every data-modifying WITH part, all or nothing).
+                        inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
+                                   for model, rows in by_model.items()]
+                        cursor.execute(*_with_parts(inserts, sql, params))
+                    else:
+                        # COPY is its own round trip and not allowed in a pipeline: BEGIN,
+                        # COPY, then the completion and COMMIT together.
+                        cursor.execute("BEGIN")
+                        for model, rows in by_model.items():
+                            plan = self._plans[model]
+                            if len(rows) == 1:
+                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]))
+                            else:
+                                self._insert_copy(connection, plan, rows)
+                        with pg.pipeline():
+                            cursor.execute(sql, params)
+                            cursor.execute("COMMIT")
+            except BaseException:
+                if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    pg.rollback()
+                raise
 
     @staticmethod
     def _insert_copy(connection: Any, plan: _InsertPlan, rows: list[list[Any]]) -> None:
@@ -221,6 +367,36 @@ class StreamWriter:
                            copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire)
         self._plans[model] = plan
         return plan
+
+
+def _reservation_result(cursor: Any) -> Reservation | None:
+    """The reservation a pipelined reserving statement returned, if it ran and answered."""
+    try:
+        row = cursor.fetchone()
+    except Exception:
+        return None
+    if row is None:
+        return None
+    ids = json.loads(row[1]) if isinstance(row[1], str) else row[1]  # Django loads jsonb as text
+    return Reservation(int(row[0]), [int(i) for i in ids])
+
+
+def _with_parts(parts: list[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any]) -> tuple[str, list[Any]]:
+    """One statement running ``parts`` (data-modifying statements) as WITH clauses of
+    ``sql`` (which may have a WITH clause of its own), with the parameters in order."""
+    ctes = ", ".join(f"w{i} AS ({part})" for i, (part, _) in enumerate(parts))
+    head = sql.lstrip()
+    if head[:5].upper() == "WITH ":
+        combined = f"WITH {ctes}, {head[5:]}"
+    else:
+        combined = f"WITH {ctes} {head}"
+    return combined, [p for _, part_params in parts for p in part_params] + list(params)
+
+
+def _prepared_row(plan: _InsertPlan, row: list[Any]) -> list[Any]:
+    """``row`` as a server-bound ``INSERT`` takes it (JSON as its text, as for COPY)."""
+    preps = plan.copy_preps or ()
+    return [v if prep is None or v is None else prep(v) for prep, v in zip(preps, row)]
 
 
 def _copy_prep(field: Any, connection: Any) -> Any:

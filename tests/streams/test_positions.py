@@ -111,3 +111,22 @@ def test_one_sign_flip_for_backwards_streams():
     assert FORWARDS.lookups("stream_ordering", 2, 5) == {"stream_ordering__gt": 2, "stream_ordering__lte": 5}
     behind = {"<": int.__lt__, ">": int.__gt__}[BACKWARDS.behind_sql()]
     assert [s for s in [-1, -2, -3, -6] if behind(s, -3)] == [-1, -2]  # tokens 1 and 2 are below 3
+
+
+def test_position_if_finished_is_known_only_with_nothing_else_outstanding():
+    p = StreamPositions("w", positions={"w": 1, "v": 1}, persisted_upto=1, clock=clock)
+    t = p.begin_allocation()
+    p.allocated(t, [2, 3])
+    assert p.position_if_finished([2, 3]) == 3
+    assert p.position_if_finished([2]) is None  # 3 stays pending
+    p.advance("v", 9)  # another writer went further: an idle w moves along with it
+    assert p.position_if_finished([2, 3]) == 9
+    t = p.begin_allocation()  # with an allocation of w under way: not known yet
+    assert p.position_if_finished([2, 3]) is None
+    p.allocated(t, [10])
+    assert p.position_if_finished([2, 3]) is None
+    p.finish([2, 3])
+    assert p.for_writer("w") == 3
+    assert p.position_if_finished([10]) == 10
+    p.finish([10])
+    assert p.for_writer("w") == 10

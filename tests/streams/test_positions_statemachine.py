@@ -192,7 +192,12 @@ class PositionsMachine(RuleBasedStateMachine):
         for i in ids:
             assert self.ids[i].state == "incomplete"
             self.ids[i].state = "committed" if commit else "rolled_back"
+        # What a transaction completing in its own commit records beforehand must be the
+        # position the finish gives (when it is known: nothing else of w outstanding).
+        foreseen = self.procs[w].position_if_finished(ids)
         self.procs[w].finish(ids)
+        if foreseen is not None:
+            assert self.procs[w].for_writer(w) == foreseen
         self.wm[w].failed_since_finish = False
         if not self.wm[w].in_flight and not self._finishable(w):
             self.wm[w].clean = True

@@ -279,21 +279,23 @@ def test_write_facts_concurrency_keeps_transactions_in_flight_and_positions_cont
     unsubscribe = rt.notifier.subscribe(seen.append)
     # The first two transactions each wait inside their open transaction until the other is
     # open too: proof that two are in flight at once (and the second completes its IDs first).
+    # (append runs the transaction itself in _commit_rows: BEGIN, rows, completion, COMMIT;
+    # the first two wait there, their IDs reserved, until both are.)
     both_open = threading.Barrier(2, timeout=30)
     backends: set[int] = set()
-    real_insert = writer.insert_rows
+    real_commit_rows = writer._commit_rows
     calls = []
 
-    def insert_rows(ids, facts):
-        real_insert(ids, facts)
+    def commit_rows(by_model, sql, params):
         backends.add(connections["default"].connection.info.backend_pid)
-        calls.append(ids)
+        calls.append(by_model)
         if len(calls) <= 2:
             both_open.wait()
+        real_commit_rows(by_model, sql, params)
 
     out = StringIO()
     try:
-        with mock.patch.object(writer, "insert_rows", insert_rows):
+        with mock.patch.object(writer, "_commit_rows", commit_rows):
             call_command("write_facts", "receipts", "--count", "500", "--per-txn", "10", "--concurrency", "4",
                          "--seed", "5", "--no-progress", stdout=out)
     finally:

@@ -302,14 +302,15 @@ def test_transactions_completing_out_of_order_go_out_in_order(setup):
     writer = rt.writer("receipts")
     before = writer.generator.get_current_token_for_writer("master")
     one_completed, holding = threading.Event(), threading.Event()
-    real_insert = writer.insert_rows
+    real_commit_rows = writer._commit_rows
 
-    def insert_rows(ids, facts):
-        real_insert(ids, facts)
+    def commit_rows(by_model, sql, params):
+        # (append writes and commits its transaction in _commit_rows, its IDs reserved)
         if not holding.is_set():
-            # The first transaction (the lowest IDs) stays open until a later one completed.
+            # The first transaction (the lowest IDs) stays uncommitted until a later one completed.
             holding.set()
             assert one_completed.wait(30)
+        real_commit_rows(by_model, sql, params)
 
     def write(thread: int) -> None:
         rng = random.Random(thread)
@@ -322,7 +323,7 @@ def test_transactions_completing_out_of_order_go_out_in_order(setup):
 
     from unittest import mock
 
-    with mock.patch.object(writer, "insert_rows", insert_rows):
+    with mock.patch.object(writer, "_commit_rows", commit_rows):
         threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
         threads[0].start()
         assert holding.wait(30)
