@@ -47,6 +47,12 @@ def several_writers(using: str = "default") -> bool:
     return _vendor(using) == POSTGRESQL
 
 
+def commits_in_one_pipeline(using: str = "default") -> bool:
+    """The writer may send a transaction's statements and its COMMIT as one pipeline on the
+    raw connection (psycopg 3 on PostgreSQL); SQLite's writer goes through Django's atomic."""
+    return connections[using].vendor == POSTGRESQL
+
+
 def vendor_allows_several_writers(vendor: str) -> bool:
     """:func:`several_writers` of a database named by its Django vendor (a test's choice)."""
     return vendor == POSTGRESQL

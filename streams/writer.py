@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from django.db import connections, transaction
 
-from .dialect import bulk_insert_sql
+from .dialect import bulk_insert_sql, commits_in_one_pipeline
 from .id_generator import MultiWriterIdGenerator
 from .id_store import Reservation
 from .models.base import FactModel
@@ -157,7 +157,8 @@ class StreamWriter:
         """Whether :meth:`append` may run its transaction itself on the raw connection: on
         PostgreSQL, outside any transaction or pipeline of the caller."""
         connection = connections[self.using]
-        if connection.vendor != "postgresql" or connection.in_atomic_block or not connection.get_autocommit():
+        if (not commits_in_one_pipeline(self.using) or connection.in_atomic_block
+                or not connection.get_autocommit()):
             return False
         connection.ensure_connection()
         return not connection.connection.pgconn.pipeline_status
