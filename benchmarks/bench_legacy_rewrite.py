@@ -31,28 +31,10 @@ ROW = ["!room1:bench.example", "m.read", "@user123:bench.example", "$0123456789a
 
 def parsing_every_line(data: bytes, subscribed: dict[str, str]):
     """The rewrite before this change (the baseline)."""
-    from streams.replication.endpoint.legacy import LegacyPositionCommand, LegacyRdataCommand
-    from streams.replication.protocol.commands import PositionCommand, RdataCommand, parse_line
     from streams.replication.protocol.line_batch import LineBatch
+    from testing.legacy_reference import rewrite_by_parsing
 
-    out: list[str] = []
-    batch: dict[str, list[str]] = {}
-    for line in data.decode().splitlines():
-        cmd = parse_line(line)
-        stream = getattr(cmd, "stream_name", None)
-        if stream not in subscribed:
-            continue
-        done = int(subscribed[stream])
-        if isinstance(cmd, RdataCommand):
-            rows = batch.setdefault(stream, [])
-            rows.append(LegacyRdataCommand(stream, cmd.token, cmd.row).to_line())
-            if cmd.token is not None:
-                if cmd.token > done:
-                    out.extend(rows)
-                rows.clear()
-        elif isinstance(cmd, PositionCommand) and cmd.new_token > done:
-            out.append(LegacyPositionCommand(stream, cmd.new_token).to_line())
-    return LineBatch.of(out)
+    return LineBatch.of(rewrite_by_parsing(data, subscribed))
 
 
 def best(fn, repeat: int, number: int) -> float:

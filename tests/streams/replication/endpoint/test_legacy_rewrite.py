@@ -18,28 +18,9 @@ from streams.replication.protocol.commands import (
 )
 from streams.replication.protocol.line_batch import WriterRun, counts_of
 from streams.replication.publish.streamer import build_counts, build_lines
+from testing.legacy_reference import rewrite_by_parsing
 
-
-def by_parsing(data: bytes, subscribed: dict[str, str]) -> list[str]:
-    """The rewrite as it was: every line parsed back (the reference)."""
-    out: list[str] = []
-    batch: dict[str, list[str]] = {}
-    for line in data.decode().splitlines():
-        cmd = parse_line(line)
-        stream = getattr(cmd, "stream_name", None)
-        if stream not in subscribed:
-            continue
-        done = int(subscribed[stream])
-        if isinstance(cmd, RdataCommand):
-            rows = batch.setdefault(stream, [])
-            rows.append(LegacyRdataCommand(stream, cmd.token, cmd.row).to_line())
-            if cmd.token is not None:
-                if cmd.token > done:
-                    out.extend(rows)
-                rows.clear()
-        elif isinstance(cmd, PositionCommand) and cmd.new_token > done:
-            out.append(LegacyPositionCommand(stream, cmd.new_token).to_line())
-    return out
+by_parsing = rewrite_by_parsing  # the reference: every line parsed back
 
 
 def run_of(stream: str, writer: str, prev: int, facts: list[tuple[int, list[list]]], new: int) -> WriterRun:
