@@ -129,7 +129,12 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
 
     def entry(self, event_id: str) -> tuple[MatrixEvent, bool] | None:
         entry = self._d.get(event_id)
-        if entry is None and event_id not in self._missing and self.cursor is not None:
+        if entry is not None:
+            # least recently *used*, not inserted, goes first: a room's create, power levels
+            # and join rules are read for every event of the room and must not age out
+            # (they did at 200,000 events, and every later read was a query)
+            self._d.move_to_end(event_id)
+        elif event_id not in self._missing and self.cursor is not None:
             self.ensure([event_id])
             entry = self._d.get(event_id)
         return entry

@@ -114,7 +114,15 @@ class _EventFacts:
                 self._d.popitem(last=False)
 
     def ensure(self, cursor: Any, event_ids: Sequence[str]) -> None:
-        missing = [e for e in set(event_ids) if e not in self._d]
+        # least recently *used* goes first (a room's members are asked about again and again;
+        # by insertion order they aged out of the cache and were read back batch after batch)
+        d = self._d
+        missing = []
+        for e in set(event_ids):
+            if e in d:
+                d.move_to_end(e)
+            else:
+                missing.append(e)
         if not missing:
             return
         import json
