@@ -30,6 +30,7 @@ from ..matrix.state_res import UnsupportedStateRes
 from ..matrix.state_res import resolve as resolve_v2
 from .events import BadEvent, RoomInfo, StateKey, StateMap
 from .sql import array, in_array, store_cursor
+from .state_groups import _LRU
 
 
 class RoomInfos:
@@ -255,6 +256,37 @@ def resolve_state(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, s
         return resolve_v2(version, state_sets, events, rejected)
     except UnsupportedStateRes:
         return None
+
+
+class ResolvedStates:
+    """(state groups) -> the state they resolve to, for the persist path.
+
+    The inputs of a resolution are immutable: state groups never change, nor do the events
+    in them or their verdicts. So the same groups always resolve to the same state, and while
+    a big room is forked every event on either branch asks again for the resolution of the
+    same extremities' groups (each a walk of the room's whole auth history) -- a message does
+    not change its branch's group. Bounded by total keys; whatever a rolled-back transaction
+    put here is dropped with :meth:`clear` (on SQLite its group IDs are taken again)."""
+
+    def __init__(self, size_keys: int = 500_000) -> None:
+        self._lru = _LRU(size_keys, weigh=lambda state: len(state) + 1)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, groups: Iterable[int]) -> dict[StateKey, str] | None:
+        """A copy of the cached resolution of ``groups`` (callers change their maps)."""
+        state = self._lru.get(frozenset(groups))
+        if state is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return dict(state)
+
+    def put(self, groups: Iterable[int], state: Mapping[StateKey, str]) -> None:
+        self._lru.put(frozenset(groups), dict(state))
+
+    def clear(self) -> None:
+        self._lru.clear()
 
 
 def redaction_applies(redaction: MatrixEvent, target: MatrixEvent, events: MatrixEvents) -> bool:

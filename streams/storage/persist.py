@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ..matrix.chain_cover import IndexEvent
 from ..models import CurrentStateDelta, Event
-from .authorization import MatrixEvents, RoomInfos, authorize, redaction_applies, resolve_state
+from .authorization import MatrixEvents, ResolvedStates, RoomInfos, authorize, redaction_applies, resolve_state
 from .chain_cover import ChainEvent, index_events
 from .events import (
     CREATE,
@@ -157,6 +157,7 @@ class EventPersister:
         self.facts = _EventFacts()
         self.room_infos = RoomInfos()
         self.matrix = MatrixEvents(self.room_infos)
+        self.resolved = ResolvedStates()
         self._rooms: OrderedDict[str, RoomContext] = OrderedDict()
         self._room_cache_size = room_cache_size
         self._lock = threading.Lock()
@@ -186,6 +187,7 @@ class EventPersister:
                 self.state.discard_pending()
                 self.room_infos.discard()
                 self.matrix.end_transaction(committed=False)
+                self.resolved.clear()
                 raise
             self.room_infos.commit()
             self.matrix.end_transaction(committed=True)
@@ -452,7 +454,7 @@ class _Batch:
                     before_map = self.p.state.get_state(cur, before_group)
                     before_chain = self.p.state.chain_length(cur, before_group)
             else:
-                resolved = self._resolve(ctx, [(i[0], self._state_of(ctx, i[1])) for i in usable])
+                resolved = self._resolve(ctx, [(i[0], i[1]) for i in usable])
                 # the parent of the new group: any prev's group will do (the latest by key keeps
                 # deltas small); its number says nothing about order
                 base_key, base_group = max((i[0], i[1]) for i in usable)
@@ -556,15 +558,25 @@ class _Batch:
             ev.rejected_reason = authorize(ev.matrix, before, self.p.matrix)
         self.p.matrix.add(ev.matrix, rejected=bool(ev.rejected_reason))
 
-    def _resolve(self, ctx: RoomContext, candidates: list[tuple[Key, StateMap]]) -> StateMap:
-        """The state at a fork: Matrix state resolution in an authorized room (v2, or v2.1
-        from room v12); the older unsigned format (and room v1) keeps the stand-in."""
+    def _resolve(self, ctx: RoomContext, prevs: list[tuple[Key, int | None]]) -> StateMap:
+        """The state at a fork of the prevs' ``(key, state group after)``: Matrix state
+        resolution in an authorized room (v2, or v2.1 from room v12; the same groups resolve
+        the same way, so the result is cached by them); the older unsigned format (and room
+        v1) keeps the stand-in."""
         info = ctx.info
         if info is not None and info.authorized and info.version is not None:
-            resolved = resolve_state(info.version, [m for _, m in candidates], self.p.matrix)
+            groups = [g for _, g in prevs]
+            cacheable = None not in groups
+            if cacheable:
+                cached = self.p.resolved.get(groups)  # type: ignore[arg-type]
+                if cached is not None:
+                    return cached
+            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.p.matrix)
             if resolved is not None:
+                if cacheable:
+                    self.p.resolved.put(groups, resolved)  # type: ignore[arg-type]
                 return resolved
-        return resolve(candidates)
+        return resolve([(k, self._state_of(ctx, g)) for k, g in prevs])
 
     def _state_of(self, ctx: RoomContext, group: int | None) -> StateMap:
         if group is None:
@@ -589,7 +601,7 @@ class _Batch:
             new = dict(self._state_of(ctx, group))
             chain = self.p.state.chain_length(self.cur, group) if group is not None else None
         else:
-            new = self._resolve(ctx, [(k, self._state_of(ctx, g)) for k, g in ctx.forward.values()])
+            new = self._resolve(ctx, list(ctx.forward.values()))
             group, chain = None, None
         old = ctx.current
         changed: dict[StateKey, str | None] = {k: v for k, v in new.items() if old.get(k) != v}
