@@ -116,7 +116,7 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
     the cursor of the open transaction (:attr:`cursor`), so events persisted by another
     process are seen too."""
 
-    def __init__(self, rooms: RoomInfos, size: int = 200_000) -> None:
+    def __init__(self, rooms: RoomInfos, size: int = 300_000) -> None:
         self.rooms = rooms
         self.size = size
         self._d: OrderedDict[str, tuple[MatrixEvent, bool]] = OrderedDict()
@@ -162,6 +162,13 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
     # -- filling ----------------------------------------------------------------------------
 
     def add(self, event: MatrixEvent, rejected: bool) -> None:
+        if event.state_key is None:
+            # Only state events are auth events (and so walked by state resolution); messages
+            # -- most events -- pushed them out of the cache: a small room's member event is
+            # read again only when that member next speaks there, ~100,000 events later at
+            # 1 M events. A message asked for (a redaction's target) is loaded on a miss.
+            self._missing.discard(event.event_id)
+            return
         self._d[event.event_id] = (event, rejected)
         self._d.move_to_end(event.event_id)
         self._missing.discard(event.event_id)
