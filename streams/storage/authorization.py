@@ -269,11 +269,13 @@ class ResolvedStates:
     """(state groups) -> the state they resolve to, for the persist path.
 
     The inputs of a resolution are immutable: state groups never change, nor do the events
-    in them or their verdicts. So the same groups always resolve to the same state, and while
-    a big room is forked every event on either branch asks again for the resolution of the
-    same extremities' groups (each a walk of the room's whole auth history) -- a message does
-    not change its branch's group. Bounded by total keys; whatever a rolled-back transaction
-    put here is dropped with :meth:`clear` (on SQLite its group IDs are taken again)."""
+    in them or their verdicts. So the same groups always resolve to the same state, and a
+    fork asks for the same resolution twice or more -- current state when the second
+    forward extremity appears (and after each message on a branch: a message does not change
+    its branch's group), then the state before the event that merges the branches -- each
+    time a walk of the room's whole auth history. Bounded by total keys; whatever a
+    rolled-back transaction put here is dropped with :meth:`clear` (on SQLite its group IDs
+    are taken again)."""
 
     def __init__(self, size_keys: int = 500_000) -> None:
         self._lru = _LRU(size_keys, weigh=lambda state: len(state) + 1)
