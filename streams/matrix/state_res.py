@@ -70,13 +70,18 @@ def auth_closure(starts: Iterable[str], events: Mapping[str, Event],
     """The starts and every event reachable from them over ``auth_events`` edges (events in
     ``stop`` are neither included nor walked through; unknown IDs are included, not walked).
 
-    Breadth-first by whole frontiers, so the set work happens in C."""
+    Breadth-first by whole frontiers, so the set work happens in C. A mapping with an
+    ``ensure(ids)`` method (one backed by a database) is handed each frontier first, to load
+    what it lacks in one go rather than one look-up per event."""
     seen = set(starts)
     if stop:
         seen.difference_update(stop)
     frontier = seen
     get = events.get
+    prefetch = getattr(events, "ensure", None)
     while frontier:
+        if prefetch is not None:
+            prefetch(frontier)
         reached: set[str] = set()
         for event_id in frontier:
             event = get(event_id)

@@ -30,6 +30,7 @@ from ..matrix.state_res import UnsupportedStateRes
 from ..matrix.state_res import resolve as resolve_v2
 from .events import BadEvent, RoomInfo, StateKey, StateMap
 from .sql import array, in_array, store_cursor
+from .state_groups import _LRU
 
 
 class RoomInfos:
@@ -115,7 +116,7 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
     the cursor of the open transaction (:attr:`cursor`), so events persisted by another
     process are seen too."""
 
-    def __init__(self, rooms: RoomInfos, size: int = 200_000) -> None:
+    def __init__(self, rooms: RoomInfos, size: int = 300_000) -> None:
         self.rooms = rooms
         self.size = size
         self._d: OrderedDict[str, tuple[MatrixEvent, bool]] = OrderedDict()
@@ -129,7 +130,12 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
 
     def entry(self, event_id: str) -> tuple[MatrixEvent, bool] | None:
         entry = self._d.get(event_id)
-        if entry is None and event_id not in self._missing and self.cursor is not None:
+        if entry is not None:
+            # least recently *used*, not inserted, goes first: a room's create, power levels
+            # and join rules are read for every event of the room and must not age out
+            # (they did at 200,000 events, and every later read was a query)
+            self._d.move_to_end(event_id)
+        elif event_id not in self._missing and self.cursor is not None:
             self.ensure([event_id])
             entry = self._d.get(event_id)
         return entry
@@ -156,6 +162,13 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
     # -- filling ----------------------------------------------------------------------------
 
     def add(self, event: MatrixEvent, rejected: bool) -> None:
+        if event.state_key is None:
+            # Only state events are auth events (and so walked by state resolution); messages
+            # -- most events -- pushed them out of the cache: a small room's member event is
+            # read again only when that member next speaks there, ~100,000 events later at
+            # 1 M events. A message asked for (a redaction's target) is loaded on a miss.
+            self._missing.discard(event.event_id)
+            return
         self._d[event.event_id] = (event, rejected)
         self._d.move_to_end(event.event_id)
         self._missing.discard(event.event_id)
@@ -250,6 +263,39 @@ def resolve_state(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, s
         return resolve_v2(version, state_sets, events, rejected)
     except UnsupportedStateRes:
         return None
+
+
+class ResolvedStates:
+    """(state groups) -> the state they resolve to, for the persist path.
+
+    The inputs of a resolution are immutable: state groups never change, nor do the events
+    in them or their verdicts. So the same groups always resolve to the same state, and a
+    fork asks for the same resolution twice or more -- current state when the second
+    forward extremity appears (and after each message on a branch: a message does not change
+    its branch's group), then the state before the event that merges the branches -- each
+    time a walk of the room's whole auth history. Bounded by total keys; whatever a
+    rolled-back transaction put here is dropped with :meth:`clear` (on SQLite its group IDs
+    are taken again)."""
+
+    def __init__(self, size_keys: int = 500_000) -> None:
+        self._lru = _LRU(size_keys, weigh=lambda state: len(state) + 1)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, groups: Iterable[int]) -> dict[StateKey, str] | None:
+        """A copy of the cached resolution of ``groups`` (callers change their maps)."""
+        state = self._lru.get(frozenset(groups))
+        if state is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return dict(state)
+
+    def put(self, groups: Iterable[int], state: Mapping[StateKey, str]) -> None:
+        self._lru.put(frozenset(groups), dict(state))
+
+    def clear(self) -> None:
+        self._lru.clear()
 
 
 def redaction_applies(redaction: MatrixEvent, target: MatrixEvent, events: MatrixEvents) -> bool:

@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .authorization import MatrixEvents, RoomInfos
+from .authorization import MatrixEvents, ResolvedStates, RoomInfos
 from .caches import storage_caches
 from .events import IncomingEvent, parse_events
 from .plan import Plan
@@ -51,6 +51,7 @@ class EventPersister:
         self.facts = EventFacts()
         self.room_infos = RoomInfos()
         self.matrix = MatrixEvents(self.room_infos)
+        self.resolved = ResolvedStates()
         self.rooms = RoomContexts(room_cache_size)
         self._lock = threading.Lock()
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
@@ -70,7 +71,7 @@ class EventPersister:
             try:
                 with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
                     self.matrix.cursor = cur
-                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix)
+                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved)
                     snapshot = load_snapshot(reader, events, self.rooms, self.room_infos)
                     plan = plan_batch(events, ids, snapshot, reader, backfill=backfill,
                                       now_ms=int(time.time() * 1000))
@@ -86,6 +87,7 @@ class EventPersister:
                 self.state.discard_pending()
                 self.room_infos.discard()
                 self.matrix.end_transaction(committed=False)
+                self.resolved.clear()
                 raise
             self.room_infos.commit()
             self.matrix.end_transaction(committed=True)

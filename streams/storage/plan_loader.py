@@ -8,7 +8,7 @@ import json
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Sequence
 
-from .authorization import MatrixEvents, RoomInfos
+from .authorization import MatrixEvents, ResolvedStates, RoomInfos
 from .events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
 from .plan_visibility import HV_KEY
 from .snapshot import Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
@@ -32,7 +32,15 @@ class EventFacts:
                 self._d.popitem(last=False)
 
     def ensure(self, cursor: Any, event_ids: Iterable[str]) -> None:
-        missing = [e for e in set(event_ids) if e not in self._d]
+        # least recently *used* goes first (a room's members are asked about again and again;
+        # by insertion order they aged out of the cache and were read back batch after batch)
+        d = self._d
+        missing = []
+        for e in set(event_ids):
+            if e in d:
+                d.move_to_end(e)
+            else:
+                missing.append(e)
         if not missing:
             return
         cursor.execute(
@@ -61,11 +69,13 @@ class DatabaseReader:
     """:class:`~streams.storage.snapshot.PlanReader` over the open transaction's cursor and the
     persister's caches (state groups, event facts, parsed Matrix events)."""
 
-    def __init__(self, cursor: Any, state: StateGroupStore, facts: EventFacts, matrix: MatrixEvents) -> None:
+    def __init__(self, cursor: Any, state: StateGroupStore, facts: EventFacts, matrix: MatrixEvents,
+                 resolved: ResolvedStates) -> None:
         self.cursor = cursor
         self.state = state
         self.facts = facts
         self.matrix = matrix
+        self.resolved = resolved
 
     def state_of_group(self, group: int) -> StateMap:
         return self.state.get_state(self.cursor, group)

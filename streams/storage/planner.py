@@ -222,7 +222,7 @@ class _Planner:
             if group == ctx.current_group:
                 return group, ctx.current_chain, ctx.current
             return group, self.reader.chain_length(group), self.reader.state_of_group(group)
-        resolved = self._resolve(ctx, [(i.key, self._state_of(ctx, i.state_group)) for i in usable])
+        resolved = self._resolve(ctx, [(i.key, i.state_group) for i in usable])
         # the parent of the new group: any prev's group will do (the latest by key keeps
         # deltas small); its number says nothing about order
         _, base_group = max((i.key, i.state_group) for i in usable)
@@ -296,15 +296,25 @@ class _Planner:
             ev.rejected_reason = authorize(ev.matrix, before, self.reader.matrix)
         self.reader.matrix.add(ev.matrix, rejected=bool(ev.rejected_reason))
 
-    def _resolve(self, ctx: RoomContext, candidates: list[tuple[Key, StateMap]]) -> StateMap:
-        """The state at a fork: Matrix state resolution in an authorized room (v2, or v2.1
-        from room v12); the older unsigned format (and room v1) keeps the stand-in."""
+    def _resolve(self, ctx: RoomContext, prevs: list[tuple[Key, int | None]]) -> StateMap:
+        """The state at a fork of the prevs' ``(key, state group after)``: Matrix state
+        resolution in an authorized room (v2, or v2.1 from room v12; the same groups resolve
+        the same way, so the reader caches the result by them); the older unsigned format (and
+        room v1) keeps the stand-in."""
         info: RoomInfo | None = ctx.info
         if info is not None and info.authorized and info.version is not None:
-            resolved = resolve_state(info.version, [m for _, m in candidates], self.reader.matrix)
+            groups = [g for _, g in prevs]
+            cacheable = None not in groups
+            if cacheable:
+                cached = self.reader.resolved.get(groups)  # type: ignore[arg-type]
+                if cached is not None:
+                    return cached
+            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix)
             if resolved is not None:
+                if cacheable:
+                    self.reader.resolved.put(groups, resolved)  # type: ignore[arg-type]
                 return resolved
-        return resolve(candidates)
+        return resolve([(k, self._state_of(ctx, g)) for k, g in prevs])
 
     def _state_of(self, ctx: RoomContext, group: int | None) -> StateMap:
         if group is None:
@@ -333,7 +343,7 @@ class _Planner:
             new = dict(self._state_of(ctx, group))
             chain = self.reader.chain_length(group) if group is not None else None
         else:
-            new = self._resolve(ctx, [(x.key, self._state_of(ctx, x.state_group)) for x in ctx.forward.values()])
+            new = self._resolve(ctx, [(x.key, x.state_group) for x in ctx.forward.values()])
             group, chain = None, None
         old = ctx.current
         changed: dict[StateKey, str | None] = {k: v for k, v in new.items() if old.get(k) != v}

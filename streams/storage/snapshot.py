@@ -108,6 +108,8 @@ class PlanReader(Protocol):
 
     #: event_id -> the core's event, with ``entry``/``add``/``rejected`` (``authorization.MatrixEvents``)
     matrix: Any
+    #: (state groups) -> the state they resolve to (``authorization.ResolvedStates``)
+    resolved: Any
 
     def state_of_group(self, group: int) -> StateMap:
         """The full state of a stored group or one planned earlier (shared: do not change it)."""

@@ -53,3 +53,76 @@ def test_an_unknown_auth_event_is_a_bad_event_not_a_verdict():
     known = {e: ev for e, ev in room.events.items() if e != room.order[0]}  # the create is missing
     with pytest.raises(BadEvent, match="is not stored"):
         authorize(room.events[join], room.state_before[join], known, set())
+
+
+# -- the persister's caches (issue 16: the persist rate fell as they aged out) ------------------
+
+def _small_room(n_topics: int):
+    room = RoomBuilder(KNOWN_ROOM_VERSIONS["10"], room_id="!c:a")
+    room.send("@a:a", "m.room.create", {"creator": "@a:a", "room_version": "10"}, state_key="")
+    room.send("@a:a", "m.room.member", {"membership": "join"}, state_key="@a:a")
+    for i in range(n_topics):
+        room.send("@a:a", "m.room.topic", {"topic": str(i)}, state_key="")
+    room.send("@a:a", "m.room.message", {"body": "hi"})
+    return room
+
+
+def test_the_auth_event_cache_evicts_the_least_recently_used_not_the_oldest():
+    from streams.storage.authorization import MatrixEvents, RoomInfos
+
+    room = _small_room(4)
+    cache = MatrixEvents(RoomInfos(), size=3)
+    create, join, *topics = [room.events[e] for e in room.order if room.events[e].is_state]
+    cache.add(create, rejected=False)
+    for topic in [join, *topics]:
+        assert cache.get(create.event_id) is create  # read for every event of the room
+        cache.add(topic, rejected=False)
+    assert create.event_id in cache  # read just now: kept; the oldest topics went instead
+    assert topics[0].event_id not in cache and len(cache) == 3
+
+
+def test_messages_do_not_take_the_auth_event_caches_room():
+    from streams.storage.authorization import MatrixEvents, RoomInfos
+
+    room = _small_room(1)
+    cache = MatrixEvents(RoomInfos(), size=10)
+    message = room.events[room.order[-1]]
+    assert not message.is_state
+    cache.add(room.events[room.order[0]], rejected=False)
+    cache.add(message, rejected=False)
+    assert message.event_id not in cache and len(cache) == 1
+
+
+def test_an_auth_walk_asks_a_database_backed_mapping_for_each_frontier_at_once():
+    from streams.matrix.state_res import auth_closure
+
+    room = _small_room(3)
+
+    class Loading(dict):
+        """Starts empty; ensure() 'loads' from the room, as MatrixEvents does from the table."""
+
+        def __init__(self):
+            super().__init__()
+            self.calls: list[set[str]] = []
+
+        def ensure(self, ids):
+            self.calls.append(set(ids))
+            self.update({e: room.events[e] for e in ids if e in room.events})
+
+    events = Loading()
+    last = room.order[-2]  # the last topic: its auth chain is the create and the join
+    assert auth_closure([last], events) == {last, room.order[0], room.order[1]}
+    assert events.calls[0] == {last} and len(events.calls) <= 3  # one call per level, not per event
+
+
+def test_resolutions_are_cached_by_their_groups_and_handed_out_as_copies():
+    from streams.storage.authorization import ResolvedStates
+
+    cache = ResolvedStates(size_keys=100)
+    assert cache.get([1, 2]) is None
+    state = {("m.room.topic", ""): "$t"}
+    cache.put([2, 1], state)
+    got = cache.get([1, 2])
+    assert got == state
+    got[("m.room.name", "")] = "$n"  # the persist path changes current state in place
+    assert cache.get([2, 1]) == state and (cache.hits, cache.misses) == (2, 1)
