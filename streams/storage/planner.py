@@ -306,13 +306,13 @@ class _Planner:
             groups = [g for _, g in prevs]
             cacheable = None not in groups
             if cacheable:
-                cached = self.reader.resolved.get(groups)  # type: ignore[arg-type]
+                cached: StateMap | None = self.reader.resolved.get(groups)
                 if cached is not None:
                     return cached
             resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix)
             if resolved is not None:
                 if cacheable:
-                    self.reader.resolved.put(groups, resolved)  # type: ignore[arg-type]
+                    self.reader.resolved.put(groups, resolved)
                 return resolved
         return resolve([(k, self._state_of(ctx, g)) for k, g in prevs])
 
