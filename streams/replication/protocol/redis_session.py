@@ -176,18 +176,18 @@ class RedisSubscription:
                  on_lost: Callable[[str | None], None] = lambda reason: None,
                  policy: SubscriptionPolicy = SubscriptionPolicy(), name: str = "Redis subscription",
                  clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random,
-                 counters: Counter | None = None) -> None:
+                 counters: Counter[str] | None = None) -> None:
         self.url = url
         self.channels = list(channels)
         self.name = name
         self.machine = SubscriptionMachine(policy, rng=rng)
-        self.counters: Counter = counters if counters is not None else Counter()
+        self.counters: Counter[str] = counters if counters is not None else Counter()
         self._on_subscribed, self._on_chunk, self._on_lost = on_subscribed, on_chunk, on_lost
         self._clock = clock
         self._stopping = False
         self._stop_event = asyncio.Event()
         self._established = False
-        self._session_task: asyncio.Future | None = None
+        self._session_task: asyncio.Future[str] | None = None
 
     @property
     def established(self) -> bool:
