@@ -31,11 +31,28 @@ class MemoryRoomInfos(RoomInfos):
         return None
 
 
+class MemoryMatrixEvents(MatrixEvents):
+    """The core's events over a dict standing for the ``events`` table: the persist path's
+    cache keeps state events only and reads a miss (a redaction's stored target, a message)
+    from the table."""
+
+    def __init__(self, rooms: RoomInfos) -> None:
+        super().__init__(rooms)
+        self.table: dict[str, tuple] = {}
+
+    def add(self, event, rejected: bool) -> None:
+        super().add(event, rejected)
+        self.table[event.event_id] = (event, rejected)
+
+    def entry(self, event_id: str):
+        return super().entry(event_id) or self.table.get(event_id)
+
+
 class MemoryReader:
     """The planner's reader over dicts: group states, chain lengths, event facts."""
 
     def __init__(self, rooms: RoomInfos) -> None:
-        self.matrix = MatrixEvents(rooms)  # no cursor: only the events planned so far
+        self.matrix = MemoryMatrixEvents(rooms)  # no cursor: the events planned so far
         self.resolved = ResolvedStates()
         self.groups: dict[int, StateMap] = {}
         self.lengths: dict[int, int] = {}
