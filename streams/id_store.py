@@ -327,13 +327,7 @@ class PostgresIdStore(IdStore):
         return Reservation(int(reservation_id), [int(i) for i in ids])
 
     def complete(self, reservation: Reservation, position: int | None) -> None:
-        if position is None:
-            self._run(self._delete_sql, (reservation.reservation_id,))
-        else:
-            self._run(
-                self._complete_sql,
-                (reservation.reservation_id, self.stream_name, self.instance_name, position, *_recorder()),
-            )
+        self._run(*self.completion_statement(reservation, position))
 
     def completion_statement(self, reservation: Reservation, position: int | None) -> tuple[str, tuple[Any, ...]]:
         """Run by the writer's connection as the last statement of the transaction writing
