@@ -246,5 +246,6 @@ def _load_room_details(reader: DatabaseReader, contexts: dict[str, RoomContext])
         contexts[room_id].last_join[user] = (topo, stream)
     for ctx in contexts.values():
         ctx.ranges.setdefault(SHARED_ERAS, RangeSet())
+        ctx.remark()
         if ctx.current_group is not None:
             ctx.current_chain = reader.chain_length(ctx.current_group)

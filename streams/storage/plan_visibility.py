@@ -1,7 +1,9 @@
 """The planner's visibility steps: how one accepted event changes a room's ranges.
 
 Each function changes the room context's :class:`~streams.storage.visibility.RangeSet` s in
-place and adds the (room, user) pairs it touched to ``touched`` (their rows are rewritten).
+place, adds the (room, user) pairs it touched to ``touched`` (their rows are rewritten) and
+marks the user's latest bound (``RoomContext.marks``: what lets an event off the head be
+decided for the few users whose answer can differ from their open range's).
 The rules themselves are ``visibility.py``'s; docs/storage.md, "Visibility", says why.
 """
 from __future__ import annotations
@@ -12,6 +14,13 @@ from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, share
 
 HV_KEY: StateKey = (HISTORY_VISIBILITY, "")
 Touched = set[tuple[str, str]]
+
+
+def changed(ctx: RoomContext, touched: Touched, user: str) -> None:
+    """``user``'s ranges changed: rewrite their rows, mark their latest bound."""
+    touched.add((ctx.room_id, user))
+    if not user.startswith("*"):
+        ctx.mark(user, ctx.ranges[user].last_bound)
 
 
 def switch(ctx: RoomContext, touched: Touched, user: str, before: bool, after: bool, k: Key) -> None:
@@ -25,15 +34,13 @@ def switch(ctx: RoomContext, touched: Touched, user: str, before: bool, after: b
         if not rs.covers(k):
             rs.add(k, k)
         rs.close_at(k)
-    touched.add((ctx.room_id, user))
+    changed(ctx, touched, user)
 
 
 def joined(ctx: RoomContext, touched: Touched, user: str, k: Key) -> None:
     """``user`` joins at ``k``: the shared-history eras before it become visible."""
-    rs = ctx.user_ranges(user)
-    for start, end in ctx.user_ranges(SHARED_ERAS).clipped_before(k):
-        rs.add(start, end)
-    touched.add((ctx.room_id, user))
+    ctx.user_ranges(user).add_all(ctx.user_ranges(SHARED_ERAS).clipped_before(k))
+    changed(ctx, touched, user)
 
 
 def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, member_before: str | None) -> None:
@@ -58,7 +65,7 @@ def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, membe
             rs.close_at(k)
         elif after_open and not rs.is_open:
             rs.add(k, None)
-        touched.add((ctx.room_id, u))
+        changed(ctx, touched, u)
         if ev.membership == "join":
             joined(ctx, touched, u, k)
     elif (ev.type, ev.state_key) == HV_KEY:
@@ -72,18 +79,41 @@ def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, membe
 
 def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedEvent, after_map: StateMap,
              vis_before: str, member_before: str | None) -> None:
-    """An event persisted off the head (backfill, forks): decided for every user."""
+    """An event persisted off the head (backfill, forks), decided with the rules for every
+    user whose answer can differ from what their ranges already say at its key.
+
+    Any other user ``u`` has the same member event after it as in the room's current state,
+    no mark at or after its key (so ``u``'s ranges cover it iff ``u``'s last range is open,
+    and ``u`` joins nowhere after it), and is not its member: the rules then grant it iff
+    ``u``'s current membership is granted under one of its visibility values -- which is
+    whether the range is open (it is open iff the current membership is granted under the
+    current visibility) unless that value is another one, when the invited may differ. So the
+    users decided are: those whose member event differs from the current state's, those
+    marked since the key, the event's own member, and the invited when the visibility
+    differs. The cost follows the state's difference from the current state, never the
+    room's member count."""
     k = ev.key
-    reader.load_facts([e for (t, s), e in after_map.items() if t == MEMBER or (t, s) == HV_KEY])
-    vis_after = reader.visibility(after_map.get(HV_KEY))
+    hv = after_map.get(HV_KEY)
+    reader.load_facts([hv] if hv is not None else [])
+    vis_after = reader.visibility(hv)
     vis_values = (vis_after, vis_before) if (ev.type, ev.state_key) == HV_KEY else (vis_after,)
-    members = {s: reader.membership(e) for (t, s), e in after_map.items() if t == MEMBER}
-    candidates = set(members) | set(ctx.last_join) | {u for u in ctx.ranges if not u.startswith("*")}
+    current = ctx.current
+    candidates = ctx.marked_since(k)
+    if after_map is not current:
+        candidates.update(s for (t, s), _ in after_map.items() ^ current.items() if t == MEMBER)
+    if any(v != ctx.visibility for v in vis_values):
+        candidates.update(u for u, m in ctx.memberships.items() if m == "invite")
+    if ev.type == MEMBER:
+        assert ev.state_key is not None
+        candidates.add(ev.state_key)
+    candidates = {u for u in candidates if not u.startswith("*")}
+    member_events = {u: after_map.get((MEMBER, u)) for u in candidates}
+    reader.load_facts([e for e in member_events.values() if e is not None])
     for u in candidates:
         own = (ev.membership, member_before) if ev.type == MEMBER and ev.state_key == u else None
         later = ctx.last_join.get(u)
-        want = visible_to_member(vis_values=vis_values, membership_after=members.get(u), own_change=own,
-                                 joins_later=later is not None and later > k)
+        want = visible_to_member(vis_values=vis_values, membership_after=reader.membership(member_events[u]),
+                                 own_change=own, joins_later=later is not None and later > k)
         point(ctx, touched, u, want, k)
     point(ctx, touched, ANYONE, "world_readable" in vis_values, k)
     point(ctx, touched, SHARED_ERAS, any(shared_era(v) for v in vis_values), k)
@@ -102,7 +132,7 @@ def point(ctx: RoomContext, touched: Touched, user: str, want: bool, k: Key) -> 
         rs.remove_point(k)
     else:
         return
-    touched.add((ctx.room_id, user))
+    changed(ctx, touched, user)
 
 
 def set_open(ctx: RoomContext, touched: Touched, user: str, should: bool, k: Key) -> None:
@@ -112,7 +142,7 @@ def set_open(ctx: RoomContext, touched: Touched, user: str, should: bool, k: Key
     at_head = ctx.head is None or ctx.head <= k
     if rs.is_open and not should:
         rs.close_at((k[0], k[1] - 1) if at_head or ctx.head is None else ctx.head)
-        touched.add((ctx.room_id, user))
+        changed(ctx, touched, user)
     elif should and not rs.is_open:
         rs.add(k if at_head or ctx.head is None else (ctx.head[0], ctx.head[1] + 1), None)
-        touched.add((ctx.room_id, user))
+        changed(ctx, touched, user)

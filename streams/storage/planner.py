@@ -174,7 +174,9 @@ class _Planner:
                 ev.body["content"].get("history_visibility")) if key == HV_KEY else None)
         # the facts the visibility rules need about the state before the event
         if not fast:
-            self.reader.load_facts([e for (t, s), e in before_map.items() if t == MEMBER or (t, s) == HV_KEY])
+            wanted = [before_map.get(HV_KEY), before_map.get((MEMBER, ev.state_key))  # type: ignore[arg-type]
+                      if ev.type == MEMBER else None]
+            self.reader.load_facts([e for e in wanted if e is not None])
         vis_before = ctx.visibility if fast else self.reader.visibility(before_map.get(HV_KEY))
         member_before = None
         if ev.type == MEMBER:
@@ -284,9 +286,7 @@ class _Planner:
             if ev.stream_ordering > 0:
                 self.member_changes[ev.state_key] = ev.stream_ordering
             if ev.membership == "join":
-                prev_join = ctx.last_join.get(ev.state_key)
-                if prev_join is None or ev.key > prev_join:
-                    ctx.last_join[ev.state_key] = ev.key
+                ctx.joined_at(ev.state_key, ev.key)
 
     def _authorize(self, ev: ParsedEvent, before: StateMap | None) -> None:
         """The verdict of an event of an authorized room (``before``: the state before it;

@@ -5,6 +5,7 @@ group planned a moment ago, the verdict on an event of the batch).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
@@ -77,8 +78,13 @@ class RoomContext:
     forward: dict[str, Extremity] = field(default_factory=dict)
     #: visibility ranges per user (``*`` and ``*shared`` included)
     ranges: dict[str, RangeSet] = field(default_factory=dict)
-    #: each user's latest join key
+    #: each user's latest join key (set it with :meth:`joined_at`)
     last_join: dict[str, Key] = field(default_factory=dict)
+    #: ``(key, user)``, sorted: each user's latest range bound (``RangeSet.last_bound``) and
+    #: latest join, among stale earlier ones. A user with no mark at or after key ``k`` sees
+    #: ``k`` exactly when their last range is open and joins nowhere after ``k``, so an event
+    #: off the head is decided only for the users marked since it (``plan_visibility``).
+    marks: list[tuple[Key, str]] = field(default_factory=list)
     #: the room's version and whether its events are authorized (None: no create event yet)
     info: RoomInfo | None = None
 
@@ -91,6 +97,32 @@ class RoomContext:
         if rs is None:
             rs = self.ranges[user] = RangeSet()
         return rs
+
+    def joined_at(self, user: str, key: Key) -> None:
+        """``user``'s join at ``key`` (kept if it is their latest)."""
+        prev = self.last_join.get(user)
+        if prev is None or key > prev:
+            self.last_join[user] = key
+            self.mark(user, key)
+
+    def mark(self, user: str, key: Key | None) -> None:
+        """``user``'s ranges or latest join now reach ``key`` (see ``marks``)."""
+        if key is None:
+            return
+        bisect.insort(self.marks, (key, user))
+        if len(self.marks) > 2 * (len(self.ranges) + len(self.last_join)) + 64:
+            self.remark()
+
+    def remark(self) -> None:
+        """``marks`` rebuilt from the ranges and joins (the stale ones dropped)."""
+        marks = [(rs.last_bound, u) for u, rs in self.ranges.items() if not u.startswith("*") and rs.ranges]
+        marks.extend((k, u) for u, k in self.last_join.items())
+        marks.sort()
+        self.marks = marks  # type: ignore[assignment]
+
+    def marked_since(self, key: Key) -> set[str]:
+        """The users with a mark at or after ``key``."""
+        return {u for _, u in self.marks[bisect.bisect_left(self.marks, (key,)):]}
 
 
 @dataclass

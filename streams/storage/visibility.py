@@ -119,6 +119,15 @@ class RangeSet:
     def is_open(self) -> bool:
         return bool(self.ranges) and self.ranges[-1][1] is None
 
+    @property
+    def last_bound(self) -> Key | None:
+        """The latest start or finite end of any range (None: no range). For a key ``k`` later
+        than it, ``covers(k)`` is ``is_open``."""
+        if not self.ranges:
+            return None
+        start, end = self.ranges[-1]
+        return start if end is None else end
+
     def add(self, start: Key, end: Key | None) -> None:
         """Union with [start, end]; touching ranges (same depth, next stream) are merged."""
         out: list[list] = []
@@ -141,6 +150,20 @@ class RangeSet:
             new = [min(r[0], new[0]), None if r[1] is None or new[1] is None else max(r[1], new[1])]
         if not placed:
             out.append(new)
+        self.ranges = out
+
+    def add_all(self, ranges: Iterable[Range]) -> None:
+        """Union with sorted, disjoint ``ranges`` in one pass (``add`` of each, in linear time)."""
+        merged = sorted([*self.ranges, *([s, e] for s, e in ranges)], key=lambda r: r[0])
+        out: list[list] = []
+        for r in merged:
+            if out:
+                last = out[-1]
+                end = last[1]
+                if end is None or _succ(end) >= r[0]:
+                    last[1] = None if end is None or r[1] is None else max(end, r[1])
+                    continue
+            out.append(list(r))
         self.ranges = out
 
     def remove_point(self, k: Key) -> None:

@@ -78,7 +78,8 @@ class MemoryReader:
         assert self.groups[group] == state
 
     def load_facts(self, event_ids) -> None:
-        missing = [e for e in event_ids if e not in self.facts]
+        # facts of other events (power levels, ...) are (None, None): only planned events may be asked
+        missing = [e for e in event_ids if e not in self.facts and e not in self.matrix.table]
         assert not missing, f"facts asked of events never planned: {missing}"
 
     def put_facts(self, event_id: str, membership: str | None, visibility: str | None) -> None:
@@ -115,7 +116,8 @@ class MemoryStore:
             ctx.info = self.room_infos.get(room_id)
             rooms[room_id] = ctx
         wanted = {ev.event_id for ev in events} | {p for ev in events for p in ev.prev_events} \
-            | {ev.redacts for ev in events if ev.redacts}
+            | {ev.redacts for ev in events if ev.redacts} \
+            | {e for ev in events if ev.state_before for e in ev.state_before.values()}
         snapshot = Snapshot(rooms=rooms, known={e: self.known[e] for e in wanted if e in self.known})
         plan = plan_batch(events, ids, snapshot, self.reader, backfill=backfill, now_ms=1)
         self.room_infos.commit()

@@ -1,0 +1,144 @@
+"""The planner's visibility steps by value: an event off the head is decided only for the
+users whose answer can differ from their ranges, and the ranges come out as if every user
+had been decided (the rule that made the cost follow the state's difference from the current
+state instead of the room's member count; docs/storage.md, "Visibility")."""
+from __future__ import annotations
+
+import pytest
+
+from streams.storage import planner
+from streams.storage.events import MEMBER, ParsedEvent, StateMap
+from streams.storage.generator import RoomGenerator
+from streams.storage.plan_visibility import HV_KEY, Touched, joined, point
+from streams.storage.snapshot import PlanReader, RoomContext
+from streams.storage.visibility import ANYONE, SHARED_ERAS, RangeSet, shared_era, visible_to_member
+
+from .test_planner import A, B, M, MemoryStore, new_room, pdu
+
+
+def off_head_every_user(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedEvent,
+                        after_map: StateMap, vis_before: str, member_before: str | None) -> None:
+    """The reference: the rules applied to every member, joiner and ranged user of the room."""
+    k = ev.key
+    reader.load_facts([e for (t, s), e in after_map.items() if t == MEMBER or (t, s) == HV_KEY])
+    vis_after = reader.visibility(after_map.get(HV_KEY))
+    vis_values = (vis_after, vis_before) if (ev.type, ev.state_key) == HV_KEY else (vis_after,)
+    members = {s: reader.membership(e) for (t, s), e in after_map.items() if t == MEMBER}
+    for u in set(members) | set(ctx.last_join) | {u for u in ctx.ranges if not u.startswith("*")}:
+        own = (ev.membership, member_before) if ev.type == MEMBER and ev.state_key == u else None
+        later = ctx.last_join.get(u)
+        point(ctx, touched, u, visible_to_member(vis_values=vis_values, membership_after=members.get(u),
+                                                 own_change=own, joins_later=later is not None and later > k), k)
+    point(ctx, touched, ANYONE, "world_readable" in vis_values, k)
+    point(ctx, touched, SHARED_ERAS, any(shared_era(v) for v in vis_values), k)
+    if ev.type == MEMBER and ev.membership == "join":
+        assert ev.state_key is not None
+        joined(ctx, touched, ev.state_key, k)
+
+
+def all_ranges(store: MemoryStore) -> dict[tuple[str, str], list]:
+    return {(r, u): rs.as_tuples() for r, ctx in store.rooms.items() for u, rs in ctx.ranges.items() if rs.ranges}
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_off_head_events_decided_as_for_every_user(seed, monkeypatch):
+    """Generated rooms (a big one with churn, forks that change the history visibility on one
+    branch, invites, bans, federated joins and their backfilled history), planned batch by
+    batch twice: with the planner's off-head step and with the reference that decides every
+    user. Every batch's rows and every range must be the same."""
+    gen = RoomGenerator(rooms=6, users=60, events=4000, seed=seed, batch=100, backfill_fraction=0.5)
+    fast, reference = MemoryStore(), MemoryStore()
+    calls = {"live": 0, "backfill": 0}
+    real = planner.off_head
+
+    def off_head(ctx, touched, reader, ev, *args) -> None:
+        calls["backfill" if ev.stream_ordering < 0 or backfill else "live"] += 1
+        real(ctx, touched, reader, ev, *args)
+
+    for batch in gen.batches():
+        backfill = batch.backfill
+        monkeypatch.setattr(planner, "off_head", off_head)
+        plan = fast.plan(*batch.items, backfill=batch.backfill)
+        monkeypatch.setattr(planner, "off_head", off_head_every_user)
+        want = reference.plan(*batch.items, backfill=batch.backfill)
+        assert plan.visibility_users == want.visibility_users
+        assert plan.visibility_ranges == want.visibility_ranges
+    assert all_ranges(fast) == all_ranges(reference)
+    # the dataset has what is tested: forks in a big room, backfilled history
+    big = max(fast.rooms.values(), key=lambda c: len(c.memberships))
+    assert len(big.memberships) > 40 and calls["live"] > 20 and calls["backfill"] > 20, calls
+
+
+class CountingStore(MemoryStore):
+    """A store whose reader records which events' facts the planner asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+        load = self.reader.load_facts
+
+        def load_facts(event_ids) -> None:
+            ids = list(event_ids)
+            self.asked.extend(ids)
+            load(ids)
+
+        self.reader.load_facts = load_facts  # type: ignore[method-assign]
+
+
+def test_an_event_on_a_branch_is_decided_for_the_users_it_can_change():
+    """50 members; a fork: the history visibility becomes ``joined`` on one branch, a message
+    on the other (still ``invited``). The message's state differs from the current state only
+    in the visibility, so only the invited user is decided: the members' events are never
+    asked about, and the ranges are as the rules say (the invitee sees the message, the
+    others as their open ranges)."""
+    room = new_room(visibility="invited")
+    users = [f"@u{i}:a.example" for i in range(50)]
+    for u in users:
+        room.send(u, MEMBER, {"membership": "join"}, state_key=u)
+    room.send(A, MEMBER, {"membership": "invite"}, state_key=M)
+    store = CountingStore()
+    store.plan(*[pdu(room, e) for e in room.order])
+    tip = room.order[-1]
+    hv = room.send(A, "m.room.history_visibility", {"history_visibility": "joined"}, state_key="", prev_ids=[tip])
+    msg = room.send(users[0], "m.room.message", {"body": "on the other branch"}, prev_ids=[tip])
+    store.asked.clear()
+    plan = store.plan(pdu(room, hv), pdu(room, msg))
+    member_events = {e for e in room.order if room.events[e].type == MEMBER}
+    assert not member_events & set(store.asked) - {room.state_after[tip][(MEMBER, M)]}
+    ctx = store.rooms[room.room_id]
+    k_hv, k_msg = store.known[hv].key, store.known[msg].key
+    assert ctx.ranges[M].covers(k_msg) and ctx.ranges[M].covers(k_hv)  # invited, before or after the change
+    assert all(ctx.ranges[u].covers(k_msg) for u in users)
+    assert {u for _, u in plan.visibility_users} == {M}
+    assert B not in ctx.ranges
+
+
+def test_range_set_union_and_last_bound():
+    rs = RangeSet([[(1, 1), (1, 4)], [(5, 1), (5, 1)], [(9, 1), None]])
+    assert rs.last_bound == (9, 1)
+    rs.add_all([((0, 1), (0, 9)), ((1, 5), (2, 0)), ((4, 0), (5, 0)), ((7, 0), (7, 3))])
+    assert rs.as_tuples() == [((0, 1), (0, 9)), ((1, 1), (2, 0)), ((4, 0), (5, 1)), ((7, 0), (7, 3)),
+                              ((9, 1), None)]
+    one_by_one = RangeSet([[(1, 1), (1, 4)], [(5, 1), (5, 1)], [(9, 1), None]])
+    for s, e in [((0, 1), (0, 9)), ((1, 5), (2, 0)), ((4, 0), (5, 0)), ((7, 0), (7, 3))]:
+        one_by_one.add(s, e)
+    assert one_by_one.as_tuples() == rs.as_tuples()
+    closed = RangeSet([[(1, 1), (3, 2)]])
+    assert closed.last_bound == (3, 2) and RangeSet().last_bound is None
+
+
+def test_marks_name_the_users_whose_ranges_or_joins_reach_a_key():
+    ctx = RoomContext("!r:hs")
+    ctx.user_ranges("@a:hs").add((1, 1), None)
+    ctx.mark("@a:hs", (1, 1))
+    ctx.user_ranges("@b:hs").add((2, 1), (5, 5))
+    ctx.mark("@b:hs", (5, 5))
+    ctx.joined_at("@c:hs", (7, 1))
+    ctx.joined_at("@c:hs", (3, 1))  # not the latest: no mark
+    assert ctx.marked_since((5, 5)) == {"@b:hs", "@c:hs"}
+    assert ctx.marked_since((5, 6)) == {"@c:hs"}
+    assert ctx.marked_since((1, 1)) == {"@a:hs", "@b:hs", "@c:hs"}
+    assert ctx.last_join == {"@c:hs": (7, 1)}
+    ctx.mark("@a:hs", (9, 9))
+    ctx.remark()  # the stale (9, 9) goes: @a's ranges reach (1, 1) only
+    assert ctx.marks == [((1, 1), "@a:hs"), ((5, 5), "@b:hs"), ((7, 1), "@c:hs")]
