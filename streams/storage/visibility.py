@@ -129,28 +129,20 @@ class RangeSet:
         return start if end is None else end
 
     def add(self, start: Key, end: Key | None) -> None:
-        """Union with [start, end]; touching ranges (same depth, next stream) are merged."""
-        out: list[list] = []
-        new = [start, end]
-        placed = False
-        for r in self.ranges:
-            if placed:
-                out.append(r)
-                continue
-            # r entirely before new (and not touching)
-            if r[1] is not None and _succ(r[1]) < new[0]:
-                out.append(r)
-                continue
-            # r entirely after new (and not touching)
-            if new[1] is not None and _succ(new[1]) < r[0]:
-                out.append(new)
-                out.append(r)
-                placed = True
-                continue
-            new = [min(r[0], new[0]), None if r[1] is None or new[1] is None else max(r[1], new[1])]
-        if not placed:
-            out.append(new)
-        self.ranges = out
+        """Union with [start, end]; touching ranges (same depth, next stream) are merged. Finds
+        the ranges it meets by bisection (a backfilled room's members hold a point range per
+        event, and each event adds one more)."""
+        rs = self.ranges
+        i = bisect.bisect_left(rs, start, key=lambda r: r[0])
+        if i > 0 and (rs[i - 1][1] is None or _succ(rs[i - 1][1]) >= start):
+            i -= 1  # the range before it meets it
+        j = i
+        while j < len(rs) and (end is None or rs[j][0] <= _succ(end)):
+            r = rs[j]
+            start = min(start, r[0])
+            end = None if end is None or r[1] is None else max(end, r[1])
+            j += 1
+        rs[i:j] = [[start, end]]
 
     def add_all(self, ranges: Iterable[Range]) -> None:
         """Union with sorted, disjoint ``ranges`` in one pass (``add`` of each, in linear time)."""

@@ -142,3 +142,24 @@ def test_marks_name_the_users_whose_ranges_or_joins_reach_a_key():
     ctx.mark("@a:hs", (9, 9))
     ctx.remark()  # the stale (9, 9) goes: @a's ranges reach (1, 1) only
     assert ctx.marks == [((1, 1), "@a:hs"), ((5, 5), "@b:hs"), ((7, 1), "@c:hs")]
+
+
+def test_range_set_add_agrees_with_a_model_of_covered_keys():
+    """``add`` (by bisection) and ``add_all`` (one merge) give the same canonical ranges, and
+    cover exactly the keys added, on random ranges over a small key grid."""
+    import random
+
+    rng = random.Random(5)
+    grid = [(t, s) for t in range(4) for s in range(6)]
+    for _ in range(400):
+        one, merged, covered = RangeSet(), RangeSet(), set()
+        for _ in range(rng.randrange(1, 8)):
+            a, b = sorted(rng.sample(range(len(grid)), 2))
+            start, end = grid[a], (None if rng.random() < 0.15 else grid[b])
+            one.add(start, end)
+            merged.add_all([(start, end)])
+            covered.update(k for k in grid if start <= k and (end is None or k <= end))
+        assert one.as_tuples() == merged.as_tuples()
+        assert {k for k in grid if one.covers(k)} == covered
+        starts = [r[0] for r in one.ranges]
+        assert starts == sorted(starts) and all(r[1] is not None for r in one.ranges[:-1])
