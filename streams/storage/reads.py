@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -171,7 +172,13 @@ def with_event_id(raw: bytes, event_id: str) -> bytes:
     """``raw`` (a JSON object) with ``event_id`` first: clients need the ID, which v3+ PDUs do
     not carry. Spliced in, the rest of the bytes untouched."""
     body = raw.lstrip()
-    return b'{"event_id":' + json.dumps(event_id).encode() + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
+    # v3+ IDs are "$" and unpadded base64: nothing to escape (json.dumps for anything else)
+    quoted = (b'"' + event_id.encode() + b'"' if _PLAIN_ID.fullmatch(event_id)
+              else json.dumps(event_id).encode())
+    return b'{"event_id":' + quoted + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
+
+
+_PLAIN_ID = re.compile(r"[$!@#:.\w+/=-]*", re.ASCII)
 
 
 def _rows(rows: Iterable[Sequence[Any]], cur: Any, caches: StorageCaches) -> list[EventRow]:
