@@ -311,8 +311,9 @@ def database_size(sqlite: bool) -> None:
                       "AND relnamespace = 'public'::regnamespace ORDER BY 2 DESC LIMIT 6")
             largest = c.fetchall()
     per_million = total / n_events * 1e6 if n_events else 0
+    tables = ("; largest: " + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size in largest)) if largest else ""
     print(f"database size: {total / 1e6:,.0f} MB for {n_events:,} events -> {per_million / 1e6:,.0f} MB per million "
-          f"events; largest: " + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size in largest))
+          f"events{tables}")
 
 
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .change_cache import StreamChangeCache
 from .events import StateMap
-from .sql import is_sqlite
+from .sql import fetch_all
 from .state_groups import _LRU
 
 #: the rows of a group's chain, the snapshot's first and the group's own last, so that the
@@ -43,11 +43,7 @@ class GroupStates:
         """The state of ``group``. The returned map is shared: do not change it."""
         state = self._states.get(group)
         if state is None:
-            if is_sqlite(cursor):
-                cursor.execute(_CHAIN_ROWS, [group])
-            else:  # binary: no text parsing of a big room's thousands of rows
-                cursor.execute(_CHAIN_ROWS, [group], binary=True)
-            state = {(t, k): e for t, k, e in cursor.fetchall()}
+            state = {(t, k): e for t, k, e in fetch_all(cursor, _CHAIN_ROWS, [group])}
             self._states.put(group, state)
         return state
 

@@ -19,7 +19,7 @@ from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .caches import StorageCaches, storage_caches
 from .events import StateMap
 from .redactions import client_json
-from .sql import array, in_array, is_sqlite, json_list, store_cursor
+from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor
 from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
@@ -160,17 +160,6 @@ def _timeline_cursor(using: str) -> Iterator[Any]:
         if not is_sqlite(cur):
             cur.execute("SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off; SET LOCAL jit = off")
         yield cur
-
-
-def _fetch(cur: Any, sql: str, params: Any) -> list[tuple[Any, ...]]:
-    """The rows of a timeline query. On PostgreSQL in binary: the JSON column is ``bytea``,
-    which the text protocol sends hex-encoded (twice its size, encoded by the server and
-    decoded by the client) -- half of an initial sync's time before."""
-    if is_sqlite(cur):
-        cur.execute(sql, params)
-    else:
-        cur.execute(sql, params, binary=True)
-    return cur.fetchall()
 
 
 def _hashed_id_rooms(cur: Any, caches: StorageCaches, room_ids: Iterable[str]) -> set[str]:
@@ -316,7 +305,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
             page = visible_events_sqlite("%(room)s", order=direction, event_filter=bound)
         else:
             page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
-        rows = _rows(_fetch(cur, "SELECT * FROM " + page + " y", params), cur, caches)
+        rows = _rows(fetch_all(cur, "SELECT * FROM " + page + " y", params), cur, caches)
     more = len(rows) > limit
     rows = rows[:limit]
     end = None
@@ -345,7 +334,7 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
         bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
     caches = storage_caches(runtime)
     with _timeline_cursor(caches.using) as cur:
-        rows = _rows(_fetch(
+        rows = _rows(fetch_all(
             cur, f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
                  f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params), cur, caches)
     more = len(rows) > limit
@@ -381,7 +370,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, runtime: An
             rows = _per_room(cur, [(room_id, last_stream) for room_id, last_stream in cur.fetchall()], params,
                              order="b", event_filter=in_window)
         else:
-            rows = _fetch(cur, f"""WITH my_rooms AS (
+            rows = fetch_all(cur, f"""WITH my_rooms AS (
                     {_MY_ROOMS})
                 SELECT m.last_stream, {_Y_COLUMNS} FROM my_rooms m CROSS JOIN LATERAL
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
@@ -437,7 +426,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         joined = {r[0] for r in cur.fetchall()}
         memberships = []
         if change.members.has_entity_changed(user_id, since.stream):
-            changes = _fetch(
+            changes = fetch_all(
                 cur, "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
                      f"{REDACTED_VERSION} "
                      "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
@@ -456,7 +445,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
             if is_sqlite(cur):
                 rows = _per_room(cur, [(r, r) for r in changed], params, order="s", event_filter=new_events)
             else:
-                rows = _fetch(
+                rows = fetch_all(
                     cur, f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
