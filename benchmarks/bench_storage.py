@@ -1,6 +1,7 @@
 """Room event storage: persist rate, state-at-event, state storage, syncs and pagination.
 
     .venv/bin/python benchmarks/bench_storage.py [--events N] [--rooms R] [--users U] [--quick] [--sqlite]
+                                                 [--data-dir D]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
 migrates a fresh database, then on that one server:
@@ -17,8 +18,15 @@ migrates a fresh database, then on that one server:
   every group's state size, estimated from a random sample of groups, times the measured
   bytes per row).
 * **initial sync** (20 events x 100 rooms) for the users in the most rooms, **incremental
-  sync** after more live traffic, **back-pagination** (20 events from a random point),
-  p50/p99 each, visibility filtered.
+  sync** since a token taken before a last run of live traffic (1% more events, persisted
+  with the dataset), **back-pagination** (20 events from a random point), p50/p99 each,
+  visibility filtered; **database size** on disk, per million events.
+
+``--data-dir D`` keeps the PostgreSQL cluster in ``D`` (as ``bench_jobs`` does) with a
+``dataset.json`` saying what it holds (events, rooms, users, seed, batch, the incremental
+sync's token). The next run with the same figures reuses it: persist is skipped and only
+the reads are measured (in a fresh process: the reads' caches start empty). A directory
+holding another dataset is refused; one without a finished dataset is built again.
 
 Prints the goals (initial sync p99 <= 50 ms, state storage <= 0.1 of snapshots, persist >=
 2,000 events/s) beside the figures; exit status 0 either way. The goals are PostgreSQL's;
@@ -46,17 +54,45 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
+def backend_cpu_seconds() -> float:
+    """CPU seconds the database server spent for this process's connection so far (its
+    backend process on this machine; 0 on SQLite, which runs in this process)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return 0.0
+    with connection.cursor() as c:
+        c.execute("SELECT pg_backend_pid()")
+        pid = c.fetchone()[0]
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: CPU per call of the last :func:`timed` run, ms (this process, the database's backend)
+last_cpu: tuple[float, float] = (0.0, 0.0)
+
+
 def timed(fn, n: int) -> list[float]:
+    """Wall ms of each of ``n`` calls. Also keeps the CPU per call (:data:`last_cpu`): on a
+    shared machine the wall times follow the load, the CPU a call costs much less so."""
+    global last_cpu
     out = []
+    cpu0, backend0 = time.process_time(), backend_cpu_seconds()
     for i in range(n):
         t = time.perf_counter()
         fn(i)
         out.append((time.perf_counter() - t) * 1000)
+    last_cpu = ((time.process_time() - cpu0) * 1000 / n, (backend_cpu_seconds() - backend0) * 1000 / n)
     return out
 
 
 def fmt(ms: list[float]) -> str:
-    return f"p50 {pct(ms, 50):7.2f} ms   p99 {pct(ms, 99):7.2f} ms   (n={len(ms)})"
+    return (f"p50 {pct(ms, 50):7.2f} ms   p99 {pct(ms, 99):7.2f} ms   (n={len(ms)}); "
+            f"CPU per call {last_cpu[0]:.2f} ms here + {last_cpu[1]:.2f} ms database")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sqlite", action="store_true", help="a throwaway SQLite file instead of PostgreSQL")
+    parser.add_argument("--data-dir", help="keep the PostgreSQL cluster here; reuse it next time (the same "
+                                           "--events/--rooms/--users/--seed/--batch): persist is skipped")
     args = parser.parse_args(argv)
     events = args.events or (30_000 if args.quick else 1_000_000)
     rooms = args.rooms or (300 if args.quick else 10_000)
@@ -77,19 +115,65 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks._setup import migrated_database, migrated_sqlite_database
 
-    database = migrated_sqlite_database() if args.sqlite else migrated_database("bench_storage")
-    with database:
-        return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed)
+    dataset = {"events": events, "rooms": rooms, "users": users, "seed": args.seed, "batch": args.batch}
+    reused: dict | None = None
+    if args.data_dir:
+        if args.sqlite:
+            parser.error("--data-dir keeps a PostgreSQL cluster: not with --sqlite")
+        stored = read_marker(Path(args.data_dir))
+        if stored is not None:
+            if {k: stored.get(k) for k in dataset} != dataset:
+                print(f"error: {args.data_dir} holds another dataset ({describe(stored)}); this run asks for "
+                      f"{describe(dataset)}. Use another --data-dir, the same figures, or delete the directory.",
+                      file=sys.stderr)
+                return 2
+            reused = stored
+    database = (migrated_sqlite_database() if args.sqlite else
+                migrated_database("bench_storage", pg_directory=args.data_dir or "", keep=bool(args.data_dir),
+                                  reuse=reused is not None))
+    with database as db:
+        if reused is not None:
+            print(f"reusing the dataset in {args.data_dir} ({describe(reused)}): persist skipped, reads only")
+        elif args.data_dir:  # a new dataset: an interrupted one left no marker and is dropped
+            marker_path(Path(args.data_dir)).unlink(missing_ok=True)
+        return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
+                   reused=reused, keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
+                   if args.data_dir else None)
 
 
-def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int) -> int:
+def marker_path(directory: Path) -> Path:
+    return directory / "dataset.json"
+
+
+def read_marker(directory: Path) -> dict | None:
+    """What a kept cluster holds (None: no finished dataset there)."""
+    import json
+
+    try:
+        return json.loads(marker_path(directory).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def write_marker(directory: Path, dataset: dict, since: int) -> None:
+    import json
+
+    marker_path(directory).write_text(json.dumps({**dataset, "since": since}) + "\n")
+
+
+def describe(d: dict) -> str:
+    return (f"{d.get('events', 0):,} events, {d.get('rooms', 0):,} rooms, {d.get('users', 0):,} users, "
+            f"seed {d.get('seed')}, batch {d.get('batch')}")
+
+
+def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
+        keep=None) -> int:
     from django.db import connection
 
-    from streams.models import Event
     from streams.runtime import runtime
-    from streams.storage import persist_events, reads
+    from streams.storage import reads
     from streams.storage.caches import storage_caches
-    from streams.storage.generator import RoomGenerator
+    from streams.storage.sql import store_cursor
     from streams.storage.tokens import RoomStreamToken
 
     print(f"machine: {cpu_description()}; load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
@@ -98,6 +182,149 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"database: {connection.vendor}")
     print(f"dataset: {events:,} events, {rooms:,} rooms, {users:,} users, {batch} events per persist_events call")
     rt = runtime()
+
+    if reused is None:
+        since = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed)
+        if keep is not None:
+            keep(since)
+    else:
+        since = int(reused["since"])
+
+    # -- state at event -----------------------------------------------------------------------
+    with connection.cursor() as c:
+        if not sqlite:
+            c.execute("SELECT setseed(0.5)")
+        c.execute("SELECT event_id FROM event_to_state_groups ORDER BY random() LIMIT %s", [samples])
+        sample_events = [r[0] for r in c.fetchall()]
+
+    caches = storage_caches()
+
+    def cold(i: int) -> None:
+        caches.forget()
+        reads.state_at_event(sample_events[i])
+
+    cold_ms = timed(cold, len(sample_events))
+    print(f"state at event, cold: {fmt(cold_ms)}")
+    for e in sample_events:
+        reads.state_at_event(e)
+    warm_ms = timed(lambda i: reads.state_at_event(sample_events[i]), len(sample_events))
+    print(f"state at event, warm: {fmt(warm_ms)}")
+
+    with connection.cursor() as c:
+        c.execute("SELECT count(*), count(*) FILTER (WHERE chain_length = 1) FROM state_groups")
+        n_groups, n_snapshots = c.fetchone()
+        c.execute("SELECT count(*) FROM state_groups_state")
+        n_rows = c.fetchone()[0]
+        if sqlite:  # table and index pages, as pg_total_relation_size counts them
+            size = ("(SELECT sum(pgsize) FROM dbstat WHERE name IN (SELECT name FROM sqlite_master "
+                    "WHERE tbl_name = '{}'))")
+            c.execute("SELECT " + ", ".join(size.format(t) for t in
+                                            ("state_groups_state", "state_groups", "state_group_edges")))
+        else:
+            c.execute("SELECT pg_total_relation_size('state_groups_state'), pg_total_relation_size('state_groups'), "
+                      "pg_total_relation_size('state_group_edges')")
+        rows_bytes, groups_bytes, edges_bytes = c.fetchone()
+        c.execute("SELECT id FROM state_groups ORDER BY random() LIMIT 2000")
+        sample_groups = [r[0] for r in c.fetchall()]
+    from streams.storage.state_groups import StateGroupStore
+
+    store = StateGroupStore(cache_keys=10)
+    with store_cursor() as cur:
+        sizes = [len(store.get_state(cur, g)) for g in sample_groups]
+    mean_size = statistics.fmean(sizes) if sizes else 0
+    full_rows = n_groups * mean_size
+    bytes_per_row = rows_bytes / n_rows if n_rows else 0
+    ours = rows_bytes + groups_bytes + edges_bytes
+    full_bytes = full_rows * bytes_per_row + groups_bytes
+    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
+          f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
+          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} (goal <= 0.1)")
+
+    # -- initial sync ---------------------------------------------------------------------------
+    with connection.cursor() as c:
+        c.execute("SELECT state_key, count(*) FROM current_state_events WHERE type = 'm.room.member' "
+                  "AND membership = 'join' GROUP BY state_key ORDER BY count(*) DESC LIMIT %s", [samples])
+        top = c.fetchall()
+    # initial sync's hard case: users in at least 100 rooms (the generator's power users)
+    top = [t for t in top if t[1] >= 100] or top
+    sync_users = [u for u, _ in top]
+    print(f"sync users: {len(sync_users)} users in {min(n for _, n in top)}-{top[0][1]} joined rooms "
+          f"({statistics.fmean(n for _, n in top):.0f} on average)")
+    initial_ms = timed(lambda i: reads.initial_sync(sync_users[i % len(sync_users)], limit=20, rooms=100), samples)
+    print(f"initial sync (20 events x 100 rooms): {fmt(initial_ms)} (goal p99 <= 50 ms)")
+
+    # -- incremental sync: more live traffic after a token ----------------------------------------
+    token = RoomStreamToken(since)
+    reads.incremental_sync(sync_users[0], token)  # the change caches catch up once
+    inc_ms = timed(lambda i: reads.incremental_sync(sync_users[i % len(sync_users)], token, limit=10), samples)
+    with store_cursor() as cur:
+        after = reads.current_token(cur) - since
+    print(f"incremental sync (since a token {after:,} stream positions back): {fmt(inc_ms)}")
+
+    # -- back-pagination ----------------------------------------------------------------------
+    with connection.cursor() as c:
+        # random events, each with a random member of its room who is joined now
+        member = ("SELECT state_key FROM current_state_events c WHERE c.room_id = e.room_id "
+                  "AND c.type = 'm.room.member' AND c.membership = 'join' ORDER BY random() LIMIT 1")
+        sample = ("(SELECT * FROM events WHERE NOT outlier AND room_id NOT LIKE '!baseline%%' "
+                  " ORDER BY random() LIMIT %s) e ")
+        if sqlite:  # no LATERAL: a correlated subquery (rooms with no member left give NULL)
+            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, ({member}) FROM {sample}",
+                      [samples])
+            points = [p for p in c.fetchall() if p[3] is not None]
+        else:
+            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, m.state_key FROM {sample}"
+                      f"CROSS JOIN LATERAL ({member}) m", [samples])
+            points = c.fetchall()
+    pages: list[int] = []
+
+    def paginate(i: int) -> None:
+        room_id, topo, stream, user = points[i]
+        page = reads.room_messages(room_id, user, from_token=RoomStreamToken(stream, topo), limit=20)
+        pages.append(len(page["chunk"]))
+
+    back_ms = timed(paginate, len(points))
+    print(f"back-pagination (20 events from a random point, t-token): {fmt(back_ms)}; "
+          f"{statistics.fmean(pages):.1f} events per page on average")
+    database_size(sqlite)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    rt.close()
+    return 0
+
+
+def database_size(sqlite: bool) -> None:
+    """The database's size on disk (tables, indexes, TOAST), per million stored events, and
+    its largest tables."""
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT count(*) FROM events WHERE room_id NOT LIKE '!baseline%%'")
+        n_events = c.fetchone()[0]
+        if sqlite:
+            c.execute("SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
+            total = c.fetchone()[0]
+            largest: list[tuple[str, int]] = []
+        else:
+            c.execute("SELECT pg_database_size(current_database())")
+            total = c.fetchone()[0]
+            c.execute("SELECT relname, pg_total_relation_size(oid) FROM pg_class WHERE relkind = 'r' "
+                      "AND relnamespace = 'public'::regnamespace ORDER BY 2 DESC LIMIT 6")
+            largest = c.fetchall()
+    per_million = total / n_events * 1e6 if n_events else 0
+    tables = ("; largest: " + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size in largest)) if largest else ""
+    print(f"database size: {total / 1e6:,.0f} MB for {n_events:,} events -> {per_million / 1e6:,.0f} MB per million "
+          f"events{tables}")
+
+
+def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int) -> int:
+    """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
+    token; returns that token (incremental sync's ``since``)."""
+    from django.db import connection
+
+    from streams.models import Event
+    from streams.storage import persist_events, reads
+    from streams.storage.generator import RoomGenerator
+    from streams.storage.sql import store_cursor
 
     # -- persist ------------------------------------------------------------------------------
     gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)
@@ -138,112 +365,17 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"baseline: {baseline_n:,} bare events rows with StreamWriter.append -> {baseline_n / base_s:,.0f} rows/s; "
           f"persist_events runs at {persist_rate / (baseline_n / base_s):.2f} of it")
 
-    with connection.cursor() as c:
-        c.execute("ANALYZE")
-
-    # -- state at event -----------------------------------------------------------------------
-    with connection.cursor() as c:
-        if not sqlite:
-            c.execute("SELECT setseed(0.5)")
-        c.execute("SELECT event_id FROM event_to_state_groups ORDER BY random() LIMIT %s", [samples])
-        sample_events = [r[0] for r in c.fetchall()]
-
-    caches = storage_caches()
-
-    def cold(i: int) -> None:
-        caches.forget()
-        reads.state_at_event(sample_events[i])
-
-    cold_ms = timed(cold, len(sample_events))
-    for e in sample_events:
-        reads.state_at_event(e)
-    warm_ms = timed(lambda i: reads.state_at_event(sample_events[i]), len(sample_events))
-    print(f"state at event, cold: {fmt(cold_ms)}")
-    print(f"state at event, warm: {fmt(warm_ms)}")
-
-    with connection.cursor() as c:
-        c.execute("SELECT count(*), count(*) FILTER (WHERE chain_length = 1) FROM state_groups")
-        n_groups, n_snapshots = c.fetchone()
-        c.execute("SELECT count(*) FROM state_groups_state")
-        n_rows = c.fetchone()[0]
-        if sqlite:  # table and index pages, as pg_total_relation_size counts them
-            size = ("(SELECT sum(pgsize) FROM dbstat WHERE name IN (SELECT name FROM sqlite_master "
-                    "WHERE tbl_name = '{}'))")
-            c.execute("SELECT " + ", ".join(size.format(t) for t in
-                                            ("state_groups_state", "state_groups", "state_group_edges")))
-        else:
-            c.execute("SELECT pg_total_relation_size('state_groups_state'), pg_total_relation_size('state_groups'), "
-                      "pg_total_relation_size('state_group_edges')")
-        rows_bytes, groups_bytes, edges_bytes = c.fetchone()
-        c.execute("SELECT id FROM state_groups ORDER BY random() LIMIT 2000")
-        sample_groups = [r[0] for r in c.fetchall()]
-    from streams.storage.sql import store_cursor
-    from streams.storage.state_groups import StateGroupStore
-
-    store = StateGroupStore(cache_keys=10)
+    # -- more live traffic after a token, for incremental sync ---------------------------------
     with store_cursor() as cur:
-        sizes = [len(store.get_state(cur, g)) for g in sample_groups]
-    mean_size = statistics.fmean(sizes) if sizes else 0
-    full_rows = n_groups * mean_size
-    bytes_per_row = rows_bytes / n_rows if n_rows else 0
-    ours = rows_bytes + groups_bytes + edges_bytes
-    full_bytes = full_rows * bytes_per_row + groups_bytes
-    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
-          f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
-          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} (goal <= 0.1)")
-
-    # -- initial sync ---------------------------------------------------------------------------
-    with connection.cursor() as c:
-        c.execute("SELECT state_key, count(*) FROM current_state_events WHERE type = 'm.room.member' "
-                  "AND membership = 'join' GROUP BY state_key ORDER BY count(*) DESC LIMIT %s", [samples])
-        top = c.fetchall()
-    # initial sync's hard case: users in at least 100 rooms (the generator's power users)
-    top = [t for t in top if t[1] >= 100] or top
-    sync_users = [u for u, _ in top]
-    print(f"sync users: {len(sync_users)} users in {min(n for _, n in top)}-{top[0][1]} joined rooms "
-          f"({statistics.fmean(n for _, n in top):.0f} on average)")
-    initial_ms = timed(lambda i: reads.initial_sync(sync_users[i % len(sync_users)], limit=20, rooms=100), samples)
-    print(f"initial sync (20 events x 100 rooms): {fmt(initial_ms)} (goal p99 <= 50 ms)")
-
-    # -- incremental sync: more live traffic after a token ----------------------------------------
-    with store_cursor() as cur:
-        since = RoomStreamToken(reads.current_token(cur))
+        since = reads.current_token(cur)
     more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
                          batch=batch)
     for b in more.batches():
         persist_events(b.items, backfill=b.backfill, runtime=rt)
-    reads.incremental_sync(sync_users[0], since)  # the change caches catch up once
-    inc_ms = timed(lambda i: reads.incremental_sync(sync_users[i % len(sync_users)], since, limit=10), samples)
-    print(f"incremental sync (after {more.emitted:,} more events): {fmt(inc_ms)}")
-
-    # -- back-pagination ----------------------------------------------------------------------
+    print(f"then {more.emitted:,} more live events after stream position {since:,} (incremental sync's token)")
     with connection.cursor() as c:
-        # random events, each with a random member of its room who is joined now
-        member = ("SELECT state_key FROM current_state_events c WHERE c.room_id = e.room_id "
-                  "AND c.type = 'm.room.member' AND c.membership = 'join' ORDER BY random() LIMIT 1")
-        sample = ("(SELECT * FROM events WHERE NOT outlier AND room_id NOT LIKE '!baseline%%' "
-                  " ORDER BY random() LIMIT %s) e ")
-        if sqlite:  # no LATERAL: a correlated subquery (rooms with no member left give NULL)
-            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, ({member}) FROM {sample}",
-                      [samples])
-            points = [p for p in c.fetchall() if p[3] is not None]
-        else:
-            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, m.state_key FROM {sample}"
-                      f"CROSS JOIN LATERAL ({member}) m", [samples])
-            points = c.fetchall()
-    pages: list[int] = []
-
-    def paginate(i: int) -> None:
-        room_id, topo, stream, user = points[i]
-        page = reads.room_messages(room_id, user, from_token=RoomStreamToken(stream, topo), limit=20)
-        pages.append(len(page["chunk"]))
-
-    back_ms = timed(paginate, len(points))
-    print(f"back-pagination (20 events from a random point, t-token): {fmt(back_ms)}; "
-          f"{statistics.fmean(pages):.1f} events per page on average")
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    rt.close()
-    return 0
+        c.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
+    return since
 
 
 if __name__ == "__main__":

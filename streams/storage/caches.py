@@ -11,7 +11,44 @@ import threading
 from typing import Any
 
 from .change_cache import StreamChangeCache
-from .state_groups import _LRU, StateGroupStore
+from .events import StateMap
+from .sql import fetch_all
+from .state_groups import _LRU
+
+#: the rows of a group's chain, the snapshot's first and the group's own last, so that the
+#: nearest group's row wins as a dict is built from them (the chain rule of state_groups.py;
+#: never a group-ID order). Sorting by hop is cheap; sorting the rows by key to keep one per
+#: key (``DISTINCT ON``, as the persister's query does) took most of a big state's read.
+_CHAIN_ROWS = """
+WITH RECURSIVE sgs(state_group, hop) AS (
+    VALUES (CAST(%s AS BIGINT), 0)
+  UNION ALL
+    SELECT e.prev_state_group, s.hop + 1 FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
+)
+SELECT t.type, t.state_key, t.event_id
+FROM sgs g JOIN state_groups_state t ON t.state_group = g.state_group
+ORDER BY g.hop DESC
+"""
+
+
+class GroupStates:
+    """The full state of state groups, for the reads: a group never changes, so what is read
+    is kept (least recently used goes first; weighed by keys, so a few huge rooms cannot
+    take all the memory)."""
+
+    def __init__(self, cache_keys: int) -> None:
+        self._states = _LRU(cache_keys, weigh=lambda state: len(state) + 1)
+
+    def get_state(self, cursor: Any, group: int) -> StateMap:
+        """The state of ``group``. The returned map is shared: do not change it."""
+        state = self._states.get(group)
+        if state is None:
+            state = {(t, k): e for t, k, e in fetch_all(cursor, _CHAIN_ROWS, [group])}
+            self._states.put(group, state)
+        return state
+
+    def remember(self, group: int, state: StateMap) -> None:
+        self._states.put(group, state)
 
 
 class ChangeCaches:
@@ -65,7 +102,7 @@ class StorageCaches:
         """Drop everything cached (tests that recreate the database: group IDs start again)."""
         with self._lock:
             self.change = ChangeCaches(self.using)
-            self.state = StateGroupStore(cache_keys=2_000_000)
+            self.state = GroupStates(cache_keys=2_000_000)
             self.event_group = _LRU(50_000)
             self.hashed_id_rooms = _LRU(200_000)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from django.db import transaction
 
@@ -18,7 +19,7 @@ from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .caches import StorageCaches, storage_caches
 from .events import StateMap
 from .redactions import client_json
-from .sql import is_sqlite, json_list, store_cursor
+from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor
 from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
@@ -53,22 +54,60 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     no reliance on the planner guessing how many of a room's events a user can see (it
     guessed "all of a small room", then sorted every event of a 100,000-event room).
     """
-    direction = {"b": "DESC", "f": "ASC", "s": "DESC"}[order]
-    key = ("e.stream_ordering {d}" if order == "s"
-           else "e.topological_ordering {d}, e.stream_ordering {d}").format(d=direction)
-    outer = key.replace("e.", "x.")
-    distinct = "x.stream_ordering" if order == "s" else "x.topological_ordering, x.stream_ordering"
+    if order == "s":
+        return _visible_in_stream_order(room, event_filter=event_filter, range_filter=range_filter, limit=limit)
+    d = {"b": "DESC", "f": "ASC"}[order]
+
+    def walk(who: str) -> str:
+        # One holder's ranges are disjoint, so its ranges in order, each range's events in
+        # order, are all its events in order: the walk stops at the limit (an incremental
+        # sort per range) instead of reading ``limit`` events from every range and sorting
+        # them all -- a member of a big room holds one range per shared-history era, 66 of
+        # them, and read 1,050 events for a page of 20.
+        return f"""(
+            SELECT x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
+                SELECT {_COLUMNS} FROM events e
+                WHERE e.room_id = v.room_id
+                  AND (e.topological_ordering, e.stream_ordering) >= (v.start_topological, v.start_stream)
+                  AND (e.topological_ordering, e.stream_ordering)
+                      <= (coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX}))
+                  AND NOT e.outlier AND NOT e.rejected {event_filter}
+                ORDER BY e.topological_ordering {d}, e.stream_ordering {d} LIMIT {limit}) x
+            WHERE v.room_id = {room} AND v.user_id = {who} {range_filter}
+            ORDER BY v.start_topological {d}, v.start_stream {d}, x.topological_ordering {d}, x.stream_ordering {d}
+            LIMIT {limit})"""
+
+    # the user's events and the world's ('*', world-readable history) overlap: each walk
+    # gives its first ``limit``, and the first ``limit`` of both without duplicates are the answer
     return f"""(
-        SELECT DISTINCT ON ({distinct}) x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
+        SELECT DISTINCT ON (w.topological_ordering, w.stream_ordering) w.* FROM (
+            {walk("%(user)s")}
+            UNION ALL
+            {walk("'*'")}) w
+        ORDER BY w.topological_ordering {d}, w.stream_ordering {d} LIMIT {limit})"""
+
+
+def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str, limit: str) -> str:
+    """:func:`visible_events` newest first by stream ordering (incremental sync: ``event_filter``
+    bounds the stream window). Ranges are ordered by (topological, stream), not by stream
+    (a fork or backfilled event sits in an old range with a new stream ordering): every
+    range is read within the window and the rows sorted."""
+    # The range bounds are a filter (``+ 0`` keeps them out of the index condition): the
+    # walk goes down the (room_id, stream_ordering) index within the window and stops at the
+    # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
+    # made it read every entry of the range -- all of a big room's events since the user
+    # joined -- and sort them.
+    return f"""(
+        SELECT DISTINCT ON (x.stream_ordering) x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
             SELECT {_COLUMNS} FROM events e
             WHERE e.room_id = v.room_id
-              AND (e.topological_ordering, e.stream_ordering) >= (v.start_topological, v.start_stream)
-              AND (e.topological_ordering, e.stream_ordering)
+              AND (e.topological_ordering + 0, e.stream_ordering) >= (v.start_topological, v.start_stream)
+              AND (e.topological_ordering + 0, e.stream_ordering)
                   <= (coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX}))
               AND NOT e.outlier AND NOT e.rejected {event_filter}
-            ORDER BY {key} LIMIT {limit}) x
+            ORDER BY e.stream_ordering DESC LIMIT {limit}) x
         WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}
-        ORDER BY {outer} LIMIT {limit})"""
+        ORDER BY x.stream_ordering DESC LIMIT {limit})"""
 
 
 def visible_events_sqlite(room: str, *, order: str, event_filter: str = "", limit: str = "%(limit)s") -> str:
@@ -104,49 +143,82 @@ class EventRow:
 
 @contextlib.contextmanager
 def _timeline_cursor(using: str) -> Iterator[Any]:
-    """A cursor for the timeline queries, in a transaction planned without bitmap scans.
+    """A cursor for the timeline queries, in a transaction planned without bitmap scans and
+    with sorts only where nothing else gives the order.
 
     The planner cannot know how many events a visibility range holds (it guesses a
     handful), so it reads a range with a bitmap scan and sorts it -- every event of a big
     room's open range. Without bitmap scans it walks the (room, topological, stream) index
-    in order and stops at the limit: 71 -> 13 ms for 100 rooms x 20 events. (SQLite has no
-    bitmap scans; its transaction gives the reads one snapshot as well.)
+    in order and stops at the limit: 71 -> 13 ms for 100 rooms x 20 events. For the same
+    reason it sorts all the events a user's ranges yield rather than sorting range by range
+    and stopping at the limit (an incremental sort; see :func:`visible_events`):
+    ``enable_sort = off`` makes it take the incremental sort, and leaves the sorts nothing
+    else can replace (their inflated cost would start JIT compilation: ``jit = off``). (SQLite
+    has neither; its transaction gives the reads one snapshot as well.)
     """
     with transaction.atomic(using=using), store_cursor(using) as cur:
         if not is_sqlite(cur):
-            cur.execute("SET LOCAL enable_bitmapscan = off")
+            cur.execute("SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off; SET LOCAL jit = off")
         yield cur
 
 
-def _ids_not_in_json(cur: Any, caches: StorageCaches, room_id: str) -> bool:
-    """Whether the room's events carry no ``event_id`` field (authorized rooms of v3+: the ID
-    is a hash); cached per room (a room's version never changes)."""
-    hashed = caches.hashed_id_rooms.get(room_id)
-    if hashed is None:
-        cur.execute("SELECT room_version, authorized FROM rooms WHERE room_id = %s", [room_id])
-        row = cur.fetchone()
-        hashed = False
-        if row is not None and row[1] and row[0] is not None:
-            try:
-                hashed = room_version(row[0]).event_ids_are_hashes
-            except UnknownRoomVersion:
-                hashed = False
-        caches.hashed_id_rooms.put(room_id, hashed)
+def _hashed_id_rooms(cur: Any, caches: StorageCaches, room_ids: Iterable[str]) -> set[str]:
+    """Which of ``room_ids`` hold events carrying no ``event_id`` field (authorized rooms of
+    v3+: the ID is a hash). Cached per room (a room's version never changes); the rooms not
+    cached yet are read in one query."""
+    hashed: set[str] = set()
+    missing: list[str] = []
+    for room_id in set(room_ids):
+        known = caches.hashed_id_rooms.get(room_id)
+        if known is None:
+            missing.append(room_id)
+        elif known:
+            hashed.add(room_id)
+    if missing:
+        cur.execute(f"SELECT room_id, room_version, authorized FROM rooms WHERE {in_array(cur, 'room_id')}",
+                    [array(cur, missing)])
+        found = {room_id: bool(authorized) and _ids_are_hashes(version) for room_id, version, authorized in cur.fetchall()}
+        for room_id in missing:
+            if found.get(room_id, False):
+                hashed.add(room_id)
+            caches.hashed_id_rooms.put(room_id, found.get(room_id, False))
     return hashed
+
+
+def _ids_are_hashes(version: str | None) -> bool:
+    if version is None:
+        return False
+    try:
+        return room_version(version).event_ids_are_hashes
+    except UnknownRoomVersion:
+        return False
 
 
 def with_event_id(raw: bytes, event_id: str) -> bytes:
     """``raw`` (a JSON object) with ``event_id`` first: clients need the ID, which v3+ PDUs do
     not carry. Spliced in, the rest of the bytes untouched."""
     body = raw.lstrip()
-    return b'{"event_id":' + json.dumps(event_id).encode() + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
+    # v3+ IDs are "$" and unpadded base64: nothing to escape (json.dumps for anything else)
+    quoted = (b'"' + event_id.encode() + b'"' if _PLAIN_ID.fullmatch(event_id)
+              else json.dumps(event_id).encode())
+    return b'{"event_id":' + quoted + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
 
 
-def _row(r: Sequence[Any], cur: Any, caches: StorageCaches) -> EventRow:
-    raw = client_json(bytes(r[4]), r[5])
-    if _ids_not_in_json(cur, caches, r[1]):
-        raw = with_event_id(raw, r[0])
-    return EventRow(r[0], r[1], r[2], r[3], raw)
+_PLAIN_ID = re.compile(r"[$!@#:.\w+/=-]*", re.ASCII)
+
+
+def _rows(rows: Iterable[Sequence[Any]], cur: Any, caches: StorageCaches) -> list[EventRow]:
+    """Rows of :data:`_COLUMNS` as :class:`EventRow` objects: pruned when redacted, with the
+    ``event_id`` spliced in where the room's events lack it."""
+    rows = list(rows)
+    hashed = _hashed_id_rooms(cur, caches, (r[1] for r in rows)) if rows else set()
+    out = []
+    for r in rows:
+        raw = client_json(bytes(r[4]), r[5])
+        if r[1] in hashed:
+            raw = with_event_id(raw, r[0])
+        out.append(EventRow(r[0], r[1], r[2], r[3], raw))
+    return out
 
 
 def _limit(limit: int) -> int:
@@ -180,7 +252,7 @@ def get_event(event_id: str, *, user_id: str | None = None, runtime: Any = None)
         row = cur.fetchone()
         if row is None or (user_id is not None and not _visible(cur, event_id, user_id)):
             raise NotFound(f"event {event_id} not found")
-        return _row(row, cur, caches)
+        return _rows([row], cur, caches)[0]
 
 
 def state_at_event(event_id: str, *, user_id: str | None = None, runtime: Any = None) -> StateMap:
@@ -233,8 +305,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
             page = visible_events_sqlite("%(room)s", order=direction, event_filter=bound)
         else:
             page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
-        cur.execute("SELECT * FROM " + page + " y", params)
-        rows = [_row(r, cur, caches) for r in cur.fetchall()]
+        rows = _rows(fetch_all(cur, "SELECT * FROM " + page + " y", params), cur, caches)
     more = len(rows) > limit
     rows = rows[:limit]
     end = None
@@ -263,10 +334,9 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
         bound = "AND (e.topological_ordering, e.stream_ordering) > (%(t)s, %(s)s)"
     caches = storage_caches(runtime)
     with _timeline_cursor(caches.using) as cur:
-        cur.execute(
-            f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
-            f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params)
-        rows = [_row(r, cur, caches) for r in cur.fetchall()]
+        rows = _rows(fetch_all(
+            cur, f"SELECT {_COLUMNS} FROM events e WHERE e.room_id = %(room)s AND NOT e.outlier AND NOT e.rejected "
+                 f"{bound} ORDER BY e.topological_ordering, e.stream_ordering LIMIT %(limit)s", params), cur, caches)
     more = len(rows) > limit
     rows = rows[:limit]
     end = rows[-1].token if rows and more else None
@@ -275,10 +345,14 @@ def topological_events(room_id: str, *, user_id: str | None = None, from_token: 
 
 # -- sync -------------------------------------------------------------------------------------
 
-#: the user's ``rooms`` most recently active joined rooms
-_MY_ROOMS = """SELECT c.room_id, r.last_stream FROM current_state_events c JOIN rooms r USING (room_id)
-                    WHERE c.type = 'm.room.member' AND c.state_key = %(user)s AND c.membership = 'join'
-                    ORDER BY r.last_stream DESC, c.room_id LIMIT %(rooms)s"""
+#: the user's ``rooms`` most recently active joined rooms. Each room's ``last_stream`` is
+#: looked up by key (a correlated subquery): joined to ``rooms``, the planner hash-joined
+#: the user's rooms against a scan of every room (10,000 at 1 M events).
+_MY_ROOMS = """SELECT room_id, last_stream FROM (
+                    SELECT c.room_id, (SELECT r.last_stream FROM rooms r WHERE r.room_id = c.room_id) AS last_stream
+                    FROM current_state_events c
+                    WHERE c.type = 'm.room.member' AND c.state_key = %(user)s AND c.membership = 'join') j
+                WHERE last_stream IS NOT NULL ORDER BY last_stream DESC, room_id LIMIT %(rooms)s"""
 
 
 def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, runtime: Any = None) -> dict[str, Any]:
@@ -296,13 +370,11 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, runtime: An
             rows = _per_room(cur, [(room_id, last_stream) for room_id, last_stream in cur.fetchall()], params,
                              order="b", event_filter=in_window)
         else:
-            cur.execute(
-                f"""WITH my_rooms AS (
+            rows = fetch_all(cur, f"""WITH my_rooms AS (
                     {_MY_ROOMS})
                 SELECT m.last_stream, {_Y_COLUMNS} FROM my_rooms m CROSS JOIN LATERAL
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
-            rows = cur.fetchall()
         out = _group_timelines(cur, caches, rows, limit, historic=True)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
 
@@ -322,9 +394,9 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
 def _group_timelines(cur: Any, caches: StorageCaches, rows: Sequence[Sequence[Any]], limit: int, *,
                      historic: bool) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        room = out.setdefault(r[2], {"events": []})
-        room["events"].append(_row(r[1:], cur, caches))
+    for event in _rows((r[1:] for r in rows), cur, caches):
+        room = out.setdefault(event.room_id, {"events": []})
+        room["events"].append(event)
     for room in out.values():
         events = room["events"]
         room["limited"] = len(events) > limit
@@ -354,16 +426,16 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         joined = {r[0] for r in cur.fetchall()}
         memberships = []
         if change.members.has_entity_changed(user_id, since.stream):
-            cur.execute(
-                "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
-                f"{REDACTED_VERSION} "
-                "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
-                "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s ORDER BY m.event_stream_ordering",
-                [user_id, since.stream, now])
-            for room_id, eid, membership, stream, raw, redacted in cur.fetchall():
+            changes = fetch_all(
+                cur, "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
+                     f"{REDACTED_VERSION} "
+                     "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
+                     "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s "
+                     "ORDER BY m.event_stream_ordering", [user_id, since.stream, now])
+            for room_id, eid, membership, stream, raw, redacted in changes:
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
                                     "stream_ordering": stream,
-                                    "event": _row((eid, room_id, 0, stream, raw, redacted), cur, caches).json})
+                                    "event": _rows([(eid, room_id, 0, stream, raw, redacted)], cur, caches)[0].json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
         changed = sorted(change.rooms.get_entities_changed(joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
@@ -373,11 +445,10 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
             if is_sqlite(cur):
                 rows = _per_room(cur, [(r, r) for r in changed], params, order="s", event_filter=new_events)
             else:
-                cur.execute(
-                    f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                rows = fetch_all(
+                    cur, f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events)} y""",
                     {**params, "rooms": changed})
-                rows = cur.fetchall()
             out = _group_timelines(cur, caches, rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}

@@ -4,7 +4,8 @@ SQLite (``streams/dialect.py`` says where else the dialects differ).
 * **PostgreSQL** (the full mode): a server-binding psycopg cursor on Django's own connection
   (so the same transaction) sends whole columns as binary array parameters: one
   ``INSERT ... SELECT FROM unnest(...)`` per table and batch, ``= ANY(%s)`` look-ups for any
-  number of keys, ``DELETE ... USING unnest(...)``, and a pipeline for the writes of a batch.
+  number of keys, ``DELETE ... USING unnest(...)``, and a pipeline for the writes of a batch;
+  reads take their rows in binary (:func:`fetch_all`).
 * **SQLite** (the embedded default): Django's cursor; a list of keys goes in as one JSON text
   parameter read with ``json_each`` (no limit on the number of keys, one statement text),
   inserts and deletes by ``executemany``. There is one writer per stream and the write
@@ -99,6 +100,17 @@ def array(cursor: Any, values: Iterable[Any]) -> Any:
     if cursor.vendor == SQLITE:
         return json.dumps(list(values))
     return list(values)
+
+
+def fetch_all(cursor: Any, sql: str, params: Any) -> list[tuple[Any, ...]]:
+    """The rows of a read; on PostgreSQL in binary: a ``bytea`` column (the events' JSON)
+    comes hex-encoded in the text protocol -- twice its size, encoded by the server and
+    decoded here -- and a big state's thousands of text rows skip the text parsing."""
+    if cursor.vendor == SQLITE:
+        cursor.execute(sql, params)
+    else:
+        cursor.execute(sql, params, binary=True)
+    return cursor.fetchall()
 
 
 def json_list(value: Any) -> list[Any]:
