@@ -29,6 +29,7 @@ from .id_generator import MultiWriterIdGenerator
 from .id_store import Reservation
 from .models.base import FactModel
 from .notifier import WireJournal
+from .pg import explicit_prepares
 from .registry import StreamSpec
 
 #: A row of a fact: the backing model and its field values (stream ID and writer excluded).
@@ -207,14 +208,18 @@ class StreamWriter:
             sql, params = _with_parts(inserts, statements.completion_sql, statements.completion_params)
             connection = connections[self.using]
             pg = connection.connection
+            explicit_prepares(pg)
             with connection.wrap_database_errors, psycopg.Cursor(pg) as tx, psycopg.Cursor(pg) as reserve, \
                     psycopg.Cursor(pg) as cursor:
                 try:
                     with pg.pipeline():
-                        tx.execute("BEGIN")
-                        reserve.execute(statements.reserve_sql, statements.reserve_params)
-                        tx.execute("COMMIT")
-                        cursor.execute(sql, params)  # its own transaction, committed at the sync
+                        # Prepared: planning these two statements each time cost more server
+                        # CPU than the raw insert's whole transaction (docs/benchmarks.md).
+                        tx.execute("BEGIN", prepare=True)
+                        reserve.execute(statements.reserve_sql, statements.reserve_params, prepare=True)
+                        tx.execute("COMMIT", prepare=True)
+                        # its own transaction, committed at the sync
+                        cursor.execute(sql, params, prepare=True)
                 finally:
                     reservation = _reservation_result(reserve)
                     if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -265,6 +270,7 @@ class StreamWriter:
 
         connection = connections[self.using]
         pg = connection.connection
+        explicit_prepares(pg)
         with connection.wrap_database_errors:
             try:
                 with psycopg.Cursor(pg) as cursor:
@@ -274,20 +280,20 @@ class StreamWriter:
                         # (PostgreSQL runs every data-modifying WITH part, all or nothing).
                         inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
                                    for model, rows in by_model.items()]
-                        cursor.execute(*_with_parts(inserts, sql, params))
+                        cursor.execute(*_with_parts(inserts, sql, params), prepare=True)
                     else:
                         # COPY is its own round trip and not allowed in a pipeline: BEGIN,
                         # COPY, then the completion and COMMIT together.
-                        cursor.execute("BEGIN")
+                        cursor.execute("BEGIN", prepare=True)
                         for model, rows in by_model.items():
                             plan = self._plans[model]
                             if len(rows) == 1:
-                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]))
+                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]), prepare=True)
                             else:
                                 self._insert_copy(connection, plan, rows)
                         with pg.pipeline():
-                            cursor.execute(sql, params)
-                            cursor.execute("COMMIT")
+                            cursor.execute(sql, params, prepare=True)
+                            cursor.execute("COMMIT", prepare=True)
             except BaseException:
                 if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     pg.rollback()
