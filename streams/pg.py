@@ -36,7 +36,7 @@ def explicit_prepares(pg: Any) -> None:
     """Let the writer prepare its own hot statements on Django's psycopg connection ``pg``.
 
     Django turns prepared statements off (``prepare_threshold=None``, for transaction-mode
-    poolers), so each statement is parsed and planned again: about 200 us of server CPU per
+    poolers), so each statement is parsed and planned again: 200-300 us of server CPU per
     one-fact append, most of it planning the reservation and the row-and-completion
     statement. A threshold that is never reached keeps every other statement unprepared
     (Django's own cursors bind client-side and never prepare), while ``execute(...,
