@@ -223,7 +223,8 @@ class StreamWriter:
                         # Prepared: planning these two statements each time cost more server
                         # CPU than the raw insert's whole transaction (docs/benchmarks.md).
                         tx.execute("BEGIN", prepare=True)
-                        reserve_sent = True  # (the cursor, reused, still holds the last result)
+                        # From here on its result is this append's (the cursor is reused).
+                        reserve_sent = True
                         reserve.execute(statements.reserve_sql, statements.reserve_params, prepare=True)
                         tx.execute("COMMIT", prepare=True)
                         # its own transaction, committed at the sync
