@@ -25,6 +25,10 @@ before a barrier; the clock runs from the barrier until the last process finishe
 ``receipts_linearized`` is truncated and a CHECKPOINT taken before every timed run, so all
 runs start from the same table state.
 
+Besides facts/s, each run reports CPU per fact: the writing processes' (client) and the
+server's (the postmaster's process tree: backends, WAL writer, checkpointer, alive or exited,
+from /proc; ``testing/accounting.py``), over the timed run.
+
 Exit status 0 whether or not the goals (ratio to the fastest raw method >= 0.8 at 100 facts
 per transaction, >= 0.7 at 1) are met.
 """
@@ -36,6 +40,7 @@ import os
 import platform
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +77,11 @@ class RunResult:
     facts: int
     seconds: float
     cpu_seconds: float  # client CPU, summed over the processes
+    server_cpu_seconds: float  # PostgreSQL's: every process of the server, over the timed run
+
+    @property
+    def server_us_per_fact(self) -> float:
+        return 1e6 * self.server_cpu_seconds / self.facts if self.facts else 0.0
 
     @property
     def rate(self) -> float:
@@ -211,11 +221,15 @@ def _ensure_sequence(url: str) -> None:
 
 
 def run_case(kind: str, url: str, procs: int, per_txn: int, facts_per_proc: int,
-             warmup_txns: int, data: list[list[dict]]) -> RunResult:
-    """``kind``: ``writer`` or a raw method of :data:`BASELINES`."""
+             warmup_txns: int, data: list[list[dict]], server_pid: int) -> RunResult:
+    """``kind``: ``writer`` or a raw method of :data:`BASELINES`. ``server_pid``: the
+    postmaster, whose process tree's CPU (backends, WAL writer, checkpointer, alive or
+    exited) is read as the timed run starts and after the writing processes are gone."""
+    from testing.accounting import all_stats, tree_cpu
+
     _prepare_table(url)
     ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(procs)
+    barrier = ctx.Barrier(procs + 1)  # the writing processes, and this one reading the server's CPU
     queue = ctx.Queue()
     writers_env = f"{STREAM}=" + ",".join(f"w{i + 1}" for i in range(procs))
     target = _writer_worker if kind == "writer" else _baseline_worker
@@ -229,6 +243,11 @@ def run_case(kind: str, url: str, procs: int, per_txn: int, facts_per_proc: int,
                                              values, barrier, queue), daemon=True)
         p.start()
         workers.append(p)
+    try:
+        barrier.wait(timeout=600)
+    except threading.BrokenBarrierError:
+        pass  # a worker failed: its message says why
+    server_cpu_start = tree_cpu(server_pid, all_stats())
     results = []
     for _ in workers:
         msg = queue.get(timeout=600)
@@ -239,9 +258,12 @@ def run_case(kind: str, url: str, procs: int, per_txn: int, facts_per_proc: int,
         results.append(msg[1:])
     for p in workers:
         p.join(timeout=60)
+    # Their backends exit on the clients' goodbye; the postmaster then counts their CPU.
+    time.sleep(0.3)
+    server_cpu = tree_cpu(server_pid, all_stats()) - server_cpu_start
     n = sum(r[0] for r in results)
     start, end = min(r[1] for r in results), max(r[2] for r in results)
-    return RunResult(n, end - start, sum(r[3] for r in results))
+    return RunResult(n, end - start, sum(r[3] for r in results), server_cpu)
 
 
 def machine_info(url: str) -> list[str]:
@@ -318,18 +340,20 @@ def main(argv: list[str] | None = None) -> int:
                 # Alternate the order (the machine is shared): each kind goes first in turn.
                 order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
                 for kind in order:
-                    res = run_case(kind, url, procs, batch, n, warmup[batch], data)
+                    res = run_case(kind, url, procs, batch, n, warmup[batch], data, db.pg.proc.pid)
                     if kind not in best or res.rate > best[kind].rate:
                         best[kind] = res
                     print(f"  {procs} proc x {batch:>3}/txn  {kind:<15} {res.rate:>9.0f}/s "
-                          f"({res.facts} in {res.seconds:.2f} s, client CPU {res.cpu_us_per_fact:.0f} us/fact)",
+                          f"({res.facts} in {res.seconds:.2f} s, CPU us/fact: client {res.cpu_us_per_fact:.0f}, "
+                          f"server {res.server_us_per_fact:.0f})",
                           flush=True)
             loads.append(_loadavg())
             rows.append((procs, batch, best))
 
         print()
         header = (f"{'case':<26}{'writer/s':>10}{'raw/s':>9}  {'raw method':<15}{'ratio':>6}{'goal':>6}"
-                  f"{'executemany/s':>15}{'ratio':>7}{'writer us/fact':>16}{'raw us/fact':>13}")
+                  f"{'executemany/s':>15}{'ratio':>7}{'writer us/fact':>16}{'raw us/fact':>13}"
+                  f"{'writer srv us':>15}{'raw srv us':>12}")
         print(header)
         print("-" * len(header))
         goal_ok = True
@@ -343,13 +367,15 @@ def main(argv: list[str] | None = None) -> int:
             goal = GOAL_RATIO[batch]
             name = f"{procs} writer{'s' if procs > 1 else ''}, {batch} fact{'s' if batch > 1 else ''}/txn"
             print(f"{name:<26}{w.rate:>10.0f}{raw.rate:>9.0f}  {fastest:<15}{ratio:>6.2f}{goal:>6.1f}"
-                  f"{em.rate:>15.0f}{em_ratio:>7.2f}{w.cpu_us_per_fact:>16.0f}{raw.cpu_us_per_fact:>13.0f}")
+                  f"{em.rate:>15.0f}{em_ratio:>7.2f}{w.cpu_us_per_fact:>16.0f}{raw.cpu_us_per_fact:>13.0f}"
+                  f"{w.server_us_per_fact:>15.0f}{raw.server_us_per_fact:>12.0f}")
             if ratio < goal:
                 goal_ok = False
             if len(raws) > 1:
                 print("    " + ", ".join(f"{k} {best[k].rate:.0f}/s" for k in raws))
         print("(raw: the fastest raw method drawing IDs from the writer's sequence; us/fact: client CPU of the "
-              "writing processes, summed, per fact; server CPU not included)")
+              "writing processes, summed, per fact; srv us: PostgreSQL's CPU per fact, all its processes, in the "
+              "same best run)")
         print(f"load average after each case: {'; '.join(loads)}")
         print()
         print(f"goal: ratio to the fastest raw method >= {GOAL_RATIO[100]} at 100 facts/txn and >= {GOAL_RATIO[1]} "

@@ -246,17 +246,20 @@ class PostgresIdStore(IdStore):
 
     # The reservation of PipelinedReservation: on the writer's own connection, whose commits
     # wait for the WAL flush; this one need not (as on the dedicated connection).
+    # It returns the ID as a number (no JSON to parse on the hot path).
     _PIPELINED_RESERVE_SQL = f"""
         WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))
         INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
         SELECT %s, %s, jsonb_build_array(nextval(%s)), now(), %s FROM fast
-        RETURNING id, stream_ids
+        RETURNING id, (stream_ids->>0)::bigint
     """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._lock = threading.Lock()
         self._reservation_sequence: str | None = None
+        #: the SQL of :meth:`pipelined_reservation` (built once: it is the hot path)
+        self._pipelined_sql: tuple[str, str, str] | None = None
         self._conn: Any = None
         self._conn_pid = 0
         self._upsert_sql = _upsert_position_sql(self.direction)
@@ -344,16 +347,19 @@ class PostgresIdStore(IdStore):
         the ID (``None``: only the reservation is deleted). Forward streams only."""
         if self.direction.backwards:
             return None
-        if self._reservation_sequence is None:
-            (name,) = self._run("SELECT pg_get_serial_sequence(%s, 'id')", (RESERVATIONS,))
-            self._reservation_sequence = name
-        current_id = f"currval('{self.sequence}')"
-        gone = f"DELETE FROM {RESERVATIONS} WHERE id = currval('{self._reservation_sequence}')"
+        if self._pipelined_sql is None:
+            if self._reservation_sequence is None:
+                (name,) = self._run("SELECT pg_get_serial_sequence(%s, 'id')", (RESERVATIONS,))
+                self._reservation_sequence = name
+            current_id = f"currval('{self.sequence}')"
+            gone = f"DELETE FROM {RESERVATIONS} WHERE id = currval('{self._reservation_sequence}')"
+            self._pipelined_sql = (current_id, gone, f"WITH gone AS ({gone}) " + _upsert_position_sql(
+                self.direction, stream_id_sql=f"GREATEST(%s, {current_id})"))
+        current_id, gone_sql, record_sql = self._pipelined_sql
         if position_floor is None:
-            completion_sql, completion_params = gone, ()
+            completion_sql, completion_params = gone_sql, ()
         else:
-            completion_sql = f"WITH gone AS ({gone}) " + _upsert_position_sql(
-                self.direction, stream_id_sql=f"GREATEST(%s, {current_id})")
+            completion_sql = record_sql
             completion_params = (self.stream_name, self.instance_name, position_floor, *_recorder())
         return PipelinedReservation(
             self._PIPELINED_RESERVE_SQL, (self.stream_name, self.instance_name, self.sequence, os.getpid()),

@@ -29,6 +29,7 @@ from .id_generator import MultiWriterIdGenerator
 from .id_store import Reservation
 from .models.base import FactModel
 from .notifier import WireJournal
+from .pg import explicit_prepares
 from .registry import StreamSpec
 
 #: A row of a fact: the backing model and its field values (stream ID and writer excluded).
@@ -65,6 +66,8 @@ class StreamWriter:
         self.using = using
         self._plans: dict[type[FactModel], _InsertPlan] = {}
         self._id_sql: dict[tuple[type[FactModel], str], str] = {}
+        #: the one-fact statement per (models, id SQL, completion SQL): built once
+        self._pipelined_sql: dict[tuple[Any, ...], str] = {}
         self._local = threading.local()
 
     @property
@@ -202,21 +205,32 @@ class StreamWriter:
         try:
             # Stream ID 0 stands in: the server writes currval(sequence), the reserved ID.
             by_model = self._rows_by_model([0], facts)
-            inserts = [(self._sql_with_id(model, statements.id_sql), _prepared_row(self._plans[model], rows[0])[1:])
-                       for model, rows in by_model.items()]
-            sql, params = _with_parts(inserts, statements.completion_sql, statements.completion_params)
+            key = (*by_model, statements.id_sql, statements.completion_sql)
+            sql = self._pipelined_sql.get(key)
+            if sql is None:
+                sql = self._pipelined_sql[key] = _with_parts(
+                    [(self._sql_with_id(model, statements.id_sql), ()) for model in by_model],
+                    statements.completion_sql, ())[0]
+            params = [p for model, rows in by_model.items() for p in _prepared_row(self._plans[model], rows[0])[1:]]
+            params.extend(statements.completion_params)
             connection = connections[self.using]
             pg = connection.connection
-            with connection.wrap_database_errors, psycopg.Cursor(pg) as tx, psycopg.Cursor(pg) as reserve, \
-                    psycopg.Cursor(pg) as cursor:
+            tx, reserve = self._cursors(pg)
+            reserve_sent = False
+            with connection.wrap_database_errors:
                 try:
                     with pg.pipeline():
-                        tx.execute("BEGIN")
-                        reserve.execute(statements.reserve_sql, statements.reserve_params)
-                        tx.execute("COMMIT")
-                        cursor.execute(sql, params)  # its own transaction, committed at the sync
+                        # Prepared: planning these two statements each time cost more server
+                        # CPU than the raw insert's whole transaction (docs/benchmarks.md).
+                        tx.execute("BEGIN", prepare=True)
+                        # From here on its result is this append's (the cursor is reused).
+                        reserve_sent = True
+                        reserve.execute(statements.reserve_sql, statements.reserve_params, prepare=True)
+                        tx.execute("COMMIT", prepare=True)
+                        # its own transaction, committed at the sync
+                        tx.execute(sql, params, prepare=True)
                 finally:
-                    reservation = _reservation_result(reserve)
+                    reservation = _reservation_result(reserve) if reserve_sent else None
                     if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                         pg.rollback()
             committed = True
@@ -228,6 +242,18 @@ class StreamWriter:
             self.generator.end_pipelined(write, reservation, committed)
         assert ids is not None
         return list(ids)
+
+    def _cursors(self, pg: Any) -> tuple[Any, Any]:
+        """Two server-binding cursors on Django's psycopg connection ``pg`` (one for the
+        statements whose results nobody reads, one for the reservation's), kept per thread
+        and connection: making them on every append cost the client ~15 us."""
+        import psycopg
+
+        cached = getattr(self._local, "cursors", None)
+        if cached is None or cached[0] is not pg or cached[1].closed:
+            explicit_prepares(pg)
+            cached = self._local.cursors = (pg, psycopg.Cursor(pg), psycopg.Cursor(pg))
+        return cached[1], cached[2]
 
     def _sql_with_id(self, model: type[FactModel], id_sql: str) -> str:
         """The model's single-row INSERT with ``id_sql`` as its stream ID."""
@@ -265,6 +291,7 @@ class StreamWriter:
 
         connection = connections[self.using]
         pg = connection.connection
+        explicit_prepares(pg)
         with connection.wrap_database_errors:
             try:
                 with psycopg.Cursor(pg) as cursor:
@@ -274,20 +301,20 @@ class StreamWriter:
                         # (PostgreSQL runs every data-modifying WITH part, all or nothing).
                         inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
                                    for model, rows in by_model.items()]
-                        cursor.execute(*_with_parts(inserts, sql, params))
+                        cursor.execute(*_with_parts(inserts, sql, params), prepare=True)
                     else:
                         # COPY is its own round trip and not allowed in a pipeline: BEGIN,
                         # COPY, then the completion and COMMIT together.
-                        cursor.execute("BEGIN")
+                        cursor.execute("BEGIN", prepare=True)
                         for model, rows in by_model.items():
                             plan = self._plans[model]
                             if len(rows) == 1:
-                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]))
+                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]), prepare=True)
                             else:
                                 self._insert_copy(connection, plan, rows)
                         with pg.pipeline():
-                            cursor.execute(sql, params)
-                            cursor.execute("COMMIT")
+                            cursor.execute(sql, params, prepare=True)
+                            cursor.execute("COMMIT", prepare=True)
             except BaseException:
                 if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     pg.rollback()
@@ -371,15 +398,15 @@ class StreamWriter:
 
 
 def _reservation_result(cursor: Any) -> Reservation | None:
-    """The reservation a pipelined reserving statement returned, if it ran and answered."""
+    """The reservation a pipelined reserving statement returned (its ID and the one stream
+    ID), if it ran and answered."""
     try:
         row = cursor.fetchone()
     except Exception:
         return None
     if row is None:
         return None
-    ids = json.loads(row[1]) if isinstance(row[1], str) else row[1]  # Django loads jsonb as text
-    return Reservation(int(row[0]), [int(i) for i in ids])
+    return Reservation(int(row[0]), [int(row[1])])
 
 
 def _with_parts(parts: list[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any]) -> tuple[str, list[Any]]:

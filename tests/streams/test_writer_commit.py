@@ -261,3 +261,21 @@ def test_writer_killed_before_its_commit_completes(runtimes, pg_url, n):
     runtimes("w1", writers).generator("receipts")
     assert all(not s.pending for s in stream_status(stuck_after=0))
     assert runtimes("reader2", writers).generator("receipts").get_current_token() >= stuck[-1]
+
+
+def test_one_fact_append_runs_prepared_statements_and_leaves_djangos_unprepared(runtimes):
+    """The reservation and the row-and-completion statement are prepared on Django's
+    connection (planning them on every append cost more server CPU than the raw insert's
+    whole transaction); Django's own queries on it stay unprepared, as Django wants."""
+    rt = runtimes()
+    w = rt.writer("receipts")
+    for i in range(3):
+        w.append(facts(1, seed=i))
+    assert Receipt.objects.filter(room_id="!nowhere:x").count() == 0
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [r[0] for r in cursor.fetchall()]
+    assert any("INSERT INTO stream_reservations" in s for s in prepared), prepared
+    assert any("receipts_linearized" in s and "stream_positions" in s for s in prepared), prepared
+    assert not any("!nowhere:x" in s or "COUNT(" in s.upper() for s in prepared), prepared
+    assert connections["default"].connection.prepare_threshold > 10**9
