@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .authorization import MatrixEvents, ResolvedStates, RoomInfos
+from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from .caches import storage_caches
 from .events import IncomingEvent, parse_events
 from .plan import Plan
@@ -52,6 +52,7 @@ class EventPersister:
         self.room_infos = RoomInfos()
         self.matrix = MatrixEvents(self.room_infos)
         self.resolved = ResolvedStates()
+        self.chains = RoomAuthChains()
         self.rooms = RoomContexts(room_cache_size)
         self._lock = threading.Lock()
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
@@ -70,8 +71,8 @@ class EventPersister:
             touched_rooms = {ev.room_id for ev in events}
             try:
                 with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
-                    self.matrix.cursor = cur
-                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved)
+                    self.matrix.cursor = self.chains.cursor = cur
+                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains)
                     snapshot = load_snapshot(reader, events, self.rooms, self.room_infos)
                     plan = plan_batch(events, ids, snapshot, reader, backfill=backfill,
                                       now_ms=int(time.time() * 1000))
@@ -87,10 +88,12 @@ class EventPersister:
                 self.state.discard_pending()
                 self.room_infos.discard()
                 self.matrix.end_transaction(committed=False)
+                self.chains.end_transaction(committed=False)
                 self.resolved.clear()
                 raise
             self.room_infos.commit()
             self.matrix.end_transaction(committed=True)
+            self.chains.end_transaction(committed=True)
         self._committed(plan)
         return [PersistedEvent(ev.event_id, ev.room_id, ev.stream_ordering, ev.topological_ordering,
                                ev.state_group_after) for ev in events]

@@ -110,6 +110,9 @@ class PlanReader(Protocol):
     matrix: Any
     #: (state groups) -> the state they resolve to (``authorization.ResolvedStates``)
     resolved: Any
+    #: rooms' auth graphs as chain cover indexes, fed with each planned state event
+    #: (``authorization.RoomAuthChains``)
+    chains: Any
 
     def state_of_group(self, group: int) -> StateMap:
         """The full state of a stored group or one planned earlier (shared: do not change it)."""
