@@ -295,6 +295,9 @@ class _Planner:
         if not ev.rejected_reason:
             ev.rejected_reason = authorize(ev.matrix, before, self.reader.matrix)
         self.reader.matrix.add(ev.matrix, rejected=bool(ev.rejected_reason))
+        if ev.state_key is not None:  # the room's auth graph, for state resolution
+            self.reader.chains.add(ev.room_id, IndexEvent(ev.event_id, ev.type, ev.state_key,
+                                                          ev.matrix.auth_event_ids))
 
     def _resolve(self, ctx: RoomContext, prevs: list[tuple[Key, int | None]]) -> StateMap:
         """The state at a fork of the prevs' ``(key, state group after)``: Matrix state
@@ -309,7 +312,8 @@ class _Planner:
                 cached: StateMap | None = self.reader.resolved.get(groups)
                 if cached is not None:
                     return cached
-            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix)
+            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix,
+                                     graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix))
             if resolved is not None:
                 if cacheable:
                     self.reader.resolved.put(groups, resolved)

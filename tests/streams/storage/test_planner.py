@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
-from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomInfos
+from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from streams.storage.events import IncomingEvent, StateMap, parse_events
 from streams.storage.plan import CurrentStateRow, ExOutlierRow, Plan, RedactionRow, VisibilityRangeRow
 from streams.storage.planner import plan_batch
@@ -54,6 +54,7 @@ class MemoryReader:
     def __init__(self, rooms: RoomInfos) -> None:
         self.matrix = MemoryMatrixEvents(rooms)  # no cursor: the events planned so far
         self.resolved = ResolvedStates()
+        self.chains = RoomAuthChains()  # no cursor: the rooms' auth graphs as planned so far
         self.groups: dict[int, StateMap] = {}
         self.lengths: dict[int, int] = {}
         self.facts: dict[str, tuple[str | None, str | None]] = {}
