@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sqlite", action="store_true", help="a throwaway SQLite file instead of PostgreSQL")
+    parser.add_argument("--freeze-every", type=int, default=None,
+                        help="gc.freeze the persister's objects every N batches (default persist.FREEZE_EVERY, "
+                             "as generate_rooms; 0: never)")
     args = parser.parse_args(argv)
     events = args.events or (30_000 if args.quick else 1_000_000)
     rooms = args.rooms or (300 if args.quick else 10_000)
@@ -79,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
 
     database = migrated_sqlite_database() if args.sqlite else migrated_database("bench_storage")
     with database:
-        return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed)
+        return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
+                   freeze_every=args.freeze_every)
 
 
-def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int) -> int:
+def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int,
+        freeze_every: int | None = None) -> int:
+    import gc
     from django.db import connection
 
     from streams.models import Event
@@ -90,6 +96,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     from streams.storage import persist_events, reads
     from streams.storage.caches import storage_caches
     from streams.storage.generator import RoomGenerator
+    from streams.storage.persist import FREEZE_EVERY, persister_for
     from streams.storage.tokens import RoomStreamToken
 
     print(f"machine: {cpu_description()}; load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
@@ -98,6 +105,18 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"database: {connection.vendor}")
     print(f"dataset: {events:,} events, {rooms:,} rooms, {users:,} users, {batch} events per persist_events call")
     rt = runtime()
+    # as generate_rooms: the persister's objects out of the collector's way every N batches
+    persister_for(rt).freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
+    print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches")
+    gc_s = [0.0, 0.0]
+
+    def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it
+        if phase == "start":
+            gc_s[1] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_s[1]
+
+    gc.callbacks.append(gc_timer)
 
     # -- persist ------------------------------------------------------------------------------
     gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)
@@ -120,12 +139,14 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         if written >= next_report:
             print(f"  ... {written:,} events: this slice {slice_n / slice_s:,.0f} events/s, "
                   f"{written / in_persist:,.0f} events/s so far ({time.monotonic() - started:.0f} s; "
-                  f"load average {os.getloadavg()[0]:.1f})", flush=True)
+                  f"gc {gc_s[0]:.1f} s so far; load average {os.getloadavg()[0]:.1f})", flush=True)
             next_report += slice_size
             slice_s, slice_n = 0.0, 0
     persist_rate = written / in_persist
+    gc.callbacks.remove(gc_timer)
     print(f"persist: {written:,} events in {in_persist:.1f} s inside persist_events -> {persist_rate:,.0f} events/s "
-          f"(goal >= 2,000)")
+          f"(goal >= 2,000); the garbage collector ran {gc_s[0]:.1f} s of the phase's {time.monotonic() - started:.0f} s "
+          f"(generating events included)")
 
     baseline_n = min(written, 50_000)
     writer = rt.writer("events")
