@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int,
         freeze_every: int | None = None) -> int:
     import gc
+
     from django.db import connection
 
     from streams.models import Event

@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed
 from ..matrix.auth import (
     AuthFailed,
     MissingAuthEvent,
@@ -24,6 +23,7 @@ from ..matrix.auth import (
     check_state_dependent,
     redaction_takes_effect,
 )
+from ..matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed
 from ..matrix.event_format import Event as MatrixEvent
 from ..matrix.event_format import parse_event as parse_pdu
 from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
