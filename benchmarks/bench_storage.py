@@ -1,6 +1,7 @@
 """Room event storage: persist rate, state-at-event, state storage, syncs and pagination.
 
     .venv/bin/python benchmarks/bench_storage.py [--events N] [--rooms R] [--users U] [--quick] [--sqlite]
+        [--freeze-every N]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
 migrates a fresh database, then on that one server:
@@ -19,6 +20,10 @@ migrates a fresh database, then on that one server:
 * **initial sync** (20 events x 100 rooms) for the users in the most rooms, **incremental
   sync** after more live traffic, **back-pagination** (20 events from a random point),
   p50/p99 each, visibility filtered.
+
+The persister freezes its objects for the garbage collector every ``--freeze-every`` batches
+(default ``persist.FREEZE_EVERY``, as ``generate_rooms``; 0: never), and the collector's time
+during the persist phase is printed.
 
 Prints the goals (initial sync p99 <= 50 ms, state storage <= 0.1 of snapshots, persist >=
 2,000 events/s) beside the figures; exit status 0 either way. The goals are PostgreSQL's;
