@@ -313,11 +313,18 @@ class RoomAuthChains:
     Any valid cover of the same graph gives the same answers, so its chain numbers need not
     be the stored ones. An event it has no position for (persisted by another writer, or
     waiting for an auth event) makes it reload the room once; if that does not place it the
-    auth difference is walked. A rolled-back transaction drops the rooms it touched. Bounded by
-    total positions (least recently used rooms go)."""
+    auth difference is walked (and the room is not reloaded again for the next
+    :attr:`RELOAD_AFTER` transactions: an event whose auth events never arrive would have it
+    reload a big room at every fork). A rolled-back transaction drops the rooms it touched.
+    Bounded by total positions (least recently used rooms go)."""
+
+    RELOAD_AFTER = 100
 
     def __init__(self, size_positions: int = 600_000) -> None:
         self.size = size_positions
+        self._transactions = 0
+        #: room -> the transaction count when a reload last left an event unplaced
+        self._unplaced: dict[str, int] = {}
         self._rooms: OrderedDict[str, ChainIndex] = OrderedDict()
         #: the open transaction's state events per room, in order (a load adds them)
         self._batch: dict[str, list[IndexEvent]] = {}
@@ -354,20 +361,28 @@ class RoomAuthChains:
         walked."""
         def facts(state_sets, conflicted_ids):
             sets = [set(s.values()) for s in state_sets]
+            difference = None
             try:
                 difference = self.index(room_id).auth_difference(sets)
             except NotIndexed:
-                try:
-                    difference = self.index(room_id, reload=True).auth_difference(sets)
-                except NotIndexed:
-                    self.walks += 1
-                    difference = walked_difference(sets, events)
+                last = self._unplaced.get(room_id)
+                if last is None or self._transactions - last >= self.RELOAD_AFTER:
+                    try:
+                        difference = self.index(room_id, reload=True).auth_difference(sets)
+                    except NotIndexed:
+                        self._unplaced[room_id] = self._transactions
+            if difference is None:
+                self.walks += 1
+                difference = walked_difference(sets, events)
             subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
             return difference, subgraph
         return facts
 
     def end_transaction(self, committed: bool) -> None:
         self.cursor = None
+        self._transactions += 1
+        if len(self._unplaced) > 10_000:
+            self._unplaced.clear()
         if not committed:
             for room_id in self._batch:
                 self._rooms.pop(room_id, None)
