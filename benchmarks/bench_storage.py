@@ -1,7 +1,7 @@
 """Room event storage: persist rate, state-at-event, state storage, syncs and pagination.
 
     .venv/bin/python benchmarks/bench_storage.py [--events N] [--rooms R] [--users U] [--quick] [--sqlite]
-                                                 [--data-dir D]
+                                                 [--data-dir D] [--freeze-every N]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
 migrates a fresh database, then on that one server:
@@ -27,6 +27,10 @@ migrates a fresh database, then on that one server:
 sync's token). The next run with the same figures reuses it: persist is skipped and only
 the reads are measured (in a fresh process: the reads' caches start empty). A directory
 holding another dataset is refused; one without a finished dataset is built again.
+
+The persister freezes its objects for the garbage collector every ``--freeze-every`` batches
+(default ``persist.FREEZE_EVERY``, as ``generate_rooms``; 0: never), and the collector's time
+during the persist phase is printed.
 
 Prints the goals (initial sync p99 <= 50 ms, state storage <= 0.1 of snapshots, persist >=
 2,000 events/s) beside the figures; exit status 0 either way. The goals are PostgreSQL's;
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sqlite", action="store_true", help="a throwaway SQLite file instead of PostgreSQL")
     parser.add_argument("--data-dir", help="keep the PostgreSQL cluster here; reuse it next time (the same "
                                            "--events/--rooms/--users/--seed/--batch): persist is skipped")
+    parser.add_argument("--freeze-every", type=int, default=None,
+                        help="gc.freeze the persister's objects every N batches (default persist.FREEZE_EVERY, "
+                             "as generate_rooms; 0: never)")
     args = parser.parse_args(argv)
     events = args.events or (30_000 if args.quick else 1_000_000)
     rooms = args.rooms or (300 if args.quick else 10_000)
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.data_dir:  # a new dataset: an interrupted one left no marker and is dropped
             marker_path(Path(args.data_dir)).unlink(missing_ok=True)
         return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
-                   reused=reused, keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
+                   reused=reused, freeze_every=args.freeze_every, keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
                    if args.data_dir else None)
 
 
@@ -167,7 +174,7 @@ def describe(d: dict) -> str:
 
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
-        keep=None) -> int:
+        freeze_every: int | None = None, keep=None) -> int:
     from django.db import connection
 
     from streams.runtime import runtime
@@ -184,7 +191,8 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     rt = runtime()
 
     if reused is None:
-        since = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed)
+        since = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
+                      freeze_every=freeze_every)
         if keep is not None:
             keep(since)
     else:
@@ -316,15 +324,31 @@ def database_size(sqlite: bool) -> None:
           f"events{tables}")
 
 
-def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int) -> int:
+def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None) -> int:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
     token; returns that token (incremental sync's ``since``)."""
+    import gc
+
     from django.db import connection
 
     from streams.models import Event
     from streams.storage import persist_events, reads
     from streams.storage.generator import RoomGenerator
+    from streams.storage.persist import FREEZE_EVERY, persister_for
     from streams.storage.sql import store_cursor
+
+    # as generate_rooms: the persister's objects out of the collector's way every N batches
+    persister_for(rt).freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
+    print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches")
+    gc_s = [0.0, 0.0]
+
+    def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it
+        if phase == "start":
+            gc_s[1] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_s[1]
+
+    gc.callbacks.append(gc_timer)
 
     # -- persist ------------------------------------------------------------------------------
     gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)
@@ -347,12 +371,14 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int) -> 
         if written >= next_report:
             print(f"  ... {written:,} events: this slice {slice_n / slice_s:,.0f} events/s, "
                   f"{written / in_persist:,.0f} events/s so far ({time.monotonic() - started:.0f} s; "
-                  f"load average {os.getloadavg()[0]:.1f})", flush=True)
+                  f"gc {gc_s[0]:.1f} s so far; load average {os.getloadavg()[0]:.1f})", flush=True)
             next_report += slice_size
             slice_s, slice_n = 0.0, 0
     persist_rate = written / in_persist
+    gc.callbacks.remove(gc_timer)
     print(f"persist: {written:,} events in {in_persist:.1f} s inside persist_events -> {persist_rate:,.0f} events/s "
-          f"(goal >= 2,000)")
+          f"(goal >= 2,000); the garbage collector ran {gc_s[0]:.1f} s of the phase's {time.monotonic() - started:.0f} s "
+          f"(generating events included)")
 
     baseline_n = min(written, 50_000)
     writer = rt.writer("events")

@@ -65,6 +65,8 @@ class ChainIndex:
     chains: dict[int, list[str]] = field(default_factory=dict)
     #: origin chain -> target chain -> [(origin seq, target seq)], none implied by another
     links: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
+    #: the same links the other way round: target chain -> origin chain -> [(origin seq, target seq)]
+    incoming: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict, compare=False, repr=False)
     next_chain_id: int = 1
     #: event -> its reach; a placed event's reach never changes (new links start above
     #: every existing seq of their chain), so it is computed once per event
@@ -97,6 +99,7 @@ class ChainIndex:
             if o <= os_ and t >= ts:
                 return False
         pairs.append((os_, ts))
+        self.incoming.setdefault(tc, {}).setdefault(oc, []).append((os_, ts))
         return True
 
     def extend(self, events: Iterable[IndexEvent]) -> Added:
@@ -207,22 +210,69 @@ class ChainIndex:
         its chain, as Synapse counts them). Raises :class:`NotIndexed` for an event without a
         position.
 
-        The events every set holds reach the same positions in all of them, so their reach is
-        computed once and each set only adds what its other events raise above it."""
+        Every set's chain is the chain of the events all sets share (``common``: in a big
+        room nearly the whole state) plus that of its own other events. Per chain, the
+        difference is the positions between the lowest and the highest of the sets, above
+        what ``common`` already reaches there. So only the few events the sets do not share
+        are followed forward, and ``common`` is asked -- backwards, from the chains where the
+        sets differ -- whether it reaches a position; it is never walked as a whole (that
+        walk over a big room's entire auth history was the cost)."""
         sets = [set(s) for s in state_sets]
         if not sets:
             return set()
         common = set.intersection(*sets)
-        base = self.reach(common)
-        overlays = [self._raised(base, s - common) for s in sets]
+        if not common <= self.positions.keys():  # NotIndexed as before, whatever the sets share
+            self.position(next(e for e in common if e not in self.positions))
+        reaches = [self._raised({}, s - common) for s in sets]
         out: set[str] = set()
-        for chain in set().union(*overlays):
-            floor = base.get(chain, 0)
-            values = [o.get(chain, floor) for o in overlays]
+        for chain in set().union(*reaches):
+            values = [r.get(chain, 0) for r in reaches]
             lo, hi = min(values), max(values)
-            if hi > lo:
-                out.update(self.chains[chain][lo:hi])
+            if hi == lo:
+                continue
+            floor = self._common_reach(chain, lo, hi, common)
+            if hi > floor:
+                out.update(self.chains[chain][floor:hi])
         return out
+
+    def _common_reach(self, chain: int, lo: int, hi: int, common: set[str]) -> int:
+        """The highest seq in ``(lo, hi]`` of ``chain`` that the auth chains of ``common``
+        reach, else ``lo`` (they hold a prefix of every chain: a binary search)."""
+        if self._reached_by(chain, hi, common):
+            return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._reached_by(chain, mid, common):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _reached_by(self, chain: int, seq: int, events: set[str]) -> bool:
+        """Whether ``(chain, seq)`` is in the auth chain of one of ``events``: a search back
+        over the positions that reach it -- later ones on its chain, and those at or above the
+        origin of a link into it at or above it -- for one of ``events``."""
+        lowest = {chain: seq}  # per chain, from which seq on its positions reach the target
+        todo = [chain]
+        scanned: dict[int, int] = {}  # per chain, the lowest seq already checked
+        while todo:
+            c = todo.pop()
+            m = lowest[c]
+            ids = self.chains.get(c, ())
+            end = scanned.get(c, len(ids) + 1)
+            for event_id in ids[m - 1:end - 1]:
+                if event_id in events:
+                    return True
+            scanned[c] = m
+            for origin, pairs in self.incoming.get(c, {}).items():
+                best = 0
+                for o, t in pairs:
+                    if t >= m and (best == 0 or o < best):
+                        best = o
+                if best and best < lowest.get(origin, best + 1):
+                    lowest[origin] = best
+                    todo.append(origin)
+        return False
 
     def _raised(self, base: Mapping[int, int], event_ids: Iterable[str]) -> dict[int, int]:
         """The reach of ``base``'s events plus ``event_ids``, where it is above ``base``."""

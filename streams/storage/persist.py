@@ -17,13 +17,14 @@ Design notes: docs/storage.md.
 """
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .authorization import MatrixEvents, ResolvedStates, RoomInfos
+from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from .caches import storage_caches
 from .events import IncomingEvent, parse_events
 from .plan import Plan
@@ -43,17 +44,29 @@ class PersistedEvent:
     state_group: int | None
 
 
+#: for processes that mostly persist (``generate_rooms``, the storage benchmark): after this
+#: many committed batches the persister moves every object alive to the collector's permanent
+#: generation (after collecting what is garbage). The caches hold millions of long-lived
+#: objects, and Python's full collections walked them all again and again as the caches
+#: churned -- a fifth of a writer's time (docs/benchmarks.md). Off by default: a process that
+#: does other work may make cycles of frozen objects, which would never be collected.
+FREEZE_EVERY = 50
+
+
 class EventPersister:
     """Persists batches of events for one process (it holds the caches)."""
 
-    def __init__(self, room_cache_size: int = 20_000) -> None:
+    def __init__(self, room_cache_size: int = 20_000, freeze_every: int | None = None) -> None:
         self.state = StateGroupStore()
         self.facts = EventFacts()
         self.room_infos = RoomInfos()
         self.matrix = MatrixEvents(self.room_infos)
         self.resolved = ResolvedStates()
+        self.chains = RoomAuthChains()
         self.rooms = RoomContexts(room_cache_size)
         self._lock = threading.Lock()
+        self.freeze_every = freeze_every
+        self._since_freeze = 0
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
         self.on_commit: list[Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]] = []
 
@@ -70,8 +83,8 @@ class EventPersister:
             touched_rooms = {ev.room_id for ev in events}
             try:
                 with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
-                    self.matrix.cursor = cur
-                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved)
+                    self.matrix.cursor = self.chains.cursor = cur
+                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains)
                     snapshot = load_snapshot(reader, events, self.rooms, self.room_infos)
                     plan = plan_batch(events, ids, snapshot, reader, backfill=backfill,
                                       now_ms=int(time.time() * 1000))
@@ -87,13 +100,29 @@ class EventPersister:
                 self.state.discard_pending()
                 self.room_infos.discard()
                 self.matrix.end_transaction(committed=False)
+                self.chains.end_transaction(committed=False)
                 self.resolved.clear()
                 raise
             self.room_infos.commit()
             self.matrix.end_transaction(committed=True)
+            self.chains.end_transaction(committed=True)
+            self._freeze()
         self._committed(plan)
         return [PersistedEvent(ev.event_id, ev.room_id, ev.stream_ordering, ev.topological_ordering,
                                ev.state_group_after) for ev in events]
+
+    def _freeze(self) -> None:
+        """Every :attr:`freeze_every` batches: collect, then freeze what survived (mostly the
+        caches), so later collections walk only what was made since. What is frozen is still
+        freed by reference counting when dropped (evicted cache entries hold no cycles); only
+        a cycle made entirely of frozen objects would stay."""
+        if not self.freeze_every:
+            return
+        self._since_freeze += 1
+        if self._since_freeze >= self.freeze_every:
+            self._since_freeze = 0
+            gc.collect()
+            gc.freeze()
 
     def _committed(self, plan: Plan) -> None:
         room_changes = list(plan.room_changes.items())

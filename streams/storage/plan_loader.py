@@ -8,7 +8,7 @@ import json
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Sequence
 
-from .authorization import MatrixEvents, ResolvedStates, RoomInfos
+from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from .events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
 from .plan_visibility import HV_KEY
 from .snapshot import Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
@@ -70,12 +70,13 @@ class DatabaseReader:
     persister's caches (state groups, event facts, parsed Matrix events)."""
 
     def __init__(self, cursor: Any, state: StateGroupStore, facts: EventFacts, matrix: MatrixEvents,
-                 resolved: ResolvedStates) -> None:
+                 resolved: ResolvedStates, chains: RoomAuthChains | None = None) -> None:
         self.cursor = cursor
         self.state = state
         self.facts = facts
         self.matrix = matrix
         self.resolved = resolved
+        self.chains = chains if chains is not None else RoomAuthChains()
 
     def state_of_group(self, group: int) -> StateMap:
         return self.state.get_state(self.cursor, group)

@@ -33,6 +33,9 @@ from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, share
 
 #: the largest depth a computed topological ordering takes (the spec's integer bound)
 MAX_DEPTH = 2**53 - 1
+#: how many in-place changes of a room's current state can be undone to give a recent group's
+#: state (a fork's branches start a few events back)
+UNDO_STEPS = 16
 
 
 def plan_batch(events: Sequence[ParsedEvent], ids: Sequence[int], snapshot: Snapshot, reader: PlanReader, *,
@@ -223,7 +226,7 @@ class _Planner:
                 return None, None, {}
             if group == ctx.current_group:
                 return group, ctx.current_chain, ctx.current
-            return group, self.reader.chain_length(group), self.reader.state_of_group(group)
+            return group, self.reader.chain_length(group), self._state_of(ctx, group)
         resolved = self._resolve(ctx, [(i.key, i.state_group) for i in usable])
         # the parent of the new group: any prev's group will do (the latest by key keeps
         # deltas small); its number says nothing about order
@@ -244,6 +247,9 @@ class _Planner:
         room's current map is changed in place and is the group's state."""
         delta = {key: ev.event_id}
         if fast:
+            if before_group is not None:
+                ctx.undo.append((before_group, key, ctx.current.get(key)))
+                del ctx.undo[:-UNDO_STEPS]
             ctx.current[key] = ev.event_id
             after_map = ctx.current
             g = self.reader.new_group(room_id=ev.room_id, event_id=ev.event_id, parent=before_group,
@@ -295,6 +301,9 @@ class _Planner:
         if not ev.rejected_reason:
             ev.rejected_reason = authorize(ev.matrix, before, self.reader.matrix)
         self.reader.matrix.add(ev.matrix, rejected=bool(ev.rejected_reason))
+        if ev.state_key is not None:  # the room's auth graph, for state resolution
+            self.reader.chains.add(ev.room_id, IndexEvent(ev.event_id, ev.type, ev.state_key,
+                                                          ev.matrix.auth_event_ids))
 
     def _resolve(self, ctx: RoomContext, prevs: list[tuple[Key, int | None]]) -> StateMap:
         """The state at a fork of the prevs' ``(key, state group after)``: Matrix state
@@ -309,7 +318,8 @@ class _Planner:
                 cached: StateMap | None = self.reader.resolved.get(groups)
                 if cached is not None:
                     return cached
-            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix)
+            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix,
+                                     graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix))
             if resolved is not None:
                 if cacheable:
                     self.reader.resolved.put(groups, resolved)
@@ -317,10 +327,22 @@ class _Planner:
         return resolve([(k, self._state_of(ctx, g)) for k, g in prevs])
 
     def _state_of(self, ctx: RoomContext, group: int | None) -> StateMap:
+        """A group's state: the room's current one, a recent one rebuilt from it by undoing
+        the changes since (then cached), else the reader's."""
         if group is None:
             return {}
         if group == ctx.current_group:
             return ctx.current
+        for i in range(len(ctx.undo) - 1, -1, -1):
+            if ctx.undo[i][0] == group:
+                state = dict(ctx.current)
+                for _, key, value in reversed(ctx.undo[i:]):
+                    if value is None:
+                        state.pop(key, None)
+                    else:
+                        state[key] = value
+                self.reader.remember_state(group, state)
+                return state
         return self.reader.state_of_group(group)
 
     # -- current state --------------------------------------------------------------------------
@@ -350,7 +372,10 @@ class _Planner:
         changed.update({k: None for k in old if k not in new})  # only after a fork: a key can go
         self.reader.load_facts([v for v in changed.values() if v is not None])
         old_vis = ctx.visibility
+        if ctx.current_group is not None:  # no longer changed in place: the group's state as it is
+            self.reader.remember_state(ctx.current_group, old)
         ctx.current, ctx.current_group, ctx.current_chain = new, group, chain
+        ctx.undo.clear()
         for k, eid in changed.items():
             self._current_changed(ev, k, eid, old.get(k))
             if k[0] == MEMBER:

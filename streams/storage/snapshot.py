@@ -72,6 +72,11 @@ class RoomContext:
     current_chain: int | None = None
     #: current state, owned by this context (changed in place on the fast path)
     current: StateMap = field(default_factory=dict)
+    #: the last changes made to ``current`` in place, oldest first: ``(group, key, value)``
+    #: = before ``key`` changed, the room's state was ``group``, where ``key`` had ``value``
+    #: (None: absent). The states of the room's recent groups, which a fork reads back, are
+    #: ``current`` with these undone, not a read of a big room's whole state.
+    undo: list[tuple[int, tuple[str, str], str | None]] = field(default_factory=list)
     memberships: dict[str, str] = field(default_factory=dict)
     visibility: str = "shared"
     #: forward extremities by event ID
@@ -142,6 +147,9 @@ class PlanReader(Protocol):
     matrix: Any
     #: (state groups) -> the state they resolve to (``authorization.ResolvedStates``)
     resolved: Any
+    #: rooms' auth graphs as chain cover indexes, fed with each planned state event
+    #: (``authorization.RoomAuthChains``)
+    chains: Any
 
     def state_of_group(self, group: int) -> StateMap:
         """The full state of a stored group or one planned earlier (shared: do not change it)."""

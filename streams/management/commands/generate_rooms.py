@@ -15,6 +15,7 @@ from streams.models import Room
 from streams.runtime import runtime
 from streams.storage import BadEvent, StorageUnsupported, persist_events
 from streams.storage.generator import RoomGenerator
+from streams.storage.persist import FREEZE_EVERY, persister_for
 from synapse_repl.startup import check_startable
 
 #: Without --seed: not the demo's seed 0, so a first generate_rooms next to the demo's rooms
@@ -45,6 +46,8 @@ class Command(BaseCommand):
             raise CommandError("--batch must be >= 1")
         check_startable(database=True, redis=True)
         rt = runtime()
+        # this process only persists: its caches' objects out of the collector's way
+        persister_for(rt).freeze_every = FREEZE_EVERY
         try:
             if Room.objects.filter(room_id=gen.room_ids()[0]).exists():
                 raise CommandError(f"seed {seed} was already generated into this database; use another --seed")

@@ -126,3 +126,33 @@ def test_resolutions_are_cached_by_their_groups_and_handed_out_as_copies():
     assert got == state
     got[("m.room.name", "")] = "$n"  # the persist path changes current state in place
     assert cache.get([2, 1]) == state and (cache.hits, cache.misses) == (2, 1)
+
+
+def test_room_auth_chains_reload_once_then_walk_for_an_event_never_placed():
+    """An event of a state set without a position (its auth event never arrives): the room's
+    index is reloaded once, then the difference is walked -- and the same answer as the
+    walk -- without reloading the room at every fork until RELOAD_AFTER transactions pass."""
+    from types import SimpleNamespace
+
+    from streams.matrix.chain_cover import IndexEvent
+    from streams.matrix.state_res import auth_difference
+    from streams.storage.authorization import RoomAuthChains
+
+    def ev(event_id, key, *auth):
+        return IndexEvent(event_id, key, "", auth)
+
+    events = [ev("C", "create"), ev("P1", "pl", "C"), ev("P2", "pl", "C", "P1"), ev("X", "x", "C", "missing")]
+    chains = RoomAuthChains()  # no cursor: a load starts from the transaction's events
+    for e in events:
+        chains.add("!r", e)
+    walkable = {e.event_id: SimpleNamespace(auth_event_ids=e.auth_event_ids) for e in events}
+    facts = chains.graph_facts("!r", walkable)
+    indexed = [{("pl", ""): "P1"}, {("pl", ""): "P2"}]
+    assert facts(indexed, None) == ({"P2"}, None) and (chains.loads, chains.walks) == (1, 0)
+    unplaced = [{("pl", ""): "P1", ("x", ""): "X"}, {("pl", ""): "P2"}]
+    want = auth_difference([set(s.values()) for s in unplaced], walkable)
+    assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (2, 1)
+    assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (2, 2)
+    for _ in range(RoomAuthChains.RELOAD_AFTER):
+        chains.end_transaction(committed=True)
+    assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (3, 3)

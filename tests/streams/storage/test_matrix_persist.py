@@ -363,3 +363,49 @@ def test_persist_extends_the_chain_cover_index(store, version_id):
     assert canonical(positions, links) == canonical(
         [(e, c, s) for e, (c, s) in expected.positions.items()],
         [(oc, o, tc, t) for oc, d in expected.links.items() for tc, ps in d.items() for o, t in ps])
+
+
+@pytest.mark.parametrize("version_id", ["10", "12"])
+def test_forks_resolve_from_the_chain_cover_index_also_after_another_writer(store, version_id):
+    """State resolution in the persist path reads the auth difference from the rooms' chain
+    cover indexes (loaded once, then fed by each planned state event), never walking; a
+    persister whose room index misses events another writer persisted reloads the room, and
+    every state still equals the core's."""
+    from streams.storage.persist import EventPersister
+
+    writer = store.runtime.writer("events")
+    ours, theirs = EventPersister(), EventPersister()  # two processes' caches, one database
+    room = new_room(version_id)
+
+    def fork(sender_a, sender_b, n):
+        tip = room.order[-1]
+        a = room.send(A, "m.room.topic", {"topic": f"a{n}"}, state_key="", prev_ids=[tip])
+        b = room.send(sender_b, "m.room.member", {"membership": "join"}, state_key=sender_b, prev_ids=[tip])
+        return room.send(sender_a, "m.room.message", {"body": f"merge {n}"}, prev_ids=[a, b])
+
+    def persist(persister, ids):
+        persister.persist([pdu_bytes(room, e) for e in ids], writer, backfill=False)
+
+    fork(A, M, 0)
+    persist(ours, room.order)
+    assert (ours.chains.loads, ours.chains.walks) == (1, 0)  # the room's index, loaded once
+    done = len(room.order)
+    fork(A, "@bob:a.example", 1)
+    fork(M, "@carol:b.example", 2)
+    persist(theirs, room.order[done:])  # another process: ours does not see these events
+    done = len(room.order)
+    fork(A, "@dave:b.example", 3)  # its state sets hold the other writer's events
+    persist(ours, room.order[done:])
+    assert (ours.chains.loads, ours.chains.walks) == (2, 0)  # reloaded once, then answered
+    for e in room.order:
+        assert state_at_event(e) == room.state_after[e], e
+    assert current_state(room.room_id) == room.state_after[room.order[-1]]
+    # and each auth difference the index gave equals the walk's
+    from streams.matrix.state_res import auth_difference
+
+    index = ours.chains.index(room.room_id)
+    for e in room.order:
+        prevs = room.events[e].prev_event_ids
+        if len(prevs) > 1:
+            sets = [set(room.state_after[p].values()) for p in prevs]
+            assert index.auth_difference(sets) == auth_difference(sets, room.events)

@@ -211,3 +211,29 @@ def test_rejected_event_is_stored_but_changes_nothing(store):
     assert rows("SELECT count(*) FROM current_state_events WHERE type = 'm.room.name'") == [(0,)]
     assert rows("SELECT event_id FROM event_forward_extremities") == [(evs[-1][0],)]
     assert rid not in [e.event_id for e in room_messages("!r:localhost", "@alice:localhost", limit=50)["chunk"]]
+
+
+def test_a_persister_set_to_freeze_moves_its_objects_out_of_the_collectors_way(store):
+    """``freeze_every`` (generate_rooms, the benchmark): after that many committed batches
+    what is alive goes to the collector's permanent generation; off (the default), never."""
+    import gc
+
+    from streams.storage.persist import EventPersister
+
+    writer = store.runtime.writer("events")
+    b, evs = simple_room()
+    gc.unfreeze()
+    try:
+        off = EventPersister()
+        for _, raw in evs[:2]:
+            off.persist([raw], writer, backfill=False)
+        assert gc.get_freeze_count() == 0
+        on = EventPersister(freeze_every=3)
+        on.persist([evs[2][1]], writer, backfill=False)
+        on.persist([evs[3][1]], writer, backfill=False)
+        assert gc.get_freeze_count() == 0
+        on.persist([evs[4][1]], writer, backfill=False)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert rows("SELECT count(*) FROM events") == [(5,)]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
-from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomInfos
+from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from streams.storage.events import IncomingEvent, StateMap, parse_events
 from streams.storage.plan import CurrentStateRow, ExOutlierRow, Plan, RedactionRow, VisibilityRangeRow
 from streams.storage.planner import plan_batch
@@ -54,12 +54,19 @@ class MemoryReader:
     def __init__(self, rooms: RoomInfos) -> None:
         self.matrix = MemoryMatrixEvents(rooms)  # no cursor: the events planned so far
         self.resolved = ResolvedStates()
+        self.chains = RoomAuthChains()  # no cursor: the rooms' auth graphs as planned so far
         self.groups: dict[int, StateMap] = {}
         self.lengths: dict[int, int] = {}
         self.facts: dict[str, tuple[str | None, str | None]] = {}
         self._next_id = 100
+        #: groups whose state the planner handed over (the database reader caches them) and
+        #: the others it asked for (the database reader would read them from the tables)
+        self.remembered: set[int] = set()
+        self.reads: list[int] = []
 
     def state_of_group(self, group: int) -> StateMap:
+        if group not in self.remembered:
+            self.reads.append(group)
         return self.groups[group]
 
     def chain_length(self, group: int) -> int:
@@ -76,6 +83,7 @@ class MemoryReader:
 
     def remember_state(self, group: int, state: StateMap) -> None:
         assert self.groups[group] == state
+        self.remembered.add(group)
 
     def load_facts(self, event_ids) -> None:
         # facts of other events (power levels, ...) are (None, None): only planned events may be asked
@@ -181,6 +189,30 @@ def test_a_fork_is_resolved_into_a_new_group_and_current_state():
     assert current_rows(plan)[(MEMBER, M)] == ban
     assert plan.forward_extremities == {room.room_id: [merge]}
     assert plan.rejections == []
+
+
+def test_a_fork_reads_recent_states_from_the_current_one_not_the_reader():
+    """A branch that starts a few state events back: its state before, and the state of the
+    other branch's tip once current state is resolved, are the room's current state with the
+    changes since undone (``remember_state`` checks each against the true group state); the
+    reader is never asked for them."""
+    room = new_room(visibility="shared")
+    room.send(M, MEMBER, {"membership": "join"}, state_key=M)
+    tip = room.send(A, "m.room.topic", {"topic": "t0"}, state_key="")
+    store = MemoryStore()
+    store.plan(*[pdu(room, e) for e in room.order])
+    head = [room.send(A, "m.room.topic", {"topic": f"t{n}"}, state_key="") for n in (1, 2)]
+    head.append(room.send(A, "m.room.name", {"name": "n"}, state_key=""))
+    store.plan(*[pdu(room, e) for e in head])
+    branch = room.send(M, "m.room.message", {"body": "from back then"}, prev_ids=[tip])
+    side = room.send(A, MEMBER, {"membership": "leave"}, state_key=M, prev_ids=[branch])
+    merge = room.send(A, "m.room.message", {"body": "merge"}, prev_ids=[head[-1], side])
+    store.reader.reads.clear()
+    plan = store.plan(*[pdu(room, e) for e in (branch, side, merge)])
+    assert store.reader.reads == []
+    for e in (branch, side, merge):
+        assert store.reader.groups[group_of(plan, e)] == room.state_after[e], e
+    assert current_rows(plan) == {(MEMBER, M): side}  # the rest of current state stays
 
 
 def test_a_rejected_event_is_a_rejection_row_and_never_state():
