@@ -813,6 +813,20 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
 CPU_ORDER = ["writers", "endpoint", "tcp1", "tcp2", "redis1", "daphne", "redis", "postgres", "bench"]
 
 
+IDLE_SECONDS = 3.0
+
+
+def idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Cores each process of the cluster keeps busy while nothing is written."""
+    from testing.accounting import all_stats, tree_cpu
+
+    before = all_stats()
+    time.sleep(seconds)
+    after = all_stats()
+    return {name: (tree_cpu(pid, after) - tree_cpu(pid, before)) / seconds for name, pid in pids.items()
+            if name != "postgres"}
+
+
 def replication_price(e2e: "E2EResult") -> dict[str, float]:
     """CPU us/fact that replication costs, per component, from one end-to-end run: the
     writers' streamers (their formatting on the writing thread, their own thread), the
@@ -928,6 +942,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(newline-separated), {PER_TXN} PUBLISH per pipeline, subscribers counting the lines")
         print("without replication: the same writer processes with REDIS_URL unset (no streamer), into a copy of "
               "the database on the same server, alternated with the end-to-end runs")
+        idle = idle_cpu(pids, IDLE_SECONDS)
+        print(f"idle cluster, CPU over {IDLE_SECONDS:g} s with nothing written (cores): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in idle.items())
+              + " (timers, pings and polls: part of each figure below, whatever the rate)")
         print(flush=True)
 
         from _machine import load_average
