@@ -235,12 +235,15 @@ class RespConnection:
     async def publish_packed(self, data: bytes, count: int, timeout: float | None = None) -> None:
         """Write ``count`` PUBLISH commands already packed in ``data``; wait for every reply."""
         self.write(data)
-        try:
-            await asyncio.wait_for(self._writer.drain(), timeout)
-        except TimeoutError:
-            raise
-        except OSError as e:
-            raise RespError(f"Redis connection lost: {e}") from e
+        if self._writer.transport.get_write_buffer_size():
+            # Only when the socket did not take it all at once: otherwise drain() has nothing
+            # to wait for, and wait_for's task would cost more than the rest of a batch's write.
+            try:
+                await asyncio.wait_for(self._writer.drain(), timeout)
+            except TimeoutError:
+                raise
+            except OSError as e:
+                raise RespError(f"Redis connection lost: {e}") from e
         # Each reply to PUBLISH is one line, ":<receivers>" or "-<error>", and nothing else
         # was asked on this connection: count lines, look for errors, keep nothing.
         replies, refused = 0, b""
