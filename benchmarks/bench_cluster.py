@@ -1025,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         print("-" * len(header))
         goal = {"e2e": True, "before": True, "worker": True}
-        for n, rep, load, e2e, dbonly, raw_a, raw_b, price, ok in rows:
+        for n, _rep, load, e2e, dbonly, raw_a, raw_b, price, ok in rows:
             vs_db = e2e.rate / dbonly.write_rate if dbonly else float("nan")
             worst = max(price[k] for k, _ in WORKERS)
             if n == 1:

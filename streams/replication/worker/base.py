@@ -316,7 +316,7 @@ class BaseReplicationWorker:
                         # once per wake-up (a coroutine and three counter updates less per fact).
                         rows = list(decision.rows)
                         try:
-                            await self._on_facts(decision.stream, decision.writer, decision.token,  # type: ignore[misc]
+                            await self._on_facts(decision.stream, decision.writer, decision.token,
                                                  rows)
                         except Exception:
                             self._counters["callback_errors"] += 1
