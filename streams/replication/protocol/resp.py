@@ -23,6 +23,8 @@ from typing import Any, Iterable
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
 CRLF = b"\r\n"
+#: What one read asks the socket for.
+READ_SIZE = 1 << 16
 
 
 class RespError(ConnectionError):
@@ -203,7 +205,7 @@ class RespConnection:
 
     async def _fill(self, timeout: float | None) -> None:
         try:
-            data = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
+            data = await asyncio.wait_for(self._reader.read(READ_SIZE), timeout)
         except TimeoutError:
             raise
         except OSError as e:
