@@ -4,8 +4,9 @@ over a subscription of our own. See docs/replication.md.
 Every writer publishes one channel-layer message per batch of lines on the group
 ``replication.lines``; the relay of every endpoint takes them all. Through channels-redis
 each goes through redis-py's asyncio ``PubSub`` (its reply parser, a ``get_message`` task
-woken every 100 ms, a queue per channel): measured in ``bench_cluster`` as the largest part
-of what an endpoint spends per batch. :class:`GroupSubscriber` subscribes to the very same
+woken every 100 ms, a queue per channel): in a profile of the endpoint under
+``bench_cluster``, as much of its busy time as relaying the batches and sending them to the
+workers together. :class:`GroupSubscriber` subscribes to the very same
 Redis channel (the layer's group channel, on its shard) with
 :class:`~streams.replication.protocol.redis_session.RedisSubscription` (the core the bridge
 and the Redis worker share) and hands each message, deserialized by the layer's own

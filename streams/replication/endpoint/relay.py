@@ -133,7 +133,7 @@ class ReplicationRelay:
     async def _listen_loop(self, listening: asyncio.Event) -> None:
         layer = self.cluster_layer
         # On Redis, our own subscription to the group's channel rather than the layer's
-        # receive (layer_subscribe.py: the larger part of the endpoint's cost per batch).
+        # receive (layer_subscribe.py: redis-py's PubSub cost the endpoint as much as relaying).
         subscriber = GroupSubscriber.for_layer(layer, LINES_GROUP, on_message=self._on_lines_logged,
                                                on_subscribed=listening.set)
         if subscriber is not None:
