@@ -63,9 +63,20 @@ class GcPauses:
         return text
 
 
-async def watch_loop_lag(warn_ms: float = 100.0, warn_every: float = 10.0, interval: float = 0.01) -> None:
+def probe_interval(warn_ms: float) -> float:
+    """How often to wake up to measure: a fifth of ``warn_ms`` (a stall is seen at most that
+    much shorter than it was), between 10 and 100 ms. Each wake-up costs the loop tens of
+    microseconds: every 10 ms, that was most of what an idle endpoint spends (1.5 % of a
+    core; docs/benchmarks.md, bench_cluster)."""
+    return min(0.1, max(0.01, warn_ms / 5000))
+
+
+async def watch_loop_lag(warn_ms: float = 100.0, warn_every: float = 10.0, interval: float | None = None) -> None:
     """Run until cancelled, logging late wake-ups of the running loop (and the longest
-    garbage-collector pauses meanwhile, a cause that is no callback's)."""
+    garbage-collector pauses meanwhile, a cause that is no callback's). ``interval``:
+    :func:`probe_interval` of ``warn_ms`` unless given."""
+    if interval is None:
+        interval = probe_interval(warn_ms)
     lag = LoopLag(warn_ms, warn_every)
     pauses = GcPauses()
     gc.callbacks.append(pauses)

@@ -32,6 +32,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 from streams.registry import STREAMS
+from streams.replication.endpoint.layer_subscribe import GroupSubscriber
 from streams.replication.protocol.commands import PositionCommand
 from streams.replication.protocol.line_batch import BatchPart, WriterRun, add_counts, counts_of
 from streams.replication.publish.streamer import LINES_GROUP
@@ -131,15 +132,24 @@ class ReplicationRelay:
 
     async def _listen_loop(self, listening: asyncio.Event) -> None:
         layer = self.cluster_layer
+        # On Redis, our own subscription to the group's channel rather than the layer's
+        # receive (layer_subscribe.py: redis-py's PubSub cost the endpoint as much as relaying).
+        subscriber = GroupSubscriber.for_layer(layer, LINES_GROUP, on_message=self._on_lines_logged,
+                                               on_subscribed=listening.set)
+        if subscriber is not None:
+            await subscriber.run()
+            return
         channel = await layer.new_channel()
         await layer.group_add(LINES_GROUP, channel)
         listening.set()
         while True:
-            message = await layer.receive(channel)
-            try:
-                await self.on_lines(message)
-            except Exception:
-                logger.exception("relay: bad line batch %r", {k: v for k, v in message.items() if k != "data"})
+            await self._on_lines_logged(await layer.receive(channel))
+
+    async def _on_lines_logged(self, message: dict[str, Any]) -> None:
+        try:
+            await self.on_lines(message)
+        except Exception:
+            logger.exception("relay: bad line batch %r", {k: v for k, v in message.items() if k != "data"})
 
     async def on_lines(self, message: dict[str, Any]) -> None:
         key = (message["stream"], message["writer"])

@@ -245,12 +245,19 @@ class RdataCommand(Command):
     @classmethod
     def from_body(cls, body: str) -> RdataCommand:
         stream_name, instance_name, token, row_json = body.split(" ", 3)
-        return cls(
-            stream_name,
-            instance_name,
-            None if token == "batch" else int(token),
-            decode_json(row_json),
-        )
+        parsed_token = None if token == "batch" else int(token)
+        row = decode_json(row_json)
+        if cls is not RdataCommand:
+            return cls(stream_name, instance_name, parsed_token, row)
+        # Every line a worker receives: a frozen dataclass's __init__ sets each field through
+        # object.__setattr__ (~1 us here); filling the slots directly makes the same, still
+        # frozen, command in a third of that.
+        cmd = _new_object(cls)
+        _set_rdata_stream(cmd, stream_name)
+        _set_rdata_instance(cmd, instance_name)
+        _set_rdata_token(cmd, parsed_token)
+        _set_rdata_row(cmd, row)
+        return cmd
 
     def to_line(self) -> str:
         token = self.token
@@ -260,6 +267,13 @@ class RdataCommand(Command):
             "batch" if token is None else token,
             _encode(self.row),
         )
+
+
+_new_object = object.__new__
+_set_rdata_stream = RdataCommand.__dict__["stream_name"].__set__
+_set_rdata_instance = RdataCommand.__dict__["instance_name"].__set__
+_set_rdata_token = RdataCommand.__dict__["token"].__set__
+_set_rdata_row = RdataCommand.__dict__["row"].__set__
 
 
 @dataclass(frozen=True, slots=True)

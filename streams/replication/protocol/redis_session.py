@@ -43,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
-from streams.replication.protocol.resp import RespConnection, RespError, pack_command
+from streams.replication.protocol.resp import READ_SIZE, RespConnection, RespError, pack_command
 from synapse_repl.redaction import redact_url
 
 logger = logging.getLogger(__name__)
@@ -166,6 +166,13 @@ class RedisSubscription:
     * ``on_lost(reason)``: the subscription ended (also after a failed attempt; ``reason`` is
       None on stop); messages may have been lost from here until the next ``on_subscribed``.
 
+    ``read_pause``: after a chunk that did not fill a read, wait this long before reading
+    again, so that what arrives meanwhile is handed over in one chunk. For owners that only
+    search the stream for a few rare messages (the bridge): a busy channel arrives in many
+    small pieces (Redis writes out what each 16 KiB it reads published), and each wake-up
+    costs more than searching the bytes. A full read is followed at once, so a subscriber
+    never falls behind a channel for it.
+
     ``counters`` (a Counter, the owner's if given): ``connection_attempts``,
     ``subscriptions``, ``ping_timeouts``.
     """
@@ -176,8 +183,9 @@ class RedisSubscription:
                  on_lost: Callable[[str | None], None] = lambda reason: None,
                  policy: SubscriptionPolicy = SubscriptionPolicy(), name: str = "Redis subscription",
                  clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random,
-                 counters: Counter[str] | None = None) -> None:
+                 counters: Counter[str] | None = None, read_pause: float = 0.0) -> None:
         self.url = url
+        self.read_pause = read_pause
         self.channels = list(channels)
         self.name = name
         self.machine = SubscriptionMachine(policy, rng=rng)
@@ -283,4 +291,6 @@ class RedisSubscription:
             result = on_chunk(chunk)
             if result is not None:
                 await result
+            if self.read_pause and len(chunk) < READ_SIZE:
+                await asyncio.sleep(self.read_pause)
         return "stopped"

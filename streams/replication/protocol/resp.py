@@ -23,6 +23,8 @@ from typing import Any, Iterable
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
 CRLF = b"\r\n"
+#: What one read asks the socket for.
+READ_SIZE = 1 << 16
 
 
 class RespError(ConnectionError):
@@ -203,7 +205,7 @@ class RespConnection:
 
     async def _fill(self, timeout: float | None) -> None:
         try:
-            data = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
+            data = await asyncio.wait_for(self._reader.read(READ_SIZE), timeout)
         except TimeoutError:
             raise
         except OSError as e:
@@ -235,12 +237,15 @@ class RespConnection:
     async def publish_packed(self, data: bytes, count: int, timeout: float | None = None) -> None:
         """Write ``count`` PUBLISH commands already packed in ``data``; wait for every reply."""
         self.write(data)
-        try:
-            await asyncio.wait_for(self._writer.drain(), timeout)
-        except TimeoutError:
-            raise
-        except OSError as e:
-            raise RespError(f"Redis connection lost: {e}") from e
+        if self._writer.transport.get_write_buffer_size():
+            # Only when the socket did not take it all at once: otherwise drain() has nothing
+            # to wait for, and wait_for's task would cost more than the rest of a batch's write.
+            try:
+                await asyncio.wait_for(self._writer.drain(), timeout)
+            except TimeoutError:
+                raise
+            except OSError as e:
+                raise RespError(f"Redis connection lost: {e}") from e
         # Each reply to PUBLISH is one line, ":<receivers>" or "-<error>", and nothing else
         # was asked on this connection: count lines, look for errors, keep nothing.
         replies, refused = 0, b""

@@ -21,6 +21,26 @@ REPLY_TIMEOUT = 10.0
 _PLAIN_HOST_KEYS = {"address", "protocol"}
 
 
+def plain_group_channel(layer: Any, group: str) -> tuple[bytes, str] | None:
+    """The Redis channel that carries ``group`` of ``layer`` and the URL of its Redis, if
+    ``layer`` is channels-redis's pub/sub layer on a plain URL; else None (use the layer).
+
+    Call on the event loop that will use them (the layer keeps its state per loop)."""
+    try:
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+    except ImportError:  # pragma: no cover - channels-redis is a dependency
+        return None
+    if not isinstance(layer, RedisPubSubChannelLayer):
+        return None
+    loop_layer = layer._get_layer()
+    channel = loop_layer._get_group_channel_name(group)
+    host = loop_layer._get_shard(channel).host
+    if not (isinstance(host, dict) and set(host) <= _PLAIN_HOST_KEYS and isinstance(host.get("address"), str)
+            and host.get("protocol", 2) == 2):
+        return None
+    return channel.encode(), host["address"]
+
+
 class GroupPublisher:
     """Publishes messages to one group of a channels-redis pub/sub layer."""
 
@@ -35,19 +55,8 @@ class GroupPublisher:
         """A publisher for ``group`` of ``layer``, or None if ``layer.group_send`` must be used.
 
         Call on the event loop that will publish (the layer keeps its state per loop)."""
-        try:
-            from channels_redis.pubsub import RedisPubSubChannelLayer
-        except ImportError:  # pragma: no cover - channels-redis is a dependency
-            return None
-        if not isinstance(layer, RedisPubSubChannelLayer):
-            return None
-        loop_layer = layer._get_layer()
-        channel = loop_layer._get_group_channel_name(group)
-        host = loop_layer._get_shard(channel).host
-        if not (isinstance(host, dict) and set(host) <= _PLAIN_HOST_KEYS and isinstance(host.get("address"), str)
-                and host.get("protocol", 2) == 2):
-            return None
-        return cls(layer, channel.encode(), host["address"])
+        found = plain_group_channel(layer, group)
+        return None if found is None else cls(layer, *found)
 
     def serialize(self, message: dict[str, Any]) -> bytes:
         """The bytes :meth:`send` publishes for ``message`` (thread-safe: a writer's thread

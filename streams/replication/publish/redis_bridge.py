@@ -53,6 +53,11 @@ CLUSTER_COMMAND_PREFIXES = (RemoteServerUpCommand.NAME.encode() + b" ", LockRele
 #: renewed, is forgotten after this), and how many may wait.
 ECHO_WINDOW = 10.0
 MAX_ECHOES = 10_000
+#: The bridge reads the channel only to find REPLICATE and the cluster's commands: it lets
+#: what arrives within this long come in as one chunk (``RedisSubscription.read_pause``).
+#: Answers wait at most this much longer; a writer's streamer thread and an endpoint were
+#: woken several times per batch of lines otherwise (docs/benchmarks.md, bench_cluster).
+READ_PAUSE = 0.005
 
 
 def redis_channel(server_name: str, line: bytes) -> bytes:
@@ -77,7 +82,7 @@ class SynapseRedisBridge:
     def __init__(self, redis_url: str, server_name: str, *, announce: Callable[[], Iterable[Command]],
                  send_replicate: bool = False, volunteer_every: float | None = None,
                  on_command: Callable[[str], Awaitable[None]] | None = None,
-                 policy: SubscriptionPolicy = SubscriptionPolicy()) -> None:
+                 policy: SubscriptionPolicy = SubscriptionPolicy(), read_pause: float = READ_PAUSE) -> None:
         self.server_name = server_name
         self._channel = server_name.encode()
         self._announce = announce
@@ -107,7 +112,8 @@ class SynapseRedisBridge:
         self._echoes: collections.deque[tuple[float, bytes]] = collections.deque()
         self._subscription = RedisSubscription(
             redis_url, [self._channel], on_subscribed=self._on_subscribed, on_chunk=self._on_chunk,
-            on_lost=self._on_lost, policy=policy, name=f"Redis subscription to {server_name}")
+            on_lost=self._on_lost, policy=policy, name=f"Redis subscription to {server_name}",
+            read_pause=read_pause)
         self.subscribed = asyncio.Event()
         self.published = 0
         self.dropped = 0

@@ -58,9 +58,10 @@ class _Lane:
     queue's put/get were a fifth of a worker's time per fact).
     """
 
-    __slots__ = ("pending", "executor", "task", "wake", "idle")
+    __slots__ = ("stream", "pending", "executor", "task", "wake", "idle")
 
-    def __init__(self, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, stream: str, executor: ThreadPoolExecutor) -> None:
+        self.stream = stream
         self.pending: deque[Decision] = deque()
         self.executor = executor
         self.task: asyncio.Task | None = None
@@ -295,23 +296,45 @@ class BaseReplicationWorker:
     def _lane(self, stream: str) -> _Lane:
         lane = self._lanes.get(stream)
         if lane is None:
-            lane = self._lanes[stream] = _Lane(ThreadPoolExecutor(1, thread_name_prefix=f"repl-{stream}"))
+            lane = self._lanes[stream] = _Lane(stream, ThreadPoolExecutor(1, thread_name_prefix=f"repl-{stream}"))
             lane.task = asyncio.create_task(self._run_lane(lane))
         return lane
 
     async def _run_lane(self, lane: _Lane) -> None:
         """Apply one stream's decisions strictly in order."""
         pending = lane.pending
+        positions = self._positions
         while True:
             await lane.wake.wait()
             lane.wake.clear()
-            while pending:
-                decision = pending.popleft()
-                try:
-                    await self._apply(lane, decision)
-                except Exception:
-                    self._counters["callback_errors"] += 1
-                    logger.exception("applying %r failed; moving on", decision)
+            delivered = rows_delivered = 0
+            try:
+                while pending:
+                    decision = pending.popleft()
+                    if type(decision) is Deliver and self._on_facts_is_coro and decision.stream != "caches":
+                        # The usual case, once per fact: _apply's work inline, counters added
+                        # once per wake-up (a coroutine and three counter updates less per fact).
+                        rows = list(decision.rows)
+                        try:
+                            await self._on_facts(decision.stream, decision.writer, decision.token,
+                                                 rows)
+                        except Exception:
+                            self._counters["callback_errors"] += 1
+                            logger.exception("applying %r failed; moving on", decision)
+                        positions[(decision.stream, decision.writer)] = decision.token
+                        delivered += 1
+                        rows_delivered += len(rows)
+                        continue
+                    try:
+                        await self._apply(lane, decision)
+                    except Exception:
+                        self._counters["callback_errors"] += 1
+                        logger.exception("applying %r failed; moving on", decision)
+            finally:
+                if delivered:
+                    self._counters["facts"] += delivered
+                    self._counters["rows"] += rows_delivered
+                    self._facts_by_stream[lane.stream] += delivered
             lane.idle.set()
 
     async def _apply(self, lane: _Lane, decision: Decision) -> None:

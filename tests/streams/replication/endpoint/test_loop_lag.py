@@ -53,3 +53,14 @@ def test_garbage_collector_pauses_are_measured():
     text = pauses.take()
     assert pauses.worst_ms == [0.0, 0.0, 0.0]
     assert text == "" or "gen2" in text
+
+
+def test_probe_interval_follows_the_warning_threshold():
+    """Wake-ups cost CPU whatever the endpoint does: not more often than a fifth of the
+    threshold needs (a stall is then seen at most a fifth shorter), within 10-100 ms."""
+    from streams.replication.endpoint.loop_lag import probe_interval
+
+    assert probe_interval(100.0) == 0.02
+    assert probe_interval(20.0) == 0.01  # the soak's threshold: as often as before
+    assert probe_interval(1.0) == 0.01
+    assert probe_interval(10_000.0) == 0.1

@@ -582,3 +582,18 @@ def test_generated_commands_round_trip(cmd):
     parsed = parse_line(line)
     assert parsed == cmd
     assert type(parsed) is type(cmd)
+
+
+def test_parsed_rdata_is_the_same_frozen_value_as_a_constructed_one():
+    """The parser fills RDATA's slots directly (hot path): the result must still be an
+    ordinary RdataCommand: equal, hashable, immutable."""
+    import dataclasses
+
+    parsed = parse_line('RDATA receipts w1 7 ["!r:hs","m.read",{"ts":1}]')
+    built = RdataCommand("receipts", "w1", 7, ["!r:hs", "m.read", {"ts": 1}])
+    assert type(parsed) is RdataCommand
+    assert parsed == built and repr(parsed) == repr(built)
+    assert parse_line('RDATA receipts w1 batch [1]') == RdataCommand("receipts", "w1", None, [1])
+    assert hash(parse_line("RDATA s w 3 1")) == hash(RdataCommand("s", "w", 3, 1))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.token = 8  # type: ignore[misc]

@@ -13,7 +13,7 @@ from streams.replication.protocol.redis_session import (
     SubscriptionMachine,
     SubscriptionPolicy,
 )
-from streams.replication.protocol.resp import RespConnection, parse_messages
+from streams.replication.protocol.resp import READ_SIZE, RespConnection, parse_messages
 
 POLICY = SubscriptionPolicy(ping_interval=5, silence_timeout=15, confirm_timeout=10,
                             first_delay=0.25, max_delay=5, jitter=0.1)
@@ -139,3 +139,78 @@ def test_the_adapter_subscribes_runs_the_hook_first_and_resubscribes_after_a_kil
         await admin.close()
 
     asyncio.run(scenario())
+
+
+def test_read_pause_gathers_what_arrives_meanwhile(redis_server):
+    """With ``read_pause`` (the bridge's), messages published while the owner pauses come as
+    one chunk."""
+    async def scenario():
+        chunks: list[bytes] = []
+        subscribed = asyncio.Event()
+
+        async def on_subscribed():
+            subscribed.set()
+
+        sub = RedisSubscription(redis_server.url, [b"pause-test"], on_subscribed=on_subscribed,
+                                on_chunk=chunks.append, name="test", read_pause=2.0)
+        task = asyncio.create_task(sub.run())
+        admin = await RespConnection.open(redis_server.url)
+        try:
+            await asyncio.wait_for(subscribed.wait(), 10)
+            await admin.command("PUBLISH", b"pause-test", b"first")
+            for _ in range(200):
+                if chunks:
+                    break
+                await asyncio.sleep(0.01)
+            assert parse_messages(b"".join(chunks))[0] == [b"first"]
+            for i in range(4):  # one at a time, each answered: during the pause
+                await admin.command("PUBLISH", b"pause-test", b"later %d" % i)
+            for _ in range(400):
+                if len(parse_messages(b"".join(chunks))[0]) == 5:
+                    break
+                await asyncio.sleep(0.01)
+            assert parse_messages(b"".join(chunks))[0] == [b"first", *(b"later %d" % i for i in range(4))]
+            assert len(chunks) == 2
+        finally:
+            await admin.close()
+            sub.stop()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_read_pause_never_follows_a_full_read(monkeypatch):
+    """A backlog bigger than one read is read on at once: only a read that emptied the socket
+    is followed by the pause (else a subscriber could fall behind a busy channel)."""
+    from streams.replication.protocol import redis_session
+
+    reads = [b"a" * READ_SIZE, b"b" * READ_SIZE, b"c" * 10, b"d" * READ_SIZE, b"e" * 3]
+    log: list[str] = []
+
+    class ScriptedConnection:
+        async def read_chunk(self, timeout=None):
+            if not reads:
+                sub.stop()
+                return b""
+            return reads.pop(0)
+
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay, *args):
+        if delay == 0.5:
+            log.append("pause")
+        await real_sleep(0)
+
+    def on_chunk(chunk: bytes) -> None:
+        log.append(f"{chunk[:1].decode()}{len(chunk)}")
+
+    async def scenario():
+        nonlocal sub
+        sub = RedisSubscription("redis://127.0.0.1:1", [b"c"], on_subscribed=lambda: None, on_chunk=on_chunk,
+                                name="test", read_pause=0.5)
+        monkeypatch.setattr(redis_session.asyncio, "sleep", sleep)
+        assert await sub._read(ScriptedConnection()) == "stopped"
+
+    sub = None
+    asyncio.run(scenario())
+    assert log == [f"a{READ_SIZE}", f"b{READ_SIZE}", "c10", "pause", f"d{READ_SIZE}", "e3", "pause"]

@@ -374,3 +374,21 @@ def test_model_every_fact_exactly_once_in_order(actions, page_size):
     for name, w in writers.items():
         assert delivered[name] == sorted(w.facts.items()), name
         assert f.current_token(S, name) == w.token
+
+
+def test_delivered_facts_are_ordinary_frozen_decisions():
+    """Deliver is made by filling its slots (per fact): still equal, hashable and immutable."""
+    import dataclasses
+
+    import pytest
+
+    f = StreamFollower("me", ["receipts"])
+    f.on_position(PositionCommand("receipts", "w1", 0, 0))
+    f.on_rdata(RdataCommand("receipts", "w1", None, ["a"]))
+    (decision,) = f.on_rdata(RdataCommand("receipts", "w1", 1, ["b"]))
+    assert type(decision) is Deliver
+    assert decision == Deliver("receipts", "w1", 1, (["a"], ["b"]))
+    assert repr(decision) == repr(Deliver("receipts", "w1", 1, (["a"], ["b"])))
+    assert hash(f.on_rdata(RdataCommand("receipts", "w1", 2, 5))[0]) == hash(Deliver("receipts", "w1", 2, (5,)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.token = 3  # type: ignore[misc]
