@@ -40,7 +40,7 @@ def _orderings(spark: Any, rooms: Sequence[str] | None):
     # only rooms with an event without a declared depth need their edges (none, usually)
     walk = sorted(r.room_id for r in events.where(F.col("depth").isNull()).select("room_id").distinct().collect())
     if not walk:
-        edges = spark.createDataFrame([], EDGES.schema)
+        edges = None
     else:
         edges = io.read(spark, EDGES, walk if len(walk) <= WALK_ROOMS_IN_SQL else rooms)
     return events, topological_ordering(events, edges)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import IO, Any, Iterator, Protocol, Sequence
+from typing import IO, Any, Protocol, Sequence
 from urllib.parse import quote as url_quote
 
 from django.conf import settings
@@ -28,6 +28,7 @@ from django.db import connections
 
 from ..dialect import POSTGRESQL, SQLITE
 from ..pg import connection_kwargs, dedicated_connection
+from .copy_in import copy_arrow_batches
 
 
 class Closable(Protocol):
@@ -207,31 +208,6 @@ def for_database(using: str = "default") -> JobDialect:
         return _DIALECTS[vendor]
     except KeyError:
         raise RuntimeError(f"the batch jobs need PostgreSQL or SQLite (database {using!r} is {vendor})") from None
-
-
-def copy_arrow_batches(batches: Iterator[Any], kwargs: dict[str, Any], copy_sql: str) -> Iterator[Any]:
-    """Runs in a Python worker: COPY one partition's Arrow record batches into a table (one
-    statement, so a failed task writes nothing) and yield one batch holding the row count.
-
-    Every non-null value is quoted, so an empty string stays an empty string and only a
-    null is NULL (PostgreSQL's CSV rule: an unquoted empty field)."""
-    import io
-
-    import psycopg
-    import pyarrow as pa
-    from pyarrow import csv
-
-    options = csv.WriteOptions(include_header=False, quoting_style="all_valid")
-    n = 0
-    with psycopg.connect(**kwargs, autocommit=True, application_name="synapse_repl job staging") as conn:
-        with conn.cursor() as cursor, cursor.copy(copy_sql) as copy:
-            for batch in batches:
-                if batch.num_rows:
-                    buffer = io.BytesIO()
-                    csv.write_csv(batch, buffer, options)
-                    copy.write(buffer.getbuffer())
-                    n += batch.num_rows
-    yield pa.RecordBatch.from_pydict({"n": [n]})
 
 
 def jdbc_url(using: str = "default") -> tuple[str, dict[str, str]]:

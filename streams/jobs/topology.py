@@ -77,22 +77,31 @@ def rooms_to_walk(events: pd.DataFrame) -> set:
     return set(events.loc[events["depth"].isna(), "room_id"])
 
 
+def declared_orderings(events):
+    """Events that all declare their depth -> (room_id, event_id, topological_ordering): Spark SQL."""
+    from pyspark.sql import functions as F
+
+    return events.select("room_id", "event_id", F.least(F.greatest(F.col("depth"), F.lit(0)),
+                                                         F.lit(MAX_DEPTH)).alias("topological_ordering"))
+
+
 def topological_ordering(events, edges):
     """``events`` (room_id, event_id, stream_ordering, depth) and ``edges`` (room_id,
     event_id, prev_event_id) -> (room_id, event_id, topological_ordering), one row per event.
 
     An event that declares its depth is its ordering: Spark SQL computes those rooms without
     a Python round trip. Only rooms with an event without a depth go through the per-room
-    walk (``cogroup_rooms``), with their edges alone."""
+    walk (``cogroup_rooms``), with their edges alone; ``edges`` None: no room needs it (no
+    Python at all)."""
     from pyspark.sql import functions as F
 
     from .rooms import cogroup_rooms
 
     events = events.select(*EVENTS_COLUMNS)
+    if edges is None:  # the caller knows that every event declares its depth
+        return declared_orderings(events)
     walk = events.where(F.col("depth").isNull()).select("room_id").distinct()
-    declared = (events.join(F.broadcast(walk), on="room_id", how="left_anti")
-                .select("room_id", "event_id",
-                        F.least(F.greatest(F.col("depth"), F.lit(0)), F.lit(MAX_DEPTH)).alias("topological_ordering")))
+    declared = declared_orderings(events.join(F.broadcast(walk), on="room_id", how="left_anti"))
     walked = cogroup_rooms(events.join(F.broadcast(walk), on="room_id", how="left_semi"),
                            edges.select(*EDGES_COLUMNS).join(F.broadcast(walk), on="room_id", how="left_semi"),
                            _per_room, RESULT_SCHEMA)
