@@ -341,6 +341,8 @@ class _Steps:
             # one py-spy per Python process under the daemon (forked workers come and go)
             self.spy_dir = Path(os.environ.get("STATE_DIR", "/tmp")) / "pyspy"
             self.spy_dir.mkdir(exist_ok=True)
+            for old in self.spy_dir.glob("*.txt"):  # an earlier run's samples
+                old.unlink()
             stop = threading.Event()
 
             def follow() -> None:
