@@ -9,7 +9,8 @@ history visibility, backfilled history), then measures, on that one database:
 
 * **spark**: wall time of each job through the runner, as ``run_job`` runs it with
   ``SPARK_MASTER=local[2]``: JDBC reads split in partitions, the pure per-room functions in
-  Spark, results written over JDBC to a staging table and swapped in (one transaction).
+  Spark, results written with COPY from Spark's Python workers to a staging table and swapped
+  in (one transaction).
   Spark's own start-up (JVM, session) is reported apart.
 * **python**: the same computation in this one process without Spark: the same SQL read with
   psycopg, the same per-room functions (``topology.room_orderings``, ``visibility.ranges_of_room``)
@@ -20,6 +21,11 @@ history visibility, backfilled history), then measures, on that one database:
   distribution; executors in JVMs of their own, the project's code shipped to them), on the
   same data in the same run, ``--repeat`` rounds alternating which goes first (medians);
   the single-process twins are skipped.
+
+* ``--profile JOB`` (visibility, topological_ordering): that job's steps one at a time, each
+  materialised, Spark's stages by executor run time (the UI's REST API) and py-spy on the
+  Python workers during the per-room step (``PYSPY``: py-spy's path, default
+  /tmp/pyspy/bin/py-spy; skipped without it).
 
 * ``--chain-cover``: the chain cover jobs instead, on rooms whose state events carry real
   ``auth_events`` (as a homeserver selects them: create, power levels, the sender's and the
@@ -39,8 +45,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,12 +69,16 @@ def python_topological_ordering() -> tuple[float, int]:
 
     from streams.jobs import definitions, io
     from streams.jobs.dialect import for_database
-    from streams.jobs.topology import orderings_in_python
+    from streams.jobs.topology import orderings_in_python, rooms_to_walk
 
     t0 = time.monotonic()
     with connection.cursor() as cursor:
         events = _fetch(cursor, definitions._events_query(for_database()).sql(None, io.quote))
-        edges = _fetch(cursor, definitions.EDGES.sql(None, io.quote))
+        # as the job: only the rooms with an event without a declared depth need their edges
+        walk = sorted(rooms_to_walk(events))
+        edges = (_fetch(cursor, definitions.EDGES.sql(walk if len(walk) <= definitions.WALK_ROOMS_IN_SQL else None,
+                                                      io.quote))
+                 if walk else events.iloc[0:0].reindex(columns=["room_id", "event_id", "prev_event_id"]))
     result = orderings_in_python(events[["room_id", "event_id", "stream_ordering", "depth"]].itertuples(index=False),
                                  edges[["room_id", "event_id", "prev_event_id"]].itertuples(index=False))
     stage = io.Staging.create("bench_topo", definitions.ORDERING_COLUMNS)
@@ -91,11 +103,8 @@ def python_visibility() -> tuple[float, int, int, int]:
     t0 = time.monotonic()
     low, high = definitions._stream_bounds(None)
     with connection.cursor() as cursor:
-        events = _fetch(cursor, definitions.VIS_EVENTS.sql(None, io.quote))
-        edges = _fetch(cursor, definitions.EDGES.sql(None, io.quote))
+        events = _fetch(cursor, definitions._vis_events_query(for_database()).sql(None, io.quote))
         groups = _fetch(cursor, definitions._groups_query(for_database()).sql(None, io.quote))
-    prevs = edges.groupby("event_id")["prev_event_id"].agg(list)
-    events["prev_events"] = events["event_id"].map(prevs)
     groups_by_room = dict(tuple(groups.groupby("room_id", sort=False)))
     empty = groups.iloc[0:0]
     frames, pairs = [], 0
@@ -265,6 +274,175 @@ def bench_chain_cover(run_job) -> None:
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in _os.getloadavg())}")
 
 
+PYSPY = os.environ.get("PYSPY", "/tmp/pyspy/bin/py-spy")
+
+
+def _python_workers(workers: bool = False) -> list[int]:
+    """PIDs of this process's Spark Python daemons (descendants of this process), or with
+    ``workers`` the processes they forked."""
+    children: dict[int, list[int]] = {}
+    cmdlines: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdlines[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            if "pyspark.daemon" in cmdlines.get(child, ""):
+                found.extend(children.get(child, []) if workers else [child])
+            else:
+                todo.append(child)
+    return found
+
+
+def _frame(text: str) -> str:
+    """``function (path/file.py:line)`` -> ``function (file.py)``."""
+    match = re.match(r"(.*) \((.*?):\d+\)$", text)
+    return f"{match[1]} ({match[2].rsplit('/', 1)[-1]})" if match else text
+
+
+def _top_frames(raw: str, limit: int = 25) -> list[tuple[str, int, int]]:
+    """py-spy's collapsed stacks -> (function, own samples, samples with it on the stack)."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [_frame(f) for f in stack.split(";")]
+        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + int(count)
+    return sorted(((f, own.get(f, 0), n) for f, n in inclusive.items()), key=lambda x: -x[2])[:limit]
+
+
+class _Steps:
+    """A job's steps timed one at a time (each materialised: cached and counted), then Spark's
+    stages by executor run time, and py-spy on the Python workers during one step."""
+
+    def __init__(self, spark) -> None:
+        self.spark, self.sc = spark, spark.sparkContext
+        self.times: list[tuple[str, float]] = []
+        self.spy_dir: Path | None = None
+        self.sc.parallelize(range(2), 2).map(lambda x: x).count()  # the Python daemon, for py-spy
+
+    def __call__(self, name: str, action, spy: bool = False):
+        self.sc.setJobDescription(name)
+        procs: list[subprocess.Popen] = []
+        following = spy and Path(PYSPY).exists()
+        if following:
+            # one py-spy per Python process under the daemon (forked workers come and go)
+            self.spy_dir = Path(os.environ.get("STATE_DIR", "/tmp")) / "pyspy"
+            self.spy_dir.mkdir(exist_ok=True)
+            for old in self.spy_dir.glob("*.txt"):  # an earlier run's samples
+                old.unlink()
+            stop = threading.Event()
+
+            def follow() -> None:
+                seen: set[int] = set()
+                while not stop.is_set():
+                    for pid in _python_workers(workers=True):
+                        if pid not in seen:
+                            seen.add(pid)
+                            procs.append(subprocess.Popen(
+                                [PYSPY, "record", "--format", "raw", "-o", str(self.spy_dir / f"{pid}.txt"),
+                                 "--rate", "50", "--nonblocking", "--pid", str(pid)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                    stop.wait(0.5)
+
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            time.sleep(2)
+        t0 = time.monotonic()
+        out = action()
+        self.times.append((name, time.monotonic() - t0))
+        if following:
+            stop.set()
+            follower.join()
+            for proc in procs:
+                proc.send_signal(2)
+            for proc in procs:
+                proc.wait(timeout=60)
+        print(f"  {name:52s} {self.times[-1][1]:7.1f} s", flush=True)
+        return out
+
+    def report(self) -> None:
+        import json
+        import urllib.request
+
+        print(f"  {'total':52s} {sum(t for _, t in self.times):7.1f} s")
+        url = self.sc.uiWebUrl
+        if url:
+            with urllib.request.urlopen(f"{url}/api/v1/applications/{self.sc.applicationId}/stages?status=complete") as r:
+                stages = json.load(r)
+            print("\n  Spark stages by executor run time (task time summed over the cores; cpu: the JVM's own):")
+            print(f"  {'step':52s} {'stage':>5s} {'tasks':>5s} {'run s':>7s} {'cpu s':>7s}")
+            for st in sorted(stages, key=lambda st: -st["executorRunTime"])[:12]:
+                print(f"  {(st.get('description') or '(start-up)')[:52]:52s} {st['stageId']:5d} {st['numTasks']:5d} "
+                      f"{st['executorRunTime'] / 1000:7.1f} {st['executorCpuTime'] / 1e9:7.1f}")
+        if self.spy_dir is not None:
+            raw = "\n".join(p.read_text() for p in self.spy_dir.glob("*.txt"))
+            total = sum(int(line.rpartition(" ")[2]) for line in raw.splitlines() if line.rpartition(" ")[2].isdigit())
+            print(f"\n  py-spy on the Python workers ({total:,} samples at 50/s): % of samples with the "
+                  f"function on the stack, % in the function itself")
+            for f, own_n, n in _top_frames(raw):
+                print(f"  {100 * n / max(total, 1):5.1f}% {100 * own_n / max(total, 1):5.1f}%  {f}")
+
+
+def profile_job(spark, job: str) -> None:
+    """Where a job's time goes, step by step (``--profile JOB``)."""
+    from streams.jobs import definitions as d
+    from streams.jobs import io
+    from streams.jobs.dialect import for_database
+
+    step = _Steps(spark)
+    low, high = step("stream bounds (one query)", lambda: d._stream_bounds(None))
+    if job == "visibility":
+        from streams.jobs.visibility import visibility_ranges
+
+        events = io.read(spark, d._vis_events_query(for_database())).cache()
+        step("read events + state group + prev events (JDBC)", events.count)
+        groups = io.read(spark, d._groups_query(for_database())).cache()
+        step("read state groups' member/hv rows (JDBC)", groups.count)
+        result = visibility_ranges(events, groups).cache()
+        n = step("per-room pass (cogroup by bucket, applyInPandas)", result.count, spy=True)
+        stage = io.Staging.create("prof_vis", d.RANGE_COLUMNS)
+        apply = lambda: d.apply_ranges(stage, None, low, high)  # noqa: E731
+        frames = [result, groups, events]
+    elif job == "topological_ordering":
+        from pyspark.sql import functions as F
+
+        from streams.jobs.topology import topological_ordering
+
+        events = io.read(spark, d._events_query(for_database())).cache()
+        step("read events + declared depth (JDBC)", events.count)
+        walk = step("rooms to walk (an event without a depth)", lambda: events.where(F.col("depth").isNull())
+                    .select("room_id").distinct().collect())
+        edges = io.read(spark, d.EDGES, [r.room_id for r in walk]) if walk else None
+        result = topological_ordering(events, edges).cache()
+        n = step("orderings (SQL; the walk for those rooms)", result.count, spy=True)
+        stage = io.Staging.create("prof_topo", d.ORDERING_COLUMNS)
+        apply = lambda: d.apply_orderings(stage)  # noqa: E731
+        frames = [result, events]
+    else:
+        raise SystemExit(f"--profile: visibility or topological_ordering, not {job}")
+    try:
+        step(f"staging write ({n:,} rows)", lambda: stage.write(result))
+        step("swap (one transaction)", apply)
+    finally:
+        stage.drop()
+    step.report()
+    for df in frames:
+        df.unpersist()
+
+
 CLUSTER_JOBS = ("topological_ordering", "visibility", "check_topological_ordering", "check_visibility")
 
 
@@ -328,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="--cluster: rounds, alternating which goes first")
     parser.add_argument("--chain-cover", action="store_true",
                         help="the chain cover jobs, on rooms with real auth events written here")
+    parser.add_argument("--profile", metavar="JOB",
+                        help="visibility or topological_ordering step by step (Spark stages, py-spy on its Python "
+                             "workers: PYSPY names py-spy, default /tmp/pyspy/bin/py-spy)")
     parser.add_argument("--data-dir", help="keep the generated PostgreSQL cluster here and reuse it next time "
                                            "(the same --events/--rooms/--users): skips the generation")
     args = parser.parse_args(argv)
@@ -387,6 +568,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"spark {spark_version} local[2] session start-up: {time.monotonic() - t0:.1f} s")
             bench_chain_cover(run_job)
             print(f"total time {time.monotonic() - t_begin:.0f} s")
+            return 0
+        if args.profile:
+            t0 = time.monotonic()
+            session = spark_session()
+            print(f"spark {spark_version} local[2] session start-up: {time.monotonic() - t0:.1f} s")
+            profile_job(session, args.profile)
+            print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
             return 0
         if args.cluster:
             compare_masters(run_job, spark_version, args.repeat)

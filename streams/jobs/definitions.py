@@ -31,9 +31,18 @@ EDGES = io.Query(
 )
 
 
+#: above this many rooms to walk, the edges are read whole and filtered in Spark
+WALK_ROOMS_IN_SQL = 1000
+
+
 def _orderings(spark: Any, rooms: Sequence[str] | None):
     events = io.read(spark, _events_query(for_database()), rooms).cache()
-    edges = io.read(spark, EDGES, rooms)
+    # only rooms with an event without a declared depth need their edges (none, usually)
+    walk = sorted(r.room_id for r in events.where(F.col("depth").isNull()).select("room_id").distinct().collect())
+    if not walk:
+        edges = None
+    else:
+        edges = io.read(spark, EDGES, walk if len(walk) <= WALK_ROOMS_IN_SQL else rooms)
     return events, topological_ordering(events, edges)
 
 
@@ -82,16 +91,22 @@ def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outco
 
 # -- visibility ---------------------------------------------------------------------------------
 
-VIS_EVENTS = io.Query(
-    columns=("room_id", "event_id", "topological_ordering", "stream_ordering", "type", "state_key",
-             "membership", "outlier", "rejected", "state_group"),
-    source="(SELECT e.room_id, e.event_id, e.topological_ordering, e.stream_ordering, e.type, e.state_key, "
-           "e.membership, e.outlier, e.rejected, s.state_group FROM events e "
-           "LEFT JOIN event_to_state_groups s ON s.event_id = e.event_id) AS ev",
-    schema="room_id string, event_id string, topological_ordering long, stream_ordering long, type string, "
-           "state_key string, membership string, outlier boolean, rejected boolean, state_group long",
-    partition_column="stream_ordering",
-)
+def _vis_events_query(dialect: JobDialect) -> io.Query:
+    """The events with their state group after, and the prev events (JSON text) of the state
+    events the boundary rules may need them for (history visibility, membership): looked up
+    in ``event_edges``' index inside the partitioned read, not shuffled and joined in Spark."""
+    return io.Query(
+        columns=("room_id", "event_id", "topological_ordering", "stream_ordering", "type", "state_key",
+                 "membership", "outlier", "rejected", "state_group", "prev_events"),
+        source="(SELECT e.room_id, e.event_id, e.topological_ordering, e.stream_ordering, e.type, e.state_key, "
+               "e.membership, e.outlier, e.rejected, s.state_group, CASE WHEN e.state_key IS NOT NULL AND e.type IN "
+               f"('m.room.member', 'm.room.history_visibility') THEN {dialect.prev_events} END AS prev_events "
+               "FROM events e LEFT JOIN event_to_state_groups s ON s.event_id = e.event_id) AS ev",
+        schema="room_id string, event_id string, topological_ordering long, stream_ordering long, type string, "
+               "state_key string, membership string, outlier boolean, rejected boolean, state_group long, "
+               "prev_events string",
+        partition_column="stream_ordering",
+    )
 
 
 def _groups_query(dialect: JobDialect) -> io.Query:
@@ -126,10 +141,7 @@ RANGE_COLUMNS = [("room_id", "text"), ("user_id", "text"), ("start_topological",
 def _visibility(spark: Any, rooms: Sequence[str] | None):
     from .visibility import visibility_ranges
 
-    events = io.read(spark, VIS_EVENTS, rooms)
-    prevs = (io.read(spark, EDGES, rooms).groupBy("event_id")
-             .agg(F.collect_list("prev_event_id").alias("prev_events")))
-    events = events.join(prevs, on="event_id", how="left").cache()
+    events = io.read(spark, _vis_events_query(for_database()), rooms).cache()
     groups = io.read(spark, _groups_query(for_database()), rooms)
     return events, visibility_ranges(events, groups)
 
@@ -146,17 +158,27 @@ def _stream_bounds(rooms: Sequence[str] | None) -> tuple[int, int]:
 
 def apply_ranges(stage: io.Staging, rooms: Sequence[str] | None, low: int, high: int) -> tuple[int, int]:
     """Swap staged ranges in for ``rooms`` (all if None) in one transaction, except rooms with
-    events outside ``[low, high]`` (persisted after the job read them); (skipped, inserted)."""
+    events outside ``[low, high]`` (persisted after the job read them); (skipped, inserted).
+
+    Only what differs is written: live rows the stage does not hold are deleted, staged rows
+    the table does not hold are inserted. A recomputation mostly finds the ranges the persist
+    path maintained, so this reads two tables instead of rewriting one with its indexes."""
     cols = ", ".join(n for n, _ in RANGE_COLUMNS)
     keep = "room_id NOT IN (SELECT room_id FROM job_vis_skipped)"
-    target = f"room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND {keep}" if rooms else keep
+    target = f"r.room_id IN ({', '.join(io.quote(r) for r in rooms)}) AND r.{keep}" if rooms else f"r.{keep}"
+    same = ("s.room_id = r.room_id AND s.user_id = r.user_id AND s.start_topological = r.start_topological "
+            "AND s.start_stream = r.start_stream AND s.end_topological IS NOT DISTINCT FROM r.end_topological "
+            "AND s.end_stream IS NOT DISTINCT FROM r.end_stream")
     # a persisting transaction that writes ranges waits for the swap, or the swap for it
     statements = for_database().lock_tables("room_visibility_ranges")
     statements += [
+        (f"ANALYZE {stage.name}", ()),  # its size, for the anti-joins' plans
         ("CREATE TEMPORARY TABLE job_vis_skipped AS SELECT DISTINCT room_id FROM events "
          "WHERE stream_ordering > %s OR stream_ordering < %s", (high, low)),
-        (f"DELETE FROM room_visibility_ranges WHERE {target}", ()),
-        (f"INSERT INTO room_visibility_ranges ({cols}) SELECT {cols} FROM {stage.name} WHERE {keep}", ()),
+        (f"DELETE FROM room_visibility_ranges AS r WHERE {target} "
+         f"AND NOT EXISTS (SELECT 1 FROM {stage.name} AS s WHERE {same})", ()),
+        (f"INSERT INTO room_visibility_ranges ({cols}) SELECT {cols} FROM {stage.name} AS r WHERE r.{keep} "
+         f"AND NOT EXISTS (SELECT 1 FROM room_visibility_ranges AS s WHERE {same})", ()),
         ("DROP TABLE job_vis_skipped", ()),
     ]
     *_, skipped, _, inserted, _ = io.swap_in(statements)

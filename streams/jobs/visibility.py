@@ -20,6 +20,7 @@ after the last event keeps an open range (null end), as the persist path leaves 
 from __future__ import annotations
 
 import bisect
+import json
 from typing import Any, Iterable
 
 import pandas as pd
@@ -31,7 +32,7 @@ _PRIORITY = ("join", "invite", "knock", "leave", "ban")
 
 EVENTS_SCHEMA = ("room_id string, event_id string, topological_ordering long, stream_ordering long, "
                  "type string, state_key string, membership string, outlier boolean, rejected boolean, "
-                 "state_group long, prev_events array<string>")
+                 "state_group long, prev_events array<string>")  # or their JSON text (the job's read)
 GROUPS_SCHEMA = ("room_id string, state_group long, prev_state_group long, type string, state_key string, "
                  "membership string, history_visibility string")
 RANGES_SCHEMA = ("room_id string, user_id string, start_topological long, start_stream long, "
@@ -215,7 +216,9 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tu
 def _resolve_before(prevs, group_of, key_of, states) -> dict:
     """The state before an event from the states after its prev_events: the latest prev's,
     plus keys only the others have (the persist path's resolution)."""
-    cands = sorted(((key_of[p], states.state(group_of.get(p))) for p in (prevs if prevs is not None else [])
+    if isinstance(prevs, str):  # the job reads them as a JSON array
+        prevs = json.loads(prevs)
+    cands = sorted(((key_of[p], states.state(group_of.get(p))) for p in (prevs if _none(prevs) is not None else [])
                     if p in key_of), key=lambda c: c[0], reverse=True)
     if not cands:
         return {}
