@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.data_dir:  # a new dataset: an interrupted one left no marker and is dropped
             marker_path(Path(args.data_dir)).unlink(missing_ok=True)
         return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
-                   reused=reused, freeze_every=args.freeze_every, keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
+                   reused=reused, freeze_every=args.freeze_every,
+                   keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
                    if args.data_dir else None)
 
 
