@@ -11,61 +11,7 @@ import threading
 from typing import Any
 
 from .change_cache import StreamChangeCache
-from .events import StateMap
-from .sql import array, fetch_all, in_array
-from .state_groups import _LRU
-
-#: a group's chain, the group itself first (the chain rule of state_groups.py: the nearest
-#: group's row wins, never a group-ID order)
-_CHAIN = """
-WITH RECURSIVE sgs(state_group, hop) AS (
-    VALUES (CAST(%s AS BIGINT), 0)
-  UNION ALL
-    SELECT e.prev_state_group, s.hop + 1 FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
-)
-SELECT state_group FROM sgs ORDER BY hop
-"""
-
-
-class GroupStates:
-    """The full state of state groups, for the reads: a group never changes, so what is read
-    is kept (least recently used goes first; weighed by keys, so a few huge rooms cannot
-    take all the memory)."""
-
-    def __init__(self, cache_keys: int) -> None:
-        self._states = _LRU(cache_keys, weigh=lambda state: len(state) + 1)
-
-    def get_state(self, cursor: Any, group: int) -> StateMap:
-        """The state of ``group``. The returned map is shared: do not change it."""
-        state = self._states.get(group)
-        if state is None:
-            state = self._read(cursor, group)
-            self._states.put(group, state)
-        return state
-
-    def remember(self, group: int, state: StateMap) -> None:
-        self._states.put(group, state)
-
-    @staticmethod
-    def _read(cursor: Any, group: int) -> StateMap:
-        """The chain, then its groups' rows by the list of groups, applied from the snapshot
-        to the group itself. Two statements, because joined in one the planner expects a
-        recursive CTE of ~100 groups of ~1,800 rows each and hash-joins them against all of
-        ``state_groups_state`` (5.5 M rows at 1 M events: 330 ms of server CPU per read); a
-        list of groups takes the (state_group, type, state_key) index. Sorting the rows by
-        key on the server to keep one per key (``DISTINCT ON``, the persister's query) took
-        most of a big state's read: here the nearest group is applied last instead."""
-        chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
-        rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain}
-        for g, t, k, e in fetch_all(
-                cursor, f"SELECT state_group, type, state_key, event_id FROM state_groups_state "
-                        f"WHERE {in_array(cursor, 'state_group')}", [array(cursor, chain)]):
-            rows[g].append((t, k, e))
-        state: StateMap = {}
-        for g in reversed(chain):
-            for t, k, e in rows[g]:
-                state[(t, k)] = e
-        return state
+from .state_groups import _LRU, StateGroupStore
 
 
 class ChangeCaches:
@@ -119,7 +65,7 @@ class StorageCaches:
         """Drop everything cached (tests that recreate the database: group IDs start again)."""
         with self._lock:
             self.change = ChangeCaches(self.using)
-            self.state = GroupStates(cache_keys=2_000_000)
+            self.state = StateGroupStore(cache_keys=2_000_000)
             self.event_group = _LRU(50_000)
             self.hashed_id_rooms = _LRU(200_000)
 

@@ -14,41 +14,46 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .events import StateKey, StateMap
-from .sql import is_sqlite
+from .sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
 MAX_STATE_DELTA_HOPS = 100
 
-_STATE_OF_GROUP = """
+#: a group's chain, the group itself first
+_CHAIN = """
 WITH RECURSIVE sgs(state_group, hop) AS (
-    VALUES (%s::bigint, 0)
+    VALUES (CAST(%s AS BIGINT), 0)
   UNION ALL
     SELECT e.prev_state_group, s.hop + 1 FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
 )
-SELECT DISTINCT ON (type, state_key) type, state_key, event_id
-FROM state_groups_state
-WHERE state_group = ANY(ARRAY(SELECT state_group FROM sgs))
-ORDER BY type, state_key, array_position(ARRAY(SELECT state_group FROM sgs ORDER BY hop), state_group)
+SELECT state_group FROM sgs ORDER BY hop
 """
-# The row nearest the group along its chain wins (``hop``), never the larger group ID: with
-# several event writers each takes IDs from its own pool, so a group's parent may have a
-# larger ID than the group itself.
-# ``= ANY(ARRAY(...))`` rather than ``IN (SELECT ...)``: the planner then sees a short list
-# and takes the (state_group, type, state_key) index. With ``IN`` it hash-joined against a
-# sequential scan of the whole table (3 s at 5.5 M rows; Synapse's issue #5064, which it
-# works around with ``SET LOCAL enable_seqscan = off``).
 
-#: SQLite: the chain's rows oldest group first (a later group overwrites a key); no DISTINCT ON
-_STATE_OF_GROUP_SQLITE = """
-WITH RECURSIVE sgs(state_group, hop) AS (
-    VALUES (%s, 0)
-  UNION ALL
-    SELECT e.prev_state_group, s.hop + 1 FROM state_group_edges e JOIN sgs s ON s.state_group = e.state_group
-)
-SELECT t.type, t.state_key, t.event_id
-FROM state_groups_state t JOIN sgs g ON g.state_group = t.state_group
-ORDER BY g.hop DESC
-"""
+
+def read_state(cursor: Any, group: int) -> StateMap:
+    """The state of ``group`` as stored: its chain, then the chain's rows by the list of its
+    groups, applied from the snapshot to the group itself, so the row nearest the group wins
+    per key (never the larger group ID: with several event writers each takes IDs from its
+    own pool, and a group's parent may have the larger ID).
+
+    Two statements: joined in one, the planner expects a recursive CTE of ~100 groups of
+    ~1,800 rows each and hash-joins them against a scan of all of ``state_groups_state``
+    (330 ms of server CPU per read at 1 M events; Synapse's issue #5064); a list of groups
+    takes the (state_group, type, state_key) index. The nearest row is kept in Python rather
+    than by sorting the chain's rows by key on the server (``DISTINCT ON``), which was most
+    of a big state's read."""
+    chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
+    rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain}
+    for g, t, k, e in fetch_all(
+            cursor, f"SELECT state_group, type, state_key, event_id FROM state_groups_state "
+                    f"WHERE {in_array(cursor, 'state_group')}", [array(cursor, chain)]):
+        rows[g].append((t, k, e))
+    state: StateMap = {}
+    for g in reversed(chain):
+        for t, k, e in rows[g]:
+            state[(t, k)] = e
+    return state
+
 
 #: SQLite has no sequences: the next state group ids come from a row of ``stream_sequences``
 #: (the ID table the SQLite stream-ID store keeps), bumped inside the write transaction
@@ -152,8 +157,7 @@ class StateGroupStore:
             state.update(pending.rows)
             self._states.put(group, state)
             return state
-        cursor.execute(_STATE_OF_GROUP_SQLITE if is_sqlite(cursor) else _STATE_OF_GROUP, [group])
-        state = {(t, k): e for t, k, e in cursor.fetchall()}
+        state = read_state(cursor, group)
         self._states.put(group, state)
         return state
 
