@@ -249,7 +249,8 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     full_bytes = full_rows * bytes_per_row + groups_bytes
     print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
           f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
-          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} (goal <= 0.05; issue 16: 0.1)")
+          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} "
+          "(goal <= 0.05; issue 16: 0.1)")
 
     # -- initial sync ---------------------------------------------------------------------------
     with connection.cursor() as c:
