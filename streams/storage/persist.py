@@ -52,6 +52,13 @@ class PersistedEvent:
 #: does other work may make cycles of frozen objects, which would never be collected.
 FREEZE_EVERY = 50
 
+#: the collector's thresholds in the same processes, set with the first freeze: a persist
+#: batch makes millions of short-lived objects, and at Python's default (700, 10, 10) the
+#: collector ran a young collection every 700 of them and walked the unfrozen survivors again
+#: and again (A/B, 150,000 events: process CPU 27.1-27.7 -> 23.2-23.7 s, the collector's own
+#: time 13-16 -> 3-5.5 s; docs/benchmarks.md)
+BULK_GC_THRESHOLD = (20_000, 20, 100)
+
 
 class EventPersister:
     """Persists batches of events for one process (it holds the caches)."""
@@ -113,11 +120,14 @@ class EventPersister:
 
     def _freeze(self) -> None:
         """Every :attr:`freeze_every` batches: collect, then freeze what survived (mostly the
-        caches), so later collections walk only what was made since. What is frozen is still
+        caches), so later collections walk only what was made since; the collector's
+        thresholds are raised to :data:`BULK_GC_THRESHOLD` with the first batch. What is frozen is still
         freed by reference counting when dropped (evicted cache entries hold no cycles); only
         a cycle made entirely of frozen objects would stay."""
         if not self.freeze_every:
             return
+        if self._since_freeze == 0 and gc.get_threshold() < BULK_GC_THRESHOLD:
+            gc.set_threshold(*BULK_GC_THRESHOLD)
         self._since_freeze += 1
         if self._since_freeze >= self.freeze_every:
             self._since_freeze = 0

@@ -215,25 +215,31 @@ def test_rejected_event_is_stored_but_changes_nothing(store):
 
 def test_a_persister_set_to_freeze_moves_its_objects_out_of_the_collectors_way(store):
     """``freeze_every`` (generate_rooms, the benchmark): after that many committed batches
-    what is alive goes to the collector's permanent generation; off (the default), never."""
+    what is alive goes to the collector's permanent generation, and the collector's
+    thresholds are raised with the first batch; off (the default), neither."""
     import gc
 
-    from streams.storage.persist import EventPersister
+    from streams.storage.persist import BULK_GC_THRESHOLD, EventPersister
 
     writer = store.runtime.writer("events")
     b, evs = simple_room()
     gc.unfreeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
     try:
         off = EventPersister()
         for _, raw in evs[:2]:
             off.persist([raw], writer, backfill=False)
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == (700, 10, 10)
         on = EventPersister(freeze_every=3)
         on.persist([evs[2][1]], writer, backfill=False)
+        assert gc.get_threshold() == BULK_GC_THRESHOLD
         on.persist([evs[3][1]], writer, backfill=False)
         assert gc.get_freeze_count() == 0
         on.persist([evs[4][1]], writer, backfill=False)
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
     assert rows("SELECT count(*) FROM events") == [(5,)]
