@@ -10,7 +10,9 @@ migrates a fresh database, then on that one server:
   small rooms, four visibilities, invites, redactions, backfill) through ``persist_events``
   in batches; events/s counts only the time inside ``persist_events``, printed per slice
   (100,000 events at full size) so that a cost growing with the tables shows, and per million
-  events with the process's memory and the database's size. **Baseline**, same
+  events with the process's memory and the database's size; the CPU per event inside
+  ``persist_events``, here and in the database's backend, is printed beside it (steadier than
+  events/s on a shared machine). **Baseline**, same
   run: the same number of bare ``events`` rows written with ``StreamWriter.append`` (what
   ``write_facts events`` does: no DAG, state or visibility), at the same batch size.
 * **state at event**: p50/p99 of ``state_at_event`` for random events, cold (caches dropped
@@ -392,10 +394,13 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
     million_s = 0.0
     million_n = 0
     per_million: list[float] = []
+    cpu_here = cpu_database = 0.0  # CPU inside persist_events: steadier than events/s under load
     for b in gen.batches():
-        t = time.perf_counter()
+        t, cpu0, db0 = time.perf_counter(), time.process_time(), backend_cpu_seconds()
         persist_events(b.items, backfill=b.backfill, runtime=rt)
         elapsed = time.perf_counter() - t
+        cpu_here += time.process_time() - cpu0
+        cpu_database += backend_cpu_seconds() - db0
         in_persist += elapsed
         slice_s += elapsed
         slice_n += len(b.items)
@@ -421,7 +426,8 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
               f"(lowest {min(per_million):,.0f}; goal >= 2,000 sustained)")
     print(f"persist: {written:,} events in {in_persist:.1f} s inside persist_events -> {persist_rate:,.0f} events/s "
           f"(goal >= 2,000); the garbage collector ran {gc_s[0]:.1f} s of the phase's {time.monotonic() - started:.0f} s "
-          f"(generating events included)")
+          f"(generating events included); CPU per event {1e3 * cpu_here / written:.3f} ms here + "
+          f"{1e3 * cpu_database / written:.3f} ms database")
 
     baseline_n = min(written, 50_000)
     writer = rt.writer("events")

@@ -23,11 +23,14 @@ def _events_query(dialect: JobDialect) -> io.Query:
     )
 
 
+#: the edges, each with its event's stream ordering: the numeric column the read is split on
+#: (``event_edges`` has no ``id`` since migration 0011)
 EDGES = io.Query(
-    columns=("room_id", "event_id", "prev_event_id", "id"),
-    source="event_edges",
-    schema="room_id string, event_id string, prev_event_id string, id long",
-    partition_column="id",
+    columns=("room_id", "event_id", "prev_event_id", "stream_ordering"),
+    source="(SELECT x.room_id, x.event_id, x.prev_event_id, e.stream_ordering "
+           "FROM event_edges x JOIN events e ON e.event_id = x.event_id) AS edges",
+    schema="room_id string, event_id string, prev_event_id string, stream_ordering long",
+    partition_column="stream_ordering",
 )
 
 

@@ -45,15 +45,16 @@ class Room(models.Model):
 
 
 class EventEdge(models.Model):
-    """One ``prev_events`` link of the room DAG (event -> an event before it)."""
+    """One ``prev_events`` link of the room DAG (event -> an event before it). The key is the
+    pair (Synapse's unique index); no surrogate ``id`` (issue 19: 30 MB per million events)."""
 
+    pk = models.CompositePrimaryKey("event_id", "prev_event_id")
     event_id = models.CharField(_("event ID"), max_length=255)
     prev_event_id = models.CharField(_("previous event ID"), max_length=255)
     room_id = models.CharField(_("room ID"), max_length=255)
 
     class Meta:
         db_table = "event_edges"
-        constraints = [models.UniqueConstraint(fields=["event_id", "prev_event_id"], name="event_edges_event_prev")]
         indexes = [models.Index(fields=["prev_event_id"], name="ev_edges_prev_id")]
 
 
@@ -99,22 +100,31 @@ class StateGroup(models.Model):
 
 
 class StateGroupEdge(models.Model):
-    """A delta group's parent; ids grow along every chain (reads rely on it)."""
+    """A delta group's parent. The pair is the key (Synapse's unique index), with no surrogate
+    ``id`` (issue 19)."""
 
+    pk = models.CompositePrimaryKey("state_group", "prev_state_group")
     state_group = models.BigIntegerField()
     prev_state_group = models.BigIntegerField()
 
     class Meta:
         db_table = "state_group_edges"
-        constraints = [models.UniqueConstraint(fields=["state_group", "prev_state_group"],
-                                               name="state_group_edges_unique_idx")]
         indexes = [models.Index(fields=["prev_state_group"], name="state_group_edges_prev_idx")]
 
 
 class StateGroupState(models.Model):
     """One (type, state_key) -> event row of a group: all of a snapshot, the added or
-    overwritten keys of a delta."""
+    overwritten keys of a delta.
 
+    As in Synapse, the table has no primary key and no unique index: ``(state_group, type,
+    state_key)`` is the row's key (the planner writes each key once per group), declared here
+    because Django needs one, but the database holds only the index on ``state_group`` --
+    every read takes a group's rows whole (``state_groups.read_state``), and that index, with
+    PostgreSQL's deduplication, is a small fraction of the unique one over the three columns
+    and the ``id`` primary key it replaces (migration ``0011_natural_keys``, which makes the
+    table; issue 19)."""
+
+    pk = models.CompositePrimaryKey("state_group", "type", "state_key")
     state_group = models.BigIntegerField()
     room_id = models.CharField(max_length=255)
     type = models.CharField(max_length=255)
@@ -123,19 +133,19 @@ class StateGroupState(models.Model):
 
     class Meta:
         db_table = "state_groups_state"
-        indexes = [models.Index(fields=["state_group", "type", "state_key"], name="state_groups_state_type_idx")]
+        indexes = [models.Index(fields=["state_group"], name="state_groups_state_group")]
 
 
 class EventToStateGroup(models.Model):
     """The state after an event (before it, for a rejected event); outliers have no row."""
 
-    event_id = models.CharField(max_length=255)
+    #: the key (no surrogate ``id``); no index on ``state_group``: nothing looks events up by
+    #: their group (issue 19)
+    event_id = models.CharField(max_length=255, primary_key=True)
     state_group = models.BigIntegerField()
 
     class Meta:
         db_table = "event_to_state_groups"
-        constraints = [models.UniqueConstraint(fields=["event_id"], name="event_to_state_groups_event")]
-        indexes = [models.Index(fields=["state_group"], name="event_to_state_groups_sg_idx")]
 
 
 class CurrentStateEvent(models.Model):
@@ -194,16 +204,21 @@ class Redaction(models.Model):
 
 class EventAuth(models.Model):
     """One ``auth_events`` link (event -> an event it cites as its authority), as Synapse's
-    ``event_auth``; rejected events and outliers have theirs too."""
+    ``event_auth``; rejected events and outliers have theirs too.
 
+    As Synapse's, the table has no primary key and one index, on ``event_id`` (the admin's
+    auth events panel; nothing looks events up by ``auth_id``). Django needs a key, so
+    ``(event_id, auth_id)`` is declared; the database does not hold it (migration
+    ``0011_natural_keys`` makes the table; issue 19)."""
+
+    pk = models.CompositePrimaryKey("event_id", "auth_id")
     event_id = models.CharField(_("event ID"), max_length=255)
     auth_id = models.CharField(_("auth event ID"), max_length=255)
     room_id = models.CharField(_("room ID"), max_length=255)
 
     class Meta:
         db_table = "event_auth"
-        indexes = [models.Index(fields=["event_id"], name="event_auth_event_id"),
-                   models.Index(fields=["auth_id"], name="event_auth_auth_id")]
+        indexes = [models.Index(fields=["event_id"], name="event_auth_event_id")]
 
 
 class ExOutlier(models.Model):

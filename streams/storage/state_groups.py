@@ -39,7 +39,7 @@ def read_state(cursor: Any, group: int) -> StateMap:
     Two statements: joined in one, the planner expects a recursive CTE of ~100 groups of
     ~1,800 rows each and hash-joins them against a scan of all of ``state_groups_state``
     (330 ms of server CPU per read at 1 M events; Synapse's issue #5064); a list of groups
-    takes the (state_group, type, state_key) index. The nearest row is kept in Python rather
+    takes the index on state_group. The nearest row is kept in Python rather
     than by sorting the chain's rows by key on the server (``DISTINCT ON``), which was most
     of a big state's read."""
     chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]

@@ -35,7 +35,7 @@ def test_persist_orders_links_and_maps_state(store):
     assert streams == sorted(streams) and streams[0] > 0
     assert [p.topological_ordering for p in persisted] == [1, 2, 3, 4, 5]
     ids = [e for e, _ in evs]
-    assert rows("SELECT event_id, prev_event_id FROM event_edges ORDER BY id") == list(zip(ids[1:], ids[:-1]))
+    assert sorted(rows("SELECT event_id, prev_event_id FROM event_edges")) == sorted(zip(ids[1:], ids[:-1]))
     assert rows("SELECT event_id FROM event_forward_extremities") == [(ids[-1],)]
     assert rows("SELECT count(*) FROM event_backward_extremities") == [(0,)]
     # a state event makes a new group; a message keeps the group of the event before it
