@@ -83,9 +83,10 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
     under one of its visibility values -- which is whether the range is open (it is open iff
     the current membership is granted under the current visibility) unless that value is
     another one, when the invited may differ. So the users decided are: those whose member
-    event differs from the current state's, those marked since the key (joins included:
-    more than needed now that a later join changes no user row, and harmless), the event's
-    own member, and the invited when the visibility differs. The cost follows the state's
+    event differs from the current state's, those marked since the key (joins included: a
+    later join changes no user row now, but rows written before held copies of the shared
+    eras before the join, and an event inside one must be decided for its holder), the
+    event's own member, and the invited when the visibility differs. The cost follows the state's
     difference from the current state, never the room's member count. Whether a later join
     lets ``u`` see a shared-era event is not decided here: ``*shared``'s point is, and the
     reads clip it at ``u``'s latest join."""
