@@ -18,8 +18,9 @@ A user's ranges are kept per room as sorted inclusive key ranges; the last one i
 costs no visibility write at all. They hold only what u's own membership grants
 (:func:`visible_to_member` with ``joins_later=False``): u sees E iff a range of u or of ``*``
 covers E, or one of ``*shared`` does and E is before u's latest join. Copying the eras into
-u's ranges on joining made a big room's rows grow as joins x eras (130 rows per member). Everything here is pure; the planner applies it
-(``plan_visibility.py``), the persist path loads and saves the ranges.
+u's ranges on joining made a big room's rows grow as joins x eras (130 rows per member).
+Everything here is pure; the planner applies it (``plan_visibility.py``), the persist path
+loads and saves the ranges.
 """
 from __future__ import annotations
 
