@@ -86,10 +86,10 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
     event differs from the current state's, those marked since the key (joins included: a
     later join changes no user row now, but rows written before held copies of the shared
     eras before the join, and an event inside one must be decided for its holder), the
-    event's own member, and the invited when the visibility differs. The cost follows the state's
-    difference from the current state, never the room's member count. Whether a later join
-    lets ``u`` see a shared-era event is not decided here: ``*shared``'s point is, and the
-    reads clip it at ``u``'s latest join."""
+    event's own member, and the invited when the visibility differs. The cost follows the
+    state's difference from the current state, never the room's member count. Whether a
+    later join lets ``u`` see a shared-era event is not decided here: ``*shared``'s point
+    is, and the reads clip it at ``u``'s latest join."""
     k = ev.key
     hv = after_map.get(HV_KEY)
     reader.load_facts([hv] if hv is not None else [])
