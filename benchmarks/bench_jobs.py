@@ -98,7 +98,7 @@ def python_visibility() -> tuple[float, int, int, int]:
 
     from streams.jobs import definitions, io
     from streams.jobs.dialect import for_database
-    from streams.jobs.visibility import ANYONE, SHARED_ERAS, ranges_of_room, room_visibility
+    from streams.jobs.visibility import ANYONE, SHARED_ERAS, ranges_of_room, room_visibility, seen_runs
 
     t0 = time.monotonic()
     low, high = definitions._stream_bounds(None)
@@ -119,14 +119,17 @@ def python_visibility() -> tuple[float, int, int, int]:
     finally:
         stage.drop()
     seconds = time.monotonic() - t0
-    # one row per (event, user): every real user's covered events, world-readable ones included
+    # one row per (event, user): every real user's visible events (own rows, the shared eras
+    # before their latest join, world-readable ones)
     for room, ev in events.groupby("room_id", sort=False):
-        keys, runs, _ = room_visibility(ev, groups_by_room.get(room, empty))
+        keys, runs, _, joins = room_visibility(ev, groups_by_room.get(room, empty))
         anyone = {i for s, e in runs.get(ANYONE, []) for i in range(s, e + 1)}
-        for user, user_runs in runs.items():
+        shared = runs.get(SHARED_ERAS, [])
+        for user in set(runs) | set(joins):
             if user in (ANYONE, SHARED_ERAS):
                 continue
-            covered = {i for s, e in user_runs for i in range(s, e + 1)}
+            seen = seen_runs(runs.get(user, []), shared, joins.get(user))
+            covered = {i for s, e in seen for i in range(s, e + 1)}
             pairs += len(covered | anyone)
     return seconds, len(events), len(rows), pairs
 

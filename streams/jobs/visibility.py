@@ -11,8 +11,11 @@ Per room, one pass over the accepted, non-outlier events in ``(topological, stre
   are re-examined (the whole map only across a fork);
 * boundary events add points: a history-visibility event is also seen under the value before it;
   a user's own member event follows Synapse's own-membership rule;
-* ``'*'`` gets the world-readable events, ``'*shared'`` the shared-era ones, and each user also
-  the shared-era events before their last join ("joined at any point after it").
+* ``'*'`` gets the world-readable events, ``'*shared'`` the shared-era ones; a user's own rows
+  hold only what their membership grants. "Joined at any point after it" is not copied into
+  them: the reads clip ``'*shared'`` at the user's latest join, and the check compares what
+  each side lets a user see that way (:func:`differences_of_room`), so rows an older persist
+  path wrote with the eras copied in compare equal.
 
 Runs are kept as event indices and turned into key ranges at the end; a user still granted
 after the last event keeps an open range (null end), as the persist path leaves it.
@@ -95,9 +98,11 @@ class _States:
         return state
 
 
-def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tuple], dict[str, list[list]], dict[str, bool]]:
-    """One room: the ordered event keys, each user's visible runs of event indices, and
-    whether each user's last run stays open for events after the last one."""
+def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
+        list[tuple], dict[str, list[list]], dict[str, bool], dict[str, int]]:
+    """One room: the ordered event keys, each holder's runs of event indices (a user's: what
+    their own membership grants), whether each holder's last run stays open for events after
+    the last one, and each user's latest join (an event index)."""
     states = _States(groups)
     ev = events[(~events["outlier"].astype(bool)) & (~events["rejected"].astype(bool))]
     ev = ev.sort_values(["topological_ordering", "stream_ordering"], kind="stable")
@@ -193,14 +198,6 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tu
     still_open = {u: True for u in open_from}
     for u in list(open_from):
         close(u, n)
-    # shared-era history up to each user's last join
-    eras = runs.get(SHARED_ERAS, [])
-    for u, j in last_join.items():
-        r = runs.setdefault(u, [])
-        for start, end in eras:
-            if start >= j:
-                break
-            r.append([start, min(end, j - 1)])
     for u, r in runs.items():
         runs[u] = _merge(r)
     # '*' and '*shared' stay open while the current state keeps new events in their era
@@ -210,7 +207,24 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[list[tu
             still_open[ANYONE] = True
         if final_vis in ("shared", "world_readable"):
             still_open[SHARED_ERAS] = True
-    return keys, runs, still_open
+    return keys, runs, still_open, last_join
+
+
+def seen_runs(runs: list[list], shared: list[list], join: int | None) -> list[list]:
+    """What a user sees by their own runs and the shared-era runs before their latest join
+    ``join`` (an event index; None: never joined) -- the reads' rule, ``*`` aside."""
+    if join is None:
+        return runs
+    return _merge([*runs, *([s, min(e, join - 1)] for s, e in shared if s < join)])
+
+
+def latest_joins(ev: pd.DataFrame) -> dict[str, int]:
+    """user -> index of their latest join among ``ev`` (accepted, non-outlier, in key order)."""
+    joins = (ev["type"].to_numpy() == MEMBER) & (ev["membership"].to_numpy() == "join")
+    out: dict[str, int] = {}
+    for i in joins.nonzero()[0].tolist():
+        out[ev["state_key"].iloc[i]] = i
+    return out
 
 
 def _resolve_before(prevs, group_of, key_of, states) -> dict:
@@ -241,7 +255,7 @@ def _merge(runs: list[list]) -> list[list]:
 
 def ranges_of_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
     """One room's visibility as table rows (what ``room_visibility_ranges`` holds)."""
-    keys, runs, still_open = room_visibility(events, groups)
+    keys, runs, still_open, _ = room_visibility(events, groups)
     room = events["room_id"].iloc[0]
     rows = []
     n = len(keys)
@@ -278,7 +292,10 @@ def _expand(runs: list[list]) -> set[int]:
 
 def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """``ranges`` has a ``side`` column (``expected``/``found``): one row per event a user sees
-    on one side only, and one (event null) per user whose open end differs."""
+    on one side only, and one (event null) per user whose open end differs. What a user sees
+    on a side is their rows plus that side's ``*shared`` rows before their latest join (as
+    the reads decide it): a side whose user rows also hold those eras (written before the
+    eras stopped being copied) shows the same events."""
     ev = events[(~events["outlier"].astype(bool)) & (~events["rejected"].astype(bool))]
     ev = ev.sort_values(["topological_ordering", "stream_ordering"], kind="stable")
     keys = list(zip(ev["topological_ordering"].tolist(), ev["stream_ordering"].tolist()))
@@ -288,10 +305,15 @@ def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFr
     for side, user, st, ss, et, es in zip(ranges["side"], ranges["user_id"], ranges["start_topological"],
                                           ranges["start_stream"], ranges["end_topological"], ranges["end_stream"]):
         sides.setdefault((side, user), []).append((int(st), int(ss), _none(et), _none(es)))
+    joins = latest_joins(ev)
+    shared = {side: canonical_runs(keys, sides.get((side, SHARED_ERAS), []))[0] for side in ("expected", "found")}
     out = []
     for user in sorted({u for _, u in sides}):
         exp_runs, exp_open = canonical_runs(keys, sides.get(("expected", user), []))
         got_runs, got_open = canonical_runs(keys, sides.get(("found", user), []))
+        if not user.startswith("*"):
+            exp_runs = seen_runs(exp_runs, shared["expected"], joins.get(user))
+            got_runs = seen_runs(got_runs, shared["found"], joins.get(user))
         if exp_runs != got_runs:
             exp, got = _expand(exp_runs), _expand(got_runs)
             for i in sorted(exp ^ got):

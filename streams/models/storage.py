@@ -265,8 +265,10 @@ class VisibilityRange(models.Model):
     """Who may see which events of a room: a range of the room's ordering
     ``(topological_ordering, stream_ordering)``, bounds inclusive, an open end (null) while the
     user still sees each new event. ``user_id`` ``*`` is anyone (world_readable history);
-    ``*shared`` holds the shared-history eras a user gains on joining. Written by the persist
-    path and by the visibility batch job alike; read by every read (docs/storage.md)."""
+    ``*shared`` holds the shared-history eras, which a user sees up to their latest join (the
+    reads clip them there; a user's own rows hold only what their membership grants). Written
+    by the persist path and by the visibility batch job alike; read by every read
+    (docs/storage.md)."""
 
     room_id = models.CharField(max_length=255)
     user_id = models.CharField(max_length=255)

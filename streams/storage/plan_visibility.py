@@ -4,6 +4,9 @@ Each function changes the room context's :class:`~streams.storage.visibility.Ran
 place, adds the (room, user) pairs it touched to ``touched`` (their rows are rewritten) and
 marks the user's latest bound (``RoomContext.marks``: what lets an event off the head be
 decided for the few users whose answer can differ from their open range's).
+A user's ranges hold only what their own membership grants: the shared-history eras before
+their latest join are ``*shared``'s ranges, which the reads clip at that join (a join copies
+nothing: copies grew as joins x eras, quadratically in a big room's length).
 The rules themselves are ``visibility.py``'s; docs/storage.md, "Visibility", says why.
 """
 from __future__ import annotations
@@ -37,12 +40,6 @@ def switch(ctx: RoomContext, touched: Touched, user: str, before: bool, after: b
     changed(ctx, touched, user)
 
 
-def joined(ctx: RoomContext, touched: Touched, user: str, k: Key) -> None:
-    """``user`` joins at ``k``: the shared-history eras before it become visible."""
-    ctx.user_ranges(user).add_all(ctx.user_ranges(SHARED_ERAS).clipped_before(k))
-    changed(ctx, touched, user)
-
-
 def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, member_before: str | None) -> None:
     """An event at the room's head on the current state (the fast path): only what it
     changes -- its own member's range, or the rules a visibility event flips."""
@@ -66,8 +63,6 @@ def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, membe
         elif after_open and not rs.is_open:
             rs.add(k, None)
         changed(ctx, touched, u)
-        if ev.membership == "join":
-            joined(ctx, touched, u, k)
     elif (ev.type, ev.state_key) == HV_KEY:
         new = normalise_visibility(ev.body["content"].get("history_visibility"))
         for u, m in ctx.memberships.items():
@@ -83,15 +78,18 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
     user whose answer can differ from what their ranges already say at its key.
 
     Any other user ``u`` has the same member event after it as in the room's current state,
-    no mark at or after its key (so ``u``'s ranges cover it iff ``u``'s last range is open,
-    and ``u`` joins nowhere after it), and is not its member: the rules then grant it iff
-    ``u``'s current membership is granted under one of its visibility values -- which is
-    whether the range is open (it is open iff the current membership is granted under the
-    current visibility) unless that value is another one, when the invited may differ. So the
-    users decided are: those whose member event differs from the current state's, those
-    marked since the key, the event's own member, and the invited when the visibility
-    differs. The cost follows the state's difference from the current state, never the
-    room's member count."""
+    no mark at or after its key (so ``u``'s ranges cover it iff ``u``'s last range is open),
+    and is not its member: the rules then grant it iff ``u``'s current membership is granted
+    under one of its visibility values -- which is whether the range is open (it is open iff
+    the current membership is granted under the current visibility) unless that value is
+    another one, when the invited may differ. So the users decided are: those whose member
+    event differs from the current state's, those marked since the key (joins included: a
+    later join changes no user row now, but rows written before held copies of the shared
+    eras before the join, and an event inside one must be decided for its holder), the
+    event's own member, and the invited when the visibility differs. The cost follows the
+    state's difference from the current state, never the room's member count. Whether a
+    later join lets ``u`` see a shared-era event is not decided here: ``*shared``'s point
+    is, and the reads clip it at ``u``'s latest join."""
     k = ev.key
     hv = after_map.get(HV_KEY)
     reader.load_facts([hv] if hv is not None else [])
@@ -111,15 +109,11 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
     reader.load_facts([e for e in member_events.values() if e is not None])
     for u in candidates:
         own = (ev.membership, member_before) if ev.type == MEMBER and ev.state_key == u else None
-        later = ctx.last_join.get(u)
         want = visible_to_member(vis_values=vis_values, membership_after=reader.membership(member_events[u]),
-                                 own_change=own, joins_later=later is not None and later > k)
+                                 own_change=own)
         point(ctx, touched, u, want, k)
     point(ctx, touched, ANYONE, "world_readable" in vis_values, k)
     point(ctx, touched, SHARED_ERAS, any(shared_era(v) for v in vis_values), k)
-    if ev.type == MEMBER and ev.membership == "join":
-        assert ev.state_key is not None
-        joined(ctx, touched, ev.state_key, k)
 
 
 def point(ctx: RoomContext, touched: Touched, user: str, want: bool, k: Key) -> None:

@@ -1,9 +1,12 @@
 """The reads of the room event store, each filtered by visibility for the requesting user.
 
-Visibility is one ``EXISTS`` on ``room_visibility_ranges`` (the user's ranges or ``*``'s
-covering the event's (topological, stream) key), inside the query, so limits count visible
-events only. Outliers and rejected events are never returned; redacted events come back
-pruned. Events are returned as their stored JSON bytes (lossless), in :class:`EventRow`.
+Visibility is decided inside the query from ``room_visibility_ranges``, so limits count
+visible events only: a range of the user's or of ``*``'s covers the event's (topological,
+stream) key, or one of ``*shared``'s does and the key is before the user's latest join in
+the room (``J``, looked up in ``room_memberships``: nothing copies the shared eras into the
+user's ranges; docs/storage.md, "Visibility"). Outliers and rejected events are never
+returned; redacted events come back pruned. Events are returned as their stored JSON bytes
+(lossless), in :class:`EventRow`.
 """
 from __future__ import annotations
 
@@ -24,13 +27,34 @@ from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
 
-#: the event row ``e`` is visible to %(user)s
-VISIBLE = """EXISTS (
+
+def latest_join(room: str) -> str:
+    """SQL: the key ``(topological, stream)`` of %(user)s's latest join in room ``room`` (no
+    row: never joined). The (room_id, user_id) index finds the user's few member events."""
+    return f"""(SELECT j.topological_ordering AS jt, j.event_stream_ordering AS js FROM room_memberships j
+            WHERE j.room_id = {room} AND j.user_id = %(user)s AND j.membership = 'join'
+            ORDER BY j.topological_ordering DESC, j.event_stream_ordering DESC LIMIT 1)"""
+
+
+def _covers(holders: str) -> str:
+    return f"""EXISTS (
     SELECT 1 FROM room_visibility_ranges v
-    WHERE v.room_id = e.room_id AND v.user_id IN (%(user)s, '*')
+    WHERE v.room_id = e.room_id AND v.user_id {holders}
       AND (v.start_topological, v.start_stream) <= (e.topological_ordering, e.stream_ordering)
       AND (v.end_topological IS NULL
            OR (e.topological_ordering, e.stream_ordering) <= (v.end_topological, v.end_stream)))"""
+
+
+def visible_clause(room: str = "e.room_id") -> str:
+    """SQL: the event row ``e`` (of room ``room``) is visible to %(user)s: a range of theirs or
+    of ``*`` covers it, or one of ``*shared`` does and it is before their latest join."""
+    return f"""({_covers("IN (%(user)s, '*')")}
+    OR ((e.topological_ordering, e.stream_ordering) < (SELECT jt, js FROM {latest_join(room)} lj)
+        AND {_covers("= '*shared'")}))"""
+
+
+#: the event row ``e`` is visible to %(user)s
+VISIBLE = visible_clause()
 
 #: the redaction column is the room version of a redacted event (pruned by its version's
 #: rules), NULL for the others: the room is looked up only for the few redacted rows
@@ -49,41 +73,56 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     %(user)s, in ``order`` -- ``b`` (history, newest first), ``f`` (oldest first) or ``s``
     (stream ordering, newest first).
 
-    It walks the user's (and ``*``'s) visibility ranges and reads each one as an index range
-    scan of ``(room_id, topological_ordering, stream_ordering)`` -- never the whole room, and
-    no reliance on the planner guessing how many of a room's events a user can see (it
-    guessed "all of a small room", then sorted every event of a 100,000-event room).
+    It walks the user's, ``*``'s and ``*shared``'s visibility ranges (the last clipped
+    before the user's latest join) and reads each one as an index range scan of
+    ``(room_id, topological_ordering, stream_ordering)`` -- never the whole room, and no
+    reliance on the planner guessing how many of a room's events a user can see (it guessed
+    "all of a small room", then sorted every event of a 100,000-event room).
     """
     if order == "s":
         return _visible_in_stream_order(room, event_filter=event_filter, range_filter=range_filter, limit=limit)
     d = {"b": "DESC", "f": "ASC"}[order]
 
-    def walk(who: str) -> str:
+    def walk(who: str, end: tuple[str, str] = (f"coalesce(v.end_topological, {_MAX})",
+                                                f"coalesce(v.end_stream, {_MAX})"), extra: str = "") -> str:
         # One holder's ranges are disjoint, so its ranges in order, each range's events in
         # order, are all its events in order: the walk stops at the limit (an incremental
         # sort per range) instead of reading ``limit`` events from every range and sorting
-        # them all -- a member of a big room holds one range per shared-history era, 66 of
-        # them, and read 1,050 events for a page of 20.
+        # them all -- a member of a big room held one range per shared-history era, 66 of
+        # them, and read 1,050 events for a page of 20 (``*shared`` holds them now, walked
+        # the same way).
         return f"""(
             SELECT x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
                 SELECT {_COLUMNS} FROM events e
                 WHERE e.room_id = v.room_id
                   AND (e.topological_ordering, e.stream_ordering) >= (v.start_topological, v.start_stream)
-                  AND (e.topological_ordering, e.stream_ordering)
-                      <= (coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX}))
+                  AND (e.topological_ordering, e.stream_ordering) <= ({end[0]}, {end[1]})
                   AND NOT e.outlier AND NOT e.rejected {event_filter}
                 ORDER BY e.topological_ordering {d}, e.stream_ordering {d} LIMIT {limit}) x
-            WHERE v.room_id = {room} AND v.user_id = {who} {range_filter}
+            WHERE v.room_id = {room} AND v.user_id = {who} {range_filter} {extra}
             ORDER BY v.start_topological {d}, v.start_stream {d}, x.topological_ordering {d}, x.stream_ordering {d}
             LIMIT {limit})"""
 
-    # the user's events and the world's ('*', world-readable history) overlap: each walk
-    # gives its first ``limit``, and the first ``limit`` of both without duplicates are the answer
+    # ``*shared``'s ranges up to the user's latest join ``j`` (none if they never joined: the
+    # walk is not even started), each range's end clipped to just before it: one upper
+    # bound for the index scan (two, and a backwards walk of an open range would start at
+    # the room's newest event and filter its way down to the join)
+    before_join = f"(coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX})) < (j.jt, j.js)"
+    clipped = (f"CASE WHEN {before_join} THEN coalesce(v.end_topological, {_MAX}) ELSE j.jt END",
+               f"CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END")
+    shared = f"""(
+            SELECT s.* FROM {latest_join(room)} j CROSS JOIN LATERAL
+            {walk("'*shared'", clipped, "AND (v.start_topological, v.start_stream) < (j.jt, j.js)")} s)"""
+    # the user's events, the world's ('*', world-readable history) and the shared eras
+    # before their join overlap: each walk gives its first ``limit``, and the first
+    # ``limit`` of all three without duplicates are the answer
     return f"""(
         SELECT DISTINCT ON (w.topological_ordering, w.stream_ordering) w.* FROM (
             {walk("%(user)s")}
             UNION ALL
-            {walk("'*'")}) w
+            {walk("'*'")}
+            UNION ALL
+            {shared}) w
         ORDER BY w.topological_ordering {d}, w.stream_ordering {d} LIMIT {limit})"""
 
 
@@ -91,35 +130,49 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     """:func:`visible_events` newest first by stream ordering (incremental sync: ``event_filter``
     bounds the stream window). Ranges are ordered by (topological, stream), not by stream
     (a fork or backfilled event sits in an old range with a new stream ordering): every
-    range is read within the window and the rows sorted."""
+    range is read within the window and the rows sorted. The ranges read are the user's,
+    ``*``'s, and ``*shared``'s up to the user's latest join, clipped before it."""
     # The range bounds are a filter (``+ 0`` keeps them out of the index condition): the
     # walk goes down the (room_id, stream_ordering) index within the window and stops at the
     # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
     # made it read every entry of the range -- all of a big room's events since the user
     # joined -- and sort them.
+    before_join = f"(coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX})) < (j.jt, j.js)"
     return f"""(
-        SELECT DISTINCT ON (x.stream_ordering) x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
+        SELECT DISTINCT ON (x.stream_ordering) x.* FROM (
+            SELECT v.room_id, v.start_topological, v.start_stream,
+                   coalesce(v.end_topological, {_MAX}) AS end_topological,
+                   coalesce(v.end_stream, {_MAX}) AS end_stream
+            FROM room_visibility_ranges v
+            WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}
+            UNION ALL
+            SELECT v.room_id, v.start_topological, v.start_stream,
+                   CASE WHEN {before_join} THEN coalesce(v.end_topological, {_MAX}) ELSE j.jt END,
+                   CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END
+            FROM {latest_join(room)} j JOIN room_visibility_ranges v
+                 ON v.room_id = {room} AND v.user_id = '*shared'
+                    AND (v.start_topological, v.start_stream) < (j.jt, j.js) {range_filter}) r
+        CROSS JOIN LATERAL (
             SELECT {_COLUMNS} FROM events e
-            WHERE e.room_id = v.room_id
-              AND (e.topological_ordering + 0, e.stream_ordering) >= (v.start_topological, v.start_stream)
-              AND (e.topological_ordering + 0, e.stream_ordering)
-                  <= (coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX}))
+            WHERE e.room_id = r.room_id
+              AND (e.topological_ordering + 0, e.stream_ordering) >= (r.start_topological, r.start_stream)
+              AND (e.topological_ordering + 0, e.stream_ordering) <= (r.end_topological, r.end_stream)
               AND NOT e.outlier AND NOT e.rejected {event_filter}
             ORDER BY e.stream_ordering DESC LIMIT {limit}) x
-        WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}
         ORDER BY x.stream_ordering DESC LIMIT {limit})"""
 
 
 def visible_events_sqlite(room: str, *, order: str, event_filter: str = "", limit: str = "%(limit)s") -> str:
     """SQLite's :func:`visible_events` (no LATERAL, no DISTINCT ON): the room's events in
     ``order`` along the (room_id, topological_ordering, stream_ordering) index, each checked
-    with :data:`VISIBLE`, up to ``limit`` (one room per query: the syncs loop over rooms)."""
+    with :func:`visible_clause` (the latest join looked up once: it names the room, not the
+    row), up to ``limit`` (one room per query: the syncs loop over rooms)."""
     direction = {"b": "DESC", "f": "ASC", "s": "DESC"}[order]
     key = ("e.stream_ordering {d}" if order == "s"
            else "e.topological_ordering {d}, e.stream_ordering {d}").format(d=direction)
     return f"""(
         SELECT {_COLUMNS} FROM events e
-        WHERE e.room_id = {room} AND NOT e.outlier AND NOT e.rejected {event_filter} AND {VISIBLE}
+        WHERE e.room_id = {room} AND NOT e.outlier AND NOT e.rejected {event_filter} AND {visible_clause(room)}
         ORDER BY {key} LIMIT {limit})"""
 
 

@@ -7,16 +7,20 @@ state after E (the client-server spec's history visibility rules as Synapse's
 * ``world_readable``: anyone -> E is in the ranges of the pseudo-user ``*``;
 * user u with membership ``join`` after E, or ``invite`` under ``invited``;
 * ``shared`` (also an unknown or missing value, and ``world_readable`` for members): u if u
-  joins at any point after E -> E is in the ``*shared`` eras, copied into u's ranges when
-  u's join is persisted (or checked against later joins for an event persisted late);
+  joins at any point after E -> E is in the ``*shared`` eras, which the reads clip at u's
+  latest join (nothing is copied into u's ranges: see below);
 * u's own member event: Synapse's rule (a leave right after join/invite is seen; otherwise
   the more permissive of old and new membership decides);
 * an ``m.room.history_visibility`` event: if the value before *or* after allows it.
 
 A user's ranges are kept per room as sorted inclusive key ranges; the last one is open
 (end ``None``) while the current state lets the user see each new event, so a new message
-costs no visibility write at all. Everything here is pure; the planner applies it
-(``plan_visibility.py``), the persist path loads and saves the ranges.
+costs no visibility write at all. They hold only what u's own membership grants
+(:func:`visible_to_member` with ``joins_later=False``): u sees E iff a range of u or of ``*``
+covers E, or one of ``*shared`` does and E is before u's latest join. Copying the eras into
+u's ranges on joining made a big room's rows grow as joins x eras (130 rows per member).
+Everything here is pure; the planner applies it (``plan_visibility.py``), the persist path
+loads and saves the ranges.
 """
 from __future__ import annotations
 
@@ -86,6 +90,18 @@ def visible_to_member(
         if shared_era(vis) and joins_later:
             return True
     return False
+
+
+def sees(ranges: dict[str, "RangeSet"], last_join: Key | None, user: str, k: Key) -> bool:
+    """The reads' rule over one room's ranges: ``user`` (latest join ``last_join``) may see
+    the event at ``k`` iff a range of theirs or of ``*`` covers it, or one of ``*shared``
+    does and ``k`` is before their latest join."""
+    def covered(holder: str) -> bool:
+        rs = ranges.get(holder)
+        return rs is not None and rs.covers(k)
+
+    return (covered(user) or covered(ANYONE)
+            or (last_join is not None and k < last_join and covered(SHARED_ERAS)))
 
 
 def _succ(k: Key) -> Key:

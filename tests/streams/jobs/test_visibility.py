@@ -56,12 +56,24 @@ class Room:
         return visibility_ranges(spark.createDataFrame(self.events, EVENTS_SCHEMA),
                                  spark.createDataFrame(self.groups, GROUPS_SCHEMA))
 
-    def visible(self, spark) -> dict[str, set[int]]:
-        """user -> event numbers covered (an open range covers up to the last event)."""
+    def rows(self, spark) -> dict[str, set[int]]:
+        """holder -> event numbers its own rows cover (an open range covers up to the last event)."""
         out: dict[str, set[int]] = {}
         for r in self.ranges(spark).collect():
             end = self.n if r.end_topological is None else r.end_topological
             out.setdefault(r.user_id, set()).update(range(r.start_topological, end + 1))
+        return out
+
+    def visible(self, spark) -> dict[str, set[int]]:
+        """holder -> event numbers it sees as the reads decide it: a user's rows, and the
+        ``*shared`` rows before their latest join (``*`` apart)."""
+        out = self.rows(spark)
+        joins = {e[5]: e[2] for e in self.events if e[4] == "m.room.member" and e[6] == "join"
+                 and not e[7] and not e[8]}
+        for user, j in joins.items():
+            seen = {n for n in out.get("*shared", set()) if n < j} | out.get(user, set())
+            if seen:
+                out[user] = seen
         return out
 
 
@@ -93,6 +105,33 @@ def test_shared_history_before_a_join_is_visible(spark):
     vis = room.visible(spark)
     assert vis[B] == {1, 2, 3, 5, 6, 7}
     assert vis["*shared"] >= {1, 2, 3, 5, 6, 7} and 4 not in vis["*shared"]
+    assert room.rows(spark)[B] == {7}  # his own join: the eras before it are *shared's, not copied
+
+
+def test_differences_count_shared_eras_before_the_join_on_both_sides(spark):
+    """The check compares what each side lets a user see: rows that hold the shared eras
+    copied in (as an older persist path wrote them) show the same events as rows that
+    leave them to ``*shared``; a copy of an era the user may not see is a difference."""
+    room = Room()
+    room.member(A, "join")            # 1
+    room.msg()                        # 2 shared
+    room.visibility("joined")         # 3
+    room.msg()                        # 4 joined-only
+    room.member(B, "join")            # 5
+    events = spark.createDataFrame(room.events, EVENTS_SCHEMA)
+    new = spark.createDataFrame([("!r:hs", "*shared", 1, 1, 3, 3), ("!r:hs", A, 1, 1, None, None),
+                                 ("!r:hs", B, 5, 5, None, None)], RANGES_SCHEMA)
+    copied = spark.createDataFrame([("!r:hs", "*shared", 1, 1, 3, 3), ("!r:hs", A, 1, 1, None, None),
+                                    ("!r:hs", B, 1, 1, 3, 3), ("!r:hs", B, 5, 5, None, None)], RANGES_SCHEMA)
+    assert visibility_differences(events, new, copied).count() == 0
+    too_much = spark.createDataFrame([("!r:hs", "*shared", 1, 1, 3, 3), ("!r:hs", A, 1, 1, None, None),
+                                      ("!r:hs", B, 1, 1, None, None)], RANGES_SCHEMA)
+    assertDataFrameEqual(visibility_differences(events, new, too_much), spark.createDataFrame([
+        ("!r:hs", "$e4", B, "hidden", "visible")], DIFF_SCHEMA))
+    no_era = spark.createDataFrame([("!r:hs", A, 1, 1, None, None), ("!r:hs", B, 5, 5, None, None)], RANGES_SCHEMA)
+    assert {(r.user_id, r.event_id) for r in visibility_differences(events, new, no_era).collect()} == {
+        ("*shared", "$e1"), ("*shared", "$e2"), ("*shared", "$e3"),
+        (B, "$e1"), (B, "$e2"), (B, "$e3")}
 
 
 def test_invited(spark):

@@ -9,9 +9,17 @@ import pytest
 from streams.storage import planner
 from streams.storage.events import MEMBER, ParsedEvent, StateMap
 from streams.storage.generator import RoomGenerator
-from streams.storage.plan_visibility import HV_KEY, Touched, joined, point
+from streams.storage.plan_visibility import HV_KEY, Touched, point
 from streams.storage.snapshot import PlanReader, RoomContext
-from streams.storage.visibility import ANYONE, SHARED_ERAS, RangeSet, shared_era, visible_to_member
+from streams.storage.visibility import (
+    ANYONE,
+    SHARED_ERAS,
+    RangeSet,
+    normalise_visibility,
+    sees,
+    shared_era,
+    visible_to_member,
+)
 
 from .test_planner import A, B, M, MemoryStore, new_room, pdu
 
@@ -26,14 +34,10 @@ def off_head_every_user(ctx: RoomContext, touched: Touched, reader: PlanReader, 
     members = {s: reader.membership(e) for (t, s), e in after_map.items() if t == MEMBER}
     for u in set(members) | set(ctx.last_join) | {u for u in ctx.ranges if not u.startswith("*")}:
         own = (ev.membership, member_before) if ev.type == MEMBER and ev.state_key == u else None
-        later = ctx.last_join.get(u)
         point(ctx, touched, u, visible_to_member(vis_values=vis_values, membership_after=members.get(u),
-                                                 own_change=own, joins_later=later is not None and later > k), k)
+                                                 own_change=own), k)
     point(ctx, touched, ANYONE, "world_readable" in vis_values, k)
     point(ctx, touched, SHARED_ERAS, any(shared_era(v) for v in vis_values), k)
-    if ev.type == MEMBER and ev.membership == "join":
-        assert ev.state_key is not None
-        joined(ctx, touched, ev.state_key, k)
 
 
 def all_ranges(store: MemoryStore) -> dict[tuple[str, str], list]:
@@ -67,6 +71,78 @@ def test_off_head_events_decided_as_for_every_user(seed, monkeypatch):
     # the dataset has what is tested: forks in a big room, backfilled history
     big = max(fast.rooms.values(), key=lambda c: len(c.memberships))
     assert len(big.memberships) > 40 and calls["live"] > 20 and calls["backfill"] > 20, calls
+
+
+class EventFacts:
+    """What the rules read about each accepted event as the planner decided it: its key, its
+    visibility values, the memberships after it, its own member change. Recorded around the
+    planner's own steps (``at_head``/``off_head``), so the reference sees the same states."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.events: dict[str, list[tuple]] = {}  # room -> [(key, vis_values, members, own)]
+        real_at_head, real_off_head = planner.at_head, planner.off_head
+
+        def at_head(ctx, touched, ev, vis, member_before) -> None:
+            real_at_head(ctx, touched, ev, vis, member_before)
+            values = ((normalise_visibility(ev.body["content"].get("history_visibility")), vis)
+                      if (ev.type, ev.state_key) == HV_KEY else (vis,))
+            self._record(ctx, ev, values, dict(ctx.memberships), member_before)
+
+        def off_head(ctx, touched, reader, ev, after_map, vis_before, member_before) -> None:
+            real_off_head(ctx, touched, reader, ev, after_map, vis_before, member_before)
+            reader.load_facts([e for (t, s), e in after_map.items() if t == MEMBER or (t, s) == HV_KEY])
+            vis_after = reader.visibility(after_map.get(HV_KEY))
+            values = (vis_after, vis_before) if (ev.type, ev.state_key) == HV_KEY else (vis_after,)
+            members = {s: reader.membership(e) for (t, s), e in after_map.items() if t == MEMBER}
+            self._record(ctx, ev, values, members, member_before)
+
+        monkeypatch.setattr(planner, "at_head", at_head)
+        monkeypatch.setattr(planner, "off_head", off_head)
+
+    def _record(self, ctx, ev, values, members, member_before) -> None:
+        own = (ev.state_key, ev.membership, member_before) if ev.type == MEMBER else None
+        self.events.setdefault(ctx.room_id, []).append((ev.key, values, members, own))
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_ranges_with_shared_eras_clipped_at_the_latest_join_are_the_rules(seed, monkeypatch):
+    """No user row copies a shared-history era any more: a user sees an event iff their own
+    rows or ``*``'s cover it, or ``*shared``'s do and it is before their latest join. On
+    generated rooms (churn in a big room, forks, visibility changes, backfill) that is, for
+    every accepted event and every user, the rules decided directly -- what the copied eras
+    gave before (the reads' rule, ``visibility.sees``, against ``visible_to_member`` with
+    ``joins_later`` from the room's joins)."""
+    gen = RoomGenerator(rooms=6, users=60, events=4000, seed=seed, batch=100, backfill_fraction=0.5)
+    facts = EventFacts(monkeypatch)
+    store = MemoryStore()
+    for batch in gen.batches():
+        store.plan(*batch.items, backfill=batch.backfill)
+    checked = through_shared = 0
+    for room_id, events in facts.events.items():
+        ctx = store.rooms[room_id]
+        joins: dict[str, tuple] = {}
+        for k, _, _, own in events:
+            if own is not None and own[1] == "join":
+                joins[own[0]] = max(k, joins.get(own[0], k))
+        assert joins == ctx.last_join  # J: the latest accepted join, as the reads look it up
+        users = {u for _, _, members, _ in events for u in members} | set(joins)
+        users |= {u for u in ctx.ranges if not u.startswith("*")}
+        for k, values, members, own in events:
+            for u in users:
+                change = (own[1], own[2]) if own is not None and own[0] == u else None
+                later = joins.get(u)
+                want = "world_readable" in values or visible_to_member(
+                    vis_values=values, membership_after=members.get(u), own_change=change,
+                    joins_later=later is not None and later > k)
+                assert sees(ctx.ranges, ctx.last_join.get(u), u, k) == want, (room_id, u, k)
+                checked += 1
+                if want and not any((ctx.ranges.get(h) or RangeSet()).covers(k) for h in (u, ANYONE)):
+                    through_shared += 1
+    # the dataset has what is tested: events a user sees only through *shared before their join
+    assert checked > 50_000 and through_shared > 1_000, (checked, through_shared)
+    big = max(store.rooms.values(), key=lambda c: len(c.memberships))
+    rows = sum(len(rs.ranges) for u, rs in big.ranges.items() if not u.startswith("*"))
+    assert rows < 4 * len(big.last_join) + len(big.ranges), rows  # own grants only: a few rows per user
 
 
 class CountingStore(MemoryStore):

@@ -304,17 +304,17 @@ def test_visibility_ranges_follow_joins_under_joined_history():
                                                                                          r.end_stream)))
     key = {e: store.known[e].key for e in room.order}
     hv = room.order[4]
-    # the shared era before the visibility change (the change itself included), then from
-    # his join on, open
-    assert ranges[B] == [(key[room.order[0]], key[hv]), (key[join], None)]
-    assert ranges[A][0][0] == key[room.order[0]] and ranges[A][-1][1] is None
+    # from his join on, open; the shared era before the visibility change (the change
+    # itself included) is *shared's, which the reads clip at his join: not copied to him
+    assert ranges[B] == [(key[join], None)]
+    assert ranges[SHARED_ERAS] == [(key[room.order[0]], key[hv])]
+    assert ranges[A] == [(key[room.order[1]], None)]  # from her join (the create event: *shared before it)
     assert "*" not in ranges  # never world-readable
     assert not any(s <= key[before] and (e is None or key[before] <= e) for s, e in ranges[B])
     # Bob leaves: his range closes at his leave
     leave = room.send(B, MEMBER, {"membership": "leave"}, state_key=B)
     plan = store.plan(pdu(room, leave))
     assert [r for r in plan.visibility_ranges if r.user_id == B] == [
-        VisibilityRangeRow(room.room_id, B, *key[room.order[0]], *key[hv]),
         VisibilityRangeRow(room.room_id, B, *key[join], *store.known[leave].key)]
     assert current_rows(plan) == {(MEMBER, B): leave}
     assert plan.current_state == [CurrentStateRow(room.room_id, MEMBER, B, leave, "leave",
