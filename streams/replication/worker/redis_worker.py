@@ -21,8 +21,10 @@ from streams.replication.protocol.commands import (
     Command,
     PositionCommand,
     RdataCommand,
+    RdataRun,
     RemoteProtocolError,
     ReplicateCommand,
+    add_rdata_line,
     parse_line,
 )
 from streams.replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
@@ -144,22 +146,35 @@ class RedisReplicationWorker(BaseReplicationWorker):
         buf = self._buf + chunk if self._buf else chunk
         replies, end = parse_messages(buf)
         self._buf = buf[end:]
-        cmds: list[Command] = []
+        cmds: list[Command | RdataRun] = []
+        messages = 0
         for reply in replies:
             if type(reply) is bytes:
-                cmd = self._on_message(reply)
+                messages += 1
+                if reply.startswith(b"RDATA "):
+                    # The hot path: RDATA gathered in runs per writer, no command object each.
+                    try:
+                        if add_rdata_line(cmds, reply.decode("utf-8")):
+                            continue
+                    except UnicodeDecodeError:
+                        pass  # _parse names the error
+                cmd = self._parse(reply)
                 if cmd is not None:
                     cmds.append(cmd)
             elif not (reply and reply[0] == b"pong"):
                 logger.debug("Redis reply ignored: %r", reply)
+        self._counters["messages"] += messages
+        own = [c for c in cmds if isinstance(c, RdataRun) and c.instance_name == self.name]
+        if own:  # what we published, echoed back
+            self._counters["own_echoes"] += sum(len(c.entries) for c in own)
+            cmds = [c for c in cmds if not any(c is o for o in own)]
         if cmds:
             # A read's worth of messages to the follower at once (the hot path).
             self._dispatch_many(cmds)
 
-    def _on_message(self, data: bytes) -> Command | None:
-        """One pub/sub message: one command line, without newline. Returns the
-        command for the follower, if it is one for it."""
-        self._counters["messages"] += 1
+    def _parse(self, data: bytes) -> Command | None:
+        """One pub/sub message other than well-formed RDATA: one command line, without
+        newline. Returns the command for the follower, if it is one for it."""
         try:
             cmd = parse_line(data.decode("utf-8"))
         except (UnicodeDecodeError, RemoteProtocolError) as e:
