@@ -205,7 +205,10 @@ class RespConnection:
 
     async def _fill(self, timeout: float | None) -> None:
         try:
-            data = await asyncio.wait_for(self._reader.read(READ_SIZE), timeout)
+            # asyncio.timeout, not wait_for: no task of its own per read (the hot paths read
+            # a few times per batch of lines)
+            async with asyncio.timeout(timeout):
+                data = await self._reader.read(READ_SIZE)
         except TimeoutError:
             raise
         except OSError as e:
