@@ -28,7 +28,7 @@ from streams.replication.protocol.commands import (
     parse_line,
 )
 from streams.replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
-from streams.replication.protocol.resp import RespConnection, RespError, parse_messages
+from streams.replication.protocol.resp import RespConnection, RespError, message_head, parse_messages
 from streams.replication.publish.redis_bridge import redis_channel
 from streams.replication.worker.base import BaseReplicationWorker
 from synapse_repl.redaction import redact_url
@@ -89,6 +89,7 @@ class RedisReplicationWorker(BaseReplicationWorker):
         self._publisher: RespConnection | None = None
         self._publish_lock = asyncio.Lock()
         self._buf = b""
+        self._head = message_head(self.channel.encode())
 
     def _interrupt(self) -> None:
         self.subscription.stop()
@@ -144,7 +145,7 @@ class RedisReplicationWorker(BaseReplicationWorker):
 
     def _on_chunk(self, chunk: bytes) -> None:
         buf = self._buf + chunk if self._buf else chunk
-        replies, end = parse_messages(buf)
+        replies, end = parse_messages(buf, 0, self._head)
         self._buf = buf[end:]
         cmds: list[Command | RdataRun] = []
         messages = 0
