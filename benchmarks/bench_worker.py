@@ -12,6 +12,11 @@ connect until the callback has seen every fact.
 Baseline, same run: an asyncio client that connects, sends the same handshake and only
 counts newlines in what it reads (``StreamReader.read(65536)``): the cost of getting the
 bytes at all. Printed: facts/s and process CPU per fact of each, best of R runs.
+
+Then, in this process without sockets, the receive path of each transport on the same lines
+in 64 KiB chunks, to the same counting callback: the TCP worker's (``ReplicationConnection``
+and the worker's dispatch) and the Redis worker's (the same lines as pub/sub messages in
+RESP, through ``RedisReplicationWorker``'s chunk handler): CPU per fact, best of R.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -103,6 +109,54 @@ async def _baseline_run(port: int, facts: int) -> tuple[float, float]:
     return elapsed, cpu
 
 
+async def _in_process_run(transport: str, facts: int) -> float:
+    """CPU per fact of one transport's receive path, fed 64 KiB chunks in this process."""
+    from streams.replication.protocol.commands import PositionCommand
+    from streams.replication.protocol.connection import ReplicationConnection
+    from streams.replication.worker.redis_worker import RedisReplicationWorker
+    from streams.replication.worker.tcp_worker import ReplicationWorker
+
+    got = 0
+    done = asyncio.Event()
+
+    async def on_facts(stream: str, writer: str, token: int, rows: list) -> None:
+        nonlocal got
+        got += 1
+        if got == facts:
+            done.set()
+
+    body = json.dumps(ROW, separators=(",", ":"))
+    lines = [f"RDATA receipts w1 {t} {body}".encode() for t in range(2, facts + 2)]
+    common = dict(name="bench", server_name=SERVER_NAME, catchup_url="http://127.0.0.1:9", on_facts=on_facts,
+                  streams=["receipts"])
+    worker: Any
+    if transport == "tcp":
+        worker = ReplicationWorker(host="127.0.0.1", port=9, **common)
+        data = b"".join(line + b"\n" for line in lines)
+    else:
+        worker = RedisReplicationWorker(redis_url="redis://127.0.0.1:9", **common)
+        channel = SERVER_NAME.encode()
+        data = b"".join(b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(line), line)
+                        for line in lines)
+    chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+    worker._loop = asyncio.get_running_loop()
+    worker._dispatch_many([PositionCommand("receipts", "w1", 0, 1)])  # connected at 1
+    conn = ReplicationConnection("client", now=0)
+    c0 = _cpu()
+    for chunk in chunks:
+        if transport == "tcp":
+            conn.receive_data(chunk)
+            await worker._take(conn, None, conn.next_batch(0), True)  # type: ignore[arg-type]
+        else:
+            worker._on_chunk(chunk)
+        await asyncio.sleep(0)  # the lane runs between reads, as it does between socket reads
+    await asyncio.wait_for(done.wait(), 300)
+    cpu = _cpu() - c0
+    for lane in worker._lanes.values():
+        lane.task.cancel()
+    return 1e6 * cpu / facts
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks._setup import run_size
 
@@ -135,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     (w_rate, w_cpu), (b_rate, b_cpu) = best["worker"], best["baseline"]
     print(f"best: worker {w_rate:,.0f} facts/s at {w_cpu:.2f} us/fact; reading the bytes alone {b_rate:,.0f} "
           f"facts/s at {b_cpu:.2f} us/fact; the worker's own work {w_cpu - b_cpu:.2f} us/fact")
+    print("in process, no socket, 64 KiB chunks (the receive path alone):")
+    for transport in ("tcp", "redis"):
+        costs = [asyncio.run(_in_process_run(transport, facts)) for _ in range(repeat)]
+        print(f"  {transport:<6} worker: {min(costs):.2f} us/fact (runs: {', '.join(f'{c:.2f}' for c in costs)})",
+              flush=True)
     return 0
 
 

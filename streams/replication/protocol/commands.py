@@ -33,6 +33,8 @@ __all__ = [
     "Command",
     "ServerCommand",
     "RdataCommand",
+    "RdataRun",
+    "add_rdata_line",
     "PositionCommand",
     "ErrorCommand",
     "PingCommand",
@@ -274,6 +276,64 @@ _set_rdata_stream = RdataCommand.__dict__["stream_name"].__set__
 _set_rdata_instance = RdataCommand.__dict__["instance_name"].__set__
 _set_rdata_token = RdataCommand.__dict__["token"].__set__
 _set_rdata_row = RdataCommand.__dict__["row"].__set__
+
+
+class RdataRun:
+    """Consecutive RDATA lines of one stream and writer, parsed without a command per line.
+
+    A worker receives RDATA by the thousand per read, almost all of one (stream, writer) in a
+    row; making an :class:`RdataCommand` for each and handing each to the follower on its
+    own cost as much as decoding its JSON. ``entries`` are ``(token, row)`` in arrival order
+    (``token`` None for ``batch``), exactly what :meth:`RdataCommand.from_body` would have
+    read; :meth:`commands` gives those commands when they are wanted after all.
+    """
+
+    __slots__ = ("stream_name", "instance_name", "entries")
+
+    def __init__(self, stream_name: str, instance_name: str, entries: list[tuple[int | None, Any]]) -> None:
+        self.stream_name = stream_name
+        self.instance_name = instance_name
+        self.entries = entries
+
+    def commands(self) -> list[RdataCommand]:
+        return [RdataCommand(self.stream_name, self.instance_name, token, row) for token, row in self.entries]
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is RdataRun and self.stream_name == other.stream_name
+                and self.instance_name == other.instance_name and self.entries == other.entries)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"RdataRun({self.stream_name!r}, {self.instance_name!r}, {len(self.entries)} entries)"
+
+
+def add_rdata_line(out: list[Any], line: str) -> bool:
+    """Parse ``line`` if it is a well-formed current-generation RDATA line and add it to
+    ``out``: to its last item if that is the :class:`RdataRun` of the same stream and writer,
+    else as a new run. Returns False, changing nothing, for any other line (another command,
+    or an RDATA line :func:`parse_line` would refuse: the caller takes that way for the error).
+    """
+    if not line.startswith("RDATA "):
+        return False
+    try:
+        # the same fields and conversions as RdataCommand.from_body, in the same order
+        _, stream_name, instance_name, token, row_json = line.split(" ", 4)
+        parsed_token = None if token == "batch" else int(token)
+        try:  # decode_json's fast path, inline (once per fact in every worker)
+            row, end = _scan_once(row_json, 0)
+        except StopIteration:
+            end = -1
+        if end != len(row_json):
+            row = decode_json(row_json)
+    except Exception:
+        return False
+    last = out[-1] if out else None
+    if type(last) is RdataRun and last.instance_name == instance_name and last.stream_name == stream_name:
+        last.entries.append((parsed_token, row))
+    else:
+        out.append(RdataRun(stream_name, instance_name, [(parsed_token, row)]))
+    return True
 
 
 @dataclass(frozen=True, slots=True)

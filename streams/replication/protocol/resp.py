@@ -94,15 +94,35 @@ def parse_reply(buf: bytes, pos: int = 0) -> tuple[Any, int] | None:
     raise RespError(f"not a RESP2 reply: {buf[pos - len(head) - 3:pos + 20]!r}")
 
 
-def parse_messages(buf: bytes, pos: int = 0) -> tuple[list[Any], int]:
+def message_head(channel: bytes) -> bytes:
+    """What every pub/sub message of ``channel`` starts with, up to its payload's length."""
+    return b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$" % (len(channel), channel)
+
+
+def parse_messages(buf: bytes, pos: int = 0, head: bytes | None = None) -> tuple[list[Any], int]:
     """Every complete reply in ``buf[pos:]`` and where the incomplete rest starts.
 
     Pub/sub messages (``["message", channel, payload]``) come back as their payload (bytes),
     on a fast path; anything else (subscribe confirmations, PONG) as the parsed reply (a list).
+    ``head``: :func:`message_head` of the channel most messages come on (a subscriber of one
+    channel): those are found with one search less each.
     """
     out: list[Any] = []
     n = len(buf)
+    skip = len(head) if head else 0
     while pos < n:
+        if head and buf.startswith(head, pos):
+            p = pos + skip  # the payload's length
+            end = buf.find(CRLF, p)
+            if end < 0:
+                break
+            start = end + 2
+            stop = start + int(buf[p:end])
+            if stop + 2 > n:
+                break
+            out.append(buf[start:stop])
+            pos = stop + 2
+            continue
         if buf.startswith(b"*3\r\n$7\r\nmessage\r\n$", pos):
             # ["message", channel, payload]: two length-prefixed strings follow.
             p = pos + 18  # the channel's length
@@ -205,7 +225,10 @@ class RespConnection:
 
     async def _fill(self, timeout: float | None) -> None:
         try:
-            data = await asyncio.wait_for(self._reader.read(READ_SIZE), timeout)
+            # asyncio.timeout, not wait_for: no task of its own per read (the hot paths read
+            # a few times per batch of lines)
+            async with asyncio.timeout(timeout):
+                data = await self._reader.read(READ_SIZE)
         except TimeoutError:
             raise
         except OSError as e:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.replication.protocol.resp import RespConnection
+from streams.replication.protocol.resp import RespConnection, pack_publish
 
 REPLY_TIMEOUT = 10.0
 _PLAIN_HOST_KEYS = {"address", "protocol"}
@@ -47,7 +47,7 @@ class GroupPublisher:
     def __init__(self, layer: Any, channel: bytes, url: str) -> None:
         self._layer = layer
         self.channel = channel
-        self._url = url
+        self.url = url
         self._conn: RespConnection | None = None
 
     @classmethod
@@ -63,6 +63,11 @@ class GroupPublisher:
         may prepare them)."""
         return self._layer.serialize(message)
 
+    def pack(self, data: bytes) -> bytes:
+        """The PUBLISH command of a message serialized by :meth:`serialize`, for a write of
+        someone else's on the same Redis (the streamer's bridge: one write per batch)."""
+        return pack_publish([(self.channel, data)])
+
     async def send(self, message: dict[str, Any], data: bytes | None = None) -> None:
         """``group_send(group, message)``: one PUBLISH, its reply awaited. ``data``: the
         message already serialized. Raises on failure (the connection is dropped and opened
@@ -71,7 +76,7 @@ class GroupPublisher:
             data = self._layer.serialize(message)
         try:
             if self._conn is None:
-                self._conn = await RespConnection.open(self._url, REPLY_TIMEOUT)
+                self._conn = await RespConnection.open(self.url, REPLY_TIMEOUT)
             await self._conn.publish([(self.channel, data)], timeout=REPLY_TIMEOUT)
         except BaseException:
             await self.close()

@@ -87,7 +87,7 @@ class SynapseRedisBridge:
         self._channel = server_name.encode()
         self._announce = announce
         self._send_replicate = send_replicate
-        self._url = redis_url
+        self.url = redis_url
         self._publisher: RespConnection | None = None
         #: Everything we publish goes out under this lock, one PUBLISH batch after the other,
         #: and an announcement is computed under it too. Otherwise a REPLICATE answer computed
@@ -146,7 +146,8 @@ class SynapseRedisBridge:
         return pack_publish_to(self._channel, lines)
 
     async def publish_batch(self, stream: str, writer: str, prev: int, new: int,
-                            lines: list[str | bytes], packed: bytes | None = None) -> None:
+                            lines: list[str | bytes], packed: bytes | None = None,
+                            also: bytes = b"", also_count: int = 0) -> bool:
         """Publish one writer's lines for ``(prev, ...]``, keeping subscribers gap-free.
 
         While we are not subscribed, lines are dropped ("discard and advance", as Synapse's
@@ -154,13 +155,18 @@ class SynapseRedisBridge:
         of this writer was lost, the next one starts with ``POSITION s w prev prev``, so a
         subscriber that missed the lost lines notices and catches up before taking these.
         ``packed``: ``lines`` already packed by :meth:`pack_lines` (else they are packed here).
+
+        ``also``: ``also_count`` other PUBLISH commands (on other channels: the streamer's
+        channel-layer message) to send in the same write, so that a batch costs one write and
+        one wait for replies. Returns whether they reached Redis: not while we are not
+        subscribed (then nothing is sent) or when the write failed.
         """
         key = (stream, writer)
         async with self._lock:
             if not self.subscribed.is_set():
                 self._stale[key] = max(new, self._stale.get(key, new))
                 self.dropped += len(lines)
-                return
+                return False
             if packed is None:
                 packed = self.pack_lines([line.encode() if isinstance(line, str) else line for line in lines])
             count = len(lines)
@@ -169,11 +175,12 @@ class SynapseRedisBridge:
                 # not announced on this subscription (new, or its lines were lost) starts with one.
                 packed = self.pack_lines([PositionCommand(stream, writer, prev, prev).to_line().encode()]) + packed
                 count += 1
-            if await self.publish_packed(packed, count):
+            if await self.publish_packed(also + packed if also else packed, count + also_count, also_count):
                 self._stale.pop(key, None)
                 self._announced.add(key)
-            else:
-                self._stale[key] = max(new, self._stale.get(key, new))
+                return True
+            self._stale[key] = max(new, self._stale.get(key, new))
+            return False
 
     async def publish_lines(self, lines: Iterable[str | bytes]) -> bool:
         """PUBLISH each line on its own channel (``USER_IP`` has one of its own), in one write,
@@ -190,20 +197,22 @@ class SynapseRedisBridge:
             return True
         return await self.publish_packed(pack_publish(items), len(items))
 
-    async def publish_packed(self, packed: bytes, count: int) -> bool:
-        """:meth:`publish_lines` for ``count`` lines packed by :meth:`pack_lines`."""
+    async def publish_packed(self, packed: bytes, count: int, others: int = 0) -> bool:
+        """:meth:`publish_lines` for ``count`` PUBLISH commands packed by :meth:`pack_lines`,
+        ``others`` of them not lines of the Synapse channel (not counted as published or
+        dropped lines)."""
         try:
             if self._publisher is None:
-                self._publisher = await RespConnection.open(self._url, REPLY_TIMEOUT)
+                self._publisher = await RespConnection.open(self.url, REPLY_TIMEOUT)
             await self._publisher.publish_packed(packed, count, timeout=REPLY_TIMEOUT)
-            self.published += count
+            self.published += count - others
             return True
         except (RespError, OSError, TimeoutError) as e:
             if self._publisher is not None:
                 await self._publisher.close()
                 self._publisher = None
-            self.dropped += count
-            logger.warning("could not publish %d line(s) on Redis: %s", count, e)
+            self.dropped += count - others
+            logger.warning("could not publish %d line(s) on Redis: %s", count - others, e)
             return False
 
     async def settle(self, timeout: float) -> bool:

@@ -158,13 +158,31 @@ class ReplicationStreamer:
                 queued, self._queue = self._queue, []
                 self._busy = bool(queued)
             try:
+                publisher, bridge = self._group_publisher, self.bridge
+                # One write per batch when both go to one Redis: the channel-layer message in
+                # the bridge's PUBLISH write, one wait for the replies (docs/benchmarks.md).
+                together = (publisher is not None and bridge is not None and publisher.url == bridge.url)
                 for batch in _coalesce(queued):
                     message = batch.message
+                    if together:
+                        assert publisher is not None and bridge is not None
+                        data = batch.layer_data if batch.layer_data is not None else publisher.serialize(message)
+                        # published_upto first: a REPLICATE answered while this write waits
+                        # for its replies is published after it (the bridge's lock)
+                        self.published_upto[(message["stream"], message["writer"])] = message["new"]
+                        if await bridge.publish_batch(message["stream"], message["writer"], message["prev"],
+                                                      message["new"], batch.lines, batch.packed,
+                                                      also=publisher.pack(data), also_count=1):
+                            self.published_messages += 1
+                            self.published_lines += message["count"]
+                        else:  # not subscribed to the Synapse channel, or Redis failed: on its own
+                            await self._publish(layer, message, data)
+                        continue
                     await self._publish(layer, message, batch.layer_data)
                     self.published_upto[(message["stream"], message["writer"])] = message["new"]
-                    if self.bridge is not None:
-                        await self.bridge.publish_batch(message["stream"], message["writer"], message["prev"],
-                                                        message["new"], batch.lines, batch.packed)
+                    if bridge is not None:
+                        await bridge.publish_batch(message["stream"], message["writer"], message["prev"],
+                                                   message["new"], batch.lines, batch.packed)
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:

@@ -33,10 +33,19 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
 
-from streams.replication.protocol.commands import Command, PositionCommand, RdataCommand
+from streams.replication.protocol.commands import Command, PositionCommand, RdataCommand, RdataRun
 from streams.replication.worker.cache_invalidation import DjangoCacheInvalidator
 from streams.replication.worker.catchup_client import CatchUpPage, fetch_catch_up_page
-from streams.replication.worker.follower import Advanced, Decision, Deliver, FetchCatchUp, Reset, StreamFollower, StreamKey
+from streams.replication.worker.follower import (
+    Advanced,
+    Decision,
+    Deliver,
+    DeliverRun,
+    FetchCatchUp,
+    Reset,
+    StreamFollower,
+    StreamKey,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -234,15 +243,18 @@ class BaseReplicationWorker:
         Errors are logged here, never raised."""
         raise NotImplementedError
 
-    def _dispatch_many(self, cmds: Sequence[Command]) -> None:
-        """Feed received commands to the follower, in order (RDATA and POSITION; others
-        ignored), and run its decisions."""
+    def _dispatch_many(self, cmds: Sequence[Command | RdataRun]) -> None:
+        """Feed received commands to the follower, in order (RDATA, runs of RDATA and
+        POSITION; others ignored), and run its decisions."""
         follower = self.follower
         decisions: list[Decision] = []
         rdata = positions = 0
         for cmd in cmds:
             kind = type(cmd)
-            if kind is RdataCommand:
+            if kind is RdataRun:
+                rdata += len(cmd.entries)
+                decisions += follower.on_rdata_run(cmd.stream_name, cmd.instance_name, cmd.entries)
+            elif kind is RdataCommand:
                 rdata += 1
                 decisions += follower.on_rdata(cmd)
             elif kind is PositionCommand:
@@ -311,6 +323,25 @@ class BaseReplicationWorker:
             try:
                 while pending:
                     decision = pending.popleft()
+                    if type(decision) is DeliverRun:
+                        if not self._on_facts_is_coro or decision.stream == "caches":
+                            # the rare kinds of delivery: one fact at a time, as _apply does it
+                            pending.extendleft(reversed(decision.delivers()))
+                            continue
+                        # The usual case: a read's facts of one writer, the callback awaited
+                        # inline for each (no coroutine of ours, counters once per wake-up).
+                        stream, writer, on_facts = decision.stream, decision.writer, self._on_facts
+                        key = (stream, writer)
+                        for token, rows in decision.facts:
+                            try:
+                                await on_facts(stream, writer, token, rows)
+                            except Exception:
+                                self._counters["callback_errors"] += 1
+                                logger.exception("applying %s/%s %s failed; moving on", stream, writer, token)
+                            positions[key] = token
+                            delivered += 1
+                            rows_delivered += len(rows)
+                        continue
                     if type(decision) is Deliver and self._on_facts_is_coro and decision.stream != "caches":
                         # The usual case, once per fact: _apply's work inline, counters added
                         # once per wake-up (a coroutine and three counter updates less per fact).

@@ -85,6 +85,22 @@ def _deliver(stream: str, writer: str, token: int, rows: tuple[Any, ...]) -> Del
     return decision
 
 
+@dataclass(frozen=True, slots=True)
+class DeliverRun:
+    """Facts of one ``writer`` on ``stream``, in order: ``facts`` is ``(token, rows)`` per
+    fact, each to apply exactly once as a :class:`Deliver` of it would be. The decision for a
+    run of RDATA (:meth:`StreamFollower.on_rdata_run`): one per run instead of one per fact.
+    """
+
+    stream: str
+    writer: str
+    facts: list[tuple[int, list[Any]]]
+
+    def delivers(self) -> list[Deliver]:
+        """The same facts as one :class:`Deliver` each."""
+        return [Deliver(self.stream, self.writer, token, tuple(rows)) for token, rows in self.facts]
+
+
 @dataclass(frozen=True)
 class Advanced:
     """``writer``'s position on ``stream`` is now ``token``; there are no rows to apply."""
@@ -118,7 +134,7 @@ class FetchCatchUp:
     attempt: int = 0
 
 
-Decision = Union[Deliver, Advanced, Reset, FetchCatchUp]
+Decision = Union[Deliver, DeliverRun, Advanced, Reset, FetchCatchUp]
 Command = Union[RdataCommand, PositionCommand]
 
 
@@ -218,6 +234,48 @@ class StreamFollower:
         if cmd.stream_name in self._catch_ups:
             return self._submit(cmd)  # parked behind the catch-up
         return self._process_rdata(cmd)  # _submit's other case, without its two calls (per fact)
+
+    def on_rdata_run(self, stream: str, writer: str, entries: Sequence[tuple[int | None, Any]]) -> list[Decision]:
+        """A run of RDATA of one ``writer`` on ``stream`` (``(token, row)`` in arrival order,
+        ``token`` None for ``batch``): what :meth:`on_rdata` decides for each, with the
+        delivered facts as one :class:`DeliverRun`.
+
+        Nothing but RDATA of this writer arrives within the run, so whether the writer is
+        connected (only a POSITION changes that) is asked once."""
+        if not self._follows(stream, writer):
+            return []
+        if stream in self._catch_ups:
+            for token, row in entries:  # parked behind the catch-up, one command each
+                self._submit(RdataCommand(stream, writer, token, row))
+            return []
+        key = (stream, writer)
+        if key not in self._connected:
+            return []  # as _process_rdata: the POSITION that must come first fetches them
+        batch = self._batches.pop(key, None) if self._batches else None
+        current = self._tokens.get(key, self.default_token)
+        facts: list[tuple[int, list[Any]]] = []
+        for token, row in entries:
+            if token is None:
+                if batch is None:
+                    batch = [row]
+                else:
+                    batch.append(row)
+                continue
+            if token > current:
+                current = token
+                if batch is None:
+                    facts.append((token, [row]))
+                else:
+                    batch.append(row)
+                    facts.append((token, batch))
+            # else stale or duplicate (matrix-org/synapse#7360): dropped with its batch rows
+            batch = None
+        if batch is not None:
+            self._batches[key] = batch
+        if not facts:
+            return []
+        self._tokens[key] = current
+        return [DeliverRun(stream, writer, facts)]
 
     def on_position(self, cmd: PositionCommand) -> list[Decision]:
         if not self._follows(cmd.stream_name, cmd.instance_name):

@@ -21,12 +21,14 @@ from streams.replication.protocol.commands import (
     Command,
     PositionCommand,
     RdataCommand,
+    RdataRun,
     RemoteProtocolError,
     ReplicateCommand,
+    add_rdata_line,
     parse_line,
 )
 from streams.replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
-from streams.replication.protocol.resp import RespConnection, RespError, parse_messages
+from streams.replication.protocol.resp import RespConnection, RespError, message_head, parse_messages
 from streams.replication.publish.redis_bridge import redis_channel
 from streams.replication.worker.base import BaseReplicationWorker
 from synapse_repl.redaction import redact_url
@@ -87,6 +89,7 @@ class RedisReplicationWorker(BaseReplicationWorker):
         self._publisher: RespConnection | None = None
         self._publish_lock = asyncio.Lock()
         self._buf = b""
+        self._head = message_head(self.channel.encode())
 
     def _interrupt(self) -> None:
         self.subscription.stop()
@@ -142,24 +145,37 @@ class RedisReplicationWorker(BaseReplicationWorker):
 
     def _on_chunk(self, chunk: bytes) -> None:
         buf = self._buf + chunk if self._buf else chunk
-        replies, end = parse_messages(buf)
+        replies, end = parse_messages(buf, 0, self._head)
         self._buf = buf[end:]
-        cmds: list[Command] = []
+        cmds: list[Command | RdataRun] = []
+        messages = 0
         for reply in replies:
             if type(reply) is bytes:
-                cmd = self._on_message(reply)
+                messages += 1
+                if reply.startswith(b"RDATA "):
+                    # The hot path: RDATA gathered in runs per writer, no command object each.
+                    try:
+                        if add_rdata_line(cmds, reply.decode("utf-8")):
+                            continue
+                    except UnicodeDecodeError:
+                        pass  # _parse names the error
+                cmd = self._parse(reply)
                 if cmd is not None:
                     cmds.append(cmd)
             elif not (reply and reply[0] == b"pong"):
                 logger.debug("Redis reply ignored: %r", reply)
+        self._counters["messages"] += messages
+        own = [c for c in cmds if isinstance(c, RdataRun) and c.instance_name == self.name]
+        if own:  # what we published, echoed back
+            self._counters["own_echoes"] += sum(len(c.entries) for c in own)
+            cmds = [c for c in cmds if not any(c is o for o in own)]
         if cmds:
             # A read's worth of messages to the follower at once (the hot path).
             self._dispatch_many(cmds)
 
-    def _on_message(self, data: bytes) -> Command | None:
-        """One pub/sub message: one command line, without newline. Returns the
-        command for the follower, if it is one for it."""
-        self._counters["messages"] += 1
+    def _parse(self, data: bytes) -> Command | None:
+        """One pub/sub message other than well-formed RDATA: one command line, without
+        newline. Returns the command for the follower, if it is one for it."""
         try:
             cmd = parse_line(data.decode("utf-8"))
         except (UnicodeDecodeError, RemoteProtocolError) as e:

@@ -19,6 +19,7 @@ from streams.replication.protocol.commands import (
     ErrorCommand,
     NameCommand,
     PingCommand,
+    RdataRun,
     RemoteProtocolError,
     ReplicateCommand,
     ServerCommand,
@@ -94,7 +95,7 @@ class ReplicationWorker(BaseReplicationWorker):
         while not self._stopping:
             try:
                 # A read's worth of commands at once (the hot path), in order.
-                events = conn.next_events(now)
+                events = conn.next_batch(now)
                 if events:
                     accepted = await self._take(conn, writer, events, accepted)
                     continue
@@ -120,13 +121,13 @@ class ReplicationWorker(BaseReplicationWorker):
         return accepted
 
     async def _take(self, conn: ReplicationConnection, writer: asyncio.StreamWriter,
-                    events: list[Command], accepted: bool) -> bool:
+                    events: list[Command | RdataRun], accepted: bool) -> bool:
         """Act on received commands, in order; returns whether the server is accepted.
 
         Runs of commands other than SERVER, ERROR and PING go to the follower together
         (:meth:`_dispatch_many`).
         """
-        run: list[Command] = []
+        run: list[Command | RdataRun] = []
         for event in events:
             kind = type(event)
             if kind is not ServerCommand and kind is not ErrorCommand and kind is not PingCommand:

@@ -22,6 +22,7 @@ from streams.replication.protocol.commands import (
     PingCommand,
     PositionCommand,
     RdataCommand,
+    RdataRun,
     RemoteProtocolError,
     RemoteServerUpCommand,
     ReplicateCommand,
@@ -547,6 +548,91 @@ def test_next_events_refuses_what_the_peer_may_not_send():
     assert conn.next_events(0) == [NameCommand("w")]
     with pytest.raises(RemoteProtocolError, match="invalid command: RDATA"):
         conn.next_events(0)
+
+
+# --- next_batch: RDATA in runs (the worker's hot path since session 9) ----------------------
+
+_rdata_bits = st.sampled_from(
+    [b"RDATA s m 1 []", b"RDATA s m batch [1]", b"RDATA s m 2 {\"a\": [1, 2]}", b"RDATA s m2 3 null",
+     b"RDATA t m 4 \"x y\"", b"RDATA s m x []", b"RDATA s m 1", b"RDATA s m 1 [1] x", b"RDATA s m 1 NaN",
+     b"RDATA s m  1 []", b"RDATA s m 1 [] ", b"RDATA s m -5 [1]", b"RDATA s m +5 [1]", b"RDATA s m 1_0 [1]",
+     b"RDATA s m 1 \xff", b"RDATA s m 1 [\"\xc3\xa9\"]", b"RDATA s m 1 [\r", b"POSITION s m 1 2", b"PING 1",
+     b"RDATA s m 7 " + b"[" * 30 + b"]" * 30, b"NAME w", b"\n", b"\n\n"]
+)  # fmt: skip
+_rdata_chunks = st.lists(
+    st.one_of(st.binary(min_size=1, max_size=10), st.lists(_rdata_bits, min_size=1, max_size=6).map(b"\n".join)),
+    max_size=12,
+)
+
+
+def _expanded(events: list[object]) -> list[object]:
+    out: list[object] = []
+    for event in events:
+        out += event.commands() if isinstance(event, RdataRun) else [event]
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["server", "client"]), _rdata_chunks, st.booleans())
+def test_next_batch_gives_what_next_events_gives(role, chunks, eof):
+    """The same commands (runs expanded) in the same order, the same error after the last good
+    one, and the same clock."""
+    one = ReplicationConnection(role, now=0, max_line_length=64)
+    runs = ReplicationConnection(role, now=0, max_line_length=64)
+    seen_one: list[object] = []
+    seen_runs: list[object] = []
+    for i, chunk in enumerate([*chunks, *([b""] if eof else [])]):
+        one.receive_data(chunk)
+        runs.receive_data(chunk)
+        error_one = error_runs = None
+        try:
+            while batch := one.next_events(i):
+                seen_one += batch
+            one.next_event(i)
+        except RemoteProtocolError as e:
+            error_one = e.error_text
+        try:
+            while batch := runs.next_batch(i):
+                assert all(type(event) is not RdataCommand for event in batch)  # all in runs
+                seen_runs += _expanded(batch)
+            runs.next_event(i)
+        except RemoteProtocolError as e:
+            error_runs = e.error_text
+        assert seen_runs == seen_one
+        assert error_runs == error_one
+        assert (runs.last_received, runs.peer_sends_pings) == (one.last_received, one.peer_sends_pings)
+        if error_one is not None:
+            break
+
+
+def test_next_batch_gathers_rdata_per_stream_and_writer():
+    conn = ReplicationConnection("client", now=0)
+    conn.receive_data(b"RDATA s m batch [1]\nRDATA s m 1 [2]\nRDATA s m 2 [3]\nRDATA s m2 5 [4]\n"
+                      b"POSITION s m 2 3\nRDATA s m 4 [5]\nRDATA t m 9 {}\n")
+    assert conn.next_batch(1.0) == [
+        RdataRun("s", "m", [(None, [1]), (1, [2]), (2, [3])]),
+        RdataRun("s", "m2", [(5, [4])]),
+        PositionCommand("s", "m", 2, 3),
+        RdataRun("s", "m", [(4, [5])]),
+        RdataRun("t", "m", [(9, {})]),
+    ]
+    assert conn.last_received == 1.0
+
+
+def test_next_batch_keeps_the_runs_before_a_bad_line_then_raises():
+    conn = ReplicationConnection("client", now=0)
+    conn.receive_data(b"RDATA s m 1 [1]\nRDATA s m 2 [NaN]\nRDATA s m 3 [3]\n")
+    assert conn.next_batch(0) == [RdataRun("s", "m", [(1, [1])])]
+    with pytest.raises(RemoteProtocolError, match="NaN"):
+        conn.next_batch(0)
+
+
+def test_next_batch_refuses_rdata_from_a_client():
+    conn = ReplicationConnection("server", now=0)
+    conn.receive_data(b"NAME w\nRDATA events m 1 []\n")
+    assert conn.next_batch(0) == [NameCommand("w")]
+    with pytest.raises(RemoteProtocolError, match="invalid command: RDATA"):
+        conn.next_batch(0)
 
 
 # --- deadlines against squatters (issue 14.3) ----------------------------------------------

@@ -5,11 +5,14 @@ import asyncio
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.replication.protocol.resp import (
     LineSniffer,
     RespConnection,
     RespError,
+    message_head,
     pack_command,
     pack_publish,
     pack_publish_to,
@@ -50,6 +53,29 @@ def test_parse_messages_fast_path_and_leftovers():
         got, rest = parse_messages(wire[:cut])
         more, end = parse_messages(wire[:cut][rest:] + wire[cut:])
         assert got + more == [[b"subscribe", b"hs", 1], b"RDATA", b"RDATA"]
+
+
+def _message(channel: bytes, payload: bytes) -> bytes:
+    return b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(payload), payload)
+
+
+_replies = st.lists(st.one_of(
+    st.tuples(st.sampled_from([b"hs", b"hs2", b"h", b"hs/USER_IP"]),
+              st.binary(max_size=20) | st.sampled_from([b"RDATA s w 1 []", b"hs\r\n$", b"\r\n$3\r\n"]))
+    .map(lambda cp: _message(*cp)),
+    st.sampled_from([b"*2\r\n$4\r\npong\r\n$0\r\n\r\n", b"*3\r\n$9\r\nsubscribe\r\n$2\r\nhs\r\n:1\r\n"]),
+), max_size=8).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_replies, st.integers(0, 400))
+def test_parse_messages_with_a_channel_head_parses_the_same(wire, cut):
+    """A subscriber's own channel's head only spares a search: the same replies and the same
+    rest, whole or cut anywhere, whatever the other channels' names and the payloads hold."""
+    head = message_head(b"hs")
+    assert parse_messages(wire, 0, head) == parse_messages(wire)
+    part = wire[:cut]
+    assert parse_messages(part, 0, head) == parse_messages(part)
 
 
 def test_sniffer_picks_messages_by_prefix_across_chunks():

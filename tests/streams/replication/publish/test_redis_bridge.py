@@ -338,3 +338,44 @@ def test_transactions_completing_out_of_order_go_out_in_order(setup):
     assert lines[0] == PositionCommand("receipts", "master", before, before)
     tokens = [cmd.token for cmd in lines[1:]]
     assert tokens == ids  # each fact once, ascending
+
+
+# --- one write per batch (session 9) -----------------------------------------------------------
+
+
+def test_the_layer_message_goes_out_in_the_bridges_write(setup):
+    """With the channel layer on the bridge's Redis, a batch is one write on one connection:
+    the channel-layer message (what endpoints relay) arrives whole, and the streamer's own
+    layer connection is never opened. While the bridge is not subscribed (its lines are
+    dropped), the layer message still goes out, on that connection."""
+    rt, client, sub, _ = setup
+    streamer = rt.streamer
+    publisher = streamer._group_publisher
+    assert publisher is not None and publisher.url == streamer.bridge.url
+    layer_sub = client.pubsub()
+    layer_sub.subscribe(publisher.channel)
+    assert layer_sub.get_message(timeout=5)["type"] == "subscribe"
+    rng = random.Random(3)
+    ids = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(rng, i))] for i in range(3)])
+    assert len(read_lines(sub, 4)) == 4  # POSITION + 3 RDATA on the Synapse channel
+    (data,) = read_lines(layer_sub, 1)
+    message = streamer.layer.deserialize(data)
+    assert (message["stream"], message["writer"], message["new"], message["count"]) == ("receipts", "master",
+                                                                                        ids[-1], 3)
+    assert [parse_line(line).token for line in message["data"].decode().splitlines()] == ids
+    streamer.flush()
+    assert publisher._conn is None  # nothing went out on a second connection
+    assert streamer.published_messages == 1 and streamer.published_lines == 3
+
+    bridge, loop = streamer.bridge, streamer._loop
+    loop.call_soon_threadsafe(bridge.subscribed.clear)  # as when Redis dropped the subscription
+    time.sleep(0.1)
+    dropped = bridge.dropped
+    (rid,) = rt.writer("receipts").append([[(Receipt, Receipt.synthetic(rng, 9))]])
+    (data,) = read_lines(layer_sub, 1)
+    assert streamer.layer.deserialize(data)["new"] == rid
+    streamer.flush()
+    assert bridge.dropped == dropped + 1 and publisher._conn is not None
+    assert streamer.published_messages == 2
+    loop.call_soon_threadsafe(bridge.subscribed.set)  # so that closing announces the dropped line
+    layer_sub.close()

@@ -12,6 +12,7 @@ from streams.replication.worker.follower import (
     RETRY_MAX_DELAY,
     Advanced,
     Deliver,
+    DeliverRun,
     FetchCatchUp,
     Reset,
     StreamFollower,
@@ -306,8 +307,9 @@ ACTIONS = st.sampled_from(["write", "write_batch", "skip", "drop", "reconnect", 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(ACTIONS, st.sampled_from([W, W2]), st.integers(1, 3)), max_size=80),
-       st.integers(1, 3))
-def test_model_every_fact_exactly_once_in_order(actions, page_size):
+       st.integers(1, 3), st.booleans())
+def test_model_every_fact_exactly_once_in_order(actions, page_size, in_runs):
+    """``in_runs``: RDATA fed as runs (on_rdata_run, as the workers do), else one by one."""
     writers = {W: _Writer(W), W2: _Writer(W2)}
     f = StreamFollower("me", [S])
     delivered = {W: [], W2: []}
@@ -318,10 +320,15 @@ def test_model_every_fact_exactly_once_in_order(actions, page_size):
         for d in decisions:
             if isinstance(d, Deliver):
                 delivered[d.writer].append((d.token, list(d.rows)))
+            elif isinstance(d, DeliverRun):
+                delivered[d.writer] += [(token, list(rows)) for token, rows in d.facts]
             elif isinstance(d, FetchCatchUp):
                 pending.append(d)
 
     def send(cmds):
+        if in_runs and cmds and all(isinstance(c, RdataCommand) for c in cmds):
+            run(f.on_rdata_run(S, cmds[0].instance_name, [(c.token, c.row) for c in cmds]))
+            return
         for c in cmds:
             run(f.on_rdata(c) if isinstance(c, RdataCommand) else f.on_position(c))
 
@@ -392,3 +399,63 @@ def test_delivered_facts_are_ordinary_frozen_decisions():
     assert hash(f.on_rdata(RdataCommand("receipts", "w1", 2, 5))[0]) == hash(Deliver("receipts", "w1", 2, (5,)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decision.token = 3  # type: ignore[misc]
+
+
+_ENTRIES = st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 12)), st.integers(0, 99)), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 6), st.booleans(), st.booleans(), st.lists(_ENTRIES, max_size=4), st.booleans())
+def test_a_run_decides_what_its_commands_decide_one_by_one(current, connected, catching_up, runs, other_writer):
+    """on_rdata_run against on_rdata for each of its lines: the same facts in the same order
+    (stale and duplicate tokens, batch rows, half batches left for the next run), the same
+    tokens, and, behind a catch-up, the same commands parked and replayed."""
+
+    def follower():
+        f = StreamFollower("me", [S], {(S, W): current})
+        if connected:
+            f.on_position(position(current, current))
+        if catching_up:  # a gap: the POSITION starts a catch-up, and RDATA waits behind it
+            f.on_position(position(current + 20, current + 20))
+        return f
+
+    def facts(decisions):
+        out = []
+        for d in decisions:
+            if isinstance(d, DeliverRun):
+                out += [(d.writer, token, tuple(rows)) for token, rows in d.facts]
+            elif isinstance(d, Deliver):
+                out.append((d.writer, d.token, d.rows))
+        return out
+
+    by_run, one_by_one = follower(), follower()
+    got_run, got_one = [], []
+    writer = W2 if other_writer else W
+    for entries in runs:
+        got_run += facts(by_run.on_rdata_run(S, writer, entries))
+        for token, row in entries:
+            got_one += facts(one_by_one.on_rdata(rdata(token, row, writer=writer)))
+        assert got_run == got_one
+        assert by_run.positions() == one_by_one.positions()
+        assert by_run.queued(S) == one_by_one.queued(S)
+    if catching_up:
+        page = [[current + 20, "end"]]
+        got_run += facts(by_run.on_catch_up_page(S, W, page, current + 20, False))
+        got_one += facts(one_by_one.on_catch_up_page(S, W, page, current + 20, False))
+        assert got_run == got_one
+    # a last fact shows the half batch each kept is the same
+    got_run += facts(by_run.on_rdata_run(S, writer, [(100, "last")]))
+    got_one += facts(one_by_one.on_rdata(rdata(100, "last", writer=writer)))
+    assert got_run == got_one
+    assert by_run.positions() == one_by_one.positions()
+
+
+def test_a_run_is_one_decision_with_its_facts_in_order():
+    f = connected_follower(current=10)
+    (decision,) = f.on_rdata_run(S, W, [(9, "stale"), (None, "a"), (11, "b"), (11, "dup"), (12, "c"), (None, "d")])
+    assert decision == DeliverRun(S, W, [(11, ["a", "b"]), (12, ["c"])])
+    assert decision.delivers() == [Deliver(S, W, 11, ("a", "b")), Deliver(S, W, 12, ("c",))]
+    assert f.current_token(S, W) == 12
+    assert f.on_rdata_run(S, W, [(13, "e")]) == [DeliverRun(S, W, [(13, ["d", "e"])])]  # the half batch kept
+    assert f.on_rdata_run(S, "me", [(14, "echo")]) == []  # our own echo
+    assert f.on_rdata_run("unknown", W, [(1, "x")]) == []
