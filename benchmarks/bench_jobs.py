@@ -1,22 +1,50 @@
 """Batch jobs end to end on PostgreSQL, against a single-process Python run of the same work.
 
-    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick] [--cluster [--repeat N]]
-    .venv/bin/python benchmarks/bench_jobs.py --chain-cover [--events N] [--rooms R] [--quick] [--data-dir D]
+    .venv/bin/python benchmarks/bench_jobs.py [--events N] [--rooms R] [--quick] [--jobs topology,visibility,chain_cover]
+    .venv/bin/python benchmarks/bench_jobs.py --data-dir D [--jobs ...] [--count-pairs]
+    .venv/bin/python benchmarks/bench_jobs.py --chain-cover ...     # the same as --jobs chain_cover
+    .venv/bin/python benchmarks/bench_jobs.py ... --cluster [--repeat N] | --profile JOB
 
 Starts a throwaway PostgreSQL (fsync on), generates ``--events`` events in ``--rooms`` rooms
 through the real persist path (``generate_rooms``: big churny rooms, many small ones, every
-history visibility, backfilled history), then measures, on that one database:
+history visibility, backfilled history, real auth events), or reuses a kept dataset
+(``--data-dir``), then measures, on that one database, each job and its check (ordering,
+visibility, chain cover: ``--jobs``), one after the other:
 
-* **spark**: wall time of each job through the runner, as ``run_job`` runs it with
+* **spark**: wall time of the job through the runner, as ``run_job`` runs it with
   ``SPARK_MASTER=local[2]``: JDBC reads split in partitions, the pure per-room functions in
   Spark, results written with COPY from Spark's Python workers to a staging table and swapped
-  in (one transaction).
-  Spark's own start-up (JVM, session) is reported apart.
-* **python**: the same computation in this one process without Spark: the same SQL read with
-  psycopg, the same per-room functions (``topology.room_orderings``, ``visibility.ranges_of_room``)
-  in a loop, the result copied into a staging table and swapped in with the same statements.
-* the visibility table's size (rows) against one row per visible (event, user) pair.
-* ``--cluster``: the four jobs (both recomputations, both checks) on ``local[2]`` and on a
+  in (one transaction). Spark's own start-up (JVM, session, the first Python workers) is
+  reported apart.
+* **python**: its single-process twin, right after: the same SQL read with psycopg, the same
+  per-room functions (``topology.orderings_in_python``, ``visibility.ranges_of_room`` /
+  ``differences_of_room``, ``chain_cover.chain_cover_in_python``) in a loop, the result copied
+  into a staging table and swapped in with the same statements (a check compares instead).
+* for both, the CPU seconds of the database (the postmaster's process tree: every statement
+  the step ran) and of this side (this process's tree: the driver's JVM and Spark's Python
+  workers, or the twin), so a step bound by PostgreSQL work both sides share shows as such;
+  "best 2-core" is the twin's wall time over half its CPU (database + Python): what a Spark
+  without any overhead doing the twin's work on both cores would reach.
+* ``--count-pairs``: the visibility table's size (rows) against one row per visible (event,
+  user) pair (slow: it expands every user's events).
+
+**Datasets.** ``--data-dir D`` keeps the PostgreSQL cluster in ``D`` and reuses it next time
+(the same ``--events/--rooms/--users``). It also takes a directory made by
+``bench_storage.py --data-dir D``: its ``dataset.json`` says what it holds (events, rooms,
+users), the database is ``bench_storage``, nothing is generated. The jobs rewrite what
+differs (an ordering, ranges, the chain cover index with new chain numbers) in one
+transaction each, and the tables are vacuumed and analysed at the end, so bench_storage's
+reads run on the dataset afterwards (same results: what the jobs write is what the persist
+path maintains; the 50 ``!baseline`` rooms of bare rows that bench_storage writes, outside
+its reads, get orderings 1 instead of 0 the first time).
+
+Issue 19 part 2 at 10 M events, on the dataset bench_storage builds once (part 1):
+
+    # D10: the directory bench_storage.py --data-dir kept (copy it first only if the disk holds two)
+    .venv/bin/python benchmarks/bench_jobs.py --data-dir D10
+    .venv/bin/python benchmarks/bench_jobs.py --data-dir D10 --cluster --repeat 1
+
+* ``--cluster``: the six jobs (the three recomputations, the three checks) on ``local[2]`` and on a
   standalone Spark cluster started here (a master and one worker of 2 cores, from pyspark's
   distribution; executors in JVMs of their own, the project's code shipped to them), on the
   same data in the same run, ``--repeat`` rounds alternating which goes first (medians);
@@ -27,17 +55,8 @@ history visibility, backfilled history), then measures, on that one database:
   Python workers during the per-room step (``PYSPY``: py-spy's path, default
   /tmp/pyspy/bin/py-spy; skipped without it).
 
-* ``--chain-cover``: the chain cover jobs instead, on rooms whose state events carry real
-  ``auth_events`` (as a homeserver selects them: create, power levels, the sender's and the
-  target's membership, join rules). They are written straight into ``events`` here with COPY
-  (the generator of ``generate_rooms`` does not produce auth events yet), a quarter of them
-  state events, 1% of the rooms holding half of the events. Times ``rebuild_chain_cover``
-  (Spark, local[2]), its single-process twin (the same SQL read, ``room_chain_cover`` per room,
-  the same staging copy and swap) and ``check_chain_cover`` after the rebuild (0 differences
-  expected).
-
-Goals: each job <= 120 s end to end with local[2] (the chain-cover job too); the range
-encoding >= 10x smaller.
+Goals (issue 19 part 2): each job and check <= 15 min end to end with local[2], and >= 2x
+faster than its twin; at 10 M <= 10x the 1 M time.
 Exit status 0 whether or not the goals are met.
 """
 from __future__ import annotations
@@ -492,7 +511,8 @@ def profile_job(spark, job: str) -> None:
         df.unpersist()
 
 
-CLUSTER_JOBS = ("topological_ordering", "visibility", "check_topological_ordering", "check_visibility")
+CLUSTER_JOBS = ("topological_ordering", "visibility", "rebuild_chain_cover", "check_topological_ordering",
+                "check_visibility", "check_chain_cover")
 
 
 def compare_masters(run_job, spark_version: str, repeat: int) -> None:
