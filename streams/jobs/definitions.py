@@ -50,13 +50,16 @@ EDGES = io.Query(
 WALK_ROOMS_IN_SQL = 1000
 
 
-def count_events(rooms: Sequence[str] | None) -> int:
-    """The events a job examines (its ``rows_in``): all, or ``rooms``' events."""
+def count_events(rooms: Sequence[str] | None, state_only: bool = False) -> int:
+    """The events a job examines (its ``rows_in``): all, or ``rooms``' events; only state
+    events with ``state_only``."""
     from django.db import connection
 
-    where = f" WHERE room_id IN ({', '.join(io.quote(r) for r in rooms) or 'NULL'})" if rooms is not None else ""
+    where = ["state_key IS NOT NULL"] if state_only else []
+    if rooms is not None:
+        where.append(f"room_id IN ({', '.join(io.quote(r) for r in rooms) or 'NULL'})")
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM events{where}")
+        cursor.execute(f"SELECT count(*) FROM events{' WHERE ' + ' AND '.join(where) if where else ''}")
         return cursor.fetchone()[0]
 
 
@@ -286,11 +289,13 @@ LINK_COLUMNS = [("room_id", "text"), ("origin_chain_id", "bigint"), ("origin_seq
 
 
 def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
+    """(state events examined, positions, links). The events are read once, straight into the
+    per-room pass (not cached: their count is the database's)."""
     from .chain_cover import chain_cover
 
-    events = io.read(spark, _chain_events_query(for_database()), rooms).cache()
-    positions, links = chain_cover(events)
-    return events, positions, links
+    rows_in = count_events(rooms, state_only=True)
+    positions, links = chain_cover(io.read(spark, _chain_events_query(for_database()), rooms))
+    return rows_in, positions, links
 
 
 def apply_chain_cover(positions: io.Staging, links: io.Staging, rooms: Sequence[str] | None,
@@ -334,7 +339,7 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the chain cover index from the events' auth events and swap it in, room by room.
     A room that gained events while the job ran keeps its incrementally maintained index."""
     low, high = _stream_bounds(rooms)  # before reading: whatever is newer was not seen
-    events, positions, links = _rebuilt_chain_cover(spark, rooms)
+    rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     staged_positions = io.Staging.create("chain_pos", POSITION_COLUMNS)
     staged_links = io.Staging.create("chain_links", LINK_COLUMNS)
     try:
@@ -344,8 +349,6 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     finally:
         staged_positions.drop()
         staged_links.drop()
-    rows_in = events.count()
-    events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=max(n_positions, 0) + max(n_links, 0), differences=None,
                    sample=[{"note": f"{skipped} room(s) gained events while the job ran and kept their "
                                     f"incrementally maintained index"}] if skipped > 0 else [])
@@ -356,14 +359,12 @@ def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     event); write nothing."""
     from .chain_cover import chain_cover_differences
 
-    events, positions, links = _rebuilt_chain_cover(spark, rooms)
+    rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id")
     stored_links = io.read(spark, CHAIN_LINKS, rooms).drop("id")
     diffs = chain_cover_differences(positions, links, stored_positions, stored_links).cache()
     n = diffs.count()
     sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id", "expected", "found")
               .limit(SAMPLE_LIMIT).collect()]
-    rows_in = events.count()
     diffs.unpersist()
-    events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)
