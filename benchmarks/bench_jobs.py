@@ -266,6 +266,7 @@ def _named_index(positions, links) -> tuple[dict, "object"]:
     event, seq) by event, each link as a string, a chain without a first event as ``#id``."""
     from collections import Counter
 
+    positions = list(positions)
     roots = {chain: event for _, event, chain, seq in positions if seq == 1}
     named = {event: (roots.get(chain, f"#{chain}"), seq) for _, event, chain, seq in positions}
     link_names = Counter((room, f"{roots.get(o, '?')} {os_} -> {roots.get(t, '?')} {ts}")
@@ -281,8 +282,8 @@ def python_check_chain_cover() -> tuple[int, int]:
     stored_positions = _read(definitions.CHAIN_POSITIONS).drop(columns="id")
     stored_links = _read(definitions.CHAIN_LINKS).drop(columns="id")
     expected, expected_links = _named_index(positions, links)
-    found, found_links = _named_index(stored_positions.itertuples(index=False, name=None),
-                                      stored_links.itertuples(index=False, name=None))
+    found, found_links = _named_index(list(stored_positions.itertuples(index=False, name=None)),
+                                      list(stored_links.itertuples(index=False, name=None)))
     differences = sum(1 for e in expected.keys() | found.keys() if expected.get(e) != found.get(e))
     differences += sum(((expected_links - found_links) + (found_links - expected_links)).values())
     return len(events), differences
