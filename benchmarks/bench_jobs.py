@@ -316,13 +316,13 @@ def _tree(roots: tuple[int, ...]) -> dict[int, dict[int, float]]:
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
     out = {}
-    for root in roots:
+    for root in roots:  # a root under another root (the postmaster is our child) counts apart
         found, todo = {}, [root]
         while todo:
             pid = todo.pop()
             if pid in stats:
                 found[pid] = stats[pid][1]
-            todo.extend(children.get(pid, []))
+            todo.extend(c for c in children.get(pid, []) if c not in roots)
         out[root] = found
     return out
 

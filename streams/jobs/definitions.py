@@ -26,7 +26,8 @@ def _events_query(dialect: JobDialect) -> io.Query:
 def _strayed_query(dialect: JobDialect) -> io.Query:
     """The events whose stored ordering is not their declared depth, and those without one:
     the only rows the job can change. The database compares while it scans (it parses each
-    event's JSON for its depth either way), so the rows that hold, nearly all, never travel."""
+    event's JSON for its depth either way), so the rows that hold, nearly all, never travel.
+    The partitions split ``events``' stream orderings: each scans its share once."""
     clamped = f"CASE WHEN depth < 0 THEN 0 WHEN depth > {MAX_DEPTH} THEN {MAX_DEPTH} ELSE depth END"
     return io.Query(
         columns=("room_id", "event_id", "stream_ordering", "depth", "topological_ordering"),
@@ -35,6 +36,8 @@ def _strayed_query(dialect: JobDialect) -> io.Query:
                f"OR topological_ordering IS NULL OR topological_ordering <> {clamped}) AS ev",
         schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
         partition_column="stream_ordering",
+        # the query's own bounds would parse every event's JSON once more (a second scan)
+        bounds_source="events",
     )
 
 
