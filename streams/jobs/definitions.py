@@ -10,7 +10,7 @@ from . import io
 from .consistency import ordering_differences
 from .dialect import JobDialect, for_database
 from .outcome import SAMPLE_LIMIT, Outcome
-from .topology import topological_ordering
+from .topology import MAX_DEPTH, topological_ordering
 
 
 def _events_query(dialect: JobDialect) -> io.Query:
@@ -20,6 +20,24 @@ def _events_query(dialect: JobDialect) -> io.Query:
                f"{dialect.declared_depth} AS depth FROM events) AS ev",
         schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
         partition_column="stream_ordering",
+    )
+
+
+def _strayed_query(dialect: JobDialect) -> io.Query:
+    """The events whose stored ordering is not their declared depth, and those without one:
+    the only rows the job can change. The database compares while it scans (it parses each
+    event's JSON for its depth either way), so the rows that hold, nearly all, never travel.
+    The partitions split ``events``' stream orderings: each scans its share once."""
+    clamped = f"CASE WHEN depth < 0 THEN 0 WHEN depth > {MAX_DEPTH} THEN {MAX_DEPTH} ELSE depth END"
+    return io.Query(
+        columns=("room_id", "event_id", "stream_ordering", "depth", "topological_ordering"),
+        source=f"(SELECT * FROM (SELECT room_id, event_id, stream_ordering, topological_ordering, "
+               f"{dialect.declared_depth} AS depth FROM events) AS e WHERE depth IS NULL "
+               f"OR topological_ordering IS NULL OR topological_ordering <> {clamped}) AS ev",
+        schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
+        partition_column="stream_ordering",
+        # the query's own bounds would parse every event's JSON once more (a second scan)
+        bounds_source="events",
     )
 
 
@@ -38,14 +56,35 @@ EDGES = io.Query(
 WALK_ROOMS_IN_SQL = 1000
 
 
+def count_events(rooms: Sequence[str] | None, state_only: bool = False) -> int:
+    """The events a job examines (its ``rows_in``): all, or ``rooms``' events; only state
+    events with ``state_only``."""
+    from django.db import connection
+
+    where = ["state_key IS NOT NULL"] if state_only else []
+    if rooms is not None:
+        where.append(f"room_id IN ({', '.join(io.quote(r) for r in rooms) or 'NULL'})")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM events{' WHERE ' + ' AND '.join(where) if where else ''}")
+        return cursor.fetchone()[0]
+
+
 def _orderings(spark: Any, rooms: Sequence[str] | None):
-    events = io.read(spark, _events_query(for_database()), rooms).cache()
-    # only rooms with an event without a declared depth need their edges (none, usually)
-    walk = sorted(r.room_id for r in events.where(F.col("depth").isNull()).select("room_id").distinct().collect())
+    """(the events read with their stored ordering, the recomputed orderings of those events).
+
+    Only the strayed events are read (:func:`_strayed_query`), and the rooms with an event
+    without a declared depth (usually none) whole, with their edges: their walk needs every
+    event of the room."""
+    dialect = for_database()
+    strayed = io.read(spark, _strayed_query(dialect), rooms).cache()
+    walk = sorted(r.room_id for r in strayed.where(F.col("depth").isNull()).select("room_id").distinct().collect())
     if not walk:
-        edges = None
-    else:
-        edges = io.read(spark, EDGES, walk if len(walk) <= WALK_ROOMS_IN_SQL else rooms)
+        return strayed, topological_ordering(strayed, None)
+    in_sql = walk if len(walk) <= WALK_ROOMS_IN_SQL else rooms
+    walked = F.broadcast(spark.createDataFrame([(r,) for r in walk], "room_id string"))
+    whole = io.read(spark, _events_query(dialect), in_sql).join(walked, on="room_id", how="left_semi")
+    events = strayed.join(walked, on="room_id", how="left_anti").unionByName(whole).cache()
+    edges = io.read(spark, EDGES, in_sql)
     return events, topological_ordering(events, edges)
 
 
@@ -67,6 +106,7 @@ def apply_orderings(stage: io.Staging) -> int:
 
 def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute every event's topological ordering and swap the changed ones in."""
+    rows_in = count_events(rooms)
     events, result = _orderings(spark, rooms)
     stage = io.Staging.create("topo", ORDERING_COLUMNS)
     try:
@@ -74,19 +114,18 @@ def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> O
         changed = apply_orderings(stage)
     finally:
         stage.drop()
-    rows_in = events.count()
     events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=max(changed, 0), differences=None)
 
 
 def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Compare recomputed orderings with the stored ones; write nothing."""
+    rows_in = count_events(rooms)
     events, result = _orderings(spark, rooms)
     stored = events.select("room_id", "event_id", "topological_ordering")
     diffs = ordering_differences(result, stored).cache()
     n = diffs.count()
     sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id").limit(SAMPLE_LIMIT).collect()]
-    rows_in = events.count()
     diffs.unpersist()
     events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)
@@ -256,11 +295,13 @@ LINK_COLUMNS = [("room_id", "text"), ("origin_chain_id", "bigint"), ("origin_seq
 
 
 def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
+    """(state events examined, positions, links). The events are read once, straight into the
+    per-room pass (not cached: their count is the database's)."""
     from .chain_cover import chain_cover
 
-    events = io.read(spark, _chain_events_query(for_database()), rooms).cache()
-    positions, links = chain_cover(events)
-    return events, positions, links
+    rows_in = count_events(rooms, state_only=True)
+    positions, links = chain_cover(io.read(spark, _chain_events_query(for_database()), rooms))
+    return rows_in, positions, links
 
 
 def apply_chain_cover(positions: io.Staging, links: io.Staging, rooms: Sequence[str] | None,
@@ -304,7 +345,7 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the chain cover index from the events' auth events and swap it in, room by room.
     A room that gained events while the job ran keeps its incrementally maintained index."""
     low, high = _stream_bounds(rooms)  # before reading: whatever is newer was not seen
-    events, positions, links = _rebuilt_chain_cover(spark, rooms)
+    rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     staged_positions = io.Staging.create("chain_pos", POSITION_COLUMNS)
     staged_links = io.Staging.create("chain_links", LINK_COLUMNS)
     try:
@@ -314,8 +355,6 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     finally:
         staged_positions.drop()
         staged_links.drop()
-    rows_in = events.count()
-    events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=max(n_positions, 0) + max(n_links, 0), differences=None,
                    sample=[{"note": f"{skipped} room(s) gained events while the job ran and kept their "
                                     f"incrementally maintained index"}] if skipped > 0 else [])
@@ -326,14 +365,12 @@ def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     event); write nothing."""
     from .chain_cover import chain_cover_differences
 
-    events, positions, links = _rebuilt_chain_cover(spark, rooms)
+    rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id")
     stored_links = io.read(spark, CHAIN_LINKS, rooms).drop("id")
     diffs = chain_cover_differences(positions, links, stored_positions, stored_links).cache()
     n = diffs.count()
     sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id", "expected", "found")
               .limit(SAMPLE_LIMIT).collect()]
-    rows_in = events.count()
     diffs.unpersist()
-    events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)

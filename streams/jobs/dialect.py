@@ -53,8 +53,9 @@ class JobDialect:
     staging_table: str
 
     def read(self, spark: Any, sql: str, columns: Sequence[str], schema: str, partition_column: str | None,
-             using: str, partitions: int | None) -> Any:
-        """The rows of ``sql`` as a DataFrame of ``columns`` with the Spark ``schema``."""
+             using: str, partitions: int | None, bounds_sql: str | None = None) -> Any:
+        """The rows of ``sql`` as a DataFrame of ``columns`` with the Spark ``schema``;
+        ``bounds_sql``: the min and max of the partition column, if cheaper than over ``sql``."""
         raise NotImplementedError
 
     def write(self, df: Any, table: str, names: Sequence[str], using: str) -> int:
@@ -97,7 +98,7 @@ class PostgresJobs(JobDialect):
                      "(SELECT last_value FROM event_auth_chain_id))")
     staging_table = "UNLOGGED TABLE"
 
-    def read(self, spark, sql, columns, schema, partition_column, using, partitions):
+    def read(self, spark, sql, columns, schema, partition_column, using, partitions, bounds_sql=None):
         url, props = jdbc_url(using)
         reader = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
         for k, v in props.items():
@@ -105,7 +106,8 @@ class PostgresJobs(JobDialect):
         partitions = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
         if partition_column and partitions > 1:
             with connections[using].cursor() as cursor:
-                cursor.execute(f"SELECT min({partition_column}), max({partition_column}) FROM ({sql}) AS bounds")
+                cursor.execute(bounds_sql or f"SELECT min({partition_column}), max({partition_column}) "
+                                             f"FROM ({sql}) AS bounds")
                 low, high = cursor.fetchone()
             if low is not None and high > low:
                 reader = (reader.option("partitionColumn", partition_column)
@@ -157,7 +159,7 @@ class SQLiteJobs(JobDialect):
     chain_id_base = "(SELECT coalesce(max(chain_id), 0) FROM event_auth_chains)"
     staging_table = "TABLE"
 
-    def read(self, spark, sql, columns, schema, partition_column, using, partitions):
+    def read(self, spark, sql, columns, schema, partition_column, using, partitions, bounds_sql=None):
         with connections[using].cursor() as cursor:
             cursor.execute(sql)
             rows = cursor.fetchall()

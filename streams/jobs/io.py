@@ -24,9 +24,22 @@ class Query:
     source: str  # a table, or a parenthesised subquery with an alias
     schema: str  # Spark DDL schema of the columns, in order
     partition_column: str | None = None
+    #: a table whose partition column spans the rows' (``events``), when the bounds of
+    #: ``source`` itself cost a scan of their own (a filter the database computes per row)
+    bounds_source: str | None = None
 
     def sql(self, rooms: Sequence[str] | None, quote) -> str:
-        text = f"SELECT {', '.join(self.columns)} FROM {self.source}"
+        return self._select(", ".join(self.columns), self.source, rooms, quote)
+
+    def bounds_sql(self, rooms: Sequence[str] | None, quote) -> str | None:
+        if not (self.bounds_source and self.partition_column):
+            return None
+        column = self.partition_column
+        return self._select(f"min({column}), max({column})", self.bounds_source, rooms, quote)
+
+    @staticmethod
+    def _select(what: str, source: str, rooms: Sequence[str] | None, quote) -> str:
+        text = f"SELECT {what} FROM {source}"
         if rooms is not None:
             text += f" WHERE room_id IN ({', '.join(quote(r) for r in rooms) or 'NULL'})"
         return text
@@ -43,7 +56,7 @@ def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str 
          partitions: int | None = None):
     """The rows of ``query`` as a DataFrame (only ``rooms``' rows if given)."""
     return for_database(using).read(spark, query.sql(rooms, quote), query.columns, query.schema,
-                                    query.partition_column, using, partitions)
+                                    query.partition_column, using, partitions, query.bounds_sql(rooms, quote))
 
 
 @dataclass
