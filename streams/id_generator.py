@@ -123,7 +123,7 @@ class MultiWriterIdGenerator:
         reservation = self._reserve(n)
         ok = False
         try:
-            yield [self.direction.from_wire(i) for i in reservation.stream_ids]
+            yield self._stored_ids(reservation)
             ok = True
         finally:
             self._complete(reservation, ok)
@@ -155,7 +155,7 @@ class MultiWriterIdGenerator:
             raise
         ok = False
         try:
-            yield [self.direction.from_wire(i) for i in reservation.stream_ids], completion
+            yield self._stored_ids(reservation), completion
             ok = True
         finally:
             if ok and completion is not None and completion.done:
@@ -194,6 +194,12 @@ class MultiWriterIdGenerator:
             self._completed_in_transaction(reservation, recorded)
         else:
             self._complete(reservation, False)
+
+    def _stored_ids(self, reservation: Reservation) -> list[int]:
+        """The reserved IDs as stored (negated for a backwards stream)."""
+        if not self.direction.backwards:
+            return list(reservation.stream_ids)
+        return [self.direction.from_wire(i) for i in reservation.stream_ids]
 
     def _check_writer(self) -> None:
         if not self.is_writer:

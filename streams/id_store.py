@@ -327,7 +327,8 @@ class PostgresIdStore(IdStore):
         reservation_id, ids = self._run(
             self._RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
         )
-        return Reservation(int(reservation_id), [int(i) for i in ids])
+        # jsonb numbers arrive as Python ints already
+        return Reservation(int(reservation_id), ids if all(type(i) is int for i in ids) else [int(i) for i in ids])
 
     def complete(self, reservation: Reservation, position: int | None) -> None:
         self._run(*self.completion_statement(reservation, position))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -55,6 +56,16 @@ class _InsertPlan:
     #: the table's row format
     wire_index: list[int]
     to_wire: Any
+    #: the field values of a row, in column order, from a mapping that has every field
+    #: (``KeyError`` otherwise: then :meth:`values_with_defaults`)
+    getter: Any = None
+
+    def values_with_defaults(self, model: type[FactModel], values: Mapping[str, Any]) -> list[Any]:
+        raw = [values[name] if name in values else default for name, default, _ in self.columns]
+        if _REQUIRED in raw:
+            name = self.columns[raw.index(_REQUIRED)][0]
+            raise ValueError(f"{model.__name__}.{name} is required")
+        return raw
 
 
 class StreamWriter:
@@ -142,14 +153,22 @@ class StreamWriter:
         by_model: dict[type[FactModel], list[list[Any]]] = {}
         instance = self.generator.instance_name
         wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
+        last_model: Any = None
         for stream_id, rows in zip(ids, facts):
             for model, values in rows:
-                plan = self._plan(model)
-                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
-                if _REQUIRED in raw:
-                    name = plan.columns[raw.index(_REQUIRED)][0]
-                    raise ValueError(f"{model.__name__}.{name} is required")
-                by_model.setdefault(model, []).append([stream_id, instance, *raw])
+                if model is not last_model:
+                    # Facts of one table in a row are the common case: look up once.
+                    plan = self._plan(model)
+                    out = by_model.setdefault(model, [])
+                    getter = plan.getter
+                    last_model = model
+                try:
+                    # Every field given (the usual case): one C call.
+                    raw = getter(values)
+                except KeyError:
+                    raw = plan.values_with_defaults(model, values)
+                row = [stream_id, instance, *raw]
+                out.append(row)
                 if wire is not None:
                     wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
         return by_model
@@ -392,9 +411,20 @@ class StreamWriter:
         table = next(t for t in self.spec.tables if t.model is model)
         names = [f.name for f in fields]
         plan = _InsertPlan(sql, [(f.name, default(f), converter(f)) for f in fields],
-                           copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire)
+                           copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire,
+                           _values_getter(names))
         self._plans[model] = plan
         return plan
+
+
+def _values_getter(names: Sequence[str]) -> Any:
+    """``lambda values: tuple(values[n] for n in names)`` in C (``operator.itemgetter``)."""
+    if not names:
+        return lambda values: ()
+    if len(names) == 1:
+        one = operator.itemgetter(names[0])
+        return lambda values: (one(values),)
+    return operator.itemgetter(*names)
 
 
 def _reservation_result(cursor: Any) -> Reservation | None:
