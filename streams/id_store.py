@@ -15,6 +15,7 @@ Both answer the start-up questions of docs/streams.md, "Start-up and recovery" (
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -125,6 +126,16 @@ class IdStore:
         or ``None`` where completion must stay outside it. One statement (a writer may add
         its inserts as WITH clauses in front, so it runs all in one autocommit statement)."""
         return None
+
+    def reserve_statement(self, n: int) -> tuple[str, tuple[Any, ...]] | None:
+        """SQL and parameters that reserve ``n`` IDs as :meth:`reserve` does, for the writer
+        to run in a transaction of its own on its own connection, committed before the
+        transaction writing the rows begins (:meth:`reservation_from_row` reads its answer);
+        ``None`` where reservations must go through :meth:`reserve`."""
+        return None
+
+    def reservation_from_row(self, row: Sequence[Any]) -> Reservation:
+        raise NotImplementedError
 
     def pipelined_reservation(self, position_floor: int | None) -> PipelinedReservation | None:
         """The statements that reserve one ID and complete it in the writer's own pipeline
@@ -244,6 +255,16 @@ class PostgresIdStore(IdStore):
         RETURNING id, stream_ids
     """
 
+    # The reservation of reserve_statement: as _RESERVE_SQL, on the writer's own connection,
+    # whose commits wait for the WAL flush; this one need not (as on the dedicated connection).
+    _WRITER_RESERVE_SQL = f"""
+        WITH fast AS (SELECT set_config('synchronous_commit', 'off', true)),
+            ids AS (SELECT nextval(%s) AS id FROM generate_series(1, %s))
+        INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
+        SELECT %s, %s, to_jsonb(array_agg(id ORDER BY id)), now(), %s FROM ids, fast
+        RETURNING id, stream_ids
+    """
+
     # The reservation of PipelinedReservation: on the writer's own connection, whose commits
     # wait for the WAL flush; this one need not (as on the dedicated connection).
     # It returns the ID as a number (no JSON to parse on the hot path).
@@ -324,9 +345,17 @@ class PostgresIdStore(IdStore):
         return True
 
     def reserve(self, n: int) -> Reservation:
-        reservation_id, ids = self._run(
+        return self.reservation_from_row(self._run(
             self._RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
-        )
+        ))
+
+    def reserve_statement(self, n: int) -> tuple[str, tuple[Any, ...]]:
+        return self._WRITER_RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
+
+    def reservation_from_row(self, row: Sequence[Any]) -> Reservation:
+        reservation_id, ids = row
+        if isinstance(ids, str):  # Django's connections load jsonb as its text
+            ids = json.loads(ids)
         # jsonb numbers arrive as Python ints already
         return Reservation(int(reservation_id), ids if all(type(i) is int for i in ids) else [int(i) for i in ids])
 

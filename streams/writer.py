@@ -187,19 +187,56 @@ class StreamWriter:
 
     def _append_completing(self, facts: Sequence[Sequence[Row]]) -> list[int]:
         """:meth:`append` with the completion (reservation deleted, position recorded) as the
-        last statement of the transaction, sent with the COMMIT: at one fact per transaction
-        the row and the completion are one statement in autocommit, so the transaction costs
-        the reservation's round trip and one more (docs/streams.md)."""
-        with self.generator.get_next_mult_completing(len(facts)) as (ids, completion):
-            if completion is None:  # no completion statement for this store
+        last statement of the transaction, sent with the COMMIT. The reservation runs on the
+        writer's own connection in one pipeline with the ``BEGIN`` of the writing transaction
+        (``BEGIN; reserve; COMMIT; BEGIN``: committed, so visible to every process, before
+        the rows are written), then ``COPY``, then the completion and ``COMMIT``: three
+        round trips, against the raw COPY's four (docs/streams.md)."""
+        import psycopg
+
+        connection = connections[self.using]
+        pg = connection.connection
+        tx, reserve = self._cursors(pg)
+        models = [model for rows in facts for model, _ in rows]
+        # At most one row per table: the rows go as WITH clauses of the completion, one
+        # statement in autocommit (_commit_rows), so no transaction is begun for them here.
+        single_rows = len(set(models)) == len(models)
+        reserved_here = False
+
+        def reserve_then_begin(sql: str, params: Sequence[Any]) -> Any:
+            nonlocal reserved_here
+            with connection.wrap_database_errors:
+                try:
+                    with pg.pipeline():
+                        tx.execute("BEGIN", prepare=True)
+                        reserve.execute(sql, params, prepare=True)
+                        tx.execute("COMMIT", prepare=True)
+                        if not single_rows:
+                            tx.execute("BEGIN", prepare=True)
+                except BaseException:
+                    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        pg.rollback()
+                    raise
+            reserved_here = True
+            return reserve.fetchone()
+
+        try:
+            with self.generator.get_next_mult_completing(len(facts), reserve_then_begin) as (ids, completion):
+                if completion is None or not reserved_here:  # no such statements for this store
+                    if reserved_here and not single_rows:
+                        pg.rollback()
+                    with self._journaled(ids):
+                        with transaction.atomic(using=self.using):
+                            self.insert_rows(ids, facts)
+                    return ids
                 with self._journaled(ids):
-                    with transaction.atomic(using=self.using):
-                        self.insert_rows(ids, facts)
-                return ids
-            with self._journaled(ids):
-                by_model = self._rows_by_model(ids, facts)
-                self._commit_rows(by_model, completion.sql, completion.params)
-            completion.committed()
+                    by_model = self._rows_by_model(ids, facts)
+                    self._commit_rows(by_model, completion.sql, completion.params, begun=not single_rows)
+                completion.committed()
+        except BaseException:
+            if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                pg.rollback()
+            raise
         return ids
 
     def _append_pipelined(self, facts: Sequence[Sequence[Row]]) -> list[int] | None:
@@ -303,37 +340,39 @@ class StreamWriter:
         finally:
             self._local.wire = None
 
-    def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any]) -> None:
+    def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any],
+                     begun: bool = False) -> None:
         """Insert ``by_model`` and run ``sql`` in one transaction on Django's connection, in
-        autocommit (Django sees no transaction: nothing of its own runs in between)."""
+        autocommit (Django sees no transaction: nothing of its own runs in between).
+        ``begun``: that transaction is already open (:meth:`_append_completing`)."""
         import psycopg
 
         connection = connections[self.using]
         pg = connection.connection
-        explicit_prepares(pg)
         with connection.wrap_database_errors:
             try:
-                with psycopg.Cursor(pg) as cursor:
-                    if all(len(rows) == 1 for rows in by_model.values()):
-                        # One statement in autocommit, so one round trip and its own
-                        # transaction: each row an INSERT in a WITH clause of the completion
-                        # (PostgreSQL runs every data-modifying WITH part, all or nothing).
-                        inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
-                                   for model, rows in by_model.items()]
-                        cursor.execute(*_with_parts(inserts, sql, params), prepare=True)
-                    else:
-                        # COPY is its own round trip and not allowed in a pipeline: BEGIN,
-                        # COPY, then the completion and COMMIT together.
+                cursor = self._cursors(pg)[0]  # kept: making one costs the client ~15 us
+                if all(len(rows) == 1 for rows in by_model.values()) and not begun:
+                    # One statement in autocommit, so one round trip and its own
+                    # transaction: each row an INSERT in a WITH clause of the completion
+                    # (PostgreSQL runs every data-modifying WITH part, all or nothing).
+                    inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
+                               for model, rows in by_model.items()]
+                    cursor.execute(*_with_parts(inserts, sql, params), prepare=True)
+                else:
+                    # COPY is its own round trip and not allowed in a pipeline: BEGIN,
+                    # COPY, then the completion and COMMIT together.
+                    if not begun:
                         cursor.execute("BEGIN", prepare=True)
-                        for model, rows in by_model.items():
-                            plan = self._plans[model]
-                            if len(rows) == 1:
-                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]), prepare=True)
-                            else:
-                                self._insert_copy(connection, plan, rows)
-                        with pg.pipeline():
-                            cursor.execute(sql, params, prepare=True)
-                            cursor.execute("COMMIT", prepare=True)
+                    for model, rows in by_model.items():
+                        plan = self._plans[model]
+                        if len(rows) == 1:
+                            cursor.execute(plan.sql, _prepared_row(plan, rows[0]), prepare=True)
+                        else:
+                            self._insert_copy(connection, plan, rows)
+                    with pg.pipeline():
+                        cursor.execute(sql, params, prepare=True)
+                        cursor.execute("COMMIT", prepare=True)
             except BaseException:
                 if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     pg.rollback()
