@@ -369,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             goal = GOAL_RATIO[batch]
             name = f"{procs} writer{'s' if procs > 1 else ''}, {batch} fact{'s' if batch > 1 else ''}/txn"
             print(f"{name:<26}{w.rate:>10.0f}{raw.rate:>9.0f}  {fastest:<15}{ratio:>6.2f}{goal:>6.1f}"
-                  f"{em.rate:>15.0f}{em_ratio:>7.2f}{w.cpu_us_per_fact:>16.0f}{raw.cpu_us_per_fact:>13.0f}"
-                  f"{w.server_us_per_fact:>15.0f}{raw.server_us_per_fact:>12.0f}")
+                  f"{em.rate:>15.0f}{em_ratio:>7.2f}{w.cpu_us_per_fact:>16.1f}{raw.cpu_us_per_fact:>13.1f}"
+                  f"{w.server_us_per_fact:>15.1f}{raw.server_us_per_fact:>12.1f}")
             if ratio < goal:
                 goal_ok = False
             if len(raws) > 1:
