@@ -1,10 +1,13 @@
 """The database side of a stream ID generator: the sequence, the visible reservations and
 ``stream_positions``. Design notes: docs/streams.md.
 
-* :class:`PostgresIdStore` reserves IDs with ``nextval`` on a connection of its own in
-  autocommit, so a reservation never depends on the writer's transaction, and records the
-  reservation in ``stream_reservations`` in the same round trip: every process can see which
-  IDs are pending, by whom and since when, even after the writer died.
+* :class:`PostgresIdStore` reserves IDs with ``nextval`` and records the reservation in
+  ``stream_reservations`` in the same statement, a transaction of its own committed before
+  the rows are written: every process can see which IDs are pending, by whom and since when,
+  even after the writer died. It runs on a connection of the store's own in autocommit
+  (:meth:`PostgresIdStore.reserve`), or, when ``StreamWriter.append`` owns its transaction,
+  in the writer's own pipeline ahead of it (:meth:`IdStore.reserve_statement`,
+  :class:`PipelinedReservation`: no round trip of its own).
 * :class:`SQLiteIdStore` stands in for the sequence with an ID table (``stream_sequences``);
   SQLite has one writer per stream, so the reservation runs on the Django connection before
   the writing transaction opens.
@@ -246,7 +249,8 @@ class IdStore:
 
 
 class PostgresIdStore(IdStore):
-    """IDs from a PostgreSQL sequence, reserved on a dedicated autocommit connection."""
+    """IDs from a PostgreSQL sequence, reserved on a dedicated autocommit connection or in the
+    writer's own pipeline."""
 
     _RESERVE_SQL = f"""
         WITH ids AS (SELECT nextval(%s) AS id FROM generate_series(1, %s))

@@ -10,9 +10,10 @@ per transaction), except inside a pipeline (the room event store's), where COPY 
 allowed; elsewhere (and for a single row) ``executemany`` of one ``INSERT``.
 
 When ``append`` owns its transaction on PostgreSQL (no transaction or pipeline of the
-caller's), the completion (reservation deleted, position recorded) is part of that commit, and
-one fact takes one round trip in all: reservation, row and completion in one pipeline
-(``_append_pipelined``; docs/streams.md, "Writing").
+caller's), the reservation runs on its own connection ahead of the writing transaction and
+the completion (reservation deleted, position recorded) is part of that commit: one fact takes
+one round trip in all, reservation, row and completion in one pipeline
+(``_append_pipelined``), and a batch three (``_append_completing``; docs/streams.md, "Writing").
 """
 from __future__ import annotations
 
