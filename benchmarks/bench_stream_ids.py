@@ -346,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                     if kind not in best or res.rate > best[kind].rate:
                         best[kind] = res
                     print(f"  {procs} proc x {batch:>3}/txn  {kind:<15} {res.rate:>9.0f}/s "
-                          f"({res.facts} in {res.seconds:.2f} s, CPU us/fact: client {res.cpu_us_per_fact:.0f}, "
-                          f"server {res.server_us_per_fact:.0f})",
+                          f"({res.facts} in {res.seconds:.2f} s, CPU us/fact: client {res.cpu_us_per_fact:.1f}, "
+                          f"server {res.server_us_per_fact:.1f})",
                           flush=True)
             loads.append(_loadavg())
             rows.append((procs, batch, best))
