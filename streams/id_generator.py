@@ -123,13 +123,15 @@ class MultiWriterIdGenerator:
         reservation = self._reserve(n)
         ok = False
         try:
-            yield [self.direction.from_wire(i) for i in reservation.stream_ids]
+            yield self._stored_ids(reservation)
             ok = True
         finally:
             self._complete(reservation, ok)
 
     @contextlib.contextmanager
-    def get_next_mult_completing(self, n: int) -> Iterator[tuple[list[int], Completion | None]]:
+    def get_next_mult_completing(
+        self, n: int, run: Callable[[str, Sequence[object]], Sequence[object]] | None = None,
+    ) -> Iterator[tuple[list[int], Completion | None]]:
         """As :meth:`get_next_mult`, for a caller that owns the transaction writing the rows:
         it also gets a :class:`Completion` (``None`` where the store has none: SQLite), runs
         its statement last in that transaction and calls :meth:`Completion.committed` once
@@ -138,8 +140,15 @@ class MultiWriterIdGenerator:
 
         Without ``committed()`` (an exception, a failed commit) the IDs complete as a
         rollback: the reservation is deleted on the dedicated connection, as usual.
+
+        ``run``: how the caller runs the store's reserving statement on its own connection
+        (:meth:`IdStore.reserve_statement`: a transaction of its own, committed before the
+        one writing the rows begins; it returns the statement's row), saving the dedicated
+        connection's round trip. If it raises, nothing is known of the reservation (its
+        answer may be lost with the connection: then one that did commit shows as stuck
+        until this writer restarts, as for :meth:`begin_pipelined`).
         """
-        reservation = self._reserve(n)
+        reservation = self._reserve(n, run)
         completion: Completion | None = None
         try:
             position = self._positions.position_if_finished(reservation.stream_ids)
@@ -155,7 +164,7 @@ class MultiWriterIdGenerator:
             raise
         ok = False
         try:
-            yield [self.direction.from_wire(i) for i in reservation.stream_ids], completion
+            yield self._stored_ids(reservation), completion
             ok = True
         finally:
             if ok and completion is not None and completion.done:
@@ -195,6 +204,12 @@ class MultiWriterIdGenerator:
         else:
             self._complete(reservation, False)
 
+    def _stored_ids(self, reservation: Reservation) -> list[int]:
+        """The reserved IDs as stored (negated for a backwards stream)."""
+        if not self.direction.backwards:
+            return list(reservation.stream_ids)
+        return [self.direction.from_wire(i) for i in reservation.stream_ids]
+
     def _check_writer(self) -> None:
         if not self.is_writer:
             raise NotAWriter(
@@ -202,14 +217,18 @@ class MultiWriterIdGenerator:
                 f"(writers: {', '.join(self.writers or ())})"
             )
 
-    def _reserve(self, n: int) -> Reservation:
+    def _reserve(self, n: int, run: Callable[[str, Sequence[object]], Sequence[object]] | None = None) -> Reservation:
         if n < 1:
             raise ValueError("reserve at least one stream ID")
         self._check_writer()
+        statement = self._store.reserve_statement(n) if run is not None else None
         ticket = self._positions.begin_allocation()
         reservation: Reservation | None = None
         try:
-            reservation = self._store.reserve(n)
+            if statement is not None and run is not None:
+                reservation = self._store.reservation_from_row(run(*statement))
+            else:
+                reservation = self._store.reserve(n)
         finally:
             self._positions.allocated(ticket, reservation.stream_ids if reservation else None)
         return reservation

@@ -67,6 +67,8 @@ class StreamPositions:
         self._finished: set[int] = set()
         # IDs known completed (by anyone) but above the linear position.
         self._known_persisted: list[int] = []
+        #: the largest ID in it (when it is not empty)
+        self._known_persisted_max = 0
         self._max_seen_allocated = max([persisted_upto, *self._current.values()])
         self._max_local = self._max_seen_allocated
 
@@ -84,10 +86,12 @@ class StreamPositions:
         now = self._clock()
         with self._lock:
             if ids:
-                for stream_id in ids:
-                    self._unfinished[stream_id] = now
-                    if stream_id > self._max_seen_allocated:
-                        self._max_seen_allocated = stream_id
+                ids = list(ids)
+                # Whole batches at C speed: a hundred IDs per transaction is the common case.
+                self._unfinished.update(dict.fromkeys(ids, now))
+                highest = max(ids)
+                if highest > self._max_seen_allocated:
+                    self._max_seen_allocated = highest
             self._in_flight.remove(ticket)
             heapq.heapify(self._in_flight)
 
@@ -95,14 +99,18 @@ class StreamPositions:
         """These local IDs completed (committed or rolled back)."""
         ids = list(ids)
         with self._lock:
-            for stream_id in ids:
-                self._unfinished.pop(stream_id, None)
-                self._finished.add(stream_id)
+            unfinished = self._unfinished
+            if len(unfinished) == len(ids) and unfinished.keys() == set(ids):
+                unfinished.clear()  # the only transaction in flight (the common case)
+            else:
+                for stream_id in ids:
+                    unfinished.pop(stream_id, None)
+            self._finished.update(ids)
 
             new_current = None
-            if self._unfinished or self._in_flight:
+            if unfinished or self._in_flight:
                 min_unfinished = min(
-                    [*([min(self._unfinished)] if self._unfinished else []),
+                    [*([min(unfinished)] if unfinished else []),
                      *([self._in_flight[0] + 1] if self._in_flight else [])]
                 )
                 below = [s for s in self._finished if s < min_unfinished]
@@ -130,7 +138,7 @@ class StreamPositions:
         """
         ids = set(ids)
         with self._lock:
-            if self._in_flight or self._finished or set(self._unfinished) != ids or not ids:
+            if self._in_flight or self._finished or not ids or self._unfinished.keys() != ids:
                 return None
             return max(self._max_local, self._max_seen_allocated, self._persisted_upto, max(ids))
 
@@ -165,6 +173,7 @@ class StreamPositions:
             self._unfinished.clear()
             self._finished.clear()
             self._known_persisted = []
+            self._known_persisted_max = 0
             for instance, stream_id in sorted(rows, key=lambda row: row[1]):
                 self._add_persisted(stream_id)
                 if instance == self.instance_name:
@@ -189,10 +198,9 @@ class StreamPositions:
         self._add_persisted_many((new_id,))
 
     def _add_persisted_many(self, new_ids: Iterable[int]) -> None:
-        """Record completed IDs and move the linear position on. What follows the heap
-        pushes does not depend on the IDs: once per batch, not once per ID (hot path)."""
-        for new_id in new_ids:
-            heapq.heappush(self._known_persisted, new_id)
+        """Record completed IDs and move the linear position on. Once per batch, not once
+        per ID (hot path): IDs at or below the linear position once the writers' positions
+        are taken into account never enter the heap."""
         ours = self._current.get(self.instance_name, 0)
         min_current = min(
             (pos for name, pos in self._current.items() if name != self.instance_name),
@@ -209,6 +217,25 @@ class StreamPositions:
             self._max_local = max(self._max_seen_allocated, self._max_local)
 
         heap = self._known_persisted
+        upto = self._persisted_upto
+        above = [new_id for new_id in new_ids if new_id > upto]
+        if above:
+            above.sort()
+            if not heap and above[-1] - above[0] == len(above) - 1 and above[0] == upto + 1:
+                # A gapless run just above the linear position (these IDs were the only
+                # ones handed out meanwhile): the linear position moves to its end.
+                self._persisted_upto = above[-1]
+                return
+            if not heap or above[0] >= self._known_persisted_max:
+                # A sorted run, none below anything in the heap: appended, it is still a heap
+                # (each element at least its parent). IDs come from the sequence in order,
+                # so this is the usual case while another writer holds the linear position.
+                heap.extend(above)
+            else:
+                for new_id in above:
+                    heapq.heappush(heap, new_id)
+            if above[-1] > self._known_persisted_max or len(heap) == len(above):
+                self._known_persisted_max = above[-1]
         while heap:
             if heap[0] <= self._persisted_upto:
                 heapq.heappop(heap)

@@ -10,14 +10,16 @@ per transaction), except inside a pipeline (the room event store's), where COPY 
 allowed; elsewhere (and for a single row) ``executemany`` of one ``INSERT``.
 
 When ``append`` owns its transaction on PostgreSQL (no transaction or pipeline of the
-caller's), the completion (reservation deleted, position recorded) is part of that commit, and
-one fact takes one round trip in all: reservation, row and completion in one pipeline
-(``_append_pipelined``; docs/streams.md, "Writing").
+caller's), the reservation runs on its own connection ahead of the writing transaction and
+the completion (reservation deleted, position recorded) is part of that commit: one fact takes
+one round trip in all, reservation, row and completion in one pipeline
+(``_append_pipelined``), and a batch three (``_append_completing``; docs/streams.md, "Writing").
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -55,6 +57,16 @@ class _InsertPlan:
     #: the table's row format
     wire_index: list[int]
     to_wire: Any
+    #: the field values of a row, in column order, from a mapping that has every field
+    #: (``KeyError`` otherwise: then :meth:`values_with_defaults`)
+    getter: Any = None
+
+    def values_with_defaults(self, model: type[FactModel], values: Mapping[str, Any]) -> list[Any]:
+        raw = [values[name] if name in values else default for name, default, _ in self.columns]
+        if _REQUIRED in raw:
+            name = self.columns[raw.index(_REQUIRED)][0]
+            raise ValueError(f"{model.__name__}.{name} is required")
+        return raw
 
 
 class StreamWriter:
@@ -142,14 +154,22 @@ class StreamWriter:
         by_model: dict[type[FactModel], list[list[Any]]] = {}
         instance = self.generator.instance_name
         wire: dict[int, list[list[Any]]] | None = getattr(self._local, "wire", None)
+        last_model: Any = None
         for stream_id, rows in zip(ids, facts):
             for model, values in rows:
-                plan = self._plan(model)
-                raw = [values[name] if name in values else default for name, default, _ in plan.columns]
-                if _REQUIRED in raw:
-                    name = plan.columns[raw.index(_REQUIRED)][0]
-                    raise ValueError(f"{model.__name__}.{name} is required")
-                by_model.setdefault(model, []).append([stream_id, instance, *raw])
+                if model is not last_model:
+                    # Facts of one table in a row are the common case: look up once.
+                    plan = self._plan(model)
+                    out = by_model.setdefault(model, [])
+                    getter = plan.getter
+                    last_model = model
+                try:
+                    # Every field given (the usual case): one C call.
+                    raw = getter(values)
+                except KeyError:
+                    raw = plan.values_with_defaults(model, values)
+                row = [stream_id, instance, *raw]
+                out.append(row)
                 if wire is not None:
                     wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
         return by_model
@@ -168,19 +188,56 @@ class StreamWriter:
 
     def _append_completing(self, facts: Sequence[Sequence[Row]]) -> list[int]:
         """:meth:`append` with the completion (reservation deleted, position recorded) as the
-        last statement of the transaction, sent with the COMMIT: at one fact per transaction
-        the row and the completion are one statement in autocommit, so the transaction costs
-        the reservation's round trip and one more (docs/streams.md)."""
-        with self.generator.get_next_mult_completing(len(facts)) as (ids, completion):
-            if completion is None:  # no completion statement for this store
+        last statement of the transaction, sent with the COMMIT. The reservation runs on the
+        writer's own connection in one pipeline with the ``BEGIN`` of the writing transaction
+        (``BEGIN; reserve; COMMIT; BEGIN``: committed, so visible to every process, before
+        the rows are written), then ``COPY``, then the completion and ``COMMIT``: three
+        round trips, against the raw COPY's four (docs/streams.md)."""
+        import psycopg
+
+        connection = connections[self.using]
+        pg = connection.connection
+        tx, reserve = self._cursors(pg)
+        models = [model for rows in facts for model, _ in rows]
+        # At most one row per table: the rows go as WITH clauses of the completion, one
+        # statement in autocommit (_commit_rows), so no transaction is begun for them here.
+        single_rows = len(set(models)) == len(models)
+        reserved_here = False
+
+        def reserve_then_begin(sql: str, params: Sequence[Any]) -> Any:
+            nonlocal reserved_here
+            with connection.wrap_database_errors:
+                try:
+                    with pg.pipeline():
+                        tx.execute("BEGIN", prepare=True)
+                        reserve.execute(sql, params, prepare=True)
+                        tx.execute("COMMIT", prepare=True)
+                        if not single_rows:
+                            tx.execute("BEGIN", prepare=True)
+                except BaseException:
+                    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        pg.rollback()
+                    raise
+            reserved_here = True
+            return reserve.fetchone()
+
+        try:
+            with self.generator.get_next_mult_completing(len(facts), reserve_then_begin) as (ids, completion):
+                if completion is None or not reserved_here:  # no such statements for this store
+                    if reserved_here and not single_rows:
+                        pg.rollback()
+                    with self._journaled(ids):
+                        with transaction.atomic(using=self.using):
+                            self.insert_rows(ids, facts)
+                    return ids
                 with self._journaled(ids):
-                    with transaction.atomic(using=self.using):
-                        self.insert_rows(ids, facts)
-                return ids
-            with self._journaled(ids):
-                by_model = self._rows_by_model(ids, facts)
-                self._commit_rows(by_model, completion.sql, completion.params)
-            completion.committed()
+                    by_model = self._rows_by_model(ids, facts)
+                    self._commit_rows(by_model, completion.sql, completion.params, begun=not single_rows)
+                completion.committed()
+        except BaseException:
+            if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                pg.rollback()
+            raise
         return ids
 
     def _append_pipelined(self, facts: Sequence[Sequence[Row]]) -> list[int] | None:
@@ -284,37 +341,39 @@ class StreamWriter:
         finally:
             self._local.wire = None
 
-    def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any]) -> None:
+    def _commit_rows(self, by_model: dict[type[FactModel], list[list[Any]]], sql: str, params: Sequence[Any],
+                     begun: bool = False) -> None:
         """Insert ``by_model`` and run ``sql`` in one transaction on Django's connection, in
-        autocommit (Django sees no transaction: nothing of its own runs in between)."""
+        autocommit (Django sees no transaction: nothing of its own runs in between).
+        ``begun``: that transaction is already open (:meth:`_append_completing`)."""
         import psycopg
 
         connection = connections[self.using]
         pg = connection.connection
-        explicit_prepares(pg)
         with connection.wrap_database_errors:
             try:
-                with psycopg.Cursor(pg) as cursor:
-                    if all(len(rows) == 1 for rows in by_model.values()):
-                        # One statement in autocommit, so one round trip and its own
-                        # transaction: each row an INSERT in a WITH clause of the completion
-                        # (PostgreSQL runs every data-modifying WITH part, all or nothing).
-                        inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
-                                   for model, rows in by_model.items()]
-                        cursor.execute(*_with_parts(inserts, sql, params), prepare=True)
-                    else:
-                        # COPY is its own round trip and not allowed in a pipeline: BEGIN,
-                        # COPY, then the completion and COMMIT together.
+                cursor = self._cursors(pg)[0]  # kept: making one costs the client ~15 us
+                if all(len(rows) == 1 for rows in by_model.values()) and not begun:
+                    # One statement in autocommit, so one round trip and its own
+                    # transaction: each row an INSERT in a WITH clause of the completion
+                    # (PostgreSQL runs every data-modifying WITH part, all or nothing).
+                    inserts = [(self._plans[model].sql, _prepared_row(self._plans[model], rows[0]))
+                               for model, rows in by_model.items()]
+                    cursor.execute(*_with_parts(inserts, sql, params), prepare=True)
+                else:
+                    # COPY is its own round trip and not allowed in a pipeline: BEGIN,
+                    # COPY, then the completion and COMMIT together.
+                    if not begun:
                         cursor.execute("BEGIN", prepare=True)
-                        for model, rows in by_model.items():
-                            plan = self._plans[model]
-                            if len(rows) == 1:
-                                cursor.execute(plan.sql, _prepared_row(plan, rows[0]), prepare=True)
-                            else:
-                                self._insert_copy(connection, plan, rows)
-                        with pg.pipeline():
-                            cursor.execute(sql, params, prepare=True)
-                            cursor.execute("COMMIT", prepare=True)
+                    for model, rows in by_model.items():
+                        plan = self._plans[model]
+                        if len(rows) == 1:
+                            cursor.execute(plan.sql, _prepared_row(plan, rows[0]), prepare=True)
+                        else:
+                            self._insert_copy(connection, plan, rows)
+                    with pg.pipeline():
+                        cursor.execute(sql, params, prepare=True)
+                        cursor.execute("COMMIT", prepare=True)
             except BaseException:
                 if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     pg.rollback()
@@ -392,9 +451,20 @@ class StreamWriter:
         table = next(t for t in self.spec.tables if t.model is model)
         names = [f.name for f in fields]
         plan = _InsertPlan(sql, [(f.name, default(f), converter(f)) for f in fields],
-                           copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire)
+                           copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire,
+                           _values_getter(names))
         self._plans[model] = plan
         return plan
+
+
+def _values_getter(names: Sequence[str]) -> Any:
+    """``lambda values: tuple(values[n] for n in names)`` in C (``operator.itemgetter``)."""
+    if not names:
+        return lambda values: ()
+    if len(names) == 1:
+        one = operator.itemgetter(names[0])
+        return lambda values: (one(values),)
+    return operator.itemgetter(*names)
 
 
 def _reservation_result(cursor: Any) -> Reservation | None:

@@ -279,19 +279,19 @@ def test_write_facts_concurrency_keeps_transactions_in_flight_and_positions_cont
     unsubscribe = rt.notifier.subscribe(seen.append)
     # The first two transactions each wait inside their open transaction until the other is
     # open too: proof that two are in flight at once (and the second completes its IDs first).
-    # (append runs the transaction itself in _commit_rows: BEGIN, rows, completion, COMMIT;
-    # the first two wait there, their IDs reserved, until both are.)
+    # (append runs the transaction itself: BEGIN with the reservation, then in _commit_rows
+    # the rows, completion, COMMIT; the first two wait there, their IDs reserved, until both are.)
     both_open = threading.Barrier(2, timeout=30)
     backends: set[int] = set()
     real_commit_rows = writer._commit_rows
     calls = []
 
-    def commit_rows(by_model, sql, params):
+    def commit_rows(by_model, sql, params, **kwargs):
         backends.add(connections["default"].connection.info.backend_pid)
         calls.append(by_model)
         if len(calls) <= 2:
             both_open.wait()
-        real_commit_rows(by_model, sql, params)
+        real_commit_rows(by_model, sql, params, **kwargs)
 
     out = StringIO()
     try:

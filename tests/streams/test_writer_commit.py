@@ -1,6 +1,6 @@
 """``StreamWriter.append`` completing its IDs in its own commit (PostgreSQL).
 
-The reservation is committed on the dedicated connection before the rows are written, and
+The reservation is committed (on the writer's own connection) before the rows are written, and
 deleted by the very transaction that writes them (with the writer's position recorded): a
 reader sees the pending ID or the rows, never neither; a transaction that fails to commit
 completes as a rollback; a writer killed before its commit leaves its ID reported stuck
@@ -92,9 +92,10 @@ def blocked_on_lock(pg_url, application_prefix=None):
 
 
 def test_append_completes_in_its_commit_without_a_round_trip_of_its_own(runtimes, monkeypatch):
-    """Nothing on the dedicated connection at one fact per transaction (reservation, rows and
-    completion in the writer's one pipeline); only the reservation for a batch (the
-    completion and the position travel with the COMMIT)."""
+    """Nothing on the dedicated connection: at one fact per transaction reservation, rows
+    and completion go in the writer's one pipeline; for a batch the reservation goes in one
+    pipeline with the BEGIN of the writing transaction, and the completion and the position
+    travel with the COMMIT."""
     rt = runtimes()
     w = rt.writer("receipts")
     w.append(facts(1, seed=9))  # looks up the reservations' ID sequence once
@@ -106,7 +107,7 @@ def test_append_completes_in_its_commit_without_a_round_trip_of_its_own(runtimes
         return real_run(self, sql, params)
 
     monkeypatch.setattr(PostgresIdStore, "_run", run)
-    for n, dedicated in ((1, 0), (3, 1), (1, 0)):
+    for n, dedicated in ((1, 0), (3, 0), (1, 0), (100, 0)):
         calls.clear()
         ids = w.append(facts(n))
         assert len(calls) == dedicated and all("nextval" in sql for sql in calls)
@@ -139,32 +140,37 @@ def test_one_fact_bad_row_reserves_nothing_and_a_failed_insert_completes(runtime
     assert w.generator.get_current_token() > before + 1
 
 
-def test_pending_id_is_visible_until_the_commit_that_writes_its_row(runtimes, pg_url):
+@pytest.mark.parametrize("n", [1, 3])
+def test_pending_id_is_visible_until_the_commit_that_writes_its_row(runtimes, pg_url, n):
+    """Both ways of reserving on the writer's own connection (one fact: one pipeline; a
+    batch: the reservation with the BEGIN, then COPY) commit the reservation before the
+    rows are written."""
     rt = runtimes()
     w = rt.writer("receipts")
     before = w.generator.get_current_token()
+    ids = list(range(before + 1, before + n + 1))
     lock = locked_table(pg_url)
     done: list = []
-    t = threading.Thread(target=lambda: done.append(w.append(facts(1))))
+    t = threading.Thread(target=lambda: done.append(w.append(facts(n))))
     try:
         t.start()
         wait_for(lambda: blocked_on_lock(pg_url), "the writer's INSERT to wait for the lock")
         # Another process sees the reservation, and no row yet ...
-        assert reservations(pg_url, "master") == [[before + 1]]
-        assert rows_at(pg_url, [before + 1]) == 0
+        assert reservations(pg_url, "master") == [ids]
+        assert rows_at(pg_url, ids) == 0
         status = {s.name: s for s in stream_status(stuck_after=0)}["receipts"]
-        assert [(p.instance_name, p.stream_ids) for p in status.pending] == [("master", [before + 1])]
+        assert [(p.instance_name, p.stream_ids) for p in status.pending] == [("master", ids)]
         assert w.generator.get_current_token() == before
     finally:
         lock.commit()
         lock.close()
         t.join(timeout=60)
-    # ... and after the commit the row and no reservation, the position recorded with it.
-    assert done == [[before + 1]]
-    assert rows_at(pg_url, [before + 1]) == 1
+    # ... and after the commit the rows and no reservation, the position recorded with them.
+    assert done == [ids]
+    assert rows_at(pg_url, ids) == n
     assert reservations(pg_url, "master") == []
-    assert StreamPosition.objects.get(stream_name="receipts", instance_name="master").stream_id == before + 1
-    assert w.generator.get_current_token() == before + 1
+    assert StreamPosition.objects.get(stream_name="receipts", instance_name="master").stream_id == ids[-1]
+    assert w.generator.get_current_token() == ids[-1]
 
 
 @pytest.mark.parametrize("n", [1, 3])

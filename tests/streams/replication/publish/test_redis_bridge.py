@@ -304,13 +304,13 @@ def test_transactions_completing_out_of_order_go_out_in_order(setup):
     one_completed, holding = threading.Event(), threading.Event()
     real_commit_rows = writer._commit_rows
 
-    def commit_rows(by_model, sql, params):
+    def commit_rows(by_model, sql, params, **kwargs):
         # (append writes and commits its transaction in _commit_rows, its IDs reserved)
         if not holding.is_set():
             # The first transaction (the lowest IDs) stays uncommitted until a later one completed.
             holding.set()
             assert one_completed.wait(30)
-        real_commit_rows(by_model, sql, params)
+        real_commit_rows(by_model, sql, params, **kwargs)
 
     def write(thread: int) -> None:
         rng = random.Random(thread)
