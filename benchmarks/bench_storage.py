@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_storage.py [--events N] [--rooms R] [--users U] [--quick] [--sqlite]
                                                  [--data-dir D] [--freeze-every N] [--room-cache N]
+                                                 [--cache-scale F]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
 migrates a fresh database, then on that one server:
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze-every", type=int, default=None,
                         help="gc.freeze the persister's objects every N batches (default persist.FREEZE_EVERY, "
                              "as generate_rooms; 0: never)")
+    parser.add_argument("--cache-scale", type=float, default=1.0,
+                        help="every persister cache's bound times F (EventPersister.scale_caches; the defaults "
+                             "fit ~20,000 active rooms)")
     parser.add_argument("--room-cache", type=int, default=None,
                         help="room contexts the persister keeps between batches (default its own, 20,000)")
     args = parser.parse_args(argv)
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.data_dir:  # a new dataset: an interrupted one left no marker and is dropped
             marker_path(Path(args.data_dir)).unlink(missing_ok=True)
         return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
-                   reused=reused, freeze_every=args.freeze_every, room_cache=args.room_cache,
+                   reused=reused, freeze_every=args.freeze_every, room_cache=args.room_cache, cache_scale=args.cache_scale,
                    keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
                    if args.data_dir else None)
 
@@ -181,7 +185,8 @@ def describe(d: dict) -> str:
 
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
-        freeze_every: int | None = None, room_cache: int | None = None, keep=None) -> int:
+        freeze_every: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
+        keep=None) -> int:
     from django.db import connection
 
     from streams.runtime import runtime
@@ -199,7 +204,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
 
     if reused is None:
         since = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
-                      freeze_every=freeze_every, room_cache=room_cache)
+                      freeze_every=freeze_every, room_cache=room_cache, cache_scale=cache_scale)
         if keep is not None:
             keep(since)
     else:
@@ -350,7 +355,7 @@ def database_mb() -> float:
 
 
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None,
-          room_cache: int | None = None) -> int:
+          room_cache: int | None = None, cache_scale: float = 1.0) -> int:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
     token; returns that token (incremental sync's ``since``)."""
     import gc
@@ -365,10 +370,12 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 
     # as generate_rooms: the persister's objects out of the collector's way every N batches
     persister_for(rt).freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
+    if cache_scale != 1.0:
+        persister_for(rt).scale_caches(cache_scale)
     if room_cache is not None:
         persister_for(rt).rooms.size = room_cache
     print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches; "
-          f"{persister_for(rt).rooms.size:,} room contexts kept between batches")
+          f"{persister_for(rt).rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
     gc_s = [0.0, 0.0]
 
     def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it

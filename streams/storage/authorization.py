@@ -286,6 +286,10 @@ class ResolvedStates:
         self.hits = 0
         self.misses = 0
 
+    def scale(self, factor: float) -> None:
+        """The cache's bound times ``factor`` (:meth:`EventPersister.scale_caches`)."""
+        self._lru.size = int(self._lru.size * factor)
+
     def get(self, groups: Iterable[int]) -> dict[StateKey, str] | None:
         """A copy of the cached resolution of ``groups`` (callers change their maps)."""
         state = self._lru.get(frozenset(groups))

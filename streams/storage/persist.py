@@ -77,6 +77,19 @@ class EventPersister:
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
         self.on_commit: list[Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]] = []
 
+    def scale_caches(self, factor: float) -> None:
+        """Every cache's bound times ``factor``: the defaults fit a working set of ~20,000
+        active rooms; a persister serving ``factor`` times as many (each room's context, its
+        auth and state events, its groups' states) thrashes below that -- at 100,000 rooms
+        the state events needed by authorization outgrew ``MatrixEvents`` and every batch
+        read them back (docs/benchmarks.md, the 10 M run)."""
+        self.rooms.size = int(self.rooms.size * factor)
+        self.matrix.size = int(self.matrix.size * factor)
+        self.facts.size = int(self.facts.size * factor)
+        self.state.scale(factor)
+        self.resolved.scale(factor)
+        self.chains.size = int(self.chains.size * factor)
+
     def persist(self, items: Sequence[IncomingEvent | bytes | str], writer: Any, *, backfill: bool) -> list[PersistedEvent]:
         with self._lock:
             self.room_infos.using = writer.using

@@ -142,6 +142,11 @@ class StateGroupStore:
         self.hits = 0
         self.misses = 0
 
+    def scale(self, factor: float) -> None:
+        """The caches' bounds times ``factor`` (:meth:`EventPersister.scale_caches`)."""
+        self._states.size = int(self._states.size * factor)
+        self._chain_lengths.size = int(self._chain_lengths.size * factor)
+
     # -- reading ----------------------------------------------------------------------------
 
     def get_state(self, cursor: Any, group: int) -> StateMap:

@@ -243,3 +243,17 @@ def test_a_persister_set_to_freeze_moves_its_objects_out_of_the_collectors_way(s
         gc.unfreeze()
         gc.set_threshold(*thresholds)
     assert rows("SELECT count(*) FROM events") == [(5,)]
+
+
+def test_scale_caches_multiplies_every_cache_bound_of_the_persister():
+    """``bench_storage --cache-scale`` (a working set of 100,000 rooms): each cache of the
+    persister holds ``factor`` times as much, none is left at its default."""
+    from streams.storage.persist import EventPersister
+
+    p = EventPersister()
+    before = (p.rooms.size, p.matrix.size, p.facts.size, p.state._states.size, p.state._chain_lengths.size,
+              p.resolved._lru.size, p.chains.size)
+    p.scale_caches(5)
+    after = (p.rooms.size, p.matrix.size, p.facts.size, p.state._states.size, p.state._chain_lengths.size,
+             p.resolved._lru.size, p.chains.size)
+    assert after == tuple(5 * b for b in before)
