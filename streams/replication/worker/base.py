@@ -323,16 +323,17 @@ class BaseReplicationWorker:
             try:
                 while pending:
                     decision = pending.popleft()
-                    if type(decision) is DeliverRun:
-                        if not self._on_facts_is_coro or decision.stream == "caches":
-                            # the rare kinds of delivery: one fact at a time, as _apply does it
-                            pending.extendleft(reversed(decision.delivers()))
-                            continue
-                        # The usual case: a read's facts of one writer, the callback awaited
-                        # inline for each (no coroutine of ours, counters once per wake-up).
+                    kind = type(decision)
+                    if (kind is DeliverRun or kind is Deliver) and self._on_facts_is_coro \
+                            and decision.stream != "caches":
+                        # The usual case: a run of one writer's facts (or one fact), _apply's
+                        # work inline for each -- the callback awaited, no coroutine of ours,
+                        # counters added once per wake-up.
+                        facts = (decision.facts if kind is DeliverRun
+                                 else ((decision.token, list(decision.rows)),))
                         stream, writer, on_facts = decision.stream, decision.writer, self._on_facts
                         key = (stream, writer)
-                        for token, rows in decision.facts:
+                        for token, rows in facts:
                             try:
                                 await on_facts(stream, writer, token, rows)
                             except Exception:
@@ -342,19 +343,9 @@ class BaseReplicationWorker:
                             delivered += 1
                             rows_delivered += len(rows)
                         continue
-                    if type(decision) is Deliver and self._on_facts_is_coro and decision.stream != "caches":
-                        # The usual case, once per fact: _apply's work inline, counters added
-                        # once per wake-up (a coroutine and three counter updates less per fact).
-                        rows = list(decision.rows)
-                        try:
-                            await self._on_facts(decision.stream, decision.writer, decision.token,
-                                                 rows)
-                        except Exception:
-                            self._counters["callback_errors"] += 1
-                            logger.exception("applying %r failed; moving on", decision)
-                        positions[(decision.stream, decision.writer)] = decision.token
-                        delivered += 1
-                        rows_delivered += len(rows)
+                    if kind is DeliverRun:
+                        # the rare kinds of delivery: one fact at a time, as _apply does it
+                        pending.extendleft(reversed(decision.delivers()))
                         continue
                     try:
                         await self._apply(lane, decision)

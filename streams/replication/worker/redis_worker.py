@@ -165,10 +165,10 @@ class RedisReplicationWorker(BaseReplicationWorker):
             elif not (reply and reply[0] == b"pong"):
                 logger.debug("Redis reply ignored: %r", reply)
         self._counters["messages"] += messages
-        own = [c for c in cmds if isinstance(c, RdataRun) and c.instance_name == self.name]
+        own = sum(len(c.entries) for c in cmds if type(c) is RdataRun and c.instance_name == self.name)
         if own:  # what we published, echoed back
-            self._counters["own_echoes"] += sum(len(c.entries) for c in own)
-            cmds = [c for c in cmds if not any(c is o for o in own)]
+            self._counters["own_echoes"] += own
+            cmds = [c for c in cmds if not (type(c) is RdataRun and c.instance_name == self.name)]
         if cmds:
             # A read's worth of messages to the follower at once (the hot path).
             self._dispatch_many(cmds)
