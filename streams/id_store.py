@@ -252,16 +252,11 @@ class PostgresIdStore(IdStore):
     """IDs from a PostgreSQL sequence, reserved on a dedicated autocommit connection or in the
     writer's own pipeline."""
 
+    # The reservation, on the dedicated connection (reserve) or the writer's own
+    # (reserve_statement), whose commits wait for the WAL flush; this one need not (the
+    # dedicated connection does not either). The IDs come back unordered: sorted in
+    # reservation_from_row.
     _RESERVE_SQL = f"""
-        WITH ids AS (SELECT nextval(%s) AS id FROM generate_series(1, %s))
-        INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
-        SELECT %s, %s, to_jsonb(array_agg(id ORDER BY id)), now(), %s FROM ids
-        RETURNING id, stream_ids
-    """
-
-    # The reservation of reserve_statement: as _RESERVE_SQL, on the writer's own connection,
-    # whose commits wait for the WAL flush; this one need not (as on the dedicated connection).
-    _WRITER_RESERVE_SQL = f"""
         WITH fast AS (SELECT set_config('synchronous_commit', 'off', true)),
             ids AS (SELECT nextval(%s) AS id FROM generate_series(1, %s))
         INSERT INTO {RESERVATIONS} (stream_name, instance_name, stream_ids, reserved_at, pid)
@@ -349,12 +344,10 @@ class PostgresIdStore(IdStore):
         return True
 
     def reserve(self, n: int) -> Reservation:
-        return self.reservation_from_row(self._run(
-            self._RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
-        ))
+        return self.reservation_from_row(self._run(*self.reserve_statement(n)))
 
     def reserve_statement(self, n: int) -> tuple[str, tuple[Any, ...]]:
-        return self._WRITER_RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
+        return self._RESERVE_SQL, (self.sequence, n, self.stream_name, self.instance_name, os.getpid())
 
     def reservation_from_row(self, row: Sequence[Any]) -> Reservation:
         reservation_id, ids = row

@@ -193,8 +193,6 @@ class StreamWriter:
         (``BEGIN; reserve; COMMIT; BEGIN``: committed, so visible to every process, before
         the rows are written), then ``COPY``, then the completion and ``COMMIT``: three
         round trips, against the raw COPY's four (docs/streams.md)."""
-        import psycopg
-
         connection = connections[self.using]
         pg = connection.connection
         tx, reserve = self._cursors(pg)
@@ -215,8 +213,7 @@ class StreamWriter:
                         if not single_rows:
                             tx.execute("BEGIN", prepare=True)
                 except BaseException:
-                    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        pg.rollback()
+                    _roll_back_open(pg)
                     raise
             reserved_here = True
             return reserve.fetchone()
@@ -235,8 +232,7 @@ class StreamWriter:
                     self._commit_rows(by_model, completion.sql, completion.params, begun=not single_rows)
                 completion.committed()
         except BaseException:
-            if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                pg.rollback()
+            _roll_back_open(pg)
             raise
         return ids
 
@@ -245,8 +241,6 @@ class StreamWriter:
         COMMIT; rows + completion`` in one pipeline (:class:`PipelinedReservation`); ``None``
         where that does not apply. The reservation commits before the rows' statement runs,
         so the ID is pending and visible to every process until the rows commit."""
-        import psycopg
-
         models = [model for model, _ in facts[0]]
         if len(set(models)) != len(models):
             return None
@@ -288,8 +282,7 @@ class StreamWriter:
                         tx.execute(sql, params, prepare=True)
                 finally:
                     reservation = _reservation_result(reserve) if reserve_sent else None
-                    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        pg.rollback()
+                    _roll_back_open(pg)
             committed = True
         finally:
             self._local.wire = None
@@ -346,8 +339,6 @@ class StreamWriter:
         """Insert ``by_model`` and run ``sql`` in one transaction on Django's connection, in
         autocommit (Django sees no transaction: nothing of its own runs in between).
         ``begun``: that transaction is already open (:meth:`_append_completing`)."""
-        import psycopg
-
         connection = connections[self.using]
         pg = connection.connection
         with connection.wrap_database_errors:
@@ -375,8 +366,7 @@ class StreamWriter:
                         cursor.execute(sql, params, prepare=True)
                         cursor.execute("COMMIT", prepare=True)
             except BaseException:
-                if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    pg.rollback()
+                _roll_back_open(pg)
                 raise
 
     @staticmethod
@@ -455,6 +445,15 @@ class StreamWriter:
                            _values_getter(names))
         self._plans[model] = plan
         return plan
+
+
+def _roll_back_open(pg: Any) -> None:
+    """Roll back the transaction a failed statement or pipeline left open on ``pg`` (the
+    connection is Django's: it must go back to autocommit idle), unless it is closed."""
+    import psycopg
+
+    if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        pg.rollback()
 
 
 def _values_getter(names: Sequence[str]) -> Any:
