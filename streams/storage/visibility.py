@@ -160,20 +160,6 @@ class RangeSet:
             j += 1
         rs[i:j] = [[start, end]]
 
-    def add_all(self, ranges: Iterable[Range]) -> None:
-        """Union with sorted, disjoint ``ranges`` in one pass (``add`` of each, in linear time)."""
-        merged = sorted([*self.ranges, *([s, e] for s, e in ranges)], key=lambda r: r[0])
-        out: list[list] = []
-        for r in merged:
-            if out:
-                last = out[-1]
-                end = last[1]
-                if end is None or _succ(end) >= r[0]:
-                    last[1] = None if end is None or r[1] is None else max(end, r[1])
-                    continue
-            out.append(list(r))
-        self.ranges = out
-
     def remove_point(self, k: Key) -> None:
         i = bisect.bisect_right(self.ranges, k, key=lambda r: r[0]) - 1
         if i < 0:
@@ -195,12 +181,3 @@ class RangeSet:
                 self.ranges[-1][1] = k
             else:  # opened after k: nothing of it was visible
                 self.ranges.pop()
-
-    def clipped_before(self, k: Key) -> list[Range]:
-        """The parts strictly before ``k``."""
-        out: list[Range] = []
-        for start, end in self.ranges:
-            if start >= k:
-                break
-            out.append((start, end if end is not None and end < k else _pred(k)))
-        return out

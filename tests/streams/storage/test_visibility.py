@@ -130,8 +130,12 @@ def copy_eras_into_user_rows(room_id):
     copied = 0
     for user, j in joins:
         mine = RangeSet([list(r) for r in ranges(user)])
-        era = shared.clipped_before(divmod(j, 1000000))
-        mine.add_all(era)
+        join = divmod(j, 1000000)
+        # *shared's ranges strictly before the join, each merged into the user's
+        era = [(start, end if end is not None and end < join else (join[0], join[1] - 1))
+               for start, end in shared.as_tuples() if start < join]
+        for start, end in era:
+            mine.add(start, end)
         copied += len(era)
         with connection.cursor() as c:
             c.execute("DELETE FROM room_visibility_ranges WHERE room_id = %s AND user_id = %s", [room_id, user])
@@ -188,4 +192,4 @@ def test_range_set_operations():
     rs.add((3, 3), (3, 3))
     assert rs.as_tuples() == [((1, 1), (5, 5))]
     rs.add((7, 7), None)
-    assert rs.clipped_before((8, 0)) == [((1, 1), (5, 5)), ((7, 7), (8, -1))]
+    assert rs.as_tuples() == [((1, 1), (5, 5)), ((7, 7), None)]
