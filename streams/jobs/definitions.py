@@ -61,11 +61,9 @@ def count_events(rooms: Sequence[str] | None, state_only: bool = False) -> int:
     events with ``state_only``."""
     from django.db import connection
 
-    where = ["state_key IS NOT NULL"] if state_only else []
-    if rooms is not None:
-        where.append(f"room_id IN ({', '.join(io.quote(r) for r in rooms) or 'NULL'})")
+    source = "(SELECT room_id FROM events WHERE state_key IS NOT NULL) AS e" if state_only else "events"
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM events{' WHERE ' + ' AND '.join(where) if where else ''}")
+        cursor.execute(io.Query.select("count(*)", source, rooms, io.quote))
         return cursor.fetchone()[0]
 
 

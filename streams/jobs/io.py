@@ -29,16 +29,17 @@ class Query:
     bounds_source: str | None = None
 
     def sql(self, rooms: Sequence[str] | None, quote) -> str:
-        return self._select(", ".join(self.columns), self.source, rooms, quote)
+        return self.select(", ".join(self.columns), self.source, rooms, quote)
 
     def bounds_sql(self, rooms: Sequence[str] | None, quote) -> str | None:
         if not (self.bounds_source and self.partition_column):
             return None
         column = self.partition_column
-        return self._select(f"min({column}), max({column})", self.bounds_source, rooms, quote)
+        return self.select(f"min({column}), max({column})", self.bounds_source, rooms, quote)
 
     @staticmethod
-    def _select(what: str, source: str, rooms: Sequence[str] | None, quote) -> str:
+    def select(what: str, source: str, rooms: Sequence[str] | None, quote) -> str:
+        """``SELECT what FROM source``, only ``rooms``' rows if given."""
         text = f"SELECT {what} FROM {source}"
         if rooms is not None:
             text += f" WHERE room_id IN ({', '.join(quote(r) for r in rooms) or 'NULL'})"
