@@ -167,39 +167,29 @@ class ReplicationConnection:
     def next_events(self, now: float) -> list[Command]:
         """Every command of the complete lines received so far (``[]``: none).
 
-        :meth:`next_event` for a whole chunk at once (a worker's hot path: one call per read
+        :meth:`next_event` for a whole chunk at once (one call per read
         instead of one per line). A bad line ends the list: the commands before it are
         returned, and the *next* call raises its :class:`RemoteProtocolError`, as
         :meth:`next_event` would have on reaching it. :data:`CLOSED` and :data:`NEED_DATA`
         are still :meth:`next_event`'s to tell.
         """
-        if self._error is not None:
-            raise RemoteProtocolError(self._error)
-        out: list[Command] = []
-        lines = self._lines
-        command = self._command
-        try:
-            while lines:
-                cmd = command(lines.popleft())
-                if cmd is not None:
-                    out.append(cmd)
-        except RemoteProtocolError:
-            if not out:
-                raise
-        if out:
-            self.last_received = now
-        return out
+        return self._drain(now, runs=False)  # type: ignore[return-value]
 
     def next_batch(self, now: float) -> list[Command | RdataRun]:
         """:meth:`next_events`, with each run of RDATA lines of one stream and writer as one
         :class:`~.commands.RdataRun` (a worker's hot path: no command object per fact). The
         same checks, the same errors, at the same line."""
+        return self._drain(now, runs=True)
+
+    def _drain(self, now: float, runs: bool) -> list[Command | RdataRun]:
+        """The commands of the complete lines received so far, RDATA gathered in runs if
+        ``runs`` (:meth:`next_events`, :meth:`next_batch`)."""
         if self._error is not None:
             raise RemoteProtocolError(self._error)
         out: list[Command | RdataRun] = []
         lines = self._lines
         command = self._command
-        fast = "RDATA" in self._may_receive
+        fast = runs and "RDATA" in self._may_receive
         limit = self.max_line_length
         try:
             while lines:
