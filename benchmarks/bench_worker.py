@@ -71,9 +71,8 @@ def _cpu() -> float:
     return t.user + t.system
 
 
-async def _worker_run(port: int, facts: int) -> tuple[float, float]:
-    from streams.replication.worker.tcp_worker import ReplicationWorker
-
+def _counting(facts: int) -> tuple[Any, asyncio.Event]:
+    """A worker callback that counts facts, and the event it sets at the ``facts``-th."""
     got = 0
     done = asyncio.Event()
 
@@ -82,6 +81,14 @@ async def _worker_run(port: int, facts: int) -> tuple[float, float]:
         got += 1
         if got == facts:
             done.set()
+
+    return on_facts, done
+
+
+async def _worker_run(port: int, facts: int) -> tuple[float, float]:
+    from streams.replication.worker.tcp_worker import ReplicationWorker
+
+    on_facts, done = _counting(facts)
 
     worker = ReplicationWorker(host="127.0.0.1", port=port, name="bench", server_name=SERVER_NAME,
                                catchup_url="http://127.0.0.1:9", on_facts=on_facts, streams=["receipts"])
@@ -116,14 +123,7 @@ async def _in_process_run(transport: str, facts: int) -> float:
     from streams.replication.worker.redis_worker import RedisReplicationWorker
     from streams.replication.worker.tcp_worker import ReplicationWorker
 
-    got = 0
-    done = asyncio.Event()
-
-    async def on_facts(stream: str, writer: str, token: int, rows: list) -> None:
-        nonlocal got
-        got += 1
-        if got == facts:
-            done.set()
+    on_facts, done = _counting(facts)
 
     body = json.dumps(ROW, separators=(",", ":"))
     lines = [f"RDATA receipts w1 {t} {body}".encode() for t in range(2, facts + 2)]
