@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--room-cache", type=int, default=None,
                         help="room contexts the persister keeps between batches (default its own, 20,000)")
     args = parser.parse_args(argv)
+    if not args.cache_scale > 0:
+        parser.error(f"--cache-scale must be above 0, not {args.cache_scale}")
     events = args.events or (30_000 if args.quick else 1_000_000)
     rooms = args.rooms or (300 if args.quick else 10_000)
     users = args.users or (1_000 if args.quick else 20_000)

@@ -83,6 +83,8 @@ class EventPersister:
         auth and state events, its groups' states) thrashes below that -- at 100,000 rooms
         the state events needed by authorization outgrew ``MatrixEvents`` and every batch
         read them back (docs/benchmarks.md, the 10 M run)."""
+        if not factor > 0:
+            raise ValueError(f"a cache scale must be above 0, not {factor!r}")
         self.rooms.size = int(self.rooms.size * factor)
         self.matrix.size = int(self.matrix.size * factor)
         self.facts.size = int(self.facts.size * factor)

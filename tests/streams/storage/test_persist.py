@@ -257,3 +257,7 @@ def test_scale_caches_multiplies_every_cache_bound_of_the_persister():
     after = (p.rooms.size, p.matrix.size, p.facts.size, p.state._states.size, p.state._chain_lengths.size,
              p.resolved._lru.size, p.chains.size)
     assert after == tuple(5 * b for b in before)
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="above 0"):
+            p.scale_caches(bad)
+    assert p.matrix.size == 5 * before[1]  # a refused scale changes nothing
