@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._build_record import BuildRecord, BuildRefused, skip_stored  # noqa: E402
 from benchmarks._machine import cpu_description  # noqa: E402
 
 
@@ -114,8 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sqlite", action="store_true", help="a throwaway SQLite file instead of PostgreSQL")
-    parser.add_argument("--data-dir", help="keep the PostgreSQL cluster here; reuse it next time (the same "
-                                           "--events/--rooms/--users/--seed/--batch): persist is skipped")
+    parser.add_argument("--data-dir", help="keep the PostgreSQL cluster here; the next run with the same "
+                                           "--events/--rooms/--users/--seed/--batch continues a partial build "
+                                           "or, on a finished one, skips persist and measures the reads")
+    parser.add_argument("--stop-after", type=int, default=None, metavar="N",
+                        help="with --data-dir: stop the build once N of the dataset's events are persisted "
+                             "(a later run continues it)")
+    parser.add_argument("--read-partial", action="store_true",
+                        help="measure the reads on a build that stopped before its end (labelled partial)")
     parser.add_argument("--freeze-every", type=int, default=None,
                         help="gc.freeze the persister's objects every N batches (default persist.FREEZE_EVERY, "
                              "as generate_rooms; 0: never)")
@@ -127,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.cache_scale > 0:
         parser.error(f"--cache-scale must be above 0, not {args.cache_scale}")
+    if args.stop_after is not None and (not args.data_dir or args.stop_after < 1):
+        parser.error("--stop-after N needs --data-dir (a stopped build is continued from there) and N >= 1")
     events = args.events or (30_000 if args.quick else 1_000_000)
     rooms = args.rooms or (300 if args.quick else 10_000)
     users = args.users or (1_000 if args.quick else 20_000)
@@ -135,30 +144,101 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._setup import migrated_database, migrated_sqlite_database
 
     dataset = {"events": events, "rooms": rooms, "users": users, "seed": args.seed, "batch": args.batch}
+    slice_size = 100_000 if events >= 500_000 else max(args.batch, events // 5)
     reused: dict | None = None
+    record: BuildRecord | None = None
     if args.data_dir:
         if args.sqlite:
             parser.error("--data-dir keeps a PostgreSQL cluster: not with --sqlite")
-        stored = read_marker(Path(args.data_dir))
-        if stored is not None:
-            if {k: stored.get(k) for k in dataset} != dataset:
-                print(f"error: {args.data_dir} holds another dataset ({describe(stored)}); this run asks for "
-                      f"{describe(dataset)}. Use another --data-dir, the same figures, or delete the directory.",
-                      file=sys.stderr)
-                return 2
-            reused = stored
+        directory = Path(args.data_dir)
+        try:
+            stored = read_marker(directory)
+            record = BuildRecord.load(directory) if stored is None else None
+        except BuildRefused as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        held = stored if stored is not None else (record["dataset"] if record is not None else None)
+        if held is not None and {k: held.get(k) for k in dataset} != dataset:
+            print(f"error: {args.data_dir} holds {'another' if stored else 'the partial build of another'} dataset "
+                  f"({describe(held)}); this run asks for {describe(dataset)}. Use another --data-dir, the same "
+                  "figures, or delete the directory.", file=sys.stderr)
+            return 2
+        reused = stored
+        stop_leftover_postgres(directory)
     database = (migrated_sqlite_database() if args.sqlite else
                 migrated_database("bench_storage", pg_directory=args.data_dir or "", keep=bool(args.data_dir),
-                                  reuse=reused is not None))
+                                  reuse=reused is not None or record is not None))
+    stop_requested = install_stop_on_sigterm()
     with database as db:
+        stored_events = 0
         if reused is not None:
             print(f"reusing the dataset in {args.data_dir} ({describe(reused)}): persist skipped, reads only")
-        elif args.data_dir:  # a new dataset: an interrupted one left no marker and is dropped
+        elif record is not None:
+            stored_events = count_dataset_events()
+            print(f"continuing the build in {args.data_dir} ({describe(record['dataset'])}): the record says "
+                  f"{record.stored_events():,} events stored (phase {record.phase}), the database holds "
+                  f"{stored_events:,}")
+        elif args.data_dir:  # a new dataset: a build interrupted before records existed is dropped
             marker_path(Path(args.data_dir)).unlink(missing_ok=True)
-        return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
-                   reused=reused, freeze_every=args.freeze_every, room_cache=args.room_cache, cache_scale=args.cache_scale,
-                   keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
-                   if args.data_dir else None)
+            record = BuildRecord(Path(db.pg.directory), dataset, slice_size=slice_size)
+            record.save()
+        if record is None:  # a throwaway database: the record in memory only
+            record = BuildRecord(None, dataset, slice_size=slice_size)
+        try:
+            return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
+                       reused=reused, freeze_every=args.freeze_every, room_cache=args.room_cache,
+                       cache_scale=args.cache_scale, record=record, stored_events=stored_events,
+                       stop_after=args.stop_after, read_partial=args.read_partial, stopping=stop_requested,
+                       keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
+                       if args.data_dir else None)
+        except BuildRefused as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+
+
+def install_stop_on_sigterm():
+    """SIGTERM stops the build after the batch in flight, recorded (a later run continues
+    it), and the kept PostgreSQL is shut down cleanly; returns the "asked to stop?" test."""
+    import signal
+
+    asked = [False]
+
+    def handler(signum, frame) -> None:
+        print("SIGTERM: stopping after the batch in flight", file=sys.stderr, flush=True)
+        asked[0] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: asked[0]
+
+
+def stop_leftover_postgres(directory: Path) -> None:
+    """A run killed outright (SIGKILL) leaves its PostgreSQL serving the kept cluster, which
+    a new server on it would refuse: stop that one first (fast shutdown: its last
+    transaction, never committed, rolls back)."""
+    import signal
+
+    pid_file = directory / "data" / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
+        return
+    if b"postgres" not in cmdline or str(directory.resolve() / "data").encode() not in cmdline:
+        return  # a stale file: the pid is another process now
+    print(f"a PostgreSQL from an earlier run still serves {directory} (pid {pid}): shutting it down", flush=True)
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def count_dataset_events() -> int:
+    """The dataset's events the database holds (the baseline's bare rows apart)."""
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT count(*) FROM events WHERE room_id NOT LIKE '!baseline%%'")
+        return c.fetchone()[0]
 
 
 def marker_path(directory: Path) -> Path:
@@ -188,7 +268,8 @@ def describe(d: dict) -> str:
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
         freeze_every: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
-        keep=None) -> int:
+        record: BuildRecord, stored_events: int = 0, stop_after: int | None = None, read_partial: bool = False,
+        stopping=lambda: False, keep=None) -> int:
     from django.db import connection
 
     from streams.runtime import runtime
@@ -205,10 +286,24 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     rt = runtime()
 
     if reused is None:
-        since = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
-                      freeze_every=freeze_every, room_cache=room_cache, cache_scale=cache_scale)
-        if keep is not None:
-            keep(since)
+        built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
+                      freeze_every=freeze_every, room_cache=room_cache, cache_scale=cache_scale, record=record,
+                      stored_events=stored_events, stop_after=stop_after, stopping=stopping)
+        if built is None:
+            if not read_partial:
+                print("the reads run once the build is complete (or now, on the partial dataset, with "
+                      "--read-partial)")
+                rt.close()
+                return 0
+            with store_cursor() as cur:
+                top = reads.current_token(cur)
+            since = max(0, top - max(1, count_dataset_events() // 100))
+            print(f"PARTIAL DATASET: {count_dataset_events():,} events of the ~{events:,} asked; the reads below "
+                  f"measure it, not the dataset (incremental sync since stream position {since:,}, 1% back)")
+        else:
+            since = built
+            if keep is not None:
+                keep(since)
     else:
         since = int(reused["since"])
 
@@ -357,9 +452,15 @@ def database_mb() -> float:
 
 
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None,
-          room_cache: int | None = None, cache_scale: float = 1.0) -> int:
+          room_cache: int | None = None, cache_scale: float = 1.0, record: BuildRecord,
+          stored_events: int = 0, stop_after: int | None = None, stopping=lambda: False) -> int | None:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
-    token; returns that token (incremental sync's ``since``)."""
+    token; returns that token (incremental sync's ``since``), or None when the build stopped
+    before its end (``stop_after`` events of the dataset persisted, or ``stopping()``).
+
+    ``record`` says how far an earlier run got (its phase, batches, rates so far); the
+    database holds ``stored_events`` of the dataset's events. The generator is deterministic:
+    what is stored is regenerated and skipped, and the build continues after it."""
     import gc
 
     from django.db import connection
@@ -378,6 +479,12 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
         persister_for(rt).rooms.size = room_cache
     print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches; "
           f"{persister_for(rt).rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
+    session = record.begin_session(cache_scale=cache_scale, room_cache=persister_for(rt).rooms.size,
+                                   freeze_every=persister_for(rt).freeze_every)
+    if session > 1:
+        print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "
+              f"in {record['batches']:,} batches, phase {record.phase}")
+    record.save()
     gc_s = [0.0, 0.0]
 
     def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it
@@ -386,80 +493,176 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
         else:
             gc_s[0] += time.perf_counter() - gc_s[1]
 
-    gc.callbacks.append(gc_timer)
-
     # -- persist ------------------------------------------------------------------------------
-    gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)
-    in_persist = 0.0
-    written = 0
+    if record.phase == "persist":
+        gen = RoomGenerator(rooms=rooms, users=users, events=events, seed=seed, batch=batch)
+        batches = gen.batches()
+        if record["written"] or stored_events:
+            t = time.perf_counter()
+            extra_batches, extra = skip_stored(batches, recorded_batches=record["batches"],
+                                               recorded_events=record["written"], stored_events=stored_events,
+                                               what="dataset")
+            print(f"regenerated and skipped the {stored_events:,} stored events in {time.perf_counter() - t:.0f} s",
+                  flush=True)
+            if extra:
+                print(f"  ({extra:,} of them in {extra_batches} batches committed after the last record: "
+                      "counted, not timed)")
+                record.untimed(extra_batches, extra)
+                record.save()
+        gc.callbacks.append(gc_timer)
+        try:
+            stopped = persist_phase(rt, batches, record, session=session, gc_s=gc_s, stop_after=stop_after,
+                                    stopping=stopping)
+        finally:
+            gc.callbacks.remove(gc_timer)
+        print_persist_table(record, session)
+        if stopped:
+            return None
+        record.phase = "baseline"
+        record.save()
+    persist_rate = record["written"] / record["in_persist"] if record["in_persist"] else 0.0
+
+    # -- the baseline: bare rows, the same batch size ---------------------------------------------
+    if record.phase == "baseline":
+        baseline_n = min(record["written"], 50_000)
+        with connection.cursor() as c:
+            c.execute("SELECT count(*) FROM events WHERE room_id LIKE '!baseline%%'")
+            done = c.fetchone()[0]
+        writer = rt.writer("events")
+        brng = random.Random(seed)
+        facts = [[(Event, Event.synthetic(brng, i) | {"room_id": f"!baseline{i % 50}:bench"})]
+                 for i in range(baseline_n)]
+        t = time.perf_counter()
+        for i in range(done, baseline_n, batch):
+            writer.append(facts[i:i + batch])
+        base_s = time.perf_counter() - t
+        rate = (baseline_n - done) / base_s if base_s else 0.0
+        record["baseline"] = {"rows": baseline_n - done, "rate": rate, "session": session}
+        record.phase = "live"
+        record.save()
+    if record["baseline"]:
+        b = record["baseline"]
+        print(f"baseline: {b['rows']:,} bare events rows with StreamWriter.append -> {b['rate']:,.0f} rows/s "
+              f"(session {b['session']}); persist_events runs at "
+              f"{persist_rate / b['rate'] if b['rate'] else 0:.2f} of it")
+
+    # -- more live traffic after a token, for incremental sync ---------------------------------
+    if record.phase == "live":
+        if record["since"] is None:
+            with store_cursor() as cur:
+                record["since"] = reads.current_token(cur)
+            record.save()
+        more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
+                             batch=batch)
+        live = more.batches()
+        if record["live_written"] or stored_events > record["written"]:
+            extra_batches, extra = skip_stored(live, recorded_batches=record["live_batches"],
+                                               recorded_events=record["live_written"],
+                                               stored_events=stored_events - record["written"],
+                                               what="live traffic")
+            record["live_batches"] += extra_batches
+            record["live_written"] += extra
+        for b in live:
+            persist_events(b.items, backfill=b.backfill, runtime=rt)
+            record["live_batches"] += 1
+            record["live_written"] += len(b.items)
+            record.save()
+            if stopping():
+                print(f"stopped in the live traffic ({record['live_written']:,} events of it persisted)")
+                return None
+        print(f"then {record['live_written']:,} more live events after stream position {record['since']:,} "
+              "(incremental sync's token)")
+        record.phase = "analyze"
+        record.save()
+    if record.phase == "analyze":
+        with connection.cursor() as c:
+            c.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
+        record.phase = "done"
+        record.end_session()
+        record.save()
+    return int(record["since"])
+
+
+def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[float], stop_after: int | None,
+                  stopping) -> bool:
+    """The timed persist of ``batches`` (the rest of the dataset), recorded after every
+    committed batch; True if it stopped before the dataset's end."""
+    from streams.storage import persist_events
+
     started = time.monotonic()
-    # a rate per slice of the dataset: a cost that grows with the tables shows as falling slices
-    slice_size = 100_000 if events >= 500_000 else max(batch, events // 5)
-    next_report = slice_size
-    slice_s = 0.0
-    slice_n = 0
-    # and per million (issue 19: a slowdown as the tables grow shows per million events), with
-    # the process's memory and the database's size at each million
-    million_s = 0.0
-    million_n = 0
-    per_million: list[float] = []
-    cpu_here = cpu_database = 0.0  # CPU inside persist_events: steadier than events/s under load
-    for b in gen.batches():
+    session_n, session_s = 0, 0.0
+    for b in batches:
+        if stop_after is not None and record["written"] >= stop_after or stopping():
+            break
+        gc0 = gc_s[0]
         t, cpu0, db0 = time.perf_counter(), time.process_time(), backend_cpu_seconds()
         persist_events(b.items, backfill=b.backfill, runtime=rt)
         elapsed = time.perf_counter() - t
-        cpu_here += time.process_time() - cpu0
-        cpu_database += backend_cpu_seconds() - db0
-        in_persist += elapsed
-        slice_s += elapsed
-        slice_n += len(b.items)
-        million_s += elapsed
-        million_n += len(b.items)
-        written += len(b.items)
-        if million_n >= 1_000_000:
-            per_million.append(million_n / million_s)
-            print(f"  == million {len(per_million)}: {per_million[-1]:,.0f} events/s; process RSS {rss_mb():,.0f} MB; "
-                  f"database {database_mb():,.0f} MB", flush=True)
-            million_s, million_n = 0.0, 0
-        if written >= next_report:
-            print(f"  ... {written:,} events: this slice {slice_n / slice_s:,.0f} events/s, "
-                  f"{written / in_persist:,.0f} events/s so far ({time.monotonic() - started:.0f} s; "
-                  f"gc {gc_s[0]:.1f} s so far; RSS {rss_mb():,.0f} MB; load average {os.getloadavg()[0]:.1f})", flush=True)
-            next_report += slice_size
-            slice_s, slice_n = 0.0, 0
-    persist_rate = written / in_persist
-    gc.callbacks.remove(gc_timer)
-    if per_million:
-        tail = f", last {million_n:,} events {million_n / million_s:,.0f}" if million_n else ""
-        print("persist per million events: " + ", ".join(f"{r:,.0f}" for r in per_million) + f" events/s{tail} "
-              f"(lowest {min(per_million):,.0f}; goal >= 2,000 sustained)")
-    print(f"persist: {written:,} events in {in_persist:.1f} s inside persist_events -> {persist_rate:,.0f} events/s "
-          f"(goal >= 2,000); the garbage collector ran {gc_s[0]:.1f} s of the phase's {time.monotonic() - started:.0f} s "
-          f"(generating events included); CPU per event {1e3 * cpu_here / written:.3f} ms here + "
-          f"{1e3 * cpu_database / written:.3f} ms database")
+        load = os.getloadavg()[0]
+        million, slice_ = record.persisted(
+            len(b.items), seconds=elapsed, cpu_here=time.process_time() - cpu0,
+            cpu_database=backend_cpu_seconds() - db0, gc_s=gc_s[0] - gc0, wall_s=time.monotonic() - started,
+            load=load, session=session)
+        started = time.monotonic()
+        session_n += len(b.items)
+        session_s += elapsed
+        if million is not None:
+            record.close_million(million, rss_mb=round(rss_mb()), database_mb=round(database_mb()))
+            print(f"  == million {len(record['per_million'])}: {million['rate']:,.0f} events/s; process RSS "
+                  f"{rss_mb():,.0f} MB; database {database_mb():,.0f} MB; load average {million['load_mean']:.1f} "
+                  f"(max {million['load_max']:.1f})", flush=True)
+        record.save()
+        if slice_ is not None:
+            print(f"  ... {record['written']:,} events: this slice {slice_['rate']:,.0f} events/s, "
+                  f"{session_n / session_s:,.0f} events/s this session ({record['wall_s']:.0f} s in all; "
+                  f"gc {record['gc_s']:.1f} s so far; RSS {rss_mb():,.0f} MB; load average {load:.1f})", flush=True)
+    else:
+        return False
+    total = record["dataset"]["events"]
+    print(f"stopped after {record['written']:,} events of the dataset's ~{total:,} (the build record is in "
+          f"{record.directory}): run the same command again to continue", flush=True)
+    record.end_session(stopped=True)
+    record.save()
+    return True
 
-    baseline_n = min(written, 50_000)
-    writer = rt.writer("events")
-    brng = random.Random(seed)
-    facts = [[(Event, Event.synthetic(brng, i) | {"room_id": f"!baseline{i % 50}:bench"})] for i in range(baseline_n)]
-    t = time.perf_counter()
-    for i in range(0, baseline_n, batch):
-        writer.append(facts[i:i + batch])
-    base_s = time.perf_counter() - t
-    print(f"baseline: {baseline_n:,} bare events rows with StreamWriter.append -> {baseline_n / base_s:,.0f} rows/s; "
-          f"persist_events runs at {persist_rate / (baseline_n / base_s):.2f} of it")
 
-    # -- more live traffic after a token, for incremental sync ---------------------------------
-    with store_cursor() as cur:
-        since = reads.current_token(cur)
-    more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
-                         batch=batch)
-    for b in more.batches():
-        persist_events(b.items, backfill=b.backfill, runtime=rt)
-    print(f"then {more.emitted:,} more live events after stream position {since:,} (incremental sync's token)")
-    with connection.cursor() as c:
-        c.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
-    return since
+def print_persist_table(record: BuildRecord, session: int) -> None:
+    """The rate per million events over the whole build (earlier sessions' millions from the
+    record, marked so), then the totals."""
+    per_million = record["per_million"]
+    written = record["written"]
+
+    def sessions(m: dict) -> str:
+        earlier = [s for s in m["sessions"] if s != session]
+        if not earlier:
+            return "this session"
+        return ("earlier session " if len(m["sessions"]) == 1 else "sessions ") + ", ".join(map(str, m["sessions"]))
+
+    if per_million or record.open_million():
+        n_sessions = len(record["sessions"])
+        print(f"persist per million events (whole build, {n_sessions} session{'s' * (n_sessions > 1)}):")
+        for i, m in enumerate(per_million, 1):
+            print(f"  million {i}: {m['rate']:7,.0f} events/s  load average {m['load_mean']:4.1f} (max "
+                  f"{m['load_max']:4.1f})  RSS {m.get('rss_mb', 0):,} MB  database {m.get('database_mb', 0):,} MB  "
+                  f"[{sessions(m)}]")
+        tail = record.open_million()
+        if tail:
+            print(f"  last {tail['timed_events']:,} events: {tail['rate']:7,.0f} events/s  load average "
+                  f"{tail['load_mean']:4.1f} (max {tail['load_max']:4.1f})  [{sessions(tail)}]")
+        if per_million:
+            print(f"  lowest million {min(m['rate'] for m in per_million):,.0f} events/s (goal >= 2,000 sustained)")
+    if written and record["in_persist"]:
+        timed = written - record["untimed"]
+        untimed = f" ({record['untimed']:,} untimed)" if record["untimed"] else ""
+        print(f"persist: {written:,} events{untimed} in {record['in_persist']:.1f} s inside persist_events -> "
+              f"{timed / record['in_persist']:,.0f} events/s (goal >= 2,000); the garbage collector ran "
+              f"{record['gc_s']:.1f} s of the phase's {record['wall_s']:.0f} s (generating events included); CPU per "
+              f"event {1e3 * record['cpu_here'] / timed:.3f} ms here + {1e3 * record['cpu_database'] / timed:.3f} ms "
+              "database")
+        slices = record["slices"]
+        if slices:
+            print("per slice of " + f"{record['slice_size']:,} events: " +
+                  ", ".join(f"{s['rate']:,.0f}" for s in slices) + " events/s")
 
 
 if __name__ == "__main__":
