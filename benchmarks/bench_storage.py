@@ -481,10 +481,12 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
           f"{persister_for(rt).rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
     session = record.begin_session(cache_scale=cache_scale, room_cache=persister_for(rt).rooms.size,
                                    freeze_every=persister_for(rt).freeze_every)
-    if session > 1:
+    if session > 1:  # (the record is saved once what is stored is found to match it)
         print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "
               f"in {record['batches']:,} batches, phase {record.phase}")
-    record.save()
+    if record.phase in ("baseline", "analyze", "done") and stored_events != record.stored_events():
+        raise BuildRefused(f"the database holds {stored_events:,} events of the dataset, the build record "
+                           f"{record.stored_events():,} (phase {record.phase}): delete the directory to build again")
     gc_s = [0.0, 0.0]
 
     def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it
@@ -548,20 +550,23 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 
     # -- more live traffic after a token, for incremental sync ---------------------------------
     if record.phase == "live":
-        if record["since"] is None:
-            with store_cursor() as cur:
-                record["since"] = reads.current_token(cur)
-            record.save()
         more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
                              batch=batch)
         live = more.batches()
         if record["live_written"] or stored_events > record["written"]:
+            if record["since"] is None:  # the token is recorded before the first live batch
+                raise BuildRefused(f"the database holds {stored_events - record['written']:,} live events but the "
+                                   "build record has no token before them: delete the directory to build again")
             extra_batches, extra = skip_stored(live, recorded_batches=record["live_batches"],
                                                recorded_events=record["live_written"],
                                                stored_events=stored_events - record["written"],
                                                what="live traffic")
             record["live_batches"] += extra_batches
             record["live_written"] += extra
+        if record["since"] is None:
+            with store_cursor() as cur:
+                record["since"] = reads.current_token(cur)
+        record.save()
         for b in live:
             persist_events(b.items, backfill=b.backfill, runtime=rt)
             record["live_batches"] += 1
