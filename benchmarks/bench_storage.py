@@ -1,8 +1,8 @@
 """Room event storage: persist rate, state-at-event, state storage, syncs and pagination.
 
     .venv/bin/python benchmarks/bench_storage.py [--events N] [--rooms R] [--users U] [--quick] [--sqlite]
-                                                 [--data-dir D] [--freeze-every N] [--room-cache N]
-                                                 [--cache-scale F]
+                                                 [--data-dir D [--stop-after N] [--read-partial]]
+                                                 [--freeze-every N] [--room-cache N] [--cache-scale F]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
 migrates a fresh database, then on that one server:
@@ -26,11 +26,21 @@ migrates a fresh database, then on that one server:
   with the dataset), **back-pagination** (20 events from a random point), p50/p99 each,
   visibility filtered; **database size** on disk, per million events.
 
-``--data-dir D`` keeps the PostgreSQL cluster in ``D`` (as ``bench_jobs`` does) with a
-``dataset.json`` saying what it holds (events, rooms, users, seed, batch, the incremental
-sync's token). The next run with the same figures reuses it: persist is skipped and only
-the reads are measured (in a fresh process: the reads' caches start empty). A directory
-holding another dataset is refused; one without a finished dataset is built again.
+``--data-dir D`` keeps the PostgreSQL cluster in ``D`` (as ``bench_jobs`` does). A build there
+is recorded in ``D/build.json`` after every committed batch (the arguments, the phase, batches
+and events persisted, the time and CPU inside ``persist_events``, every finished million's and
+slice's rate with the load average seen during it and the sessions that built it): a run
+stopped by ``--stop-after N`` (N of the dataset's events persisted), SIGTERM (after the batch
+in flight) or a kill is continued by the next run with the same figures, which regenerates
+the stored events (the generator is deterministic for a seed), skips them and persists the
+rest; the stored count is checked against the database's first, and a record that does not
+match (another dataset, more events than the database holds, not a whole number of batches)
+is refused with exit status 2 before anything is written. The per-million table printed at
+the end covers the whole build, earlier sessions' millions marked as such. The reads run once
+the build is complete (``--read-partial``: on the partial dataset, labelled so). A finished
+build leaves ``dataset.json`` (events, rooms, users, seed, batch, the incremental sync's
+token): the next run with the same figures reuses it, persist skipped, only the reads
+measured (in a fresh process: the reads' caches start empty).
 
 The persister freezes its objects for the garbage collector every ``--freeze-every`` batches
 (default ``persist.FREEZE_EVERY``, as ``generate_rooms``; 0: never), and the collector's time
