@@ -514,8 +514,9 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
             extra_batches, extra = skip_stored(batches, recorded_batches=record["batches"],
                                                recorded_events=record["written"], stored_events=stored_events,
                                                what="dataset")
-            print(f"regenerated and skipped the {stored_events:,} stored events in {time.perf_counter() - t:.0f} s",
-                  flush=True)
+            skip_s = time.perf_counter() - t
+            record["sessions"][-1]["skip_s"] = round(skip_s, 1)
+            print(f"regenerated and skipped the {stored_events:,} stored events in {skip_s:.0f} s", flush=True)
             if extra:
                 print(f"  ({extra:,} of them in {extra_batches} batches committed after the last record: "
                       "counted, not timed)")
