@@ -81,9 +81,10 @@ def test_a_build_stopped_and_continued_stores_what_a_straight_build_stores(kept_
     assert other.returncode == 2
     assert "partial build of another dataset" in other.stderr and "1,500 events" in other.stderr
 
-    second = bench(parts, "--stop-after", "1000")
+    second = bench(parts, "--stop-after", "1000", "--read-partial")
     assert second.returncode == 0, second.stderr
     assert "regenerated and skipped the" in second.stdout
+    assert "PARTIAL DATASET" in second.stdout and "state at event, cold" in second.stdout
     at_1000 = record(parts)
     assert at_1000["written"] >= 1000 and len(at_1000["sessions"]) == 2
 
