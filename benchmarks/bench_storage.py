@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     database = (migrated_sqlite_database() if args.sqlite else
                 migrated_database("bench_storage", pg_directory=args.data_dir or "", keep=bool(args.data_dir),
                                   reuse=reused is not None or record is not None))
-    stop_requested = install_stop_on_sigterm()
+    stop_requested = StopOnSigterm()
     with database as db:
         stored_events = 0
         if reused is not None:
@@ -206,19 +206,27 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
 
-def install_stop_on_sigterm():
-    """SIGTERM stops the build after the batch in flight, recorded (a later run continues
-    it), and the kept PostgreSQL is shut down cleanly; returns the "asked to stop?" test."""
-    import signal
+class StopOnSigterm:
+    """SIGTERM during the build stops it after the batch in flight, recorded (a later run
+    continues it); at any other moment it exits at once. Either way the kept PostgreSQL is
+    shut down cleanly (the ``with`` around the run)."""
 
-    asked = [False]
+    def __init__(self) -> None:
+        import signal
 
-    def handler(signum, frame) -> None:
+        self.asked = False
+        self.building = False
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        if not self.building:
+            raise SystemExit(128 + signum)
         print("SIGTERM: stopping after the batch in flight", file=sys.stderr, flush=True)
-        asked[0] = True
+        self.asked = True
 
-    signal.signal(signal.SIGTERM, handler)
-    return lambda: asked[0]
+    def __call__(self) -> bool:
+        """Asked to stop?"""
+        return self.asked
 
 
 def stop_leftover_postgres(directory: Path) -> None:
@@ -296,9 +304,15 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     rt = runtime()
 
     if reused is None:
-        built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
-                      freeze_every=freeze_every, room_cache=room_cache, cache_scale=cache_scale, record=record,
-                      stored_events=stored_events, stop_after=stop_after, stopping=stopping)
+        if isinstance(stopping, StopOnSigterm):
+            stopping.building = True
+        try:
+            built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
+                          freeze_every=freeze_every, room_cache=room_cache, cache_scale=cache_scale, record=record,
+                          stored_events=stored_events, stop_after=stop_after, stopping=stopping)
+        finally:
+            if isinstance(stopping, StopOnSigterm):
+                stopping.building = False
         if built is None:
             if not read_partial:
                 print("the reads run once the build is complete (or now, on the partial dataset, with "
