@@ -89,10 +89,6 @@ class BuildRecord:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    @staticmethod
-    def remove(directory: Path) -> None:
-        (directory / RECORD).unlink(missing_ok=True)
-
     # -- what it says -----------------------------------------------------------------------
 
     @property
