@@ -1,10 +1,17 @@
-"""State groups: room states stored as deltas, with a full snapshot every 100 hops.
+"""State groups: room states stored as deltas on a snapshot, no chain longer than 100 groups.
 
 The state of group G is the union of the rows along G -> parent -> ... -> snapshot, the row
-of the group nearest G along that chain winning per (type, state_key). Group IDs are never
-read as an order: each event writer takes IDs from ``state_group_id_seq`` in pools, so with
-several writers a group's parent may have the larger ID. Groups never change, so what is
-read is cached.
+of the group nearest G along that chain winning per (type, state_key), as in Synapse. Group
+IDs are never read as an order: each event writer takes IDs from ``state_group_id_seq`` in
+pools, so with several writers a group's parent may have the larger ID. Groups never change,
+so what is read is cached.
+
+When a chain is full, the next group is not always a new snapshot (Synapse's policy: a big
+room's 140,000-key state written again every 100 groups is most of the database): it is a
+**base delta**, a group whose parent is the chain's snapshot and whose rows are everything
+that changed since that snapshot, as long as that is at most :data:`SNAPSHOT_FRACTION` of
+the state. So chains stay at most 100 groups long, a small state still snapshots every 100
+groups, and a big one about every ``SNAPSHOT_FRACTION * size`` changes (docs/storage.md).
 """
 from __future__ import annotations
 
@@ -18,6 +25,10 @@ from .sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
 MAX_STATE_DELTA_HOPS = 100
+
+#: a full chain goes on from its snapshot with a base delta (the keys changed since the
+#: snapshot) while those are at most this fraction of the state, else a new snapshot
+SNAPSHOT_FRACTION = 0.05
 
 #: a group's chain, the group itself first
 _CHAIN = """
@@ -86,13 +97,30 @@ def resolve(candidates: Sequence[tuple[tuple[int, int], Mapping[StateKey, str]]]
 
 
 def plan_group(gid: int, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
-               delta: StateMap, full_state: Callable[[], StateMap]) -> NewGroup:
-    """Group ``gid`` for ``parent`` + ``delta``: a delta row set, or a full snapshot when there
-    is no parent or the parent's chain is full (``full_state()`` is then called for the whole
-    map), so no read walks more than :data:`MAX_STATE_DELTA_HOPS` groups."""
-    if parent is None or parent_chain_length is None or parent_chain_length >= MAX_STATE_DELTA_HOPS:
+               delta: StateMap, full_state: Callable[[], StateMap],
+               snapshot_of: Callable[[int], tuple[int, StateMap]] | None = None) -> NewGroup:
+    """Group ``gid`` for ``parent`` + ``delta``, so no read walks more than
+    :data:`MAX_STATE_DELTA_HOPS` groups:
+
+    * a delta (``delta``'s rows on ``parent``) while the parent's chain is not full;
+    * a full snapshot (``full_state()``: the whole map) without a parent;
+    * once the chain is full, a base delta: the keys of ``full_state()`` that differ from the
+      chain's snapshot (``snapshot_of(parent)``: its id and state), on that snapshot, while
+      they are at most :data:`SNAPSHOT_FRACTION` of the state; else a snapshot. Without
+      ``snapshot_of`` a full chain always ends in a snapshot (Synapse's policy)."""
+    if parent is None or parent_chain_length is None:
         return NewGroup(gid, room_id, event_id, None, dict(full_state()), 1)
-    return NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
+    if parent_chain_length < MAX_STATE_DELTA_HOPS:
+        return NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
+    full = full_state()
+    if snapshot_of is not None:
+        base, base_state = snapshot_of(parent)
+        changed = full.items() - base_state.items()
+        # a delta cannot remove a key: every key of the snapshot must still be there
+        if len(changed) <= SNAPSHOT_FRACTION * len(full) and len(full) - len(base_state) == sum(
+                1 for k, _ in changed if k not in base_state):
+            return NewGroup(gid, room_id, event_id, base, dict(changed), 2)
+    return NewGroup(gid, room_id, event_id, None, dict(full), 1)
 
 
 class _LRU:
@@ -124,6 +152,12 @@ class _LRU:
                 _, evicted = self._d.popitem(last=False)
                 self._weight -= self._weigh(evicted)
 
+    def discard(self, key: Any) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._weight -= self._weigh(old)
+
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
@@ -136,6 +170,8 @@ class StateGroupStore:
     def __init__(self, cache_keys: int = 1_000_000) -> None:
         self._states = _LRU(cache_keys, weigh=lambda state: len(state) + 1)
         self._chain_lengths = _LRU(200_000)
+        #: group -> the snapshot its chain ends in (where a base delta starts again)
+        self._snapshots = _LRU(200_000)
         self._id_pool: list[int] = []
         #: groups planned in the open transaction, not yet in the database
         self._pending: dict[int, NewGroup] = {}
@@ -146,6 +182,7 @@ class StateGroupStore:
         """The caches' bounds times ``factor`` (:meth:`EventPersister.scale_caches`)."""
         self._states.size = int(self._states.size * factor)
         self._chain_lengths.size = int(self._chain_lengths.size * factor)
+        self._snapshots.size = int(self._snapshots.size * factor)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -175,9 +212,23 @@ class StateGroupStore:
             self._chain_lengths.put(group, n)
         return n
 
+    def snapshot_of(self, cursor: Any, group: int) -> tuple[int, StateMap]:
+        """The snapshot ``group``'s chain ends in, and its state."""
+        snapshot = self._snapshots.get(group)
+        if snapshot is None:
+            chain = [group]
+            while chain[-1] in self._pending and self._pending[chain[-1]].parent is not None:
+                chain.append(self._pending[chain[-1]].parent)
+            if chain[-1] not in self._pending:  # stored groups' parents are stored
+                chain[-1:] = [g for (g,) in fetch_all(cursor, _CHAIN, [chain[-1]])]
+            snapshot = chain[-1]
+            self._snapshots.put(group, snapshot)
+        return snapshot, self.get_state(cursor, snapshot)
+
     def forget(self) -> None:
         self._states.clear()
         self._chain_lengths.clear()
+        self._snapshots.clear()
 
     # -- planning new groups ----------------------------------------------------------------
 
@@ -210,14 +261,28 @@ class StateGroupStore:
         """:func:`plan_group` with the next ID of this writer's pool (``hint``: how many IDs
         to take at once when the pool is empty); kept as pending until it is written."""
         group = plan_group(self._next_id(cursor, hint), room_id=room_id, event_id=event_id, parent=parent,
-                           parent_chain_length=parent_chain_length, delta=delta, full_state=full_state)
+                           parent_chain_length=parent_chain_length, delta=delta, full_state=full_state,
+                           snapshot_of=lambda g: self.snapshot_of(cursor, g))
         self._chain_lengths.put(group.id, group.chain_length)
+        if group.parent is None:
+            # the next base deltas of its chain compare with it: keep it (the rows are not
+            # changed any more; on the fast path the room's map would be)
+            self._snapshots.put(group.id, group.id)
+            self._states.put(group.id, group.rows)
+        else:
+            snapshot = group.parent if group.chain_length == 2 else self._snapshots.get(group.parent)
+            if snapshot is not None:
+                self._snapshots.put(group.id, snapshot)
         self._pending[group.id] = group
         return group
 
     def discard_pending(self) -> None:
         """The transaction rolled back: its groups never existed (nor, on SQLite, the ids taken
-        in it; on PostgreSQL the unused ids of the pool are simply skipped)."""
+        in it; on PostgreSQL the unused ids of the pool are simply skipped), nor what was cached
+        of them (on SQLite their ids are given out again)."""
+        for gid in self._pending:
+            for cache in (self._states, self._chain_lengths, self._snapshots):
+                cache.discard(gid)
         self._pending.clear()
         self._id_pool.clear()
 
