@@ -207,3 +207,25 @@ def test_a_rolled_back_group_leaves_nothing_cached(default_database):
             assert h.id == g.id  # the id is given out again
         assert store.get_state(cur, h.id) == {member(2): "$new"}
         assert StateGroupStore().get_state(cur, h.id) == {member(2): "$new"}
+
+
+@ON_BOTH_DATABASES
+def test_keys_holding_the_read_separator_read_back(default_database):
+    """The cold read joins a group's rows by a separator on PostgreSQL: a state key, type or
+    event ID holding that character must come back whole (that group is read by rows)."""
+    base = {member(i): f"$m{i}" for i in range(50)}
+    odd = {(MEMBER, "@a\x1fb:hs"): "$x", ("m.room.name", "\x1f"): "$y\x1f", ("t\x1fu", ""): "$z"}
+    with transaction.atomic(), store_cursor() as cur:
+        store = StateGroupStore()
+        first = store.new_group(cur, room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
+                                delta={}, full_state=lambda: {**base, **odd})
+        second = store.new_group(cur, room_id="!r:hs", event_id="$b", parent=first.id, parent_chain_length=1,
+                                 delta={(MEMBER, "@c\x1f:hs"): "$w", member(3): "$n\x1f"},
+                                 full_state=lambda: {})
+        third = store.new_group(cur, room_id="!r:hs", event_id="$c", parent=second.id, parent_chain_length=2,
+                                delta={member(4): "$plain"}, full_state=lambda: {})
+        write_state_groups(cur, [first, second, third])
+        assert read_state(cur, first.id) == {**base, **odd}
+        assert read_state(cur, third.id) == {**base, **odd, (MEMBER, "@c\x1f:hs"): "$w", member(3): "$n\x1f",
+                                             member(4): "$plain"}
+        transaction.set_rollback(True)
