@@ -18,7 +18,8 @@ state), and an ``event_to_state_groups`` row per group. Prints per room:
 * **state at event, cold**: p50/p99 of ``reads.state_at_event`` for random groups of the
   second half of the room's groups (past the first chains), the process's caches dropped
   before each call (so a chain walk and the rows of the chain, from PostgreSQL's buffers),
-  with the CPU per call here and in the database backend.
+  with the CPU per call here and in the database backend, and the p50 of the chain walk
+  (the recursive CTE) alone.
 
 The baseline (``StateGroupStore(base_deltas=False)``: a snapshot every 100 groups) runs first,
 then the tables are emptied and the same groups are written with base deltas. Exit status 0.
@@ -107,7 +108,8 @@ def measure(policy: str, sizes: list[int], groups: int, samples: int) -> dict[in
 
     from streams.storage import reads
     from streams.storage.caches import storage_caches
-    from streams.storage.state_groups import StateGroupStore
+    from streams.storage.sql import fetch_all, store_cursor
+    from streams.storage.state_groups import _CHAIN, StateGroupStore
 
     out = {}
     for size in sizes:
@@ -142,13 +144,20 @@ def measure(policy: str, sizes: list[int], groups: int, samples: int) -> dict[in
             ms.append((time.perf_counter() - t) * 1000)
         cpu = (time.process_time() - cpu0) * 1000 / len(sample)
         backend = (backend_cpu_seconds(pid) - backend0) * 1000 / len(sample)
+        walks = []
+        with store_cursor() as cur:
+            for g in (rng.choice(half) for _ in range(samples)):
+                t = time.perf_counter()
+                fetch_all(cur, _CHAIN, [g])
+                walks.append((time.perf_counter() - t) * 1000)
         out[size] = r = {"groups": len(ids), "rows": rows, "snapshots": snapshots, "full_rows": full_rows,
                          "mb": added / 1e6, "p50": pct(ms, 50), "p99": pct(ms, 99), "cpu": cpu,
-                         "backend": backend, "keys": state_len, "built": built}
+                         "backend": backend, "keys": state_len, "built": built, "walk": pct(walks, 50)}
         print(f"  {policy:3} N={size:>7,}: {r['rows'] / r['groups']:8.1f} rows/group "
               f"({r['rows'] / r['full_rows']:.4f} of full snapshots; {snapshots} snapshots in {len(ids):,} groups), "
               f"{r['mb']:7.1f} MB; state at event cold p50 {r['p50']:6.1f} ms p99 {r['p99']:6.1f} ms "
-              f"({state_len:,} keys; CPU per read {cpu:.1f} ms here + {backend:.1f} ms database); "
+              f"({state_len:,} keys; CPU per read {cpu:.1f} ms here + {backend:.1f} ms database; "
+              f"the chain walk alone p50 {r['walk']:.2f} ms); "
               f"built in {built:.0f} s", flush=True)
     return out
 
