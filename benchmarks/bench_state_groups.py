@@ -19,14 +19,19 @@ state), and an ``event_to_state_groups`` row per group. Prints per room:
   second half of the room's groups (past the first chains), the process's caches dropped
   before each call (so a chain walk and the rows of the chain, from PostgreSQL's buffers),
   with the CPU per call here and in the database backend, and the p50 of the chain walk
-  (the recursive CTE) alone.
+  (the recursive CTE) alone; on the old policy's room also with the read as it was before
+  (``state_at_event_by_rows``: a tuple per row, unpacked in a loop), the read's baseline.
 
-The baseline (``StateGroupStore(base_deltas=False)``: a snapshot every 100 groups) runs first,
-then the tables are emptied and the same groups are written with base deltas. Exit status 0.
+The baseline (``StateGroupStore(base_deltas=False)``: a snapshot every 100 groups) and base
+deltas each write their own room of every size, with the same changes, in one database; the
+cold reads then alternate the two rooms call by call (the same heap, the same load: read one
+after the other, the second policy's reads cost up to twice the CPU of the first's in a
+process grown by the first's). Exit status 0.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import sys
@@ -103,63 +108,120 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
     return ids, full_rows
 
 
-def measure(policy: str, sizes: list[int], groups: int, samples: int) -> dict[int, dict]:
+POLICIES = ("old", "new")
+
+
+def state_at_event_by_rows(event_id: str) -> dict:
+    """``reads.state_at_event`` as it read a group before session 10 (the baseline of the
+    read): the chain, then its rows, a tuple each, applied in a loop."""
+    from streams.storage.sql import fetch_all, store_cursor
+    from streams.storage.state_groups import _CHAIN
+
+    with store_cursor() as cur:
+        cur.execute("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", [event_id])
+        chain = [g for (g,) in fetch_all(cur, _CHAIN, [cur.fetchone()[0]])]
+        rows: dict[int, list] = {g: [] for g in chain}
+        for g, t, k, e in fetch_all(cur, "SELECT state_group, type, state_key, event_id FROM state_groups_state "
+                                         "WHERE state_group = ANY(%s)", [chain]):
+            rows[g].append((t, k, e))
+    state = {}
+    for g in reversed(chain):
+        for t, k, e in rows[g]:
+            state[(t, k)] = e
+    return state
+
+
+def build_all(sizes: list[int], groups: int) -> dict[tuple[str, int], dict]:
+    """Every room, of both policies: what each stored."""
+    from django.db import connection
+
+    from streams.storage.state_groups import StateGroupStore
+
+    out = {}
+    for size in sizes:
+        for policy in POLICIES:
+            room = f"!{policy}{size}:hs"
+            store = StateGroupStore(base_deltas=policy == "new")
+            with connection.cursor() as c:
+                before = tables_bytes(c)
+            t = time.perf_counter()
+            ids, full_rows = build_room(store, room, size, groups, seed=size)
+            built = time.perf_counter() - t
+            with connection.cursor() as c:
+                c.execute("SELECT count(*) FROM state_groups_state WHERE room_id = %s", [room])
+                rows = c.fetchone()[0]
+                c.execute("SELECT count(*) FROM state_groups WHERE room_id = %s AND chain_length = 1", [room])
+                snapshots = c.fetchone()[0]
+                added = tables_bytes(c) - before
+            out[(policy, size)] = r = {"room": room, "ids": ids, "groups": len(ids), "rows": rows,
+                                       "snapshots": snapshots, "full_rows": full_rows, "mb": added / 1e6}
+            print(f"  {policy} N={size:>7,}: {rows / len(ids):8.1f} rows/group ({rows / full_rows:.4f} of full "
+                  f"snapshots; {snapshots} snapshots in {len(ids):,} groups), {r['mb']:7.1f} MB; built in "
+                  f"{built:.0f} s", flush=True)
+    return out
+
+
+def read_all(rooms: dict[tuple[str, int], dict], sizes: list[int], samples: int) -> None:
+    """Cold reads of random groups of each room's second half, the two policies' rooms
+    alternated call by call (so both run in the same heap and under the same load)."""
     from django.db import connection
 
     from streams.storage import reads
     from streams.storage.caches import storage_caches
     from streams.storage.sql import fetch_all, store_cursor
-    from streams.storage.state_groups import _CHAIN, StateGroupStore
+    from streams.storage.state_groups import _CHAIN
 
-    out = {}
+    with connection.cursor() as c:
+        c.execute("ANALYZE state_groups_state")
+        c.execute("ANALYZE state_group_edges")
+        c.execute("SELECT pg_backend_pid()")
+        pid = c.fetchone()[0]
+    caches = storage_caches()
+    gc.collect()
     for size in sizes:
-        room = f"!{policy}{size}:hs"
-        store = StateGroupStore(base_deltas=policy == "new")
-        with connection.cursor() as c:
-            before = tables_bytes(c)
-        t = time.perf_counter()
-        ids, full_rows = build_room(store, room, size, groups, seed=size)
-        built = time.perf_counter() - t
-        with connection.cursor() as c:
-            c.execute("ANALYZE state_groups_state")
-            c.execute("ANALYZE state_group_edges")
-            c.execute("SELECT count(*) FROM state_groups_state WHERE room_id = %s", [room])
-            rows = c.fetchone()[0]
-            c.execute("SELECT count(*) FROM state_groups WHERE room_id = %s AND chain_length = 1", [room])
-            snapshots = c.fetchone()[0]
-            added = tables_bytes(c) - before
-            c.execute("SELECT pg_backend_pid()")
-            pid = c.fetchone()[0]
         rng = random.Random(size)
-        half = ids[len(ids) // 2:]
-        sample = [f"${room}/{ids.index(g)}" for g in (rng.choice(half) for _ in range(samples))]
-        caches = storage_caches()
-        ms = []
-        state_len = 0
-        cpu0, backend0 = time.process_time(), backend_cpu_seconds(pid)
-        for event_id in sample:
-            caches.forget()
-            t = time.perf_counter()
-            state_len = len(reads.state_at_event(event_id))
-            ms.append((time.perf_counter() - t) * 1000)
-        cpu = (time.process_time() - cpu0) * 1000 / len(sample)
-        backend = (backend_cpu_seconds(pid) - backend0) * 1000 / len(sample)
-        walks = []
-        with store_cursor() as cur:
-            for g in (rng.choice(half) for _ in range(samples)):
-                t = time.perf_counter()
-                fetch_all(cur, _CHAIN, [g])
-                walks.append((time.perf_counter() - t) * 1000)
-        out[size] = r = {"groups": len(ids), "rows": rows, "snapshots": snapshots, "full_rows": full_rows,
-                         "mb": added / 1e6, "p50": pct(ms, 50), "p99": pct(ms, 99), "cpu": cpu,
-                         "backend": backend, "keys": state_len, "built": built, "walk": pct(walks, 50)}
-        print(f"  {policy:3} N={size:>7,}: {r['rows'] / r['groups']:8.1f} rows/group "
-              f"({r['rows'] / r['full_rows']:.4f} of full snapshots; {snapshots} snapshots in {len(ids):,} groups), "
-              f"{r['mb']:7.1f} MB; state at event cold p50 {r['p50']:6.1f} ms p99 {r['p99']:6.1f} ms "
-              f"({state_len:,} keys; CPU per read {cpu:.1f} ms here + {backend:.1f} ms database; "
-              f"the chain walk alone p50 {r['walk']:.2f} ms); "
-              f"built in {built:.0f} s", flush=True)
-    return out
+        picks = {}
+        for policy in POLICIES:
+            r = rooms[(policy, size)]
+            half = range(len(r["ids"]) // 2, len(r["ids"]))
+            picks[policy] = [rng.choice(half) for _ in range(samples)]
+        #: (policy, reader): "rows" is the read before session 10, on the old policy's room
+        variants = [("old", "rows"), ("old", "strings"), ("new", "strings")]
+        ms: dict[tuple, list[float]] = {v: [] for v in variants}
+        cpu = dict.fromkeys(variants, 0.0)
+        backend = dict.fromkeys(variants, 0.0)
+        keys = {}
+        for i in range(samples):
+            for v in (variants if i % 2 else variants[::-1]):
+                policy, reader = v
+                event_id = f"${rooms[(policy, size)]['room']}/{picks[policy][i]}"
+                read = reads.state_at_event if reader == "strings" else state_at_event_by_rows
+                caches.forget()
+                c0, b0, t = time.process_time(), backend_cpu_seconds(pid), time.perf_counter()
+                keys[v] = len(read(event_id))
+                ms[v].append((time.perf_counter() - t) * 1000)
+                cpu[v] += time.process_time() - c0
+                backend[v] += backend_cpu_seconds(pid) - b0
+        rows_v = ("old", "rows")
+        print(f"  old N={size:>7,}, read by rows (before session 10): state at event cold p50 "
+              f"{pct(ms[rows_v], 50):6.1f} ms p99 {pct(ms[rows_v], 99):6.1f} ms ({keys[rows_v]:,} keys); CPU per "
+              f"read {cpu[rows_v] * 1000 / samples:.1f} ms here + {backend[rows_v] * 1000 / samples:.1f} ms database")
+        rooms[("rows", size)] = {"p50": pct(ms[rows_v], 50), "p99": pct(ms[rows_v], 99),
+                                 "cpu": cpu[rows_v] * 1000 / samples, "backend": backend[rows_v] * 1000 / samples}
+        for policy in POLICIES:
+            r = rooms[(policy, size)]
+            walks = []
+            with store_cursor() as cur:
+                for n in picks[policy]:
+                    t = time.perf_counter()
+                    fetch_all(cur, _CHAIN, [r["ids"][n]])
+                    walks.append((time.perf_counter() - t) * 1000)
+            v = (policy, "strings")
+            r.update(p50=pct(ms[v], 50), p99=pct(ms[v], 99), cpu=cpu[v] * 1000 / samples,
+                     backend=backend[v] * 1000 / samples, walk=pct(walks, 50))
+            print(f"  {policy} N={size:>7,}, read by strings: state at event cold p50 {r['p50']:6.1f} ms p99 "
+                  f"{r['p99']:6.1f} ms ({keys[v]:,} keys); CPU per read {r['cpu']:.1f} ms here + {r['backend']:.1f} ms "
+                  f"database; the chain walk alone p50 {r['walk']:.2f} ms", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,21 +241,16 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"machine: {cpu_description()}; load average {load_average()}")
     with migrated_database("bench_state_groups", fast=True):
-        from django.db import connection
-
-        print(f"{groups:,} groups per room; {samples} cold reads per room")
-        results = {}
-        for policy in ("old", "new"):
-            print(f"{policy}: " + ("a snapshot every 100 groups (Synapse's policy)" if policy == "old"
-                                   else "base deltas on the snapshot while <= 5% of the state"), flush=True)
-            results[policy] = measure(policy, sizes, groups, samples)
-            with connection.cursor() as c:
-                c.execute("TRUNCATE state_groups_state, state_groups, state_group_edges, event_to_state_groups")
-        print("new / old:")
+        print(f"{groups:,} groups per room; {samples} cold reads per room; old: a snapshot every 100 groups "
+              f"(Synapse's policy), new: base deltas on the snapshot while <= 5% of the state")
+        rooms = build_all(sizes, groups)
+        read_all(rooms, sizes, samples)
+        print("new policy and read / before (old policy, read by rows):")
         for size in sizes:
-            old, new = results["old"][size], results["new"][size]
+            old, new, before = rooms[("old", size)], rooms[("new", size)], rooms[("rows", size)]
             print(f"  N={size:>7,}: rows {new['rows'] / old['rows']:.3f}, MB {new['mb'] / old['mb']:.3f}, "
-                  f"cold read p50 {new['p50'] / old['p50']:.2f} p99 {new['p99'] / old['p99']:.2f}")
+                  f"cold read p50 {new['p50'] / before['p50']:.2f} p99 {new['p99'] / before['p99']:.2f}, "
+                  f"CPU per read {(new['cpu'] + new['backend']) / (before['cpu'] + before['backend']):.2f}")
         print(f"load average at the end: {load_average()}")
     return 0
 
