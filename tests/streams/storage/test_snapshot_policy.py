@@ -3,9 +3,11 @@ one a dict model gives, whatever the chain, on big and small states; no chain is
 100 groups; a big state is not written again every 100 groups, a small one still is."""
 from __future__ import annotations
 
+import itertools
 import random
 
-from django.db import transaction
+import pytest
+from django.db import connection, transaction
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +15,10 @@ from streams.storage.plan_writer import write_state_groups
 from streams.storage.sql import fetch_all, is_sqlite, store_cursor
 from streams.storage.state_groups import _CHAIN, MAX_STATE_DELTA_HOPS, SNAPSHOT_FRACTION, StateGroupStore, plan_group, read_state
 
-from .helpers import ON_BOTH_DATABASES
+from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from .test_state_groups import build, check
+
+ROOMS = itertools.count()
 
 MEMBER = "m.room.member"
 
@@ -228,3 +233,36 @@ def test_keys_holding_the_read_separator_read_back(default_database):
         assert read_state(cur, third.id) == {**base, **odd, (MEMBER, "@c\x1f:hs"): "$w", member(3): "$n\x1f",
                                              member(4): "$plain"}
         transaction.set_rollback(True)
+
+
+
+# -- through persist_events: base deltas everywhere ------------------------------------------
+
+@pytest.fixture
+def base_deltas_everywhere(monkeypatch):
+    """Every full chain goes on with a base delta (a fraction no state can pass), so the
+    persist path makes them in rooms of a few keys, at forks and merges too."""
+    monkeypatch.setattr("streams.storage.state_groups.SNAPSHOT_FRACTION", 1.0)
+
+
+@ON_BOTH_DATABASES
+def test_a_long_chain_of_persisted_events_reads_back_through_base_deltas(store, base_deltas_everywhere):
+    steps = [(1, 0, "member", i % 7) for i in range(250)] + [(2, 3, "state", i) for i in range(60)]
+    check(store, build(steps, "!longbase:localhost"), 50)
+    with connection.cursor() as c:
+        c.execute("SELECT max(chain_length), count(*) FILTER (WHERE chain_length = 1) FROM state_groups "
+                  "WHERE room_id = '!longbase:localhost'")
+        longest, snapshots = c.fetchone()
+    assert (longest, snapshots) == (100, 1)  # one snapshot, then base deltas: no chain past 100 groups
+
+
+long_dags = st.lists(st.tuples(st.integers(1, 2), st.integers(0, 3), st.sampled_from(["msg", "state", "member"]),
+                               st.integers(0, 6)), min_size=120, max_size=260)
+
+
+@ON_BOTH_DATABASES
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(long_dags, st.integers(1, 40))
+def test_forks_and_merges_read_back_through_base_deltas(store, base_deltas_everywhere, steps, batch):
+    check(store, build(steps, f"!dagbase{next(ROOMS)}:localhost"), batch)
