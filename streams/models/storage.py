@@ -86,7 +86,8 @@ class StateGroup(models.Model):
     """A room state: a full snapshot (no edge) or a delta against one earlier group.
 
     ``chain_length`` counts the groups from this one to its snapshot, inclusive (1 for a
-    snapshot), so the persist path knows when to write the next snapshot without a walk.
+    snapshot; 2 for a base delta, whose parent is its chain's snapshot), so the persist path
+    knows when a chain is full (next: a base delta or a snapshot, docs/storage.md) without a walk.
     """
 
     id = models.BigIntegerField(primary_key=True)

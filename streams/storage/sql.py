@@ -17,7 +17,8 @@ dialects really differ, each such place asking :func:`is_sqlite` (and only these
 checks): the timelines and syncs of ``reads.py`` (PostgreSQL: ``LATERAL`` joins and
 ``DISTINCT ON`` over the visibility ranges, planned without bitmap scans; SQLite: one query
 per room), the reach of chains and chain IDs of ``chain_cover.py`` (a sequence, or the largest
-ID + 1), the state group IDs in ``state_groups.py`` (a sequence, or an ID table row), and the
+ID + 1), the state group IDs in ``state_groups.py`` (a sequence, or an ID table row) and its
+cold read (each group's rows as joined strings, or row by row), and the
 first membership per room and user in ``plan_loader.py`` (``DISTINCT ON``, or a window).
 """
 from __future__ import annotations

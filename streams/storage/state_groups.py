@@ -1,23 +1,37 @@
-"""State groups: room states stored as deltas, with a full snapshot every 100 hops.
+"""State groups: room states stored as deltas on a snapshot, no chain longer than 100 groups.
 
 The state of group G is the union of the rows along G -> parent -> ... -> snapshot, the row
-of the group nearest G along that chain winning per (type, state_key). Group IDs are never
-read as an order: each event writer takes IDs from ``state_group_id_seq`` in pools, so with
-several writers a group's parent may have the larger ID. Groups never change, so what is
-read is cached.
+of the group nearest G along that chain winning per (type, state_key), as in Synapse. Group
+IDs are never read as an order: each event writer takes IDs from ``state_group_id_seq`` in
+pools, so with several writers a group's parent may have the larger ID. Groups never change,
+so what is read is cached.
+
+When a chain is full, the next group is not always a new snapshot (Synapse's policy: a big
+room's 140,000-key state written again every 100 groups is most of the database): it is a
+**base delta**, a group whose parent is the chain's snapshot and whose rows are everything
+that changed since that snapshot, as long as that is at most :data:`SNAPSHOT_FRACTION` of
+the state. So chains stay at most 100 groups long, a small state still snapshots every 100
+groups, and a big one about every ``SNAPSHOT_FRACTION * size`` changes (docs/storage.md).
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .events import StateKey, StateMap
 from .sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
 MAX_STATE_DELTA_HOPS = 100
+
+#: a full chain goes on from its snapshot with a base delta (the keys changed since the
+#: snapshot) while those are at most this fraction of the state, else a new snapshot
+SNAPSHOT_FRACTION = 0.05
 
 #: a group's chain, the group itself first
 _CHAIN = """
@@ -30,6 +44,20 @@ SELECT state_group FROM sgs ORDER BY hop
 """
 
 
+#: PostgreSQL: each group of a list as a few strings, its members' (state_key, event_id) and
+#: its other rows' (type, state_key, event_id) joined by a separator, with their counts
+_GROUP_STRINGS = """
+SELECT state_group,
+       count(*) FILTER (WHERE type = 'm.room.member'),
+       string_agg(state_key || %(sep)s || event_id, %(sep)s) FILTER (WHERE type = 'm.room.member'),
+       count(*) FILTER (WHERE type <> 'm.room.member'),
+       string_agg(type || %(sep)s || state_key || %(sep)s || event_id, %(sep)s) FILTER (WHERE type <> 'm.room.member')
+FROM state_groups_state WHERE state_group = ANY(%(groups)s) GROUP BY state_group
+"""
+_SEP = "\x1f"
+_MEMBER = "m.room.member"
+
+
 def read_state(cursor: Any, group: int) -> StateMap:
     """The state of ``group`` as stored: its chain, then the chain's rows by the list of its
     groups, applied from the snapshot to the group itself, so the row nearest the group wins
@@ -39,20 +67,71 @@ def read_state(cursor: Any, group: int) -> StateMap:
     Two statements: joined in one, the planner expects a recursive CTE of ~100 groups of
     ~1,800 rows each and hash-joins them against a scan of all of ``state_groups_state``
     (330 ms of server CPU per read at 1 M events; Synapse's issue #5064); a list of groups
-    takes the index on state_group. The nearest row is kept in Python rather
-    than by sorting the chain's rows by key on the server (``DISTINCT ON``), which was most
-    of a big state's read."""
+    takes the index on state_group. The nearest row is kept in Python rather than by
+    sorting the chain's rows by key on the server (``DISTINCT ON``), which was most of a big
+    state's read. On PostgreSQL each group's rows come as a few joined strings, split and
+    zipped into the map with no Python per row: a big room's snapshot is 20,000-140,000
+    rows, and a tuple per row, unpacked in a loop, was two thirds of a cold read."""
     chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
-    rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain}
-    for g, t, k, e in fetch_all(
-            cursor, f"SELECT state_group, type, state_key, event_id FROM state_groups_state "
-                    f"WHERE {in_array(cursor, 'state_group')}", [array(cursor, chain)]):
-        rows[g].append((t, k, e))
     state: StateMap = {}
-    for g in reversed(chain):
-        for t, k, e in rows[g]:
-            state[(t, k)] = e
+    if is_sqlite(cursor):  # in-process: no aggregation to save round trips or objects
+        rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain}
+        for g, t, k, e in fetch_all(
+                cursor, f"SELECT state_group, type, state_key, event_id FROM state_groups_state "
+                        f"WHERE {in_array(cursor, 'state_group')}", [array(cursor, chain)]):
+            rows[g].append((t, k, e))
+        for g in reversed(chain):
+            state.update(((t, k), e) for t, k, e in rows[g])
+        return state
+    strings = {g: (nm, members, no, others)
+               for g, nm, members, no, others in fetch_all(cursor, _GROUP_STRINGS, {"sep": _SEP, "groups": chain})}
+    with _collector_paused():
+        _apply_strings(cursor, state, chain, strings)
     return state
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No garbage collection while a big map is built: its 140,000 key tuples would start a
+    young collection every 700, and the older generations' with them, which scan every
+    object of the process (a quarter of a 140,000-key read, more in a process holding big
+    caches). Nothing built here is cyclic. Left alone if someone else disabled it."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _apply_strings(cursor: Any, state: StateMap, chain: list[int],
+                   strings: dict[int, tuple[int, str | None, int, str | None]]) -> None:
+    """The chain's groups' joined strings over ``state``, from the snapshot to the group."""
+    for g in reversed(chain):
+        if g not in strings:
+            continue
+        n_members, members, n_others, others = strings[g]
+        if members is not None:
+            f = members.split(_SEP)
+            if len(f) != 2 * n_members:  # a separator inside a key or ID: this group by rows
+                _apply_rows(cursor, state, g)
+                continue
+            state.update(zip(zip(itertools.repeat(_MEMBER), f[0::2]), f[1::2]))
+        if others is not None:
+            f = others.split(_SEP)
+            if len(f) != 3 * n_others:
+                _apply_rows(cursor, state, g)
+                continue
+            state.update(zip(zip(f[0::3], f[1::3]), f[2::3]))
+
+
+def _apply_rows(cursor: Any, state: StateMap, group: int) -> None:
+    """Group ``group``'s rows over ``state``, one by one (its strings could not be split)."""
+    for t, k, e in fetch_all(cursor, "SELECT type, state_key, event_id FROM state_groups_state "
+                                     "WHERE state_group = %s", [group]):
+        state[(t, k)] = e
 
 
 #: SQLite has no sequences: the next state group ids come from a row of ``stream_sequences``
@@ -86,13 +165,30 @@ def resolve(candidates: Sequence[tuple[tuple[int, int], Mapping[StateKey, str]]]
 
 
 def plan_group(gid: int, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
-               delta: StateMap, full_state: Callable[[], StateMap]) -> NewGroup:
-    """Group ``gid`` for ``parent`` + ``delta``: a delta row set, or a full snapshot when there
-    is no parent or the parent's chain is full (``full_state()`` is then called for the whole
-    map), so no read walks more than :data:`MAX_STATE_DELTA_HOPS` groups."""
-    if parent is None or parent_chain_length is None or parent_chain_length >= MAX_STATE_DELTA_HOPS:
+               delta: StateMap, full_state: Callable[[], StateMap],
+               snapshot_of: Callable[[int], tuple[int, StateMap]] | None = None) -> NewGroup:
+    """Group ``gid`` for ``parent`` + ``delta``, so no read walks more than
+    :data:`MAX_STATE_DELTA_HOPS` groups:
+
+    * a delta (``delta``'s rows on ``parent``) while the parent's chain is not full;
+    * a full snapshot (``full_state()``: the whole map) without a parent;
+    * once the chain is full, a base delta: the keys of ``full_state()`` that differ from the
+      chain's snapshot (``snapshot_of(parent)``: its id and state), on that snapshot, while
+      they are at most :data:`SNAPSHOT_FRACTION` of the state; else a snapshot. Without
+      ``snapshot_of`` a full chain always ends in a snapshot (Synapse's policy)."""
+    if parent is None or parent_chain_length is None:
         return NewGroup(gid, room_id, event_id, None, dict(full_state()), 1)
-    return NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
+    if parent_chain_length < MAX_STATE_DELTA_HOPS:
+        return NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
+    full = full_state()
+    if snapshot_of is not None:
+        base, base_state = snapshot_of(parent)
+        changed = full.items() - base_state.items()
+        # a delta cannot remove a key: every key of the snapshot must still be there
+        if len(changed) <= SNAPSHOT_FRACTION * len(full) and len(full) - len(base_state) == sum(
+                1 for k, _ in changed if k not in base_state):
+            return NewGroup(gid, room_id, event_id, base, dict(changed), 2)
+    return NewGroup(gid, room_id, event_id, None, dict(full), 1)
 
 
 class _LRU:
@@ -124,6 +220,12 @@ class _LRU:
                 _, evicted = self._d.popitem(last=False)
                 self._weight -= self._weigh(evicted)
 
+    def discard(self, key: Any) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._weight -= self._weigh(old)
+
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
@@ -133,9 +235,13 @@ class _LRU:
 class StateGroupStore:
     """Reads group states (cached) and plans new groups for the persist path."""
 
-    def __init__(self, cache_keys: int = 1_000_000) -> None:
+    def __init__(self, cache_keys: int = 1_000_000, *, base_deltas: bool = True) -> None:
+        #: False: a full chain always ends in a snapshot (Synapse's policy; the benchmark's baseline)
+        self.base_deltas = base_deltas
         self._states = _LRU(cache_keys, weigh=lambda state: len(state) + 1)
         self._chain_lengths = _LRU(200_000)
+        #: group -> the snapshot its chain ends in (where a base delta starts again)
+        self._snapshots = _LRU(200_000)
         self._id_pool: list[int] = []
         #: groups planned in the open transaction, not yet in the database
         self._pending: dict[int, NewGroup] = {}
@@ -146,6 +252,7 @@ class StateGroupStore:
         """The caches' bounds times ``factor`` (:meth:`EventPersister.scale_caches`)."""
         self._states.size = int(self._states.size * factor)
         self._chain_lengths.size = int(self._chain_lengths.size * factor)
+        self._snapshots.size = int(self._snapshots.size * factor)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -175,9 +282,23 @@ class StateGroupStore:
             self._chain_lengths.put(group, n)
         return n
 
+    def snapshot_of(self, cursor: Any, group: int) -> tuple[int, StateMap]:
+        """The snapshot ``group``'s chain ends in, and its state."""
+        snapshot = self._snapshots.get(group)
+        if snapshot is None:
+            chain = [group]
+            while chain[-1] in self._pending and self._pending[chain[-1]].parent is not None:
+                chain.append(self._pending[chain[-1]].parent)
+            if chain[-1] not in self._pending:  # stored groups' parents are stored
+                chain[-1:] = [g for (g,) in fetch_all(cursor, _CHAIN, [chain[-1]])]
+            snapshot = chain[-1]
+            self._snapshots.put(group, snapshot)
+        return snapshot, self.get_state(cursor, snapshot)
+
     def forget(self) -> None:
         self._states.clear()
         self._chain_lengths.clear()
+        self._snapshots.clear()
 
     # -- planning new groups ----------------------------------------------------------------
 
@@ -210,14 +331,28 @@ class StateGroupStore:
         """:func:`plan_group` with the next ID of this writer's pool (``hint``: how many IDs
         to take at once when the pool is empty); kept as pending until it is written."""
         group = plan_group(self._next_id(cursor, hint), room_id=room_id, event_id=event_id, parent=parent,
-                           parent_chain_length=parent_chain_length, delta=delta, full_state=full_state)
+                           parent_chain_length=parent_chain_length, delta=delta, full_state=full_state,
+                           snapshot_of=(lambda g: self.snapshot_of(cursor, g)) if self.base_deltas else None)
         self._chain_lengths.put(group.id, group.chain_length)
+        if group.parent is None:
+            # the next base deltas of its chain compare with it: keep it (the rows are not
+            # changed any more; on the fast path the room's map would be)
+            self._snapshots.put(group.id, group.id)
+            self._states.put(group.id, group.rows)
+        else:
+            snapshot = group.parent if group.chain_length == 2 else self._snapshots.get(group.parent)
+            if snapshot is not None:
+                self._snapshots.put(group.id, snapshot)
         self._pending[group.id] = group
         return group
 
     def discard_pending(self) -> None:
         """The transaction rolled back: its groups never existed (nor, on SQLite, the ids taken
-        in it; on PostgreSQL the unused ids of the pool are simply skipped)."""
+        in it; on PostgreSQL the unused ids of the pool are simply skipped), nor what was cached
+        of them (on SQLite their ids are given out again)."""
+        for gid in self._pending:
+            for cache in (self._states, self._chain_lengths, self._snapshots):
+                cache.discard(gid)
         self._pending.clear()
         self._id_pool.clear()
 
