@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from .events import RoomInfo, StateMap
+from .state_deltas import StateRef
 from .state_groups import NewGroup
 from .visibility import RangeSet
 
@@ -77,6 +78,9 @@ class RoomContext:
     #: (None: absent). The states of the room's recent groups, which a fork reads back, are
     #: ``current`` with these undone, not a read of a big room's whole state.
     undo: list[tuple[int, tuple[str, str], str | None]] = field(default_factory=list)
+    #: with no ``current_group`` (a resolution of several forward extremities): the group
+    #: and keys the current state is known to differ from that group's state on
+    current_base: StateRef | None = None
     memberships: dict[str, str] = field(default_factory=dict)
     visibility: str = "shared"
     #: forward extremities by event ID
@@ -150,6 +154,8 @@ class PlanReader(Protocol):
     #: rooms' auth graphs as chain cover indexes, fed with each planned state event
     #: (``authorization.RoomAuthChains``)
     chains: Any
+    #: planned groups' parents and deltas (``state_deltas.GroupLineage``)
+    lineage: Any
 
     def state_of_group(self, group: int) -> StateMap:
         """The full state of a stored group or one planned earlier (shared: do not change it)."""
