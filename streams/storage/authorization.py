@@ -40,7 +40,7 @@ from ..matrix.state_res import auth_difference as walked_difference
 from .chain_cover import load_room
 from .events import BadEvent, RoomInfo, StateKey, StateMap
 from .sql import array, in_array, store_cursor
-from .state_deltas import MAX_HOPS, GroupLineage, Resolution
+from .state_deltas import GroupLineage, Resolution
 from .state_groups import _LRU
 
 
@@ -354,8 +354,11 @@ class RoomAuthChains:
     Bounded by total positions (least recently used rooms go)."""
 
     RELOAD_AFTER = 100
-    #: groups remembered as wholly placed, per room; rooms remembered
-    CHECKED_GROUPS = 64
+    #: groups remembered as wholly placed, per room; rooms remembered; how far up the
+    #: group tree a checked group is looked for (a big room changes its state ~50 times
+    #: between forks)
+    CHECKED_GROUPS = 256
+    CHECKED_HOPS = 1_000
     CHECKED_ROOMS = 20_000
 
     def __init__(self, size_positions: int = 600_000) -> None:
@@ -395,16 +398,16 @@ class RoomAuthChains:
             total -= len(evicted.positions)
         return index
 
-    def graph_facts(self, room_id: str, events: Mapping[str, MatrixEvent], base_group: int | None = None,
+    def graph_facts(self, room_id: str, events: Mapping[str, MatrixEvent], groups: Sequence[int | None] = (),
                     lineage: GroupLineage | None = None) -> AuthGraphFacts:
         """``graph_facts`` for :func:`resolve_state` in ``room_id``: the auth difference from
         the index; the v2.1 conflicted subgraph (only ancestors of the conflicted events) is
-        walked. ``base_group``: the group whose state is the first state set; with
-        ``lineage``, whether all its events are placed is known from its ancestors' deltas
+        walked. ``groups``: the state sets' groups; with ``lineage``, whether the events the
+        sets share are all placed is known from the groups' ancestors' deltas
         (:meth:`placed`), not by looking at every event of a big state."""
         def difference_from(index: ChainIndex, state_sets: Sequence[Mapping[StateKey, str]]) -> set[str]:
             if isinstance(state_sets, SplitSets):
-                placed = self.placed(room_id, index, base_group, state_sets[0], lineage)
+                placed = bool(groups) and self.placed(room_id, index, groups, state_sets, lineage)
                 return index.split_difference(state_sets, common_placed=placed)
             return index.auth_difference([set(s.values()) for s in state_sets])
 
@@ -426,41 +429,52 @@ class RoomAuthChains:
             return difference, subgraph
         return facts
 
-    def placed(self, room_id: str, index: ChainIndex, group: int | None, state: Mapping[StateKey, str],
-               lineage: GroupLineage | None) -> bool:
-        """Whether every event of ``state`` (group ``group``'s) has a position in ``index``:
-        known for the groups checked before against the same index (positions are never
-        taken back), and for a group whose ancestor was, from the deltas since; else one
-        pass over the state, remembered. False: some event is not placed."""
-        if group is None:
-            return False
+    def placed(self, room_id: str, index: ChainIndex, groups: Sequence[int | None],
+               states: Sequence[Mapping[StateKey, str]], lineage: GroupLineage | None) -> bool:
+        """Whether every event the state sets share has a position in ``index`` -- true if
+        every event of one set's state does. Known for the groups checked before against the
+        same index (positions are never taken back), and for a group whose ancestor was, from
+        the deltas since; else one pass over each state, remembered. (The rooms' checked
+        groups are kept along its group tree as forks and state events extend it.)"""
         checked = self._checked.get(room_id)
         if checked is None or checked[0] is not index:
             checked = self._checked[room_id] = (index, OrderedDict())
             if len(self._checked) > self.CHECKED_ROOMS:
                 self._checked.pop(next(iter(self._checked)))
-        groups = checked[1]
-        path: list[int] = []
-        g: int | None = group
-        while g is not None and g not in groups and lineage is not None and len(path) < MAX_HOPS:
-            entry = lineage.get(g)
-            if entry is None:
-                break
-            path.append(g)
-            g = entry.parent
+        done = checked[1]
         positions = index.positions
-        if g is not None and g in groups:
+        for group in groups:
+            if group is None:
+                continue
+            path: list[int] = []
+            g: int | None = group
+            while g is not None and g not in done and lineage is not None and len(path) < self.CHECKED_HOPS:
+                entry = lineage.get(g)
+                if entry is None:
+                    g = None
+                    break
+                path.append(g)
+                g = entry.parent
+            if g is None or g not in done:
+                continue
             for p in reversed(path):
                 if any(e is not None and e not in positions for e in lineage.get(p).delta.values()):  # type: ignore[union-attr]
-                    return False
-                groups[p] = None
-        else:
-            if not positions.keys() >= set(state.values()):
-                return False
-            groups[group] = None
-        while len(groups) > self.CHECKED_GROUPS:
-            groups.popitem(last=False)
-        return True
+                    break
+                done[p] = None
+            else:
+                self._trim(done)
+                return True
+        placed = False
+        for group, state in zip(groups, states):
+            if group is not None and positions.keys() >= set(state.values()):
+                done[group] = None
+                placed = True
+        self._trim(done)
+        return placed
+
+    def _trim(self, done: OrderedDict[int, None]) -> None:
+        while len(done) > self.CHECKED_GROUPS:
+            done.popitem(last=False)
 
     def end_transaction(self, committed: bool) -> None:
         self.cursor = None

@@ -67,9 +67,8 @@ def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, membe
         changed(ctx, touched, u)
     elif (ev.type, ev.state_key) == HV_KEY:
         new = normalise_visibility(ev.body["content"].get("history_visibility"))
-        for u, m in ctx.memberships.items():
-            if m == "invite":
-                switch(ctx, touched, u, vis == "invited", new == "invited", k)
+        for u in list(ctx.invited):
+            switch(ctx, touched, u, vis == "invited", new == "invited", k)
         switch(ctx, touched, ANYONE, vis == "world_readable", new == "world_readable", k)
         switch(ctx, touched, SHARED_ERAS, shared_era(vis), shared_era(new), k)
 
@@ -106,7 +105,7 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
         else:  # only the keys where they can differ (``state_deltas``)
             candidates.update(k[1] for k in differing if k[0] == MEMBER and after_map.get(k) != current.get(k))
     if any(v != ctx.visibility for v in vis_values):
-        candidates.update(u for u, m in ctx.memberships.items() if m == "invite")
+        candidates.update(ctx.invited)
     if ev.type == MEMBER:
         assert ev.state_key is not None
         candidates.add(ev.state_key)

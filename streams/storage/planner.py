@@ -335,7 +335,7 @@ class _Planner:
             differing = self._differing([StateRef(g) for g in groups], maps)
             changes = resolve_state_changes(
                 info.version, maps, self.reader.matrix, differing=differing,
-                graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix, groups[0], self.lineage))
+                graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix, groups, self.lineage))
             if changes is not None:
                 state = dict(maps[0])
                 for k, v in changes.items():
@@ -442,7 +442,7 @@ class _Planner:
         ctx.visibility = self.reader.visibility(new.get(HV_KEY))
         users = {k[1] for k in changed if k[0] == MEMBER}
         if old_vis != ctx.visibility:
-            users.update(u for u, m in ctx.memberships.items() if m == "invite")
+            users.update(ctx.invited)
         for u in users:
             set_open(ctx, self.touched, u, grants(ctx.memberships.get(u), ctx.visibility), ev.key)
         set_open(ctx, self.touched, ANYONE, ctx.visibility == "world_readable", ev.key)
