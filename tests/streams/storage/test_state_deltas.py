@@ -83,10 +83,7 @@ class Counting(GroupLineage):
         return keys
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(version_id=st.sampled_from(["10", "12"]), actions=st.lists(action, min_size=10, max_size=40),
-       batch=st.integers(1, 7))
-def test_forks_decided_from_deltas_plan_what_whole_maps_plan(version_id, actions, batch):
+def plan_both_ways(version_id: str, actions, batch: int) -> None:
     room = start_room(version_id)
     play(room, actions)
     deltas, whole = MemoryStore(), MemoryStore()
@@ -106,8 +103,21 @@ def test_forks_decided_from_deltas_plan_what_whole_maps_plan(version_id, actions
                {u: r.as_tuples() for u, r in whole.rooms[room_id].ranges.items()}
 
 
-def test_the_room_property_test_takes_the_delta_path():
-    """The rooms above do fork from deltas (else the comparison would prove nothing)."""
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version_id=st.sampled_from(["10", "12"]), actions=st.lists(action, min_size=10, max_size=40),
+       batch=st.integers(1, 7))
+def test_forks_decided_from_deltas_plan_what_whole_maps_plan(version_id, actions, batch):
+    plan_both_ways(version_id, actions, batch)
+
+
+def test_a_room_with_forks_and_merges_takes_the_delta_path():
+    """Topic and power-level changes on two branches, merged (else the comparison above could
+    pass without a fork ever decided from deltas)."""
     Counting.answered = 0
-    test_forks_decided_from_deltas_plan_what_whole_maps_plan()
-    assert Counting.answered > 50
+    actions = [(kind, s, (s + 1) % 4, shape, pick, [(1, 50)])
+               for s, (kind, shape, pick) in enumerate([
+                   ("topic", "extend", 0), ("topic", "fork", 1), ("power_levels", "extend", 2),
+                   ("name", "fork", 3), ("topic", "merge", 0), ("message", "extend", 0),
+                   ("topic", "fork", 2), ("ban", "extend", 1), ("name", "merge", 1)] * 3)]
+    plan_both_ways("10", [(k, s % 4, t, sh, p, lv) for k, s, t, sh, p, lv in actions], 2)
+    assert Counting.answered > 10
