@@ -8,7 +8,9 @@ reader over dicts, no database), then ``--forks`` times the fork ``generate_room
 its big rooms (``RoomGenerator._fork``): a history-visibility change on one branch, a message
 on the other, a merge -- planned as one batch, with a few messages after it. The figure is
 the process CPU time of planning the fork's batch (median, ms): state resolution (split, auth
-difference), the merge's group, current state, visibility.
+difference), the merge's group, current state, visibility. The built room is frozen for the
+garbage collector first (``gc.freeze``, as the persister does in bulk), so a collection
+walking it does not land in a fork's time.
 
 ``--baseline``: the same measurement run with another checkout's ``streams`` (e.g. a
 ``git worktree`` of the commit before), in alternating subprocesses, so both see the same
@@ -17,6 +19,7 @@ load. Each subprocess builds its rooms once and reports every size.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -157,6 +160,8 @@ def worker(sizes: list[int], forks: int) -> dict:
         if batch:
             plan(batch)
         built = time.perf_counter() - t0
+        gc.collect()
+        gc.freeze()  # as the persister does in bulk (persist.FREEZE_EVERY): the room just built is long-lived
         times = []
         for n in range(forks):
             tip, before = b.last, dict(b.state)

@@ -322,16 +322,18 @@ class ResolvedStates:
         self._lru.size = int(self._lru.size * factor)
 
     def get(self, groups: Iterable[int]) -> Resolution | None:
-        """The cached resolution of ``groups``, its state a copy (callers change their maps)."""
+        """The cached resolution of ``groups``. Its state is shared, never changed: the planner
+        changes in place only a current state that is its group's (copied from the group's
+        state), never a resolved one (copies of a big room's state were most of a fork)."""
         entry = self._lru.get(frozenset(groups))
         if entry is None:
             self.misses += 1
             return None
         self.hits += 1
-        return Resolution(dict(entry.state), entry.base, entry.keys)
+        return entry  # type: ignore[no-any-return]
 
     def put(self, groups: Iterable[int], resolution: Resolution) -> None:
-        self._lru.put(frozenset(groups), Resolution(dict(resolution.state), resolution.base, resolution.keys))
+        self._lru.put(frozenset(groups), resolution)
 
     def clear(self) -> None:
         self._lru.clear()

@@ -72,6 +72,8 @@ class _Planner:
         self.member_changes: dict[str, int] = {}
         self.redaction_rows: list[RedactionRow] = []
         self.redacted_stored: list[str] = []
+        #: recent groups' states rebuilt from current state in this batch (a fork asks twice)
+        self.rebuilt: dict[int, StateMap] = {}
         lineage = getattr(reader, "lineage", None)
         self.lineage: GroupLineage = lineage if lineage is not None else GroupLineage()
 
@@ -386,9 +388,12 @@ class _Planner:
             return {}
         if group == ctx.current_group:
             return ctx.current
+        state = self.rebuilt.get(group)
+        if state is not None:
+            return state
         for i in range(len(ctx.undo) - 1, -1, -1):
             if ctx.undo[i][0] == group:
-                state = dict(ctx.current)
+                state = self.rebuilt[group] = dict(ctx.current)
                 for _, key, value in reversed(ctx.undo[i:]):
                     if value is None:
                         state.pop(key, None)
