@@ -23,8 +23,10 @@ and up to the highest position any set reaches there.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from .state_res import SplitSets
 
 Position = tuple[int, int]  # (chain ID, sequence number)
 Link = tuple[int, int, int, int]  # (origin chain, origin seq, target chain, target seq)
@@ -223,7 +225,26 @@ class ChainIndex:
         common = set.intersection(*sets)
         if not common <= self.positions.keys():  # NotIndexed as before, whatever the sets share
             self.position(next(e for e in common if e not in self.positions))
-        reaches = [self._raised({}, s - common) for s in sets]
+        return self._difference([s - common for s in sets], common)
+
+    def split_difference(self, sets: SplitSets, common_placed: bool = False) -> set[str]:
+        """:meth:`auth_difference` of state sets that know their conflicted keys: each set's
+        own events are its values there, and ``common`` is asked event by event (by key),
+        never built -- so a fork costs what its branches changed, not the state size.
+        ``common_placed``: the caller knows every event of the first set has a position
+        (else that is checked here, a pass over the first set)."""
+        if not sets:
+            return set()
+        if not common_placed and not self.positions.keys() >= set(sets[0].values()):
+            missing = [e for k, e in sets[0].items() if sets.is_common(e, k) and e not in self.positions]
+            if missing:
+                raise NotIndexed(missing[0])
+        return self._difference(sets.own_events(), _Common(sets, self.keys))
+
+    def _difference(self, own: Sequence[Collection[str]], common: Container[str]) -> set[str]:
+        """Per chain, the positions between the lowest and highest of what each set's ``own``
+        events reach, above what the ``common`` events reach."""
+        reaches = [self._raised({}, s) for s in own]
         out: set[str] = set()
         for chain in set().union(*reaches):
             values = [r.get(chain, 0) for r in reaches]
@@ -235,7 +256,7 @@ class ChainIndex:
                 out.update(self.chains[chain][floor:hi])
         return out
 
-    def _common_reach(self, chain: int, lo: int, hi: int, common: set[str]) -> int:
+    def _common_reach(self, chain: int, lo: int, hi: int, common: Container[str]) -> int:
         """The highest seq in ``(lo, hi]`` of ``chain`` that the auth chains of ``common``
         reach, else ``lo`` (they hold a prefix of every chain: a binary search)."""
         if self._reached_by(chain, hi, common):
@@ -248,7 +269,7 @@ class ChainIndex:
                 hi = mid
         return lo
 
-    def _reached_by(self, chain: int, seq: int, events: set[str]) -> bool:
+    def _reached_by(self, chain: int, seq: int, events: Container[str]) -> bool:
         """Whether ``(chain, seq)`` is in the auth chain of one of ``events``: a search back
         over the positions that reach it -- later ones on its chain, and those at or above the
         origin of a link into it at or above it -- for one of ``events``."""
@@ -304,14 +325,29 @@ class ChainIndex:
         from .state_res import conflicted_subgraph
 
         def facts(state_sets, conflicted_ids):
-            sets = [set(s.values()) for s in state_sets]
             try:
-                difference = self.auth_difference(sets)
+                if isinstance(state_sets, SplitSets):
+                    difference = self.split_difference(state_sets)
+                else:
+                    difference = self.auth_difference([set(s.values()) for s in state_sets])
             except NotIndexed:
-                difference = walked_difference(sets, events)
+                difference = walked_difference([set(s.values()) for s in state_sets], events)
             subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
             return difference, subgraph
         return facts
+
+
+class _Common:
+    """The events every state set holds, asked one by one (through the event's key)."""
+
+    __slots__ = ("_sets", "_keys")
+
+    def __init__(self, sets: SplitSets, keys: Mapping[str, tuple[str, str]]) -> None:
+        self._sets, self._keys = sets, keys
+
+    def __contains__(self, event_id: object) -> bool:
+        key = self._keys.get(event_id)  # type: ignore[call-overload]
+        return key is not None and self._sets.is_common(event_id, key)  # type: ignore[arg-type]
 
 
 def build(events: Iterable[IndexEvent]) -> ChainIndex:

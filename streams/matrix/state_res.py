@@ -65,6 +65,43 @@ def split(state_sets: Sequence[StateMap]) -> tuple[dict[StateKey, str], dict[Sta
     return unconflicted, conflicted
 
 
+def split_differing(state_sets: Sequence[StateMap], differing: Iterable[StateKey]) -> dict[StateKey, set[str]]:
+    """The conflicted keys of ``state_sets`` (as :func:`split`), looking only at ``differing``:
+    keys outside it must have the same event (or none) in every set. A fork's sets differ on
+    the few keys its branches changed (found from the state groups' deltas), so this costs
+    that, not the room's state size; the unconflicted part is every other key of any set."""
+    conflicted: dict[StateKey, set[str]] = {}
+    for key in differing:
+        values = [s.get(key) for s in state_sets]
+        first = values[0]
+        if first is not None and all(v == first for v in values):
+            continue
+        events = {v for v in values if v is not None}
+        if events:
+            conflicted[key] = events
+    return conflicted
+
+
+class SplitSets(list):
+    """The state sets of one resolution with their conflicted keys: an auth-graph facts
+    source that knows it (``RoomAuthChains``, ``ChainIndex.graph_facts``) takes the events
+    the sets do not share from the conflicted keys instead of comparing whole sets."""
+
+    def __init__(self, state_sets: Sequence[StateMap], conflicted: Mapping[StateKey, Collection[str]]) -> None:
+        super().__init__(state_sets)
+        self.conflicted = conflicted
+
+    def own_events(self) -> list[set[str]]:
+        """Per set, its events that not every set has (an event has one key: they are its
+        values at the conflicted keys)."""
+        keys = list(self.conflicted)
+        return [{s[k] for k in keys if k in s} for s in self]
+
+    def is_common(self, event_id: str, key: StateKey) -> bool:
+        """Whether every set holds ``event_id`` (whose key is ``key``)."""
+        return key not in self.conflicted and self[0].get(key) == event_id
+
+
 def auth_closure(starts: Iterable[str], events: Mapping[str, Event],
                  stop: Collection[str] = ()) -> set[str]:
     """The starts and every event reachable from them over ``auth_events`` edges (events in
@@ -217,6 +254,15 @@ def iterative_auth_checks(ordered_ids: Iterable[str], base: Mapping[StateKey, st
     auth events, overridden by what the state built so far holds for its auth keys; one that
     passes takes its key. Events already rejected never come back (as in Synapse)."""
     state = dict(base)
+    state.update(_auth_checked(ordered_ids, base.get, events, rejected))
+    return state
+
+
+def _auth_checked(ordered_ids: Iterable[str], base: Callable[[StateKey], str | None],
+                  events: Mapping[str, Event], rejected: Collection[str]) -> dict[StateKey, str]:
+    """:func:`iterative_auth_checks` on a state read through ``base`` (a look-up, so a big
+    state is never copied): only the keys the events took."""
+    taken: dict[StateKey, str] = {}
     for event_id in ordered_ids:
         event = events[event_id]
         auth_state: dict[StateKey, Event] = {}
@@ -225,7 +271,7 @@ def iterative_auth_checks(ordered_ids: Iterable[str], base: Mapping[StateKey, st
             if auth_event is not None and auth_id not in rejected:
                 auth_state[auth_event.key] = auth_event
         for key in auth_types_for_event(event):
-            current = state.get(key)
+            current = taken[key] if key in taken else base(key)
             if current is not None and current not in rejected and current in events:
                 auth_state[key] = events[current]
         if event_id in rejected:
@@ -234,8 +280,8 @@ def iterative_auth_checks(ordered_ids: Iterable[str], base: Mapping[StateKey, st
             check_state_dependent(event, auth_state)
         except AuthFailed:
             continue
-        state[event.key] = event_id
-    return state
+        taken[event.key] = event_id
+    return taken
 
 
 def mainline_order(event_ids: Iterable[str], pivot: str | None,
@@ -278,23 +324,54 @@ def _power_levels_auth_event(event: Event, events: Mapping[str, Event]) -> str |
 
 def resolve(version: RoomVersion, state_sets: Sequence[StateMap], events: Mapping[str, Event],
             rejected: Collection[str] = frozenset(),
-            graph_facts: AuthGraphFacts | None = None) -> dict[StateKey, str]:
+            graph_facts: AuthGraphFacts | None = None,
+            differing: Iterable[StateKey] | None = None) -> dict[StateKey, str]:
     """The resolved state (``key -> event ID``) of ``state_sets`` in a room of ``version``.
 
     ``events`` must hold every event of the sets and of their auth chains; ``rejected`` the
     IDs of those that were rejected. ``graph_facts`` may supply the auth difference and
-    conflicted subgraph (default: walk the events)."""
+    conflicted subgraph (default: walk the events); ``differing`` as for
+    :func:`resolve_changes`."""
+    if not state_sets:
+        if version.state_res is StateResAlgorithm.V1:
+            raise UnsupportedStateRes("room version 1 uses state resolution v1, not implemented")
+        return {}
+    changes = resolve_changes(version, state_sets, events, rejected, graph_facts, differing)
+    resolved = dict(state_sets[0])
+    for key, event_id in changes.items():
+        if event_id is None:
+            del resolved[key]
+        else:
+            resolved[key] = event_id
+    return resolved
+
+
+def resolve_changes(version: RoomVersion, state_sets: Sequence[StateMap], events: Mapping[str, Event],
+                    rejected: Collection[str] = frozenset(),
+                    graph_facts: AuthGraphFacts | None = None,
+                    differing: Iterable[StateKey] | None = None) -> dict[StateKey, str | None]:
+    """The resolved state of ``state_sets`` as its changes to the first set: ``key -> event
+    ID``, None for a key it removes (a conflicted key no event of which passed).
+
+    ``differing``: keys outside it have the same event (or none) in every set -- e.g. the
+    keys changed since the sets' common ancestor state. Given, nothing walks the whole sets:
+    the unconflicted state is read through the first set, the result is the first set plus
+    what changed on the conflicted keys. Not given, the sets are compared whole."""
     if version.state_res is StateResAlgorithm.V1:
         raise UnsupportedStateRes("room version 1 uses state resolution v1, not implemented")
     if not state_sets:
         return {}
-    unconflicted, conflicted = split(state_sets)
+    first = state_sets[0]
+    if differing is None:
+        _, conflicted = split(state_sets)
+    else:
+        conflicted = split_differing(state_sets, differing)
     if not conflicted:
-        return unconflicted
+        return {}
     v2_1 = version.state_res is StateResAlgorithm.V2_1
     conflicted_ids = set().union(*conflicted.values())
     facts = graph_facts or graph_facts_by_walking(events)
-    difference, subgraph = facts(state_sets, conflicted_ids if v2_1 else None)
+    difference, subgraph = facts(SplitSets(state_sets, conflicted), conflicted_ids if v2_1 else None)
     full = conflicted_ids | difference
     if v2_1 and subgraph:
         full |= subgraph
@@ -312,9 +389,29 @@ def resolve(version: RoomVersion, state_sets: Sequence[StateMap], events: Mappin
                 todo.extend(a for a in events[current].auth_event_ids
                             if a in full and a not in power)
     power_order = reverse_topological_power_order(power, events)
-    partial = iterative_auth_checks(power_order, {} if v2_1 else unconflicted, events, rejected)
 
-    others = mainline_order((e for e in full if e not in power), partial.get(POWER_LEVELS), events)
-    resolved = iterative_auth_checks(others, partial, events, rejected)
-    resolved.update(unconflicted)
-    return resolved
+    def unconflicted(key: StateKey) -> str | None:
+        return None if key in conflicted else first.get(key)
+
+    def nothing(key: StateKey) -> str | None:
+        return None
+
+    base = nothing if v2_1 else unconflicted
+    taken = _auth_checked(power_order, base, events, rejected)
+
+    def partial(key: StateKey) -> str | None:
+        return taken[key] if key in taken else base(key)
+
+    others = mainline_order((e for e in full if e not in power), partial(POWER_LEVELS), events)
+    taken.update(_auth_checked(others, partial, events, rejected))
+    # the unconflicted state is overlaid last: the first set's value of every key but the
+    # conflicted ones and those no set has
+    changes: dict[StateKey, str | None] = {}
+    for key in conflicted:
+        event_id = taken.get(key)
+        if event_id != first.get(key):
+            changes[key] = event_id
+    for key, event_id in taken.items():
+        if key not in conflicted and key not in first:
+            changes[key] = event_id
+    return changes

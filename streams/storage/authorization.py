@@ -27,12 +27,20 @@ from ..matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed
 from ..matrix.event_format import Event as MatrixEvent
 from ..matrix.event_format import parse_event as parse_pdu
 from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
-from ..matrix.state_res import AuthGraphFacts, UnsupportedStateRes, conflicted_subgraph, split
+from ..matrix.state_res import (
+    AuthGraphFacts,
+    SplitSets,
+    UnsupportedStateRes,
+    conflicted_subgraph,
+    resolve_changes,
+    split,
+    split_differing,
+)
 from ..matrix.state_res import auth_difference as walked_difference
-from ..matrix.state_res import resolve as resolve_v2
 from .chain_cover import load_room
 from .events import BadEvent, RoomInfo, StateKey, StateMap
 from .sql import array, in_array, store_cursor
+from .state_deltas import GroupLineage, Resolution
 from .state_groups import _LRU
 
 
@@ -256,15 +264,38 @@ def resolve_state(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, s
     the core cannot resolve (v1: the caller keeps its stand-in). ``events``/``rejected`` as
     for :func:`authorize`; ``graph_facts`` (e.g. :meth:`RoomAuthChains.graph_facts`) answers
     the auth difference without walking."""
+    changes = resolve_state_changes(version, state_sets, events, rejected, graph_facts)
+    if changes is None:
+        return None
+    resolved = dict(state_sets[0]) if state_sets else {}
+    for key, event_id in changes.items():
+        if event_id is None:
+            del resolved[key]
+        else:
+            resolved[key] = event_id
+    return resolved
+
+
+def resolve_state_changes(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]],
+                          events: Mapping[str, MatrixEvent], rejected: Any = None,
+                          graph_facts: AuthGraphFacts | None = None,
+                          differing: Iterable[StateKey] | None = None) -> dict[StateKey, str | None] | None:
+    """:func:`resolve_state` as changes to the first set (``state_res.resolve_changes``:
+    None values remove a key); ``differing``: the keys outside which the sets agree (from
+    the state groups' deltas), so nothing walks whole sets."""
     if rejected is None:
         rejected = getattr(events, "rejected", ())
     if len(state_sets) > 1:
-        # what resolution reads first: the events of the conflicted keys (by split(), dict
-        # look-ups; a set of all (key, event) pairs cost 56 ms per fork in a big room)
-        _, conflicted = split(state_sets)
+        # what resolution reads first: the events of the conflicted keys
+        if differing is None:
+            _, conflicted = split(state_sets)
+        else:
+            differing = set(differing)
+            conflicted = split_differing(state_sets, differing)
         _ensure(events, set().union(*conflicted.values()))
     try:
-        return resolve_v2(version, state_sets, events, rejected, graph_facts=graph_facts)
+        return resolve_changes(version, state_sets, events, rejected, graph_facts=graph_facts,
+                               differing=differing)
     except UnsupportedStateRes:
         return None
 
@@ -282,7 +313,7 @@ class ResolvedStates:
     are taken again)."""
 
     def __init__(self, size_keys: int = 500_000) -> None:
-        self._lru = _LRU(size_keys, weigh=lambda state: len(state) + 1)
+        self._lru = _LRU(size_keys, weigh=lambda entry: len(entry.state) + 1)
         self.hits = 0
         self.misses = 0
 
@@ -290,17 +321,19 @@ class ResolvedStates:
         """The cache's bound times ``factor`` (:meth:`EventPersister.scale_caches`)."""
         self._lru.size = int(self._lru.size * factor)
 
-    def get(self, groups: Iterable[int]) -> dict[StateKey, str] | None:
-        """A copy of the cached resolution of ``groups`` (callers change their maps)."""
-        state = self._lru.get(frozenset(groups))
-        if state is None:
+    def get(self, groups: Iterable[int]) -> Resolution | None:
+        """The cached resolution of ``groups``. Its state is shared, never changed: the planner
+        changes in place only a current state that is its group's (copied from the group's
+        state), never a resolved one (copies of a big room's state were most of a fork)."""
+        entry = self._lru.get(frozenset(groups))
+        if entry is None:
             self.misses += 1
             return None
         self.hits += 1
-        return dict(state)
+        return entry  # type: ignore[no-any-return]
 
-    def put(self, groups: Iterable[int], state: Mapping[StateKey, str]) -> None:
-        self._lru.put(frozenset(groups), dict(state))
+    def put(self, groups: Iterable[int], resolution: Resolution) -> None:
+        self._lru.put(frozenset(groups), resolution)
 
     def clear(self) -> None:
         self._lru.clear()
@@ -323,6 +356,12 @@ class RoomAuthChains:
     Bounded by total positions (least recently used rooms go)."""
 
     RELOAD_AFTER = 100
+    #: groups remembered as wholly placed, per room; rooms remembered; how far up the
+    #: group tree a checked group is looked for (a big room changes its state ~50 times
+    #: between forks)
+    CHECKED_GROUPS = 256
+    CHECKED_HOPS = 1_000
+    CHECKED_ROOMS = 20_000
 
     def __init__(self, size_positions: int = 600_000) -> None:
         self.size = size_positions
@@ -335,6 +374,8 @@ class RoomAuthChains:
         self.cursor: Any = None
         self.loads = 0
         self.walks = 0
+        #: room -> (its index, the groups whose states it places whole, most recent last)
+        self._checked: dict[str, tuple[ChainIndex, OrderedDict[int, None]]] = {}
 
     def add(self, room_id: str, event: IndexEvent) -> None:
         """A state event planned in the open transaction."""
@@ -359,31 +400,88 @@ class RoomAuthChains:
             total -= len(evicted.positions)
         return index
 
-    def graph_facts(self, room_id: str, events: Mapping[str, MatrixEvent]) -> AuthGraphFacts:
+    def graph_facts(self, room_id: str, events: Mapping[str, MatrixEvent], groups: Sequence[int | None] = (),
+                    lineage: GroupLineage | None = None) -> AuthGraphFacts:
         """``graph_facts`` for :func:`resolve_state` in ``room_id``: the auth difference from
         the index; the v2.1 conflicted subgraph (only ancestors of the conflicted events) is
-        walked."""
+        walked. ``groups``: the state sets' groups; with ``lineage``, whether the events the
+        sets share are all placed is known from the groups' ancestors' deltas
+        (:meth:`placed`), not by looking at every event of a big state."""
+        def difference_from(index: ChainIndex, state_sets: Sequence[Mapping[StateKey, str]]) -> set[str]:
+            if isinstance(state_sets, SplitSets):
+                placed = bool(groups) and self.placed(room_id, index, groups, state_sets, lineage)
+                return index.split_difference(state_sets, common_placed=placed)
+            return index.auth_difference([set(s.values()) for s in state_sets])
+
         def facts(state_sets, conflicted_ids):
-            sets = [set(s.values()) for s in state_sets]
             difference = None
             try:
-                difference = self.index(room_id).auth_difference(sets)
+                difference = difference_from(self.index(room_id), state_sets)
             except NotIndexed:
                 last = self._unplaced.get(room_id)
                 if last is None or self._transactions - last >= self.RELOAD_AFTER:
                     try:
-                        difference = self.index(room_id, reload=True).auth_difference(sets)
+                        difference = difference_from(self.index(room_id, reload=True), state_sets)
                     except NotIndexed:
                         self._unplaced[room_id] = self._transactions
             if difference is None:
                 self.walks += 1
-                difference = walked_difference(sets, events)
+                difference = walked_difference([set(s.values()) for s in state_sets], events)
             subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
             return difference, subgraph
         return facts
 
+    def placed(self, room_id: str, index: ChainIndex, groups: Sequence[int | None],
+               states: Sequence[Mapping[StateKey, str]], lineage: GroupLineage | None) -> bool:
+        """Whether every event the state sets share has a position in ``index`` -- true if
+        every event of one set's state does. Known for the groups checked before against the
+        same index (positions are never taken back), and for a group whose ancestor was, from
+        the deltas since; else one pass over each state, remembered. (The rooms' checked
+        groups are kept along its group tree as forks and state events extend it.)"""
+        checked = self._checked.get(room_id)
+        if checked is None or checked[0] is not index:
+            checked = self._checked[room_id] = (index, OrderedDict())
+            if len(self._checked) > self.CHECKED_ROOMS:
+                self._checked.pop(next(iter(self._checked)))
+        done = checked[1]
+        positions = index.positions
+        for group in groups:
+            if group is None:
+                continue
+            path: list[int] = []
+            g: int | None = group
+            while g is not None and g not in done and lineage is not None and len(path) < self.CHECKED_HOPS:
+                entry = lineage.get(g)
+                if entry is None:
+                    g = None
+                    break
+                path.append(g)
+                g = entry.parent
+            if g is None or g not in done:
+                continue
+            for p in reversed(path):
+                if any(e is not None and e not in positions for e in lineage.get(p).delta.values()):  # type: ignore[union-attr]
+                    break
+                done[p] = None
+            else:
+                self._trim(done)
+                return True
+        placed = False
+        for group, state in zip(groups, states):
+            if group is not None and positions.keys() >= set(state.values()):
+                done[group] = None
+                placed = True
+        self._trim(done)
+        return placed
+
+    def _trim(self, done: OrderedDict[int, None]) -> None:
+        while len(done) > self.CHECKED_GROUPS:
+            done.popitem(last=False)
+
     def end_transaction(self, committed: bool) -> None:
         self.cursor = None
+        if not committed:  # its groups never existed (on SQLite their IDs are taken again)
+            self._checked.clear()
         self._transactions += 1
         if len(self._unplaced) > 10_000:
             self._unplaced.clear()

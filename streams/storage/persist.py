@@ -32,6 +32,7 @@ from .plan_loader import DatabaseReader, EventFacts, RoomContexts, load_snapshot
 from .plan_writer import write_plan
 from .planner import plan_batch
 from .sql import pipeline, store_cursor
+from .state_deltas import GroupLineage
 from .state_groups import StateGroupStore
 
 
@@ -70,6 +71,7 @@ class EventPersister:
         self.matrix = MatrixEvents(self.room_infos)
         self.resolved = ResolvedStates()
         self.chains = RoomAuthChains()
+        self.lineage = GroupLineage()
         self.rooms = RoomContexts(room_cache_size)
         self._lock = threading.Lock()
         self.freeze_every = freeze_every
@@ -91,6 +93,7 @@ class EventPersister:
         self.state.scale(factor)
         self.resolved.scale(factor)
         self.chains.size = int(self.chains.size * factor)
+        self.lineage.scale(factor)
 
     def persist(self, items: Sequence[IncomingEvent | bytes | str], writer: Any, *, backfill: bool) -> list[PersistedEvent]:
         with self._lock:
@@ -106,7 +109,8 @@ class EventPersister:
             try:
                 with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
                     self.matrix.cursor = self.chains.cursor = cur
-                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains)
+                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains,
+                                            self.lineage)
                     snapshot = load_snapshot(reader, events, self.rooms, self.room_infos)
                     plan = plan_batch(events, ids, snapshot, reader, backfill=backfill,
                                       now_ms=int(time.time() * 1000))
@@ -123,11 +127,13 @@ class EventPersister:
                 self.room_infos.discard()
                 self.matrix.end_transaction(committed=False)
                 self.chains.end_transaction(committed=False)
+                self.lineage.end_transaction(committed=False)
                 self.resolved.clear()
                 raise
             self.room_infos.commit()
             self.matrix.end_transaction(committed=True)
             self.chains.end_transaction(committed=True)
+            self.lineage.end_transaction(committed=True)
             self._freeze()
         self._committed(plan)
         return [PersistedEvent(ev.event_id, ev.room_id, ev.stream_ordering, ev.topological_ordering,

@@ -13,6 +13,7 @@ from .events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
 from .plan_visibility import HV_KEY
 from .snapshot import Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
 from .sql import array, for_update, in_array, is_sqlite
+from .state_deltas import GroupLineage
 from .state_groups import NewGroup, StateGroupStore
 from .visibility import SHARED_ERAS, RangeSet, normalise_visibility
 
@@ -70,13 +71,15 @@ class DatabaseReader:
     persister's caches (state groups, event facts, parsed Matrix events)."""
 
     def __init__(self, cursor: Any, state: StateGroupStore, facts: EventFacts, matrix: MatrixEvents,
-                 resolved: ResolvedStates, chains: RoomAuthChains | None = None) -> None:
+                 resolved: ResolvedStates, chains: RoomAuthChains | None = None,
+                 lineage: GroupLineage | None = None) -> None:
         self.cursor = cursor
         self.state = state
         self.facts = facts
         self.matrix = matrix
         self.resolved = resolved
         self.chains = chains if chains is not None else RoomAuthChains()
+        self.lineage = lineage if lineage is not None else GroupLineage()
 
     def state_of_group(self, group: int) -> StateMap:
         return self.state.get_state(self.cursor, group)

@@ -11,6 +11,8 @@ The rules themselves are ``visibility.py``'s; docs/storage.md, "Visibility", say
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from .events import CREATE, HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateKey, StateMap
 from .snapshot import Key, PlanReader, RoomContext
 from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, shared_era, visible_to_member
@@ -65,15 +67,14 @@ def at_head(ctx: RoomContext, touched: Touched, ev: ParsedEvent, vis: str, membe
         changed(ctx, touched, u)
     elif (ev.type, ev.state_key) == HV_KEY:
         new = normalise_visibility(ev.body["content"].get("history_visibility"))
-        for u, m in ctx.memberships.items():
-            if m == "invite":
-                switch(ctx, touched, u, vis == "invited", new == "invited", k)
+        for u in list(ctx.invited):
+            switch(ctx, touched, u, vis == "invited", new == "invited", k)
         switch(ctx, touched, ANYONE, vis == "world_readable", new == "world_readable", k)
         switch(ctx, touched, SHARED_ERAS, shared_era(vis), shared_era(new), k)
 
 
 def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedEvent, after_map: StateMap,
-             vis_before: str, member_before: str | None) -> None:
+             vis_before: str, member_before: str | None, differing: Collection[StateKey] | None = None) -> None:
     """An event persisted off the head (backfill, forks), decided with the rules for every
     user whose answer can differ from what their ranges already say at its key.
 
@@ -87,7 +88,8 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
     later join changes no user row now, but rows written before held copies of the shared
     eras before the join, and an event inside one must be decided for its holder), the
     event's own member, and the invited when the visibility differs. The cost follows the
-    state's difference from the current state, never the room's member count. Whether a
+    state's difference from the current state (``differing``: the keys where the two can
+    differ, from the state groups' deltas), never the room's member count. Whether a
     later join lets ``u`` see a shared-era event is not decided here: ``*shared``'s point
     is, and the reads clip it at ``u``'s latest join."""
     k = ev.key
@@ -98,9 +100,12 @@ def off_head(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedE
     current = ctx.current
     candidates = ctx.marked_since(k)
     if after_map is not current:
-        candidates.update(s for (t, s), _ in after_map.items() ^ current.items() if t == MEMBER)
+        if differing is None:  # compare the whole states
+            candidates.update(s for (t, s), _ in after_map.items() ^ current.items() if t == MEMBER)
+        else:  # only the keys where they can differ (``state_deltas``)
+            candidates.update(k[1] for k in differing if k[0] == MEMBER and after_map.get(k) != current.get(k))
     if any(v != ctx.visibility for v in vis_values):
-        candidates.update(u for u, m in ctx.memberships.items() if m == "invite")
+        candidates.update(ctx.invited)
     if ev.type == MEMBER:
         assert ev.state_key is not None
         candidates.add(ev.state_key)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..matrix.chain_cover import IndexEvent
-from .authorization import authorize, redaction_applies, resolve_state
+from .authorization import authorize, redaction_applies, resolve_state_changes
 from .chain_cover import ChainEvent
 from .events import CREATE, MEMBER, BadEvent, ParsedEvent, RoomInfo, StateKey, StateMap
 from .plan import (
@@ -28,7 +28,8 @@ from .plan import (
 )
 from .plan_visibility import HV_KEY, Touched, at_head, off_head, set_open
 from .snapshot import Extremity, Key, KnownEvent, PlanReader, PrevInfo, RoomContext, Snapshot
-from .state_groups import NewGroup, resolve
+from .state_deltas import GroupLineage, Resolution, StateRef, changes_between, keys_differing
+from .state_groups import NewGroup
 from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, shared_era
 
 #: the largest depth a computed topological ordering takes (the spec's integer bound)
@@ -71,6 +72,10 @@ class _Planner:
         self.member_changes: dict[str, int] = {}
         self.redaction_rows: list[RedactionRow] = []
         self.redacted_stored: list[str] = []
+        #: recent groups' states rebuilt from current state in this batch (a fork asks twice)
+        self.rebuilt: dict[int, StateMap] = {}
+        lineage = getattr(reader, "lineage", None)
+        self.lineage: GroupLineage = lineage if lineage is not None else GroupLineage()
 
     def plan(self, ids: Sequence[int]) -> Plan:
         self._check_known()
@@ -196,7 +201,7 @@ class _Planner:
             return
         self._room_bookkeeping(ctx, ev, live)
         if fast:
-            ctx.current_group, ctx.current_chain = ev.state_group_after, after_chain
+            ctx.current_group, ctx.current_chain, ctx.current_base = ev.state_group_after, after_chain, None
             if key is not None:
                 self._current_changed(ev, key, ev.event_id, prev_current)
                 if ev.type == MEMBER:
@@ -207,7 +212,9 @@ class _Planner:
         else:
             if live:
                 self._recompute_current(ctx, ev)
-            off_head(ctx, self.touched, self.reader, ev, after_map, vis_before, member_before)
+            differing = None if after_map is ctx.current else self._differing(
+                [StateRef(ev.state_group_after), self._current_ref(ctx)], [after_map, ctx.current])
+            off_head(ctx, self.touched, self.reader, ev, after_map, vis_before, member_before, differing)
 
     def _state_before(self, ctx: RoomContext, ev: ParsedEvent,
                       usable: list[PrevInfo]) -> tuple[int | None, int | None, StateMap]:
@@ -227,18 +234,24 @@ class _Planner:
             if group == ctx.current_group:
                 return group, ctx.current_chain, ctx.current
             return group, self.reader.chain_length(group), self._state_of(ctx, group)
-        resolved = self._resolve(ctx, [(i.key, i.state_group) for i in usable])
+        res = self._resolve(ctx, [(i.key, i.state_group) for i in usable])
+        resolved = res.state
         # the parent of the new group: any prev's group will do (the latest by key keeps
         # deltas small); its number says nothing about order
         _, base_group = max((i.key, i.state_group) for i in usable)
         base_map = self._state_of(ctx, base_group)
-        added = {k: v for k, v in resolved.items() if base_map.get(k) != v}
-        dropped = any(k not in resolved for k in base_map)  # a delta cannot remove a key
-        if not added and not dropped:
+        # what the resolution changed, from the keys where the two can differ (the groups'
+        # deltas since their common ancestor and the resolution's own changes)
+        delta = changes_between(base_map, resolved, self._differing([StateRef(base_group), StateRef(res.base, res.keys)],
+                                                                    [base_map, resolved]))
+        if not delta:
             return base_group, self.reader.chain_length(base_group) if base_group is not None else None, base_map
+        added = {k: v for k, v in delta.items() if v is not None}
+        dropped = len(added) != len(delta)  # a delta cannot remove a key
         parent = None if dropped else base_group
         g = self._new_group(ev, parent=parent, parent_chain_length=self.reader.chain_length(parent) if parent else None,
                             delta=added, full_state=resolved)
+        self.lineage.add(g.id, base_group, delta)
         return g.id, g.chain_length, resolved
 
     def _state_after(self, ctx: RoomContext, ev: ParsedEvent, key: StateKey, fast: bool, before_group: int | None,
@@ -263,11 +276,12 @@ class _Planner:
                                       hint=len(self.events))
             self.reader.remember_state(g.id, after_map)
         self.groups.append(g)
+        self.lineage.add(g.id, before_group, delta)
         ev.state_group_after = g.id
         return after_map, g.chain_length
 
     def _new_group(self, ev: ParsedEvent, *, parent: int | None, parent_chain_length: int | None,
-                   delta: StateMap, full_state: StateMap) -> NewGroup:
+                   delta: dict[StateKey, str], full_state: StateMap) -> NewGroup:
         g = self.reader.new_group(room_id=ev.room_id, event_id=ev.event_id, parent=parent,
                                   parent_chain_length=parent_chain_length, delta=delta, full_state=lambda: full_state)
         self.groups.append(g)
@@ -305,26 +319,67 @@ class _Planner:
             self.reader.chains.add(ev.room_id, IndexEvent(ev.event_id, ev.type, ev.state_key,
                                                           ev.matrix.auth_event_ids))
 
-    def _resolve(self, ctx: RoomContext, prevs: list[tuple[Key, int | None]]) -> StateMap:
+    def _resolve(self, ctx: RoomContext, prevs: list[tuple[Key, int | None]]) -> Resolution:
         """The state at a fork of the prevs' ``(key, state group after)``: Matrix state
         resolution in an authorized room (v2, or v2.1 from room v12; the same groups resolve
         the same way, so the reader caches the result by them); the older unsigned format (and
-        room v1) keeps the stand-in."""
+        room v1) keeps the stand-in. Either way decided from the keys where the prevs' states
+        differ (found from the groups' deltas), never a pass over whole states."""
         info: RoomInfo | None = ctx.info
+        groups = [g for _, g in prevs]
         if info is not None and info.authorized and info.version is not None:
-            groups = [g for _, g in prevs]
             cacheable = None not in groups
             if cacheable:
-                cached: StateMap | None = self.reader.resolved.get(groups)
+                cached: Resolution | None = self.reader.resolved.get(groups)
                 if cached is not None:
                     return cached
-            resolved = resolve_state(info.version, [self._state_of(ctx, g) for _, g in prevs], self.reader.matrix,
-                                     graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix))
-            if resolved is not None:
+            maps = [self._state_of(ctx, g) for g in groups]
+            differing = self._differing([StateRef(g) for g in groups], maps)
+            changes = resolve_state_changes(
+                info.version, maps, self.reader.matrix, differing=differing,
+                graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix, groups, self.lineage))
+            if changes is not None:
+                state = dict(maps[0])
+                for k, v in changes.items():
+                    if v is None:
+                        del state[k]
+                    else:
+                        state[k] = v
+                res = Resolution(state, groups[0], frozenset(changes))
                 if cacheable:
-                    self.reader.resolved.put(groups, resolved)
-                return resolved
-        return resolve([(k, self._state_of(ctx, g)) for k, g in prevs])
+                    self.reader.resolved.put(groups, res)
+                return res
+        # the stand-in: the state after the latest prev, plus the keys only the others have
+        # (the latest of them that has it)
+        ordered = sorted(prevs, key=lambda p: p[0], reverse=True)
+        maps = [self._state_of(ctx, g) for _, g in ordered]
+        state = dict(maps[0])
+        added = set()
+        for k in self._differing([StateRef(g) for _, g in ordered], maps):
+            if k not in state:
+                for m in maps[1:]:
+                    v = m.get(k)
+                    if v is not None:
+                        state[k] = v
+                        added.add(k)
+                        break
+        return Resolution(state, ordered[0][1], frozenset(added))
+
+    def _differing(self, refs: list[StateRef], maps: list[StateMap]) -> set[StateKey]:
+        """The keys where the states ``maps`` (named by ``refs``) may differ: from the groups'
+        lineage, else (no common ancestor known) by comparing the maps."""
+        keys = self.lineage.differing_keys([r.group for r in refs])
+        if keys is None:
+            return keys_differing(maps)
+        for r in refs:
+            keys.update(r.keys)
+        return keys
+
+    @staticmethod
+    def _current_ref(ctx: RoomContext) -> StateRef:
+        if ctx.current_group is not None:
+            return StateRef(ctx.current_group)
+        return ctx.current_base or StateRef(None)
 
     def _state_of(self, ctx: RoomContext, group: int | None) -> StateMap:
         """A group's state: the room's current one, a recent one rebuilt from it by undoing
@@ -333,9 +388,12 @@ class _Planner:
             return {}
         if group == ctx.current_group:
             return ctx.current
+        state = self.rebuilt.get(group)
+        if state is not None:
+            return state
         for i in range(len(ctx.undo) - 1, -1, -1):
             if ctx.undo[i][0] == group:
-                state = dict(ctx.current)
+                state = self.rebuilt[group] = dict(ctx.current)
                 for _, key, value in reversed(ctx.undo[i:]):
                     if value is None:
                         state.pop(key, None)
@@ -359,22 +417,25 @@ class _Planner:
     def _recompute_current(self, ctx: RoomContext, ev: ParsedEvent) -> None:
         """After an event off the room's linear head: current state = the resolved state of the
         forward extremities; open visibility ranges follow it."""
+        old, old_ref = ctx.current, self._current_ref(ctx)
         if len(ctx.forward) == 1:
             (only,) = ctx.forward.values()
             group = only.state_group
             new = dict(self._state_of(ctx, group))
+            new_ref = StateRef(group)
             chain = self.reader.chain_length(group) if group is not None else None
         else:
-            new = self._resolve(ctx, [(x.key, x.state_group) for x in ctx.forward.values()])
+            res = self._resolve(ctx, [(x.key, x.state_group) for x in ctx.forward.values()])
+            new, new_ref = res.state, StateRef(res.base, res.keys)
             group, chain = None, None
-        old = ctx.current
-        changed: dict[StateKey, str | None] = {k: v for k, v in new.items() if old.get(k) != v}
-        changed.update({k: None for k in old if k not in new})  # only after a fork: a key can go
+        # only after a fork can a key go (None)
+        changed = changes_between(old, new, self._differing([old_ref, new_ref], [old, new]))
         self.reader.load_facts([v for v in changed.values() if v is not None])
         old_vis = ctx.visibility
         if ctx.current_group is not None:  # no longer changed in place: the group's state as it is
             self.reader.remember_state(ctx.current_group, old)
         ctx.current, ctx.current_group, ctx.current_chain = new, group, chain
+        ctx.current_base = None if group is not None else new_ref
         ctx.undo.clear()
         for k, eid in changed.items():
             self._current_changed(ev, k, eid, old.get(k))
@@ -386,7 +447,7 @@ class _Planner:
         ctx.visibility = self.reader.visibility(new.get(HV_KEY))
         users = {k[1] for k in changed if k[0] == MEMBER}
         if old_vis != ctx.visibility:
-            users.update(u for u, m in ctx.memberships.items() if m == "invite")
+            users.update(ctx.invited)
         for u in users:
             set_open(ctx, self.touched, u, grants(ctx.memberships.get(u), ctx.visibility), ev.key)
         set_open(ctx, self.touched, ANYONE, ctx.visibility == "world_readable", ev.key)

@@ -115,17 +115,18 @@ def test_an_auth_walk_asks_a_database_backed_mapping_for_each_frontier_at_once()
     assert events.calls[0] == {last} and len(events.calls) <= 3  # one call per level, not per event
 
 
-def test_resolutions_are_cached_by_their_groups_and_handed_out_as_copies():
+def test_resolutions_are_cached_by_their_groups():
     from streams.storage.authorization import ResolvedStates
+    from streams.storage.state_deltas import Resolution
 
     cache = ResolvedStates(size_keys=100)
     assert cache.get([1, 2]) is None
     state = {("m.room.topic", ""): "$t"}
-    cache.put([2, 1], state)
+    cache.put([2, 1], Resolution(state, 2, frozenset({("m.room.topic", "")})))
     got = cache.get([1, 2])
-    assert got == state
-    got[("m.room.name", "")] = "$n"  # the persist path changes current state in place
-    assert cache.get([2, 1]) == state and (cache.hits, cache.misses) == (2, 1)
+    assert got == (state, 2, {("m.room.topic", "")})
+    # shared, not copied (the planner never changes a resolved state in place)
+    assert cache.get([2, 1]).state is state and (cache.hits, cache.misses) == (2, 1)
 
 
 def test_room_auth_chains_reload_once_then_walk_for_an_event_never_placed():

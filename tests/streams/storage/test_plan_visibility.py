@@ -25,8 +25,11 @@ from .test_planner import A, B, M, MemoryStore, new_room, pdu
 
 
 def off_head_every_user(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedEvent,
-                        after_map: StateMap, vis_before: str, member_before: str | None) -> None:
-    """The reference: the rules applied to every member, joiner and ranged user of the room."""
+                        after_map: StateMap, vis_before: str, member_before: str | None,
+                        differing=None) -> None:
+    """The reference: the rules applied to every member, joiner and ranged user of the room
+    (``differing``, the planner's keys where the after state and current state can differ,
+    is not used: the whole states are read)."""
     k = ev.key
     reader.load_facts([e for (t, s), e in after_map.items() if t == MEMBER or (t, s) == HV_KEY])
     vis_after = reader.visibility(after_map.get(HV_KEY))
@@ -88,8 +91,8 @@ class EventFacts:
                       if (ev.type, ev.state_key) == HV_KEY else (vis,))
             self._record(ctx, ev, values, dict(ctx.memberships), member_before)
 
-        def off_head(ctx, touched, reader, ev, after_map, vis_before, member_before) -> None:
-            real_off_head(ctx, touched, reader, ev, after_map, vis_before, member_before)
+        def off_head(ctx, touched, reader, ev, after_map, vis_before, member_before, differing=None) -> None:
+            real_off_head(ctx, touched, reader, ev, after_map, vis_before, member_before, differing)
             reader.load_facts([e for (t, s), e in after_map.items() if t == MEMBER or (t, s) == HV_KEY])
             vis_after = reader.visibility(after_map.get(HV_KEY))
             values = (vis_after, vis_before) if (ev.type, ev.state_key) == HV_KEY else (vis_after,)

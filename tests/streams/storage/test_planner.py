@@ -17,6 +17,7 @@ from streams.storage.events import IncomingEvent, StateMap, parse_events
 from streams.storage.plan import CurrentStateRow, ExOutlierRow, Plan, RedactionRow, VisibilityRangeRow
 from streams.storage.planner import plan_batch
 from streams.storage.snapshot import KnownEvent, RoomContext, Snapshot
+from streams.storage.state_deltas import GroupLineage
 from streams.storage.state_groups import NewGroup, plan_group
 from streams.storage.visibility import SHARED_ERAS, RangeSet
 
@@ -55,6 +56,7 @@ class MemoryReader:
         self.matrix = MemoryMatrixEvents(rooms)  # no cursor: the events planned so far
         self.resolved = ResolvedStates()
         self.chains = RoomAuthChains()  # no cursor: the rooms' auth graphs as planned so far
+        self.lineage = GroupLineage()  # the planned groups' parents and deltas
         self.groups: dict[int, StateMap] = {}
         self.lengths: dict[int, int] = {}
         self.facts: dict[str, tuple[str | None, str | None]] = {}
