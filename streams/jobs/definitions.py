@@ -298,7 +298,7 @@ def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
     from .chain_cover import chain_cover
 
     rows_in = count_events(rooms, state_only=True)
-    positions, links = chain_cover(io.read(spark, _chain_events_query(for_database()), rooms))
+    positions, links = chain_cover(io.read_by_room(spark, _chain_events_query(for_database()), rooms), by_room=True)
     return rows_in, positions, links
 
 

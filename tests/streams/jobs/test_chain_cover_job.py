@@ -141,3 +141,23 @@ def test_a_room_that_gains_events_while_the_job_runs_keeps_its_index(spark, monk
     assert "1 room(s)" in fix.difference_sample[0]["note"]
     linked_rooms = {r for (r,) in rows("SELECT DISTINCT room_id FROM event_auth_chain_links")}
     assert linked_rooms == {built[0].room_id}
+
+
+def test_rooms_straddling_arrow_batches_are_indexed_whole():
+    # the Python pass streams a partition's batches (sorted by room): a room cut by a batch
+    # boundary, or spanning several batches, must still be one pass over all its rows
+    import pandas as pd
+
+    from streams.jobs.chain_cover import room_chain_cover, rooms_of_sorted_batches
+
+    data = sorted(event_rows(rooms()), key=lambda r: r[0])
+    frame = pd.DataFrame(data, columns=list(EVENTS_COLUMNS))
+    whole = pd.concat([room_chain_cover(g) for _, g in frame.groupby("room_id")], ignore_index=True)
+
+    def rows(frames):
+        out = pd.concat(list(frames), ignore_index=True)
+        return sorted(tuple(None if pd.isna(v) else v for v in r) for r in out.itertuples(index=False))
+
+    for size in (1, 7, 40, 41, len(frame)):
+        batches = [frame.iloc[i:i + size] for i in range(0, len(frame), size)]
+        assert rows(rooms_of_sorted_batches(iter(batches))) == rows([whole]), size
