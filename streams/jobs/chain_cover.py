@@ -176,13 +176,18 @@ def chain_cover_differences(expected_positions, expected_links, stored_positions
         "room_id", "event_id", "user_id",
         F.when(F.col("expected") == "", None).otherwise(F.col("expected")).alias("expected"),
         F.when(F.col("found") == "", None).otherwise(F.col("found")).alias("found"))
-    only_expected = el.exceptAll(sl).select(
+    # links on one side only, with their multiplicity: one count per (room, link) on each
+    # side, in one aggregate over both (two exceptAlls each shuffled both sides)
+    tagged = (el.select("room_id", "link", F.lit(1).alias("e"), F.lit(0).alias("s"))
+              .unionByName(sl.select("room_id", "link", F.lit(0).alias("e"), F.lit(1).alias("s"))))
+    counted = tagged.groupBy("room_id", "link").agg(F.sum("e").alias("e"), F.sum("s").alias("s")).where(
+        F.col("e") != F.col("s"))
+    link_diffs = counted.select(
         "room_id", F.split("link", " ").getItem(0).alias("event_id"), F.lit(None).cast("string").alias("user_id"),
-        F.concat(F.lit("link "), F.col("link")).alias("expected"), F.lit(None).cast("string").alias("found"))
-    only_stored = sl.exceptAll(el).select(
-        "room_id", F.split("link", " ").getItem(0).alias("event_id"), F.lit(None).cast("string").alias("user_id"),
-        F.lit(None).cast("string").alias("expected"), F.concat(F.lit("link "), F.col("link")).alias("found"))
-    return position_diffs.unionByName(only_expected).unionByName(only_stored)
+        F.when(F.col("e") > F.col("s"), F.concat(F.lit("link "), F.col("link"))).alias("expected"),
+        F.when(F.col("s") > F.col("e"), F.concat(F.lit("link "), F.col("link"))).alias("found"),
+        F.explode(F.sequence(F.lit(1), F.abs(F.col("e") - F.col("s")).cast("int"))).alias("_n")).drop("_n")
+    return position_diffs.unionByName(link_diffs)
 
 
 def chain_cover_in_python(events: Iterable[tuple]) -> tuple[list[tuple], list[tuple]]:

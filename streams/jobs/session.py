@@ -30,6 +30,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # py4j logs "closing" from finalizers at interpreter exit, after logging's streams are gone.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
+#: JVM options of the driver and the executors (``SPARK_JAVA_OPTIONS`` replaces them)
+DEFAULT_JAVA_OPTIONS = ""
+
 _lock = threading.Lock()
 _session = None
 
@@ -117,6 +120,10 @@ def spark_session(master: str | None = None):
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
         )
+        java_options = os.environ.get("SPARK_JAVA_OPTIONS", DEFAULT_JAVA_OPTIONS).strip()
+        if java_options:  # the driver's JVM (local executors live in it) and a cluster's executors
+            builder = (builder.config("spark.driver.extraJavaOptions", java_options)
+                       .config("spark.executor.extraJavaOptions", java_options))
         if os.environ.get("SPARK_EXECUTOR_MEMORY"):
             builder = builder.config("spark.executor.memory", os.environ["SPARK_EXECUTOR_MEMORY"])
         session = builder.getOrCreate()
