@@ -30,8 +30,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # py4j logs "closing" from finalizers at interpreter exit, after logging's streams are gone.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
-#: JVM options of the driver and the executors (``SPARK_JAVA_OPTIONS`` replaces them)
-DEFAULT_JAVA_OPTIONS = ""
+#: JVM options of the driver and the executors (``SPARK_JAVA_OPTIONS`` replaces them). The
+#: JVM only glues the jobs' reads, joins and Arrow batches together, and every query brings
+#: fresh generated classes: C2's compiler threads burnt more CPU compiling them than the
+#: faster code gave back (docs/benchmarks.md, session 10), so the JIT stops at C1.
+DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 _lock = threading.Lock()
 _session = None
