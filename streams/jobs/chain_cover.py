@@ -12,7 +12,7 @@ difference, while any other difference in a position or a link does.
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import pandas as pd
 
@@ -64,28 +64,54 @@ def room_chain_cover(events: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _bucket(pdf: pd.DataFrame) -> pd.DataFrame:
+def _empty_rows() -> pd.DataFrame:
+    return pd.DataFrame({c.split()[0]: pd.Series([], dtype=object) for c in ROOM_SCHEMA.split(", ")})
+
+
+def _rooms(pdf: pd.DataFrame) -> pd.DataFrame:
+    """Every room of ``pdf`` (whole rooms), one pass each."""
     out = [room_chain_cover(group) for _, group in pdf.groupby("room_id", sort=False)]
     out = [o for o in out if len(o)]
-    if not out:
-        return pd.DataFrame({c.split()[0]: pd.Series([], dtype=object) for c in ROOM_SCHEMA.split(", ")})
-    return pd.concat(out, ignore_index=True)
+    return pd.concat(out, ignore_index=True) if out else _empty_rows()
 
 
-def chain_cover(events, buckets: int | None = None):
+def rooms_of_sorted_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Runs in a Python worker: one partition's rows, sorted by room and cut into Arrow
+    batches, -> its rooms' index rows. A room can straddle two batches, so the last room of
+    each batch waits for the next; only one batch (and one room) is held at a time."""
+    pending: list[pd.DataFrame] = []  # rows of rooms that may go on in the next batch
+    for pdf in batches:
+        if not len(pdf):
+            continue
+        tail = (pdf["room_id"] == pdf["room_id"].iat[-1]).to_numpy()
+        if not tail.all():
+            out = _rooms(pd.concat([*pending, pdf[~tail]], ignore_index=True) if pending else pdf[~tail])
+            pending = []
+            if len(out):
+                yield out
+        pending.append(pdf[tail])
+    if pending:
+        out = _rooms(pd.concat(pending, ignore_index=True))
+        if len(out):
+            yield out
+
+
+def chain_cover(events, by_room: bool = False):
     """``events`` (room_id, event_id, stream_ordering, type, state_key, auth_events JSON) ->
     (positions (room_id, event_id, chain_id, sequence_number), links (room_id,
     origin_chain_id, origin_sequence_number, target_chain_id, target_sequence_number)), chain
-    IDs unique over all rooms (from 1)."""
+    IDs unique over all rooms (from 1).
+
+    ``by_room``: each partition of ``events`` already holds whole rooms (``io.read_by_room``);
+    otherwise they are hashed into one partition per core first. Each partition is sorted by
+    room in the JVM and streamed through :func:`rooms_of_sorted_batches` (``mapInPandas``):
+    no shuffle of the rows between the read and the Python pass."""
     from pyspark.sql import functions as F
 
-    from .rooms import BUCKETS_PER_CORE
-
-    if buckets is None:
-        buckets = max(1, events.sparkSession.sparkContext.defaultParallelism * BUCKETS_PER_CORE)
-    bucket = (F.abs(F.hash("room_id")) % buckets).alias("_room_bucket")
-    rows = (events.select(bucket, *EVENTS_COLUMNS).groupBy("_room_bucket")
-            .applyInPandas(lambda pdf: _bucket(pdf.drop(columns="_room_bucket")), schema=ROOM_SCHEMA))
+    events = events.select(*EVENTS_COLUMNS)
+    if not by_room:
+        events = events.repartition(max(1, events.sparkSession.sparkContext.defaultParallelism), "room_id")
+    rows = events.sortWithinPartitions("room_id").mapInPandas(rooms_of_sorted_batches, schema=ROOM_SCHEMA)
     rows = rows.cache()
     # one row per room: numbered on the driver, joined back as a broadcast
     counts = sorted((r.room_id, r.n) for r in rows.where(F.col("kind") == "p").groupBy("room_id")
@@ -150,13 +176,18 @@ def chain_cover_differences(expected_positions, expected_links, stored_positions
         "room_id", "event_id", "user_id",
         F.when(F.col("expected") == "", None).otherwise(F.col("expected")).alias("expected"),
         F.when(F.col("found") == "", None).otherwise(F.col("found")).alias("found"))
-    only_expected = el.exceptAll(sl).select(
+    # links on one side only, with their multiplicity: one count per (room, link) on each
+    # side, in one aggregate over both (two exceptAlls each shuffled both sides)
+    tagged = (el.select("room_id", "link", F.lit(1).alias("e"), F.lit(0).alias("s"))
+              .unionByName(sl.select("room_id", "link", F.lit(0).alias("e"), F.lit(1).alias("s"))))
+    counted = tagged.groupBy("room_id", "link").agg(F.sum("e").alias("e"), F.sum("s").alias("s")).where(
+        F.col("e") != F.col("s"))
+    link_diffs = counted.select(
         "room_id", F.split("link", " ").getItem(0).alias("event_id"), F.lit(None).cast("string").alias("user_id"),
-        F.concat(F.lit("link "), F.col("link")).alias("expected"), F.lit(None).cast("string").alias("found"))
-    only_stored = sl.exceptAll(el).select(
-        "room_id", F.split("link", " ").getItem(0).alias("event_id"), F.lit(None).cast("string").alias("user_id"),
-        F.lit(None).cast("string").alias("expected"), F.concat(F.lit("link "), F.col("link")).alias("found"))
-    return position_diffs.unionByName(only_expected).unionByName(only_stored)
+        F.when(F.col("e") > F.col("s"), F.concat(F.lit("link "), F.col("link"))).alias("expected"),
+        F.when(F.col("s") > F.col("e"), F.concat(F.lit("link "), F.col("link"))).alias("found"),
+        F.explode(F.sequence(F.lit(1), F.abs(F.col("e") - F.col("s")).cast("int"))).alias("_n")).drop("_n")
+    return position_diffs.unionByName(link_diffs)
 
 
 def chain_cover_in_python(events: Iterable[tuple]) -> tuple[list[tuple], list[tuple]]:

@@ -298,7 +298,7 @@ def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
     from .chain_cover import chain_cover
 
     rows_in = count_events(rooms, state_only=True)
-    positions, links = chain_cover(io.read(spark, _chain_events_query(for_database()), rooms))
+    positions, links = chain_cover(io.read_by_room(spark, _chain_events_query(for_database()), rooms), by_room=True)
     return rows_in, positions, links
 
 
@@ -364,11 +364,13 @@ def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     from .chain_cover import chain_cover_differences
 
     rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
-    stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id")
+    # the stored positions name both sides' chains (read once, not once per use)
+    stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id").cache()
     stored_links = io.read(spark, CHAIN_LINKS, rooms).drop("id")
     diffs = chain_cover_differences(positions, links, stored_positions, stored_links).cache()
     n = diffs.count()
     sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id", "expected", "found")
               .limit(SAMPLE_LIMIT).collect()]
     diffs.unpersist()
+    stored_positions.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)

@@ -58,6 +58,12 @@ class JobDialect:
         ``bounds_sql``: the min and max of the partition column, if cheaper than over ``sql``."""
         raise NotImplementedError
 
+    def read_by_room(self, spark: Any, sql: str, columns: Sequence[str], schema: str, using: str,
+                     partitions: int) -> Any:
+        """As :meth:`read`, in ``partitions`` partitions that each hold whole rooms (a room's
+        rows never in two), so per-room work needs no shuffle."""
+        raise NotImplementedError
+
     def write(self, df: Any, table: str, names: Sequence[str], using: str) -> int:
         """Append ``df`` (columns ``names``) to ``table``; the number of rows written."""
         raise NotImplementedError
@@ -103,7 +109,8 @@ class PostgresJobs(JobDialect):
         reader = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
         for k, v in props.items():
             reader = reader.option(k, v)
-        partitions = partitions or max(2, spark.sparkContext.defaultParallelism * 2)
+        # one partition per core: each pulls its share over its own backend at the same time
+        partitions = partitions or max(2, spark.sparkContext.defaultParallelism)
         if partition_column and partitions > 1:
             with connections[using].cursor() as cursor:
                 cursor.execute(bounds_sql or f"SELECT min({partition_column}), max({partition_column}) "
@@ -114,6 +121,15 @@ class PostgresJobs(JobDialect):
                           .option("lowerBound", str(low)).option("upperBound", str(high + 1))
                           .option("numPartitions", str(partitions)))
         df = reader.option("dbtable", f"({sql}) AS job_input").load()
+        return df.select(*columns).to(spark.createDataFrame([], schema).schema)
+
+    def read_by_room(self, spark, sql, columns, schema, using, partitions):
+        # one predicate per partition on the room's hash: each backend scans the table and
+        # sends only its rooms, which stay together in one Spark partition
+        url, props = jdbc_url(using)
+        predicates = [f"mod(abs(hashtext(room_id)::bigint), {partitions}) = {k}" for k in range(partitions)]
+        df = spark.read.jdbc(url, f"({sql}) AS job_input", predicates=predicates,
+                             properties={**props, "fetchsize": "10000"})
         return df.select(*columns).to(spark.createDataFrame([], schema).schema)
 
     def write(self, df, table, names, using):
@@ -164,6 +180,9 @@ class SQLiteJobs(JobDialect):
             cursor.execute(sql)
             rows = cursor.fetchall()
         return spark.createDataFrame(rows, schema)
+
+    def read_by_room(self, spark, sql, columns, schema, using, partitions):
+        return self.read(spark, sql, columns, schema, None, using, None).repartition(partitions, "room_id")
 
     def write(self, df, table, names, using):
         sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('%s' for _ in names)})"

@@ -60,6 +60,15 @@ def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str 
                                     query.partition_column, using, partitions, query.bounds_sql(rooms, quote))
 
 
+def read_by_room(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str = "default",
+                 partitions: int | None = None):
+    """As :func:`read`, in partitions that each hold whole rooms (one per core by default):
+    per-room work runs on each partition as it is, with no shuffle."""
+    partitions = partitions or max(1, spark.sparkContext.defaultParallelism)
+    return for_database(using).read_by_room(spark, query.sql(rooms, quote), query.columns, query.schema,
+                                            using, partitions)
+
+
 @dataclass
 class Staging:
     """A staging table holding a job's result until it is swapped in."""

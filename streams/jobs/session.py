@@ -30,6 +30,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # py4j logs "closing" from finalizers at interpreter exit, after logging's streams are gone.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
+#: JVM options of the driver and the executors (``SPARK_JAVA_OPTIONS`` replaces them). The
+#: JVM only glues the jobs' reads, joins and Arrow batches together, and every query brings
+#: fresh generated classes: C2's compiler threads burnt more CPU compiling them than the
+#: faster code gave back (docs/benchmarks.md, session 10), so the JIT stops at C1.
+DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 _lock = threading.Lock()
 _session = None
 
@@ -117,6 +123,10 @@ def spark_session(master: str | None = None):
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
         )
+        java_options = os.environ.get("SPARK_JAVA_OPTIONS", DEFAULT_JAVA_OPTIONS).strip()
+        if java_options:  # the driver's JVM (local executors live in it) and a cluster's executors
+            builder = (builder.config("spark.driver.extraJavaOptions", java_options)
+                       .config("spark.executor.extraJavaOptions", java_options))
         if os.environ.get("SPARK_EXECUTOR_MEMORY"):
             builder = builder.config("spark.executor.memory", os.environ["SPARK_EXECUTOR_MEMORY"])
         session = builder.getOrCreate()

@@ -81,8 +81,42 @@ def declared_orderings(events):
     """Events that all declare their depth -> (room_id, event_id, topological_ordering): Spark SQL."""
     from pyspark.sql import functions as F
 
-    return events.select("room_id", "event_id", F.least(F.greatest(F.col("depth"), F.lit(0)),
-                                                         F.lit(MAX_DEPTH)).alias("topological_ordering"))
+    return events.select("room_id", "event_id", _clamped(F.col("depth")).alias("topological_ordering"))
+
+
+def _clamped(column):
+    from pyspark.sql import functions as F
+
+    return F.least(F.greatest(column, F.lit(0)), F.lit(MAX_DEPTH))
+
+
+def resolved_in_sql(events, edges):
+    """Rooms with events without a depth -> (orderings of the rooms Spark SQL settles, the
+    rooms it cannot: their IDs).
+
+    An event without a depth whose prev events in its room all declare theirs (or that has
+    none) is ``1 + max(their clamped depths)`` (1 without any): one join and one aggregate
+    in the JVM, what the walk would give. A room where such an event has a prev event
+    without a depth (a chain of them, or a cycle) is left whole to the walk."""
+    from pyspark.sql import functions as F
+
+    missing = events.where(F.col("depth").isNull()).select("room_id", "event_id")
+    prevs = events.select("room_id", F.col("event_id").alias("prev_event_id"), F.col("depth").alias("prev_depth"))
+    # the in-room prev events of events without a depth (an edge to an event the room does
+    # not hold is ignored, as the walk ignores it; so is an edge to itself)
+    known = (edges.where(F.col("event_id") != F.col("prev_event_id"))
+             .join(missing, on=["room_id", "event_id"], how="left_semi")
+             .join(prevs, on=["room_id", "prev_event_id"], how="inner")
+             .groupBy("room_id", "event_id")
+             .agg(F.max(F.col("prev_depth").isNull().cast("int")).alias("blocked"),
+                  F.max(_clamped(F.col("prev_depth"))).alias("highest")))
+    blocked = known.where(F.col("blocked") == 1).select("room_id").distinct()
+    settled = events.join(F.broadcast(blocked), on="room_id", how="left_anti").join(
+        known, on=["room_id", "event_id"], how="left")
+    orderings = settled.select("room_id", "event_id", F.when(
+        F.col("depth").isNull(), F.least(F.coalesce(F.col("highest"), F.lit(0)) + 1, F.lit(MAX_DEPTH))
+    ).otherwise(_clamped(F.col("depth"))).alias("topological_ordering"))
+    return orderings, blocked
 
 
 def topological_ordering(events, edges):
@@ -90,8 +124,9 @@ def topological_ordering(events, edges):
     event_id, prev_event_id) -> (room_id, event_id, topological_ordering), one row per event.
 
     An event that declares its depth is its ordering: Spark SQL computes those rooms without
-    a Python round trip. Only rooms with an event without a depth go through the per-room
-    walk (``cogroup_rooms``), with their edges alone; ``edges`` None: no room needs it (no
+    a Python round trip, and the rooms whose events without a depth follow only events with
+    one (:func:`resolved_in_sql`). Only the rest go through the per-room walk
+    (``cogroup_rooms``), with their edges alone; ``edges`` None: no room needs it (no
     Python at all)."""
     from pyspark.sql import functions as F
 
@@ -100,12 +135,19 @@ def topological_ordering(events, edges):
     events = events.select(*EVENTS_COLUMNS)
     if edges is None:  # the caller knows that every event declares its depth
         return declared_orderings(events)
+    edges = edges.select(*EDGES_COLUMNS)
     walk = events.where(F.col("depth").isNull()).select("room_id").distinct()
     declared = declared_orderings(events.join(F.broadcast(walk), on="room_id", how="left_anti"))
-    walked = cogroup_rooms(events.join(F.broadcast(walk), on="room_id", how="left_semi"),
-                           edges.select(*EDGES_COLUMNS).join(F.broadcast(walk), on="room_id", how="left_semi"),
+    in_walk = events.join(F.broadcast(walk), on="room_id", how="left_semi")
+    settled, blocked = resolved_in_sql(in_walk, edges)
+    blocked_rooms = [r.room_id for r in blocked.collect()]  # usually none: then no Python at all
+    if not blocked_rooms:
+        return declared.unionByName(settled)
+    to_walk = F.broadcast(events.sparkSession.createDataFrame([(r,) for r in blocked_rooms], "room_id string"))
+    walked = cogroup_rooms(in_walk.join(to_walk, on="room_id", how="left_semi"),
+                           edges.join(to_walk, on="room_id", how="left_semi"),
                            _per_room, RESULT_SCHEMA)
-    return declared.unionByName(walked)
+    return declared.unionByName(settled).unionByName(walked)
 
 
 def orderings_in_python(events: Iterable[tuple], edges: Iterable[tuple]) -> dict[str, int]:

@@ -141,3 +141,41 @@ def test_a_room_that_gains_events_while_the_job_runs_keeps_its_index(spark, monk
     assert "1 room(s)" in fix.difference_sample[0]["note"]
     linked_rooms = {r for (r,) in rows("SELECT DISTINCT room_id FROM event_auth_chain_links")}
     assert linked_rooms == {built[0].room_id}
+
+
+def test_rooms_straddling_arrow_batches_are_indexed_whole():
+    # the Python pass streams a partition's batches (sorted by room): a room cut by a batch
+    # boundary, or spanning several batches, must still be one pass over all its rows
+    import pandas as pd
+
+    from streams.jobs.chain_cover import room_chain_cover, rooms_of_sorted_batches
+
+    data = sorted(event_rows(rooms()), key=lambda r: r[0])
+    frame = pd.DataFrame(data, columns=list(EVENTS_COLUMNS))
+    whole = pd.concat([room_chain_cover(g) for _, g in frame.groupby("room_id")], ignore_index=True)
+
+    def rows(frames):
+        out = pd.concat(list(frames), ignore_index=True)
+        return sorted(tuple(None if pd.isna(v) else v for v in r) for r in out.itertuples(index=False))
+
+    for size in (1, 7, 40, 41, len(frame)):
+        batches = [frame.iloc[i:i + size] for i in range(0, len(frame), size)]
+        assert rows(rooms_of_sorted_batches(iter(batches))) == rows([whole]), size
+
+
+def test_links_on_one_side_only_count_with_their_multiplicity(spark):
+    from streams.jobs.chain_cover import chain_cover_differences
+
+    pos = "room_id string, event_id string, chain_id long, sequence_number long"
+    lnk = ("room_id string, origin_chain_id long, origin_sequence_number long, target_chain_id long, "
+           "target_sequence_number long")
+    # the same chains (named $a, $b) under other numbers on each side
+    expected_positions = spark.createDataFrame([("!r", "$a", 1, 1), ("!r", "$b", 2, 1), ("!r", "$c", 2, 2)], pos)
+    stored_positions = spark.createDataFrame([("!r", "$a", 7, 1), ("!r", "$b", 9, 1), ("!r", "$c", 9, 2)], pos)
+    expected_links = spark.createDataFrame([("!r", 2, 2, 1, 1), ("!r", 2, 2, 1, 1), ("!r", 2, 1, 1, 1)], lnk)
+    stored_links = spark.createDataFrame([("!r", 9, 2, 7, 1), ("!r", 9, 1, 7, 1), ("!r", 9, 1, 7, 1),
+                                          ("!r", 9, 1, 7, 1), ("!r", 7, 1, 9, 1)], lnk)
+    got = sorted(((r.event_id, r.expected, r.found) for r in chain_cover_differences(
+        expected_positions, expected_links, stored_positions, stored_links).collect()), key=str)
+    assert got == sorted([("$a", None, "link $a 1 -> $b 1"), ("$b", "link $b 2 -> $a 1", None),
+                          ("$b", None, "link $b 1 -> $a 1"), ("$b", None, "link $b 1 -> $a 1")], key=str)

@@ -28,3 +28,15 @@ def test_session_puts_the_jar_and_python_where_executors_find_them(spark):
     assert conf.get("spark.executor.extraClassPath") == jdbc_jar() == conf.get("spark.driver.extraClassPath")
     assert conf.get("spark.pyspark.python") == os.environ["PYSPARK_PYTHON"]
     assert conf.get("spark.executorEnv.PYSPARK_PYTHON") == os.environ["PYSPARK_PYTHON"]
+
+
+def test_the_java_options_reach_the_drivers_jvm(spark):
+    # the driver's JVM is started by the session's builder: its options must be on its command
+    # line, not only in the conf (local executors run in it)
+    from streams.jobs.session import DEFAULT_JAVA_OPTIONS
+
+    expected = os.environ.get("SPARK_JAVA_OPTIONS", DEFAULT_JAVA_OPTIONS).split()
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.executor.extraJavaOptions") == conf.get("spark.driver.extraJavaOptions")
+    running = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert expected and all(option in running for option in expected), running

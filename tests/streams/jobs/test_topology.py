@@ -87,3 +87,30 @@ def test_long_chain_is_one_pass(spark):
     edges = [("!big", f"e{i}", f"e{i - 1}") for i in range(1, n)]
     got = run(spark, events, edges).agg({"topological_ordering": "max"}).collect()[0][0]
     assert got == n
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_rooms_settled_in_sql_and_walked_rooms_agree_with_the_twin(spark, seed):
+    # some events without a depth follow only events with one (Spark SQL settles their rooms),
+    # others follow events without one (their rooms are walked in Python); both against the
+    # single-process twin and a brute force over the DAG
+    rng = random.Random(seed)
+    events, edges, expected = [], [], {}
+    for room in range(12):
+        ids: list[str] = []
+        chained = room % 3 == 0  # these rooms get chains of events without a depth
+        for i in range(rng.randrange(1, 40)):
+            eid = f"$r{room}e{i}"
+            prevs = rng.sample(ids, k=min(len(ids), rng.choice([1, 1, 2, 3]))) if ids else []
+            missing = rng.random() < (0.5 if chained else 0.15) and (chained or all(expected[p][1] for p in prevs))
+            depth = None if missing else rng.choice([0, 1, rng.randrange(0, 100), MAX_DEPTH + 5, -3])
+            order = (min(max((expected[p][0] for p in prevs), default=0) + 1, MAX_DEPTH) if depth is None
+                     else min(max(depth, 0), MAX_DEPTH))
+            expected[eid] = (order, depth is not None)
+            events.append((f"!r{room}", eid, len(events) + 1, depth))
+            edges += [(f"!r{room}", eid, p) for p in prevs] + [(f"!r{room}", eid, "$elsewhere")]
+            ids.append(eid)
+    rng.shuffle(events)
+    got = {r.event_id: r.topological_ordering for r in run(spark, events, edges).collect()}
+    assert got == {e: o for e, (o, _) in expected.items()}
+    assert got == orderings_in_python(events, edges)
