@@ -39,8 +39,10 @@ ROW = ["!room1:bench.example", "m.read", "@user123:bench.example", "$0123456789a
        {"ts": 1_700_000_000_000, "pad": "x" * 190}]
 
 
-def _sender(ports, facts: int) -> None:
-    """Serve one connection: read the 3 handshake lines, send everything, wait to be closed."""
+def _sender(ports, facts: int, per_write: int = 0) -> None:
+    """Serve one connection: read the 3 handshake lines, send everything (in one go, or
+    ``per_write`` lines per write with a 1 ms pause after each: one read per batch, as the
+    endpoint sends a writer's transactions), wait to be closed."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -51,17 +53,24 @@ def _sender(ports, facts: int) -> None:
         reader.readline()
     body = json.dumps(ROW, separators=(",", ":"))
     head = f"SERVER {SERVER_NAME}\nPOSITION receipts w1 0 1\n".encode()
-    conn.sendall(head + b"".join(f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2)))
+    lines = [f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2)]
+    if not per_write:
+        conn.sendall(head + b"".join(lines))
+    else:
+        conn.sendall(head)
+        for i in range(0, len(lines), per_write):
+            conn.sendall(b"".join(lines[i:i + per_write]))
+            time.sleep(float(os.environ.get("BENCH_PAUSE", "0.001")))
     try:
         conn.recv(1)  # until the client goes away
     except OSError:
         pass
 
 
-def _serve(facts: int) -> tuple[mp.Process, int]:
+def _serve(facts: int, per_write: int = 0) -> tuple[mp.Process, int]:
     ctx = mp.get_context("spawn")
     ports = ctx.Queue()
-    proc = ctx.Process(target=_sender, args=(ports, facts), daemon=True)
+    proc = ctx.Process(target=_sender, args=(ports, facts, per_write), daemon=True)
     proc.start()
     return proc, ports.get(timeout=30)
 
@@ -158,9 +167,17 @@ async def _in_process_run(transport: str, facts: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from benchmarks._setup import run_size
 
-    facts, repeat = run_size(__doc__, argv, facts=200_000, quick_facts=50_000)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--per-write", type=int, default=0,
+                       help="the sender writes this many lines at a time with a 1 ms pause after each "
+                            "(100: the cluster's batches, one read each); default: all in one go")
+    known, rest = extra.parse_known_args(argv)
+    per_write = known.per_write
+    facts, repeat = run_size(__doc__, rest, facts=200_000, quick_facts=50_000)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     os.environ.pop("REDIS_URL", None)
@@ -173,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._machine import cpu_description, load_average
 
     print(f"machine: {cpu_description()}; load avg {load_average()}")
+    how = f"{per_write} per write, 1 ms apart" if per_write else "in one go"
     print(f"{facts:,} RDATA lines of {len(json.dumps(ROW, separators=(',', ':'))) + 25} bytes from a sender process "
-          f"in one go; worker: ReplicationWorker with a counting coroutine callback; baseline: read and count newlines")
+          f"{how}; worker: ReplicationWorker with a counting coroutine callback; baseline: read and count newlines")
     best: dict[str, tuple[float, float]] = {}
     for rep in range(repeat):
         for kind, run in (("worker", _worker_run), ("baseline", _baseline_run)):
-            proc, port = _serve(facts)
+            proc, port = _serve(facts, per_write)
             elapsed, cpu = asyncio.run(run(port, facts))
             proc.terminate()
             proc.join(10)
