@@ -65,7 +65,8 @@ def _sender(ports, facts: int, per_write: int = 0, pause: float = 0.001) -> None
             conn.sendall(b"".join(lines[i:i + per_write]))
             time.sleep(pause)
     try:
-        conn.recv(1)  # until the client goes away
+        while conn.recv(65536):  # until the client goes away (a run over 5 s gets its PINGs)
+            pass
     except OSError:
         pass
 
