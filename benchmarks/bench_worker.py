@@ -1,10 +1,13 @@
 """CPU per fact of a TCP replication worker's receive path, against reading the same bytes.
 
-    .venv/bin/python benchmarks/bench_worker.py [--facts N] [--repeat R] [--quick]
+    .venv/bin/python benchmarks/bench_worker.py [--facts N] [--repeat R] [--quick] [--per-write 100 --pause-ms 10]
 
 A sender process (plain sockets) listens on a free loopback port, answers the worker's
 handshake with ``SERVER`` and ``POSITION receipts w1 0 1``, then sends N ``RDATA receipts w1
-<token> <row>`` lines (a ~300-byte receipt row, the cluster benchmark's size) in one go.
+<token> <row>`` lines (a ~300-byte receipt row, the cluster benchmark's size) in one go, or
+``--per-write N`` at a time with ``--pause-ms`` after each (the cluster's shape: a batch per
+read, the worker idle in between; at 10 ms apart the same worker costs ~2.5x per fact, the
+cost of waking up after idling).
 The worker is :class:`~streams.replication.worker.tcp_worker.ReplicationWorker` in this process with a
 counting coroutine callback (what ``bench_cluster``'s count sink does); it is timed from
 connect until the callback has seen every fact.
@@ -39,8 +42,10 @@ ROW = ["!room1:bench.example", "m.read", "@user123:bench.example", "$0123456789a
        {"ts": 1_700_000_000_000, "pad": "x" * 190}]
 
 
-def _sender(ports, facts: int) -> None:
-    """Serve one connection: read the 3 handshake lines, send everything, wait to be closed."""
+def _sender(ports, facts: int, per_write: int = 0, pause: float = 0.001) -> None:
+    """Serve one connection: read the 3 handshake lines, send everything (in one go, or
+    ``per_write`` lines per write with ``pause`` seconds after each: one read per batch, as
+    the endpoint sends a writer's transactions), wait to be closed."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -51,17 +56,25 @@ def _sender(ports, facts: int) -> None:
         reader.readline()
     body = json.dumps(ROW, separators=(",", ":"))
     head = f"SERVER {SERVER_NAME}\nPOSITION receipts w1 0 1\n".encode()
-    conn.sendall(head + b"".join(f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2)))
+    lines = [f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2)]
+    if not per_write:
+        conn.sendall(head + b"".join(lines))
+    else:
+        conn.sendall(head)
+        for i in range(0, len(lines), per_write):
+            conn.sendall(b"".join(lines[i:i + per_write]))
+            time.sleep(pause)
     try:
-        conn.recv(1)  # until the client goes away
+        while conn.recv(65536):  # until the client goes away (a run over 5 s gets its PINGs)
+            pass
     except OSError:
         pass
 
 
-def _serve(facts: int) -> tuple[mp.Process, int]:
+def _serve(facts: int, per_write: int = 0, pause: float = 0.001) -> tuple[mp.Process, int]:
     ctx = mp.get_context("spawn")
     ports = ctx.Queue()
-    proc = ctx.Process(target=_sender, args=(ports, facts), daemon=True)
+    proc = ctx.Process(target=_sender, args=(ports, facts, per_write, pause), daemon=True)
     proc.start()
     return proc, ports.get(timeout=30)
 
@@ -158,9 +171,20 @@ async def _in_process_run(transport: str, facts: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from benchmarks._setup import run_size
 
-    facts, repeat = run_size(__doc__, argv, facts=200_000, quick_facts=50_000)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--per-write", type=int, default=0,
+                       help="the sender writes this many lines at a time with a pause after each "
+                            "(100: the cluster's batches, one read each); default: all in one go")
+    extra.add_argument("--pause-ms", type=float, default=1.0,
+                       help="with --per-write: the pause after each write (default 1; 10: a batch "
+                            "every 10 ms, as at the cluster's ~10,000 facts/s)")
+    known, rest = extra.parse_known_args(argv)
+    per_write, pause = known.per_write, known.pause_ms / 1000
+    facts, repeat = run_size(__doc__, rest, facts=200_000, quick_facts=50_000)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
     os.environ.pop("REDIS_URL", None)
@@ -173,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._machine import cpu_description, load_average
 
     print(f"machine: {cpu_description()}; load avg {load_average()}")
+    how = f"{per_write} per write, {1000 * pause:g} ms apart" if per_write else "in one go"
     print(f"{facts:,} RDATA lines of {len(json.dumps(ROW, separators=(',', ':'))) + 25} bytes from a sender process "
-          f"in one go; worker: ReplicationWorker with a counting coroutine callback; baseline: read and count newlines")
+          f"{how}; worker: ReplicationWorker with a counting coroutine callback; baseline: read and count newlines")
     best: dict[str, tuple[float, float]] = {}
     for rep in range(repeat):
         for kind, run in (("worker", _worker_run), ("baseline", _baseline_run)):
-            proc, port = _serve(facts)
+            proc, port = _serve(facts, per_write, pause)
             elapsed, cpu = asyncio.run(run(port, facts))
             proc.terminate()
             proc.join(10)

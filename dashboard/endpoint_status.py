@@ -13,10 +13,10 @@ import asyncio
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable
 
-from asgiref.sync import sync_to_async
 from django.dispatch import receiver
 
 from streams.replication.endpoint.bookkeeping import endpoint_started
@@ -45,46 +45,69 @@ async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERV
     last_at = 0.0
     recorded_minute: datetime | None = None
     loop = asyncio.get_running_loop()
-    while True:
-        snapshot = endpoint_snapshot(endpoint)
-        now = loop.time()
-        # The endpoint runs as long as the service does: it keeps the facts/s history going
-        # while no page is open (dashboard.facts_history).
-        if recorded_minute != minute_of(datetime.now(timezone.utc)):
-            try:
-                recorded_minute = await sync_to_async(_record_minute, thread_sensitive=False)()
-            except Exception:
-                logger.exception("could not record the facts per minute")
-        if snapshot != last or now - last_at >= HEARTBEAT_SECONDS:
-            try:
-                await sync_to_async(save, thread_sensitive=False)(key, endpoint.server_name, snapshot)
-                last, last_at = snapshot, now
-            except Exception:
-                logger.exception("could not record the endpoint status")
-        await asyncio.sleep(interval)
+    # One thread of its own, keeping its database connection from one write to the next:
+    # while workers are fed the snapshot changes at every write, and a new connection each
+    # time (a pool thread's, closed after use) was a third of the endpoint's CPU at 10,000
+    # facts/s, beside a PostgreSQL backend started each time (docs/benchmarks.md, session 10).
+    executor = ThreadPoolExecutor(1, thread_name_prefix="endpoint-status")
 
-
-def _record_minute() -> datetime:
-    from django.db import connection
+    def in_thread(func: Callable[..., Any], *args: Any) -> Any:
+        return loop.run_in_executor(executor, _closing_on_error, func, *args)
 
     try:
-        return record_minute()
+        while True:
+            snapshot = endpoint_snapshot(endpoint)
+            now = loop.time()
+            # The endpoint runs as long as the service does: it keeps the facts/s history going
+            # while no page is open (dashboard.facts_history).
+            if recorded_minute != minute_of(datetime.now(timezone.utc)):
+                try:
+                    recorded_minute = await in_thread(record_minute)
+                except Exception:
+                    logger.exception("could not record the facts per minute")
+            if snapshot != last or now - last_at >= HEARTBEAT_SECONDS:
+                try:
+                    await in_thread(save, key, endpoint.server_name, snapshot)
+                    last, last_at = snapshot, now
+                except Exception:
+                    logger.exception("could not record the endpoint status")
+            await asyncio.sleep(interval)
     finally:
-        connection.close()
+        executor.submit(_close_connection)  # the thread's, once it is done with any write
+        executor.shutdown(wait=False)
+
+
+def _closing_on_error(func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)``; a failure closes this thread's connection, so the next call opens a
+    new one (the database may have restarted)."""
+    try:
+        return func(*args)
+    except Exception:
+        _close_connection()
+        raise
+
+
+def _close_connection() -> None:
+    from django.db import connection
+
+    connection.close()
 
 
 def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
-    from django.db import connection
+    """The endpoint's row, as one UPDATE (an INSERT the first time)."""
+    from django.db import IntegrityError, transaction
 
     from .models import EndpointStatus
 
+    values = {"server_name": server_name, "pid": os.getpid(), "updated_at": datetime.now(timezone.utc),
+              "snapshot": snapshot}
+    if EndpointStatus.objects.filter(endpoint=key).update(**values):
+        return
     try:
-        EndpointStatus.objects.update_or_create(endpoint=key, defaults={
-            "server_name": server_name, "pid": os.getpid(),
-            "updated_at": datetime.now(timezone.utc), "snapshot": snapshot,
-        })
-    finally:
-        connection.close()  # a pool thread may not come back to it
+        with transaction.atomic():
+            EndpointStatus.objects.create(endpoint=key, **values)
+    except IntegrityError:  # another process of the same key wrote it meanwhile
+        EndpointStatus.objects.filter(endpoint=key).update(**values)
 
 
 def endpoint_statuses(now: datetime | None = None) -> list[dict[str, Any]]:

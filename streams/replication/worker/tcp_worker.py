@@ -29,9 +29,13 @@ from streams.replication.worker.base import BaseReplicationWorker
 
 logger = logging.getLogger(__name__)
 
-#: How often the reading loop wakes up with nothing to read, to send PINGs and check the
-#: timeout. Well under the PING interval so a PING is never more than this late.
+#: How often the keepalive wakes up, to send PINGs and check the timeout. Well under the
+#: PING interval so a PING is never more than this late.
 TICK = 0.5
+#: At most this much is taken from the socket's buffer per read. Not more: a worker behind by
+#: 256 KiB reads cost it 50 % more per fact than 64 KiB ones (the chunk, its lines and their
+#: rows no longer fit in the core's cache; bench_worker).
+READ_SIZE = 1 << 16
 CONNECT_TIMEOUT = 10.0
 
 
@@ -92,33 +96,51 @@ class ReplicationWorker(BaseReplicationWorker):
         writer.write(conn.send_many(
             [NameCommand(self.name), PingCommand(self._ping_body()), ReplicateCommand()], now))
         accepted = False
-        while not self._stopping:
-            try:
-                # A read's worth of commands at once (the hot path), in order.
-                events = conn.next_batch(now)
-                if events:
-                    accepted = await self._take(conn, writer, events, accepted)
-                    continue
-                event = conn.next_event(now)  # no complete line left: NEED_DATA or CLOSED
-            except RemoteProtocolError as e:
-                logger.error("replication protocol error from server: %s", e.error_text)
-                await self._send_error(conn, writer, e.error_text)
-                return accepted
-            if event is CLOSED:
-                return accepted
-            try:
-                conn.receive_data(await asyncio.wait_for(reader.read(65536), TICK))
-            except TimeoutError:
-                pass
+        # PINGs and the server's silence are looked after by a task of their own, every TICK,
+        # not by a timeout around each read: a read is one await, with no task and no timer
+        # of its own (a read per batch of lines; each cost the worker ~0.5 us a fact in the
+        # cluster: docs/benchmarks.md, session 10).
+        keepalive = asyncio.create_task(self._keepalive(conn, writer))
+        try:
+            while not self._stopping:
+                try:
+                    # A read's worth of commands at once (the hot path), in order.
+                    events = conn.next_batch(now)
+                    if events:
+                        accepted = await self._take(conn, writer, events, accepted)
+                        # Let the lanes deliver before the next read: a read of what is
+                        # already buffered returns without yielding, and a worker behind by
+                        # thousands of lines would otherwise queue them all first (2.2 -> 5.2
+                        # us/fact in bench_worker).
+                        await asyncio.sleep(0)
+                        continue
+                    event = conn.next_event(now)  # no complete line left: NEED_DATA or CLOSED
+                except RemoteProtocolError as e:
+                    logger.error("replication protocol error from server: %s", e.error_text)
+                    await self._send_error(conn, writer, e.error_text)
+                    return accepted
+                if event is CLOSED:
+                    return accepted
+                conn.receive_data(await reader.read(READ_SIZE))  # b"" at EOF: CLOSED next
+                now = self._clock()
+        finally:
+            keepalive.cancel()
+        return accepted
+
+    async def _keepalive(self, conn: ReplicationConnection, writer: asyncio.StreamWriter) -> None:
+        """Every TICK: a PING when one is due; give up on a server silent for too long
+        (closing our end ends the session's read)."""
+        while True:
+            await asyncio.sleep(TICK)
             now = self._clock()
             if conn.timed_out(now):
                 logger.warning("replication server sent nothing for too long; reconnecting")
                 self._counters["ping_timeouts"] += 1
                 await self._send_error(conn, writer, "ping timeout")
-                return accepted
+                writer.close()
+                return
             if conn.ping_due(now):
                 writer.write(conn.send(PingCommand(self._ping_body()), now))
-        return accepted
 
     async def _take(self, conn: ReplicationConnection, writer: asyncio.StreamWriter,
                     events: list[Command | RdataRun], accepted: bool) -> bool:
