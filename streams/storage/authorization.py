@@ -369,6 +369,9 @@ class RoomAuthChains:
         #: room -> the transaction count when a reload last left an event unplaced
         self._unplaced: dict[str, int] = {}
         self._rooms: OrderedDict[str, ChainIndex] = OrderedDict()
+        #: the rooms' positions in all (kept as they change: summing them at every load was
+        #: 5% of the persist path with 100,000 rooms cached)
+        self._positions = 0
         #: the open transaction's state events per room, in order (a load adds them)
         self._batch: dict[str, list[IndexEvent]] = {}
         self.cursor: Any = None
@@ -382,7 +385,9 @@ class RoomAuthChains:
         self._batch.setdefault(room_id, []).append(event)
         index = self._rooms.get(room_id)
         if index is not None:
+            before = len(index.positions)
             index.extend([event])
+            self._positions += len(index.positions) - before
 
     def index(self, room_id: str, reload: bool = False) -> ChainIndex:
         index = None if reload else self._rooms.get(room_id)
@@ -392,13 +397,17 @@ class RoomAuthChains:
         self.loads += 1
         index = load_room(self.cursor, room_id) if self.cursor is not None else ChainIndex()
         index.extend(self._batch.get(room_id, ()))
+        self._drop(room_id)
         self._rooms[room_id] = index
-        self._rooms.move_to_end(room_id)
-        total = sum(len(i.positions) for i in self._rooms.values())
-        while total > self.size and len(self._rooms) > 1:
-            _, evicted = self._rooms.popitem(last=False)
-            total -= len(evicted.positions)
+        self._positions += len(index.positions)
+        while self._positions > self.size and len(self._rooms) > 1:
+            self._drop(next(iter(self._rooms)))
         return index
+
+    def _drop(self, room_id: str) -> None:
+        index = self._rooms.pop(room_id, None)
+        if index is not None:
+            self._positions -= len(index.positions)
 
     def graph_facts(self, room_id: str, events: Mapping[str, MatrixEvent], groups: Sequence[int | None] = (),
                     lineage: GroupLineage | None = None) -> AuthGraphFacts:
@@ -487,7 +496,7 @@ class RoomAuthChains:
             self._unplaced.clear()
         if not committed:
             for room_id in self._batch:
-                self._rooms.pop(room_id, None)
+                self._drop(room_id)
         self._batch.clear()
 
 

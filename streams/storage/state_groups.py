@@ -182,13 +182,33 @@ def plan_group(gid: int, *, room_id: str, event_id: str, parent: int | None, par
         return NewGroup(gid, room_id, event_id, parent, dict(delta), parent_chain_length + 1)
     full = full_state()
     if snapshot_of is not None:
-        base, base_state = snapshot_of(parent)
-        changed = full.items() - base_state.items()
-        # a delta cannot remove a key: every key of the snapshot must still be there
-        if len(changed) <= SNAPSHOT_FRACTION * len(full) and len(full) - len(base_state) == sum(
-                1 for k, _ in changed if k not in base_state):
-            return NewGroup(gid, room_id, event_id, base, dict(changed), 2)
+        base, base_state, since = snapshot_of(parent)
+        changed = _changed_since(full, base_state, since, delta)
+        if changed is not None and len(changed) <= SNAPSHOT_FRACTION * len(full):
+            return NewGroup(gid, room_id, event_id, base, changed, 2)
     return NewGroup(gid, room_id, event_id, None, dict(full), 1)
+
+
+def _changed_since(full: StateMap, base_state: StateMap, since: StateMap | None,
+                   delta: StateMap) -> StateMap | None:
+    """The keys of ``full`` whose event differs from the snapshot's ``base_state``; None if a
+    key of the snapshot is gone (a delta cannot remove one).
+
+    ``since``: the rows of the chain after the snapshot, nearest group winning, when known.
+    ``full`` is then the chain's state with ``delta`` on it, so only those keys can differ:
+    a few thousand at most (the base delta is at most 5% of the state), where comparing the
+    whole maps hashed every (key, event) pair of a 140,000-key state twice at every full
+    chain (15% of the persist path's time at 2 M events)."""
+    if since is not None:
+        changed = {k: v for k, v in itertools.chain(since.items(), delta.items()) if base_state.get(k) != v}
+        if len(full) - len(base_state) == sum(1 for k in changed if k not in base_state):
+            return changed
+        # not the chain's state after all: compare the maps
+    changed = dict(full.items() - base_state.items())
+    # every key of the snapshot must still be there
+    if len(full) - len(base_state) == sum(1 for k in changed if k not in base_state):
+        return changed
+    return None
 
 
 class _LRU:
@@ -242,6 +262,9 @@ class StateGroupStore:
         self._chain_lengths = _LRU(200_000)
         #: group -> the snapshot its chain ends in (where a base delta starts again)
         self._snapshots = _LRU(200_000)
+        #: a delta group -> (its parent, its rows): a full chain's base delta is made from the
+        #: chain's rows instead of comparing the whole state with the snapshot's
+        self._deltas = _LRU(400_000, weigh=lambda entry: len(entry[1]) + 1)
         self._id_pool: list[int] = []
         #: groups planned in the open transaction, not yet in the database
         self._pending: dict[int, NewGroup] = {}
@@ -253,6 +276,7 @@ class StateGroupStore:
         self._states.size = int(self._states.size * factor)
         self._chain_lengths.size = int(self._chain_lengths.size * factor)
         self._snapshots.size = int(self._snapshots.size * factor)
+        self._deltas.size = int(self._deltas.size * factor)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -282,8 +306,9 @@ class StateGroupStore:
             self._chain_lengths.put(group, n)
         return n
 
-    def snapshot_of(self, cursor: Any, group: int) -> tuple[int, StateMap]:
-        """The snapshot ``group``'s chain ends in, and its state."""
+    def snapshot_of(self, cursor: Any, group: int) -> tuple[int, StateMap, StateMap | None]:
+        """The snapshot ``group``'s chain ends in, its state, and the rows of the chain's
+        groups after it up to ``group`` (nearest winning; None when one is not cached)."""
         snapshot = self._snapshots.get(group)
         if snapshot is None:
             chain = [group]
@@ -293,12 +318,29 @@ class StateGroupStore:
                 chain[-1:] = [g for (g,) in fetch_all(cursor, _CHAIN, [chain[-1]])]
             snapshot = chain[-1]
             self._snapshots.put(group, snapshot)
-        return snapshot, self.get_state(cursor, snapshot)
+        return snapshot, self.get_state(cursor, snapshot), self._rows_since(group, snapshot)
+
+    def _rows_since(self, group: int, snapshot: int) -> StateMap | None:
+        parts = []
+        g = group
+        for _ in range(MAX_STATE_DELTA_HOPS):
+            if g == snapshot:
+                since: StateMap = {}
+                for rows in reversed(parts):
+                    since.update(rows)
+                return since
+            entry = self._deltas.get(g)
+            if entry is None:
+                return None
+            g, rows = entry
+            parts.append(rows)
+        return None
 
     def forget(self) -> None:
         self._states.clear()
         self._chain_lengths.clear()
         self._snapshots.clear()
+        self._deltas.clear()
 
     # -- planning new groups ----------------------------------------------------------------
 
@@ -340,6 +382,7 @@ class StateGroupStore:
             self._snapshots.put(group.id, group.id)
             self._states.put(group.id, group.rows)
         else:
+            self._deltas.put(group.id, (group.parent, group.rows))
             snapshot = group.parent if group.chain_length == 2 else self._snapshots.get(group.parent)
             if snapshot is not None:
                 self._snapshots.put(group.id, snapshot)
@@ -351,7 +394,7 @@ class StateGroupStore:
         in it; on PostgreSQL the unused ids of the pool are simply skipped), nor what was cached
         of them (on SQLite their ids are given out again)."""
         for gid in self._pending:
-            for cache in (self._states, self._chain_lengths, self._snapshots):
+            for cache in (self._states, self._chain_lengths, self._snapshots, self._deltas):
                 cache.discard(gid)
         self._pending.clear()
         self._id_pool.clear()

@@ -157,3 +157,30 @@ def test_room_auth_chains_reload_once_then_walk_for_an_event_never_placed():
     for _ in range(RoomAuthChains.RELOAD_AFTER):
         chains.end_transaction(committed=True)
     assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (3, 3)
+
+
+def test_room_auth_chains_keep_their_bound_on_positions_as_rooms_load_grow_and_roll_back():
+    """The index cache is bounded by the rooms' positions in all, kept as a running count:
+    after loads, events added to cached rooms, evictions and a rolled-back transaction it is
+    the sum over the cached rooms, and never over the bound with two rooms or more."""
+    from streams.matrix.chain_cover import IndexEvent
+    from streams.storage.authorization import RoomAuthChains
+
+    chains = RoomAuthChains(size_positions=12)
+
+    def exact() -> int:
+        return sum(len(i.positions) for i in chains._rooms.values())
+
+    for r in range(6):
+        room = f"!r{r}"
+        chains.add(room, IndexEvent(f"C{r}", "create", "", ()))
+        chains.index(room)
+        for i in range(3):  # grows while cached
+            chains.add(room, IndexEvent(f"M{r}.{i}", "member", f"@u{i}", (f"C{r}",)))
+        assert chains._positions == exact()
+        assert len(chains._rooms) == 1 or exact() <= 12
+        chains.end_transaction(committed=r != 4)  # room 4's transaction rolls back
+        assert chains._positions == exact()
+    assert "!r4" not in chains._rooms and "!r5" in chains._rooms
+    chains.index("!r5", reload=True)  # a reload replaces the room's index
+    assert chains._positions == exact()

@@ -31,18 +31,23 @@ class Model:
     """Groups planned by :func:`plan_group` with a dict per group: the state every group must
     have (``expected``), and what was stored (parent, rows, chain length)."""
 
-    def __init__(self, snapshot_of: bool = True) -> None:
+    def __init__(self, snapshot_of: bool = True, since: bool = True) -> None:
         self.expected: dict[int, dict] = {}
         self.parent: dict[int, int | None] = {}
         self.rows: dict[int, dict] = {}
         self.length: dict[int, int] = {}
         self.use_snapshot_of = snapshot_of
+        self.give_since = since
         self.next_id = 0
 
-    def snapshot_of(self, g: int) -> tuple[int, dict]:
-        while self.parent[g] is not None:
-            g = self.parent[g]  # type: ignore[assignment]
-        return g, self.rows[g]
+    def snapshot_of(self, g: int) -> tuple[int, dict, dict | None]:
+        """The snapshot, its state and (``since``) the chain's rows after it, as the store
+        gives them from its cache; else None, as for a chain it has not cached."""
+        chain = self.chain(g)
+        since: dict = {}
+        for h in reversed(chain[:-1]):
+            since.update(self.rows[h])
+        return chain[-1], self.rows[chain[-1]], since if self.give_since else None
 
     def add(self, parent: int | None, delta: dict) -> int:
         state = {**(self.expected[parent] if parent is not None else {}), **delta}
@@ -92,9 +97,9 @@ ops = st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 0, 0, 0, 1, 5, 1
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([0, 3, 50, 400, 3000]), ops, st.randoms(use_true_random=False))
-def test_every_group_holds_the_model_state_and_chains_stay_bounded(size, steps, rng):
-    model = Model()
+@given(st.sampled_from([0, 3, 50, 400, 3000]), ops, st.randoms(use_true_random=False), st.booleans())
+def test_every_group_holds_the_model_state_and_chains_stay_bounded(size, steps, rng, since):
+    model = Model(since=since)
     grow(model, size, steps, rng)
     for g, expected in model.expected.items():
         chain = model.chain(g)
@@ -107,10 +112,13 @@ def test_every_group_holds_the_model_state_and_chains_stay_bounded(size, steps, 
 def test_a_big_state_snapshots_rarely_and_a_small_one_every_100_groups():
     rng = random.Random(7)
     for size, most_snapshots in ((10_000, 2), (30, 6)):
-        new, old = Model(), Model(snapshot_of=False)
+        new, whole, old = Model(), Model(since=False), Model(snapshot_of=False)
         steps = [(rng.choice((0, 1, 1)), 0, 1) for _ in range(500)]
         grow(new, size, steps, random.Random(1))
+        grow(whole, size, steps, random.Random(1))
         grow(old, size, steps, random.Random(1))
+        # from the chain's rows or from the whole maps: the same groups
+        assert (new.rows, new.parent) == (whole.rows, whole.parent)
         for g in list(new.expected)[::7]:
             assert new.state(g) == old.state(g) == new.expected[g]
         snapshots = sum(1 for p in new.parent.values() if p is None)
