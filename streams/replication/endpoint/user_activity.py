@@ -139,6 +139,7 @@ class UserIpRecorder:
         self.batch = UserIpBatch(max_pending)
         self.received = 0
         self.written = 0
+        self.in_flight = 0
         self.writes = 0
         self._task: asyncio.Task | None = None
 
@@ -155,12 +156,17 @@ class UserIpRecorder:
         rows = self.batch.take()
         if not rows:
             return 0
+        # still pending while they are written: a status taken meanwhile must not show them
+        # neither pending nor written
+        self.in_flight = len(rows)
         try:
             written = await sync_to_async(write_user_ips, thread_sensitive=False)(rows, self.using)
         except Exception:
             # Sightings are refreshed by the next request of the same client: log, move on.
             logger.exception("could not write %d user_ips row(s)", len(rows))
             return 0
+        finally:
+            self.in_flight = 0
         self.written += written
         self.writes += 1
         return written
@@ -178,7 +184,7 @@ class UserIpRecorder:
 
     def counters(self) -> dict[str, int]:
         return {"received": self.received, "written": self.written, "writes": self.writes,
-                "refused": self.batch.refused, "pending": len(self.batch)}
+                "refused": self.batch.refused, "pending": len(self.batch) + self.in_flight}
 
 
 @dataclass
