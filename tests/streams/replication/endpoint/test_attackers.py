@@ -96,8 +96,12 @@ def test_legacy_replicate_storm_is_paged_and_throttled_while_a_worker_connects(p
         snapshot = snapshot_after(t0, storm_paused)
         reads = snapshot["history_reads"]
         # One read in flight per stream and connection: 25 lines, 24 replaced, for each.
-        assert reads["started"] == 4 * 25 + 49  # the flooder: NAME and 49 of them fit the burst of 5000
-        assert reads["replaced"] == 4 * 24 + 48
+        # The flooder: NAME and 49 of them fit the burst of 5000, one more per 100 ms the
+        # endpoint took to get through its lines (the bucket refills at 1000/s; a loaded
+        # machine made it 50); never all 60.
+        flooder_reads = reads["started"] - 4 * 25
+        assert 49 <= flooder_reads < 60, reads
+        assert reads["replaced"] == 4 * 24 + flooder_reads - 1
         assert reads["most_active"] <= 5
         # Paged under back-pressure: no storm connection has more than a page waiting for it,
         # and none was sent the whole history.
