@@ -336,8 +336,12 @@ def resolve(version: RoomVersion, state_sets: Sequence[StateMap], events: Mappin
         if version.state_res is StateResAlgorithm.V1:
             raise UnsupportedStateRes("room version 1 uses state resolution v1, not implemented")
         return {}
-    changes = resolve_changes(version, state_sets, events, rejected, graph_facts, differing)
-    resolved = dict(state_sets[0])
+    return apply_changes(state_sets[0], resolve_changes(version, state_sets, events, rejected, graph_facts, differing))
+
+
+def apply_changes(base: Mapping[StateKey, str], changes: Mapping[StateKey, str | None]) -> dict[StateKey, str]:
+    """A copy of ``base`` with ``changes`` (:func:`resolve_changes`' form: None removes the key)."""
+    resolved = dict(base)
     for key, event_id in changes.items():
         if event_id is None:
             del resolved[key]

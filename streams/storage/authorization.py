@@ -31,6 +31,7 @@ from ..matrix.state_res import (
     AuthGraphFacts,
     SplitSets,
     UnsupportedStateRes,
+    apply_changes,
     conflicted_subgraph,
     resolve_changes,
     split,
@@ -267,13 +268,7 @@ def resolve_state(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, s
     changes = resolve_state_changes(version, state_sets, events, rejected, graph_facts)
     if changes is None:
         return None
-    resolved = dict(state_sets[0]) if state_sets else {}
-    for key, event_id in changes.items():
-        if event_id is None:
-            del resolved[key]
-        else:
-            resolved[key] = event_id
-    return resolved
+    return apply_changes(state_sets[0] if state_sets else {}, changes)
 
 
 def resolve_state_changes(version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]],

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..matrix.chain_cover import IndexEvent
+from ..matrix.state_res import apply_changes
 from .authorization import authorize, redaction_applies, resolve_state_changes
 from .chain_cover import ChainEvent
 from .events import CREATE, MEMBER, BadEvent, ParsedEvent, RoomInfo, StateKey, StateMap
@@ -339,13 +340,7 @@ class _Planner:
                 info.version, maps, self.reader.matrix, differing=differing,
                 graph_facts=self.reader.chains.graph_facts(ctx.room_id, self.reader.matrix, groups, self.lineage))
             if changes is not None:
-                state = dict(maps[0])
-                for k, v in changes.items():
-                    if v is None:
-                        del state[k]
-                    else:
-                        state[k] = v
-                res = Resolution(state, groups[0], frozenset(changes))
+                res = Resolution(apply_changes(maps[0], changes), groups[0], frozenset(changes))
                 if cacheable:
                     self.reader.resolved.put(groups, res)
                 return res
