@@ -64,6 +64,20 @@ class CurrentStateRow(NamedTuple):
     event_stream_ordering: int
 
 
+#: a cut before every range: all of a pair's rows are replaced
+ALL_RANGES = (-2**63, -2**63)
+
+
+class VisibilityCut(NamedTuple):
+    """The rows of ``(room_id, user_id)`` that start after ``after`` are replaced (the ones
+    before it are stored as they are); :data:`ALL_RANGES`: all of them."""
+
+    room_id: str
+    user_id: str
+    after_topological: int
+    after_stream: int
+
+
 class VisibilityRangeRow(NamedTuple):
     room_id: str
     user_id: str
@@ -112,8 +126,10 @@ class Plan:
     #: rooms whose forward extremities are replaced by these (room_id -> event IDs)
     forward_extremities: dict[str, list[str]] = field(default_factory=dict)
     current_state: list[CurrentStateRow] = field(default_factory=list)
-    #: (room_id, user_id) pairs whose visibility ranges are replaced by ``visibility_ranges``
+    #: (room_id, user_id) pairs whose visibility ranges changed; per pair the cut after which
+    #: its rows are replaced by ``visibility_ranges`` (the pair's ranges after the cut)
     visibility_users: list[tuple[str, str]] = field(default_factory=list)
+    visibility_cuts: list[VisibilityCut] = field(default_factory=list)
     visibility_ranges: list[VisibilityRangeRow] = field(default_factory=list)
     rooms: list[RoomRow] = field(default_factory=list)
     #: for the change caches after commit: the last stream position per room and per member

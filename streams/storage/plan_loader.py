@@ -249,6 +249,8 @@ def _load_room_details(reader: DatabaseReader, contexts: dict[str, RoomContext])
     for room_id, user, topo, stream in cursor.fetchall():
         contexts[room_id].last_join[user] = (topo, stream)
     for ctx in contexts.values():
+        for rs in ctx.ranges.values():
+            rs.stored = len(rs.ranges)  # as the rows hold them
         ctx.ranges.setdefault(SHARED_ERAS, RangeSet())
         ctx.remark()
         if ctx.current_group is not None:

@@ -18,6 +18,7 @@ from .authorization import authorize, redaction_applies, resolve_state_changes
 from .chain_cover import ChainEvent
 from .events import CREATE, MEMBER, BadEvent, ParsedEvent, RoomInfo, StateKey, StateMap
 from .plan import (
+    ALL_RANGES,
     CurrentStateRow,
     EventRow,
     ExOutlierRow,
@@ -25,6 +26,7 @@ from .plan import (
     RedactionRow,
     RejectionRow,
     RoomRow,
+    VisibilityCut,
     VisibilityRangeRow,
 )
 from .plan_visibility import HV_KEY, Touched, at_head, off_head, set_open
@@ -517,10 +519,17 @@ class _Planner:
         plan.forward_extremities = {r: list(self.rooms[r].forward) for r in sorted(self.fwd_changed)}
         plan.current_state = list(self.current_rows.values())
         plan.visibility_users = sorted(self.touched)
-        plan.visibility_ranges = [
-            VisibilityRangeRow(r, u, start[0], start[1], None if end is None else end[0],
-                               None if end is None else end[1])
-            for r, u in plan.visibility_users for start, end in self.rooms[r].user_ranges(u).ranges]
+        for r, u in plan.visibility_users:
+            rs = self.rooms[r].user_ranges(u)
+            # the ranges before the first one changed stay as stored
+            kept = rs.stored
+            after = rs.ranges[kept - 1][0] if kept else ALL_RANGES
+            plan.visibility_cuts.append(VisibilityCut(r, u, after[0], after[1]))
+            plan.visibility_ranges.extend(
+                VisibilityRangeRow(r, u, start[0], start[1], None if end is None else end[0],
+                                   None if end is None else end[1])
+                for start, end in rs.ranges[kept:])
+            rs.stored = len(rs.ranges)  # once committed (a rollback drops the room's context)
         plan.rooms = [self._room_row(ctx) for ctx in self.rooms.values()]
         return plan
 

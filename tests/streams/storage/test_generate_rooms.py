@@ -54,6 +54,19 @@ def test_generate_rooms_builds_every_feature(default_database, fresh_runtime):
     # backfill closed every gap down to the state we hold only as outliers
     assert one("SELECT count(*) FROM event_backward_extremities b LEFT JOIN events e USING (event_id) "
                "WHERE e.outlier IS NOT TRUE") == 0
+    # each batch replaced only the ranges after the first one it changed: the rows are still
+    # the persister's ranges, kept in memory from batch to batch, for every (room, user)
+    from streams.storage.persist import persister_for
+
+    contexts = persister_for(apps.get_app_config("streams").runtime).rooms._d
+    with connection.cursor() as c:
+        c.execute("SELECT room_id, user_id, start_topological, start_stream, end_topological, end_stream "
+                  "FROM room_visibility_ranges")
+        stored = sorted(c.fetchall(), key=repr)
+    held = sorted(((r, u, s[0], s[1], None if e is None else e[0], None if e is None else e[1])
+                   for r, ctx in contexts.items() for u, rs in ctx.ranges.items() for s, e in rs.ranges),
+                  key=repr)
+    assert len(contexts) == 40 and len(stored) > 100 and stored == held
     with pytest.raises(CommandError, match="already generated"):
         call_command("generate_rooms", rooms=40, users=60, events=10, seed=7, no_progress=True)
 

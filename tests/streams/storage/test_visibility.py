@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.storage import IncomingEvent
 from streams.storage.reads import room_messages
@@ -193,3 +195,39 @@ def test_range_set_operations():
     assert rs.as_tuples() == [((1, 1), (5, 5))]
     rs.add((7, 7), None)
     assert rs.as_tuples() == [((1, 1), (5, 5)), ((7, 7), None)]
+
+
+def _key(n: int) -> tuple[int, int]:
+    return (n // 10, n % 10)
+
+
+_range_ops = st.lists(st.tuples(st.sampled_from(["add", "open", "close", "remove"]),
+                                st.integers(0, 300), st.integers(0, 40)), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_range_ops, _range_ops)
+def test_range_set_stored_prefix_is_all_a_write_keeps(before, after):
+    """After any changes to stored ranges, the rows before the cut (the first ``stored``
+    ranges' last start) plus the ranges from ``stored`` on are the ranges: what the persist
+    path's cut-and-insert writes (``plan_writer``)."""
+    def apply(rs: RangeSet, ops) -> None:
+        for op, a, n in ops:
+            if op == "add":
+                rs.add(_key(a), _key(a + n))
+            elif op == "open" and not rs.is_open:
+                rs.add(_key(a), None)
+            elif op == "close":
+                rs.close_at(_key(a))
+            elif op == "remove":
+                rs.remove_point(_key(a))
+
+    rs = RangeSet()
+    apply(rs, before)
+    rows = [tuple(r) for r in rs.ranges]  # stored, as the loader reads them back
+    rs = RangeSet([list(r) for r in rows], stored=len(rows))
+    apply(rs, after)
+    assert 0 <= rs.stored <= len(rs.ranges)
+    cut = rs.ranges[rs.stored - 1][0] if rs.stored else None
+    kept = [r for r in rows if cut is not None and r[0] <= cut]
+    assert kept + [tuple(r) for r in rs.ranges[rs.stored:]] == [tuple(r) for r in rs.ranges]
