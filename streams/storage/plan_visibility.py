@@ -1,7 +1,8 @@
 """The planner's visibility steps: how one accepted event changes a room's ranges.
 
 Each function changes the room context's :class:`~streams.storage.visibility.RangeSet` s in
-place, adds the (room, user) pairs it touched to ``touched`` (their rows are rewritten) and
+place, adds the (room, user) pairs it touched to ``touched`` (their rows from the first
+changed range on are rewritten: ``RangeSet.stored``) and
 marks the user's latest bound (``RoomContext.marks``: what lets an event off the head be
 decided for the few users whose answer can differ from their open range's).
 A user's ranges hold only what their own membership grants: the shared-history eras before
