@@ -21,9 +21,9 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from .events import StateKey, StateMap
+from .events import StateMap
 from .sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
@@ -149,31 +149,17 @@ class NewGroup:
     chain_length: int
 
 
-def resolve(candidates: Sequence[tuple[tuple[int, int], Mapping[StateKey, str]]]) -> StateMap:
-    """The state before an event whose prev_events carry different states.
-
-    A deliberately simple, deterministic stand-in for Matrix state resolution: start from the
-    state after the latest prev (by (topological, stream) key) and add the keys only the others
-    have. It never drops a key, so the result is always a delta of the latest prev's group.
-    """
-    ordered = sorted(candidates, key=lambda c: c[0], reverse=True)
-    result = dict(ordered[0][1])
-    for _, state in ordered[1:]:
-        for k, v in state.items():
-            result.setdefault(k, v)
-    return result
-
-
 def plan_group(gid: int, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
                delta: StateMap, full_state: Callable[[], StateMap],
-               snapshot_of: Callable[[int], tuple[int, StateMap]] | None = None) -> NewGroup:
+               snapshot_of: Callable[[int], tuple[int, StateMap, StateMap | None]] | None = None) -> NewGroup:
     """Group ``gid`` for ``parent`` + ``delta``, so no read walks more than
     :data:`MAX_STATE_DELTA_HOPS` groups:
 
     * a delta (``delta``'s rows on ``parent``) while the parent's chain is not full;
     * a full snapshot (``full_state()``: the whole map) without a parent;
     * once the chain is full, a base delta: the keys of ``full_state()`` that differ from the
-      chain's snapshot (``snapshot_of(parent)``: its id and state), on that snapshot, while
+      chain's snapshot (``snapshot_of(parent)``: its id, its state, and the rows of the
+      chain after it when the store has them cached), on that snapshot, while
       they are at most :data:`SNAPSHOT_FRACTION` of the state; else a snapshot. Without
       ``snapshot_of`` a full chain always ends in a snapshot (Synapse's policy)."""
     if parent is None or parent_chain_length is None:
