@@ -11,7 +11,7 @@ from ..models import CurrentStateDelta, Event
 from .chain_cover import index_events
 from .plan import EVENT_AUTH_COLUMNS, EVENT_EDGES_COLUMNS, EVENT_TO_STATE_GROUPS_COLUMNS, MEMBERSHIP_COLUMNS, Plan
 from .redactions import mark_redacted
-from .sql import array, delete_rows, in_array, insert_rows, is_sqlite
+from .sql import array, delete_rows, delete_rows_after, in_array, insert_rows
 from .state_groups import NewGroup
 
 
@@ -50,8 +50,9 @@ def write_plan(cur: Any, writer: Any, ids: Sequence[int], plan: Plan) -> None:
         insert_rows(cur, "event_forward_extremities", ["event_id", "room_id"], ["text", "text"],
                     [(eid, r) for r in rooms for eid in plan.forward_extremities[r]])
     _write_current_state(cur, plan)
-    if plan.visibility_cuts:
-        _cut_visibility_ranges(cur, plan.visibility_cuts)
+    if plan.visibility_cuts:  # each pair's rows after its cut (VisibilityCut)
+        delete_rows_after(cur, "room_visibility_ranges", ["room_id", "user_id"], ["start_topological", "start_stream"],
+                          ["text", "text", "bigint", "bigint"], plan.visibility_cuts)
         insert_rows(cur, "room_visibility_ranges",
                     ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"],
                     ["text", "text", "bigint", "bigint", "bigint", "bigint"], plan.visibility_ranges)
@@ -102,16 +103,3 @@ def write_state_groups(cur: Any, groups: Sequence[NewGroup]) -> None:
     insert_rows(cur, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
                 ["bigint", "text", "text", "text", "text"],
                 [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])
-
-
-def _cut_visibility_ranges(cur: Any, cuts: Sequence[Any]) -> None:
-    """Delete each pair's rows that start after its cut (:class:`~streams.storage.plan.VisibilityCut`;
-    the index on room, user and start finds them)."""
-    if is_sqlite(cur):
-        cur.executemany("DELETE FROM room_visibility_ranges WHERE room_id = %s AND user_id = %s "
-                        "AND (start_topological, start_stream) > (%s, %s)", cuts)
-        return
-    cur.execute("DELETE FROM room_visibility_ranges d "
-                "USING unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[]) AS k(room_id, user_id, t, s) "
-                "WHERE d.room_id = k.room_id AND d.user_id = k.user_id "
-                "AND (d.start_topological, d.start_stream) > (k.t, k.s)", [list(col) for col in zip(*cuts)])

@@ -165,3 +165,24 @@ def delete_rows(cursor: Any, table: str, columns: Sequence[str], types: Sequence
             t=table, a=", ".join(f"%s::{t}[]" for t in types), c=", ".join(columns),
             w=" AND ".join(f"d.{c} = k.{c}" for c in columns)),
         [list(col) for col in zip(*keys)])
+
+
+def delete_rows_after(cursor: Any, table: str, columns: Sequence[str], after: Sequence[str], types: Sequence[str],
+                      keys: Sequence[Sequence[Any]]) -> None:
+    """Delete the rows of ``table`` whose ``columns`` equal a key's first values and whose
+    ``after`` columns, as a row, are greater than its last ones (an index on ``columns +
+    after`` finds them)."""
+    if not keys:
+        return
+    n = len(columns)
+    if cursor.vendor == SQLITE:
+        cursor.executemany("DELETE FROM {} WHERE {} AND ({}) > ({})".format(
+            table, " AND ".join(f"{c} = %s" for c in columns), ", ".join(after), ", ".join(["%s"] * len(after))), keys)
+        return
+    names = [f"k{i}" for i in range(len(types))]
+    cursor.execute(
+        "DELETE FROM {t} d USING unnest({a}) AS k({c}) WHERE {w} AND ({d}) > ({k})".format(
+            t=table, a=", ".join(f"%s::{t}[]" for t in types), c=", ".join(names),
+            w=" AND ".join(f"d.{c} = k.{k}" for c, k in zip(columns, names)),
+            d=", ".join(f"d.{c}" for c in after), k=", ".join(f"k.{k}" for k in names[n:])),
+        [list(col) for col in zip(*keys)])
