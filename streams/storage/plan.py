@@ -126,9 +126,8 @@ class Plan:
     #: rooms whose forward extremities are replaced by these (room_id -> event IDs)
     forward_extremities: dict[str, list[str]] = field(default_factory=dict)
     current_state: list[CurrentStateRow] = field(default_factory=list)
-    #: (room_id, user_id) pairs whose visibility ranges changed; per pair the cut after which
+    #: per (room_id, user_id) pair whose visibility ranges changed, sorted: the cut after which
     #: its rows are replaced by ``visibility_ranges`` (the pair's ranges after the cut)
-    visibility_users: list[tuple[str, str]] = field(default_factory=list)
     visibility_cuts: list[VisibilityCut] = field(default_factory=list)
     visibility_ranges: list[VisibilityRangeRow] = field(default_factory=list)
     rooms: list[RoomRow] = field(default_factory=list)

@@ -518,8 +518,7 @@ class _Planner:
         plan.backward_extremities = self._backward_extremities(accepted)
         plan.forward_extremities = {r: list(self.rooms[r].forward) for r in sorted(self.fwd_changed)}
         plan.current_state = list(self.current_rows.values())
-        plan.visibility_users = sorted(self.touched)
-        for r, u in plan.visibility_users:
+        for r, u in sorted(self.touched):
             rs = self.rooms[r].user_ranges(u)
             # the ranges before the first one changed stay as stored
             kept = rs.stored

@@ -68,7 +68,7 @@ def test_off_head_events_decided_as_for_every_user(seed, monkeypatch):
         plan = fast.plan(*batch.items, backfill=batch.backfill)
         monkeypatch.setattr(planner, "off_head", off_head_every_user)
         want = reference.plan(*batch.items, backfill=batch.backfill)
-        assert plan.visibility_users == want.visibility_users
+        assert plan.visibility_cuts == want.visibility_cuts
         assert plan.visibility_ranges == want.visibility_ranges
     assert all_ranges(fast) == all_ranges(reference)
     # the dataset has what is tested: forks in a big room, backfilled history
@@ -188,7 +188,7 @@ def test_an_event_on_a_branch_is_decided_for_the_users_it_can_change():
     k_hv, k_msg = store.known[hv].key, store.known[msg].key
     assert ctx.ranges[M].covers(k_msg) and ctx.ranges[M].covers(k_hv)  # invited, before or after the change
     assert all(ctx.ranges[u].covers(k_msg) for u in users)
-    assert {u for _, u in plan.visibility_users} == {M}
+    assert {c.user_id for c in plan.visibility_cuts} == {M}
     assert B not in ctx.ranges
 
 
