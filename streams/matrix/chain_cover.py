@@ -227,6 +227,14 @@ class ChainIndex:
             self.position(next(e for e in common if e not in self.positions))
         return self._difference([s - common for s in sets], common)
 
+    def state_difference(self, state_sets: Sequence[Mapping[tuple[str, str], str]],
+                         common_placed: bool = False) -> set[str]:
+        """The auth difference of state maps: from their conflicted keys when they are
+        :class:`SplitSets` (:meth:`split_difference`), else of their whole value sets."""
+        if isinstance(state_sets, SplitSets):
+            return self.split_difference(state_sets, common_placed)
+        return self.auth_difference([set(s.values()) for s in state_sets])
+
     def split_difference(self, sets: SplitSets, common_placed: bool = False) -> set[str]:
         """:meth:`auth_difference` of state sets that know their conflicted keys: each set's
         own events are its values there, and ``common`` is asked event by event (by key),
@@ -326,10 +334,7 @@ class ChainIndex:
 
         def facts(state_sets, conflicted_ids):
             try:
-                if isinstance(state_sets, SplitSets):
-                    difference = self.split_difference(state_sets)
-                else:
-                    difference = self.auth_difference([set(s.values()) for s in state_sets])
+                difference = self.state_difference(state_sets)
             except NotIndexed:
                 difference = walked_difference([set(s.values()) for s in state_sets], events)
             subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)

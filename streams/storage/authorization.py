@@ -412,10 +412,9 @@ class RoomAuthChains:
         sets share are all placed is known from the groups' ancestors' deltas
         (:meth:`placed`), not by looking at every event of a big state."""
         def difference_from(index: ChainIndex, state_sets: Sequence[Mapping[StateKey, str]]) -> set[str]:
-            if isinstance(state_sets, SplitSets):
-                placed = bool(groups) and self.placed(room_id, index, groups, state_sets, lineage)
-                return index.split_difference(state_sets, common_placed=placed)
-            return index.auth_difference([set(s.values()) for s in state_sets])
+            placed = isinstance(state_sets, SplitSets) and bool(groups) and \
+                self.placed(room_id, index, groups, state_sets, lineage)
+            return index.state_difference(state_sets, common_placed=placed)
 
         def facts(state_sets, conflicted_ids):
             difference = None
@@ -484,12 +483,11 @@ class RoomAuthChains:
 
     def end_transaction(self, committed: bool) -> None:
         self.cursor = None
-        if not committed:  # its groups never existed (on SQLite their IDs are taken again)
-            self._checked.clear()
         self._transactions += 1
         if len(self._unplaced) > 10_000:
             self._unplaced.clear()
         if not committed:
+            self._checked.clear()  # its groups never existed (on SQLite their IDs are taken again)
             for room_id in self._batch:
                 self._drop(room_id)
         self._batch.clear()
