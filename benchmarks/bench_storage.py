@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze-every", type=int, default=None,
                         help="gc.freeze the persister's objects every N batches (default persist.FREEZE_EVERY, "
                              "as generate_rooms; 0: never)")
+    parser.add_argument("--gc-young", type=int, default=None, metavar="N",
+                        help="the collector's youngest threshold while the persister freezes (default "
+                             "persist.BULK_GC_THRESHOLD's)")
     parser.add_argument("--cache-scale", type=float, default=1.0,
                         help="every persister cache's bound times F (EventPersister.scale_caches; the defaults "
                              "fit ~20,000 active rooms)")
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             record = BuildRecord(None, dataset, slice_size=slice_size)
         try:
             return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
-                       reused=reused, freeze_every=args.freeze_every, room_cache=args.room_cache,
+                       reused=reused, freeze_every=args.freeze_every, gc_young=args.gc_young, room_cache=args.room_cache,
                        cache_scale=args.cache_scale, record=record, stored_events=stored_events,
                        stop_after=args.stop_after, read_partial=args.read_partial, stopping=stop_requested,
                        keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
@@ -285,7 +288,8 @@ def describe(d: dict) -> str:
 
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
-        freeze_every: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
+        freeze_every: int | None = None, gc_young: int | None = None, room_cache: int | None = None,
+        cache_scale: float = 1.0,
         record: BuildRecord, stored_events: int = 0, stop_after: int | None = None, read_partial: bool = False,
         stopping=lambda: False, keep=None) -> int:
     from django.db import connection
@@ -308,7 +312,8 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
             stopping.building = True
         try:
             built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
-                          freeze_every=freeze_every, room_cache=room_cache, cache_scale=cache_scale, record=record,
+                          freeze_every=freeze_every, gc_young=gc_young, room_cache=room_cache, cache_scale=cache_scale,
+                          record=record,
                           stored_events=stored_events, stop_after=stop_after, stopping=stopping)
         finally:
             if isinstance(stopping, StopOnSigterm):
@@ -476,7 +481,7 @@ def database_mb() -> float:
 
 
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None,
-          room_cache: int | None = None, cache_scale: float = 1.0, record: BuildRecord,
+          gc_young: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0, record: BuildRecord,
           stored_events: int = 0, stop_after: int | None = None, stopping=lambda: False) -> int | None:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
     token; returns that token (incremental sync's ``since``), or None when the build stopped
@@ -497,11 +502,14 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 
     # as generate_rooms: the persister's objects out of the collector's way every N batches
     persister_for(rt).freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
+    if gc_young is not None:
+        persister_for(rt).gc_threshold = (gc_young, *persister_for(rt).gc_threshold[1:])
     if cache_scale != 1.0:
         persister_for(rt).scale_caches(cache_scale)
     if room_cache is not None:
         persister_for(rt).rooms.size = room_cache
-    print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches; "
+    print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches, collector thresholds "
+          f"{persister_for(rt).gc_threshold}; "
           f"{persister_for(rt).rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
     session = record.begin_session(cache_scale=cache_scale, room_cache=persister_for(rt).rooms.size,
                                    freeze_every=persister_for(rt).freeze_every)
@@ -511,13 +519,21 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
     if record.phase in ("baseline", "analyze", "done") and stored_events != record.stored_events():
         raise BuildRefused(f"the database holds {stored_events:,} events of the dataset, the build record "
                            f"{record.stored_events():,} (phase {record.phase}): delete the directory to build again")
-    gc_s = [0.0, 0.0]
+    #: the collector's seconds, the start of the collection running, then this session's
+    #: collections per generation (seconds, how many) and what the full ones found unreachable
+    gc_s: list = [0.0, 0.0, [0.0, 0.0, 0.0], [0, 0, 0], 0]
 
     def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it
         if phase == "start":
             gc_s[1] = time.perf_counter()
         else:
-            gc_s[0] += time.perf_counter() - gc_s[1]
+            took = time.perf_counter() - gc_s[1]
+            gc_s[0] += took
+            generation = info.get("generation", 2)
+            gc_s[2][generation] += took
+            gc_s[3][generation] += 1
+            if generation == 2:
+                gc_s[4] += info.get("collected", 0)
 
     # -- persist ------------------------------------------------------------------------------
     if record.phase == "persist":
@@ -645,7 +661,9 @@ def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[
         if slice_ is not None:
             print(f"  ... {record['written']:,} events: this slice {slice_['rate']:,.0f} events/s, "
                   f"{session_n / session_s:,.0f} events/s this session ({record['wall_s']:.0f} s in all; "
-                  f"gc {record['gc_s']:.1f} s so far; RSS {rss_mb():,.0f} MB; load average {load:.1f})", flush=True)
+                  f"gc {record['gc_s']:.1f} s so far; this session's collections by generation "
+                  f"{' / '.join(f'{t:.1f} s in {n}' for t, n in zip(gc_s[2], gc_s[3]))}, the full ones finding "
+                  f"{gc_s[4]:,} unreachable objects; RSS {rss_mb():,.0f} MB; load average {load:.1f})", flush=True)
     else:
         return False
     total = record["dataset"]["events"]

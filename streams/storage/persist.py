@@ -75,6 +75,8 @@ class EventPersister:
         self.rooms = RoomContexts(room_cache_size)
         self._lock = threading.Lock()
         self.freeze_every = freeze_every
+        #: the collector's thresholds while freezing (:data:`BULK_GC_THRESHOLD`)
+        self.gc_threshold = BULK_GC_THRESHOLD
         self._since_freeze = 0
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
         self.on_commit: list[Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]] = []
@@ -147,8 +149,8 @@ class EventPersister:
         a cycle made entirely of frozen objects would stay."""
         if not self.freeze_every:
             return
-        if self._since_freeze == 0 and gc.get_threshold() < BULK_GC_THRESHOLD:
-            gc.set_threshold(*BULK_GC_THRESHOLD)
+        if self._since_freeze == 0 and gc.get_threshold() < self.gc_threshold:
+            gc.set_threshold(*self.gc_threshold)
         self._since_freeze += 1
         if self._since_freeze >= self.freeze_every:
             self._since_freeze = 0

@@ -248,6 +248,8 @@ def _load_room_details(reader: DatabaseReader, contexts: dict[str, RoomContext])
         )
     for room_id, user, topo, stream in cursor.fetchall():
         contexts[room_id].last_join[user] = (topo, stream)
+    reader.state.load_chain_lengths(reader.cursor, [c.current_group for c in contexts.values()
+                                                    if c.current_group is not None])
     for ctx in contexts.values():
         for rs in ctx.ranges.values():
             rs.stored = len(rs.ranges)  # as the rows hold them

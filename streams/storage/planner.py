@@ -89,6 +89,7 @@ class _Planner:
             if ev.is_state and (ev.type == MEMBER or (ev.type, ev.state_key) == HV_KEY):
                 self.reader.put_facts(ev.event_id, ev.membership, normalise_visibility(
                     ev.body["content"].get("history_visibility")) if ev.type != MEMBER else None)
+        self._load_auth_events()
         for ev, sid in zip(self.events, ids):
             ex = self.ex_outliers.get(ev.event_id)
             ev.stream_ordering = sid if ex is None else ex.stream_ordering
@@ -310,6 +311,15 @@ class _Planner:
                 self.member_changes[ev.state_key] = ev.stream_ordering
             if ev.membership == "join":
                 ctx.joined_at(ev.state_key, ev.key)
+
+    def _load_auth_events(self) -> None:
+        """The batch's stored auth events the cache lacks, in one query: each event asking
+        for its own cost a round trip per miss, and at 100,000 rooms the members' events
+        outgrow the cache (a fifth of the build's time at 5 M events)."""
+        wanted = {a for ev in self.events if ev.matrix is not None
+                  for a in ev.matrix.auth_event_ids if a not in self.by_id}
+        if wanted:
+            self.reader.matrix.ensure(wanted)
 
     def _authorize(self, ev: ParsedEvent, before: StateMap | None) -> None:
         """The verdict of an event of an authorized room (``before``: the state before it;

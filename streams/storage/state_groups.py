@@ -21,7 +21,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .events import StateMap
 from .sql import array, fetch_all, in_array, is_sqlite
@@ -285,12 +285,21 @@ class StateGroupStore:
 
     def chain_length(self, cursor: Any, group: int) -> int:
         n = self._chain_lengths.get(group)
-        if n is None:
-            cursor.execute("SELECT chain_length FROM state_groups WHERE id = %s", [group])
-            row = cursor.fetchone()
-            n = row[0] if row else MAX_STATE_DELTA_HOPS
+        return n if n is not None else self.load_chain_lengths(cursor, [group])[group]
+
+    def load_chain_lengths(self, cursor: Any, groups: Iterable[int]) -> dict[int, int]:
+        """The chain lengths of ``groups`` not cached yet, in one query (a batch reloading
+        many rooms' contexts asked for each room's current group one by one)."""
+        missing = {g for g in groups if self._chain_lengths.get(g) is None}
+        if not missing:
+            return {}
+        cursor.execute("SELECT id, chain_length FROM state_groups WHERE " + in_array(cursor, "id"),
+                       [array(cursor, sorted(missing))])
+        found = dict.fromkeys(missing, MAX_STATE_DELTA_HOPS)  # (as before: a group not stored)
+        found.update(cursor.fetchall())
+        for group, n in found.items():
             self._chain_lengths.put(group, n)
-        return n
+        return found
 
     def snapshot_of(self, cursor: Any, group: int) -> tuple[int, StateMap, StateMap | None]:
         """The snapshot ``group``'s chain ends in, its state, and the rows of the chain's

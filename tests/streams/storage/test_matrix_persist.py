@@ -409,3 +409,56 @@ def test_forks_resolve_from_the_chain_cover_index_also_after_another_writer(stor
         if len(prevs) > 1:
             sets = [set(room.state_after[p].values()) for p in prevs]
             assert index.auth_difference(sets) == auth_difference(sets, room.events)
+
+
+def test_a_cold_persister_reads_a_batchs_auth_events_and_chain_lengths_in_one_query_each(store, monkeypatch):
+    """A persister whose caches are cold (a restarted writer, or rooms that aged out) reads
+    what a batch needs in one query per kind: the stored auth events of all its events, the
+    chain lengths of all its rooms' current groups -- not one round trip per event or room
+    (at 100,000 rooms those round trips were a fifth of the build's time). The verdicts are
+    the core's either way."""
+    import contextlib
+
+    from streams.storage import persist as persist_module
+    from streams.storage.persist import EventPersister
+
+    writer = store.runtime.writer("events")
+    members = [f"@m{i}:a.example" for i in range(5)]
+    rooms = [new_room("10", room_id=f"!r{n}:a.example") for n in range(3)]
+    for room in rooms:
+        for m in members:
+            room.send(m, "m.room.member", {"membership": "join"}, state_key=m)
+    EventPersister().persist([pdu_bytes(r, e) for r in rooms for e in r.order], writer, backfill=False)
+
+    sent = []
+    for room in rooms:
+        for m in [A, *members]:
+            sent.append(pdu_bytes(room, room.send(m, "m.room.message", {"body": f"hi from {m}"})))
+    statements: list[str] = []
+    real_store_cursor = persist_module.store_cursor
+
+    class Counting:
+        def __init__(self, cursor):
+            self._cursor = cursor
+
+        def execute(self, sql, *args, **kw):
+            statements.append(sql)
+            return self._cursor.execute(sql, *args, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self._cursor, name)
+
+    @contextlib.contextmanager
+    def counting_cursor(using):
+        with real_store_cursor(using) as cur:
+            yield Counting(cur)
+
+    monkeypatch.setattr(persist_module, "store_cursor", counting_cursor)
+    cold = EventPersister()
+    cold.persist(sent, writer, backfill=False)
+    assert cold.matrix.loads == 1
+    assert sum(s.startswith("SELECT event_id, room_id, json, rejected FROM events") for s in statements) == 1
+    assert sum(s.startswith("SELECT id, chain_length FROM state_groups") for s in statements) == 1
+    assert rows("SELECT count(*) FROM events WHERE rejected") == [(0,)]
+    for room in rooms:
+        assert current_state(room.room_id) == room.state_after[room.order[-1]]
