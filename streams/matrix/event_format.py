@@ -144,11 +144,16 @@ def _refs(value, name: str, pairs: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_event(pdu: dict, version: RoomVersion) -> Event:
+def parse_event(pdu: dict, version: RoomVersion, stored_id: str | None = None) -> Event:
     """Check ``pdu`` against ``version``'s event format and parse it.
 
     Raises :class:`BadEventFormat` with the reason; the content hash is not checked here
-    (a mismatch means "redact", not "drop": see :func:`content_hash_matches`)."""
+    (a mismatch means "redact", not "drop": see :func:`content_hash_matches`).
+
+    ``stored_id``: the ID an event read back from storage was stored under. It was computed
+    from these bytes and the format checked when the event was persisted, so neither is done
+    again (the reference hash and the canonical-JSON walk were most of re-reading an auth
+    event)."""
     if not isinstance(pdu, dict):
         raise BadEventFormat("an event must be a JSON object")
     for key in _REQUIRED:
@@ -169,7 +174,7 @@ def parse_event(pdu: dict, version: RoomVersion) -> Event:
     state_key = pdu.get("state_key")
     if state_key is not None and not isinstance(state_key, str):
         raise BadEventFormat("state_key must be a string")
-    if version.strict_canonical_json:
+    if version.strict_canonical_json and stored_id is None:
         try:
             canonical_json.check_strict(pdu)
         except canonical_json.InvalidCanonicalJson as e:
@@ -179,7 +184,7 @@ def parse_event(pdu: dict, version: RoomVersion) -> Event:
     pairs = version.refs_are_pairs
     prev_ids = _refs(pdu["prev_events"], "prev_events", pairs)
     auth_ids = _refs(pdu["auth_events"], "auth_events", pairs)
-    event_id = compute_event_id(pdu, version)
+    event_id = compute_event_id(pdu, version) if stored_id is None else stored_id
     is_create = etype == "m.room.create" and state_key == ""
 
     room_id = pdu.get("room_id")

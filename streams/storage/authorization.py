@@ -207,7 +207,7 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
             if info is None or not info.authorized or info.version is None:
                 continue
             try:
-                event = parse_pdu(json.loads(bytes(raw)), info.version)
+                event = parse_pdu(json.loads(bytes(raw)), info.version, stored_id=event_id)
             except Exception:  # stored before checks existed: not an event the core can read
                 continue
             if event.event_id != event_id:

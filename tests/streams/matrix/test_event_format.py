@@ -242,3 +242,26 @@ def test_malformed_pdus_get_bad_event_format_and_nothing_else(version_id, pdu):
         check_state_dependent(event, {create.key: create})
     except AuthFailed:
         pass
+
+
+@pytest.mark.parametrize("version_id", ["2", "10", "12"])
+def test_an_event_read_back_under_its_stored_id_parses_the_same_without_hashing(version_id, monkeypatch):
+    """The persist path re-reads auth events it stored: their IDs were computed from the same
+    bytes then, so ``stored_id`` stands in for the reference hash (and the canonical-JSON
+    walk), and the parsed event is the one a fresh parse gives."""
+    import streams.matrix.event_format as event_format
+
+    version = KNOWN_ROOM_VERSIONS[version_id]
+    pdu = with_content_hash({"type": "m.room.member", "state_key": "@a:x", "sender": "@a:x",
+                             "content": {"membership": "join"}, "depth": 2, "origin_server_ts": 2,
+                             "prev_events": [], "auth_events": [], "room_id": "!r:x"})
+    if not version.event_ids_are_hashes:
+        pdu = dict(pdu, event_id="$given:x", prev_events=[], auth_events=[])
+    fresh = parse_event(pdu, version)
+
+    def no_hashing(*args, **kw):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(event_format, "compute_event_id", no_hashing)
+    monkeypatch.setattr(event_format.canonical_json, "check_strict", no_hashing)
+    assert parse_event(pdu, version, stored_id=fresh.event_id) == fresh
