@@ -33,16 +33,17 @@ class BenchDatabase:
 @contextlib.contextmanager
 def migrated_database(name: str, *, fast: bool = False, redis: bool = False, env: dict[str, str] | None = None,
                       django_setup: bool = True, pg_directory: str = "", keep: bool = False,
-                      reuse: bool = False) -> Iterator[BenchDatabase]:
+                      reuse: bool = False, pg_settings: dict[str, str] | None = None) -> Iterator[BenchDatabase]:
     """PostgreSQL with a fresh database ``name``, migrated; Django set up.
 
     ``fast``: fsync off (when the database is not what is measured). ``redis``: a Redis
     too, as ``REDIS_URL``; without it ``REDIS_URL`` is unset, so an inherited one never
     makes the writers publish. ``env``: more variables for this process and its children.
     ``pg_directory``/``keep``: a cluster kept between runs; ``reuse``: its database too (a
-    generated dataset), else it is dropped and made again.
+    generated dataset), else it is dropped and made again. ``pg_settings``: the server's
+    settings over the defaults (``PostgresServer.settings``).
     """
-    pg = PostgresServer(fast=fast, directory=pg_directory, keep=keep).start()
+    pg = PostgresServer(fast=fast, directory=pg_directory, keep=keep, settings=dict(pg_settings or {})).start()
     rs = None
     try:
         if redis:

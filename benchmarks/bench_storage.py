@@ -68,6 +68,20 @@ if str(ROOT) not in sys.path:
 from benchmarks._build_record import BuildRecord, BuildRefused, skip_stored  # noqa: E402
 from benchmarks._machine import cpu_description  # noqa: E402
 
+#: ``--pg-tuned``: what docs/storage.md ("PostgreSQL settings") recommends for a homeserver's
+#: database on this machine's 24 GB; durability unchanged (fsync and full-page writes stay on)
+TUNED_PG = {"shared_buffers": "4GB", "max_wal_size": "16GB", "checkpoint_timeout": "15min"}
+
+
+def pg_settings_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
+    settings = dict(TUNED_PG) if args.pg_tuned else {}
+    for item in args.pg_set:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            parser.error(f"--pg-set takes NAME=VALUE, not {item!r}")
+        settings[name.strip()] = value.strip()
+    return settings
+
 
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
@@ -139,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gc-young", type=int, default=None, metavar="N",
                         help="the collector's youngest threshold while the persister freezes (default "
                              "persist.BULK_GC_THRESHOLD's)")
+    parser.add_argument("--pg-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a PostgreSQL server setting over the throwaway server's defaults (repeatable; "
+                             "printed, and kept in a build's record per session)")
+    parser.add_argument("--pg-tuned", action="store_true",
+                        help="the settings docs/storage.md recommends for a homeserver's PostgreSQL: "
+                             + ", ".join(f"{k}={v}" for k, v in TUNED_PG.items()) + " (--pg-set overrides)")
     parser.add_argument("--cache-scale", type=float, default=1.0,
                         help="every persister cache's bound times F (EventPersister.scale_caches; the defaults "
                              "fit ~20,000 active rooms)")
@@ -155,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     samples = args.samples or (200 if args.quick else 500)
 
     from benchmarks._setup import migrated_database, migrated_sqlite_database
+
+    pg_settings = pg_settings_of(args, parser)
+    if pg_settings and args.sqlite:
+        parser.error("--pg-set/--pg-tuned are PostgreSQL's settings: not with --sqlite")
 
     dataset = {"events": events, "rooms": rooms, "users": users, "seed": args.seed, "batch": args.batch}
     slice_size = 100_000 if events >= 500_000 else max(args.batch, events // 5)
@@ -180,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_leftover_postgres(directory)
     database = (migrated_sqlite_database() if args.sqlite else
                 migrated_database("bench_storage", pg_directory=args.data_dir or "", keep=bool(args.data_dir),
-                                  reuse=reused is not None or record is not None))
+                                  reuse=reused is not None or record is not None, pg_settings=pg_settings))
     stop_requested = StopOnSigterm()
     with database as db:
         stored_events = 0
@@ -200,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
                        reused=reused, freeze_every=args.freeze_every, gc_young=args.gc_young, room_cache=args.room_cache,
-                       cache_scale=args.cache_scale, record=record, stored_events=stored_events,
+                       cache_scale=args.cache_scale, pg_settings=pg_settings, record=record, stored_events=stored_events,
                        stop_after=args.stop_after, read_partial=args.read_partial, stopping=stop_requested,
                        keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
                        if args.data_dir else None)
@@ -289,7 +313,7 @@ def describe(d: dict) -> str:
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
         freeze_every: int | None = None, gc_young: int | None = None, room_cache: int | None = None,
-        cache_scale: float = 1.0,
+        cache_scale: float = 1.0, pg_settings: dict[str, str] | None = None,
         record: BuildRecord, stored_events: int = 0, stop_after: int | None = None, read_partial: bool = False,
         stopping=lambda: False, keep=None) -> int:
     from django.db import connection
@@ -303,7 +327,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"machine: {cpu_description()}; load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}")
     sqlite = connection.vendor == "sqlite"
-    print(f"database: {connection.vendor}")
+    print(f"database: {connection.vendor}" + (f"; settings {pg_settings_text()}" if not sqlite else ""))
     print(f"dataset: {events:,} events, {rooms:,} rooms, {users:,} users, {batch} events per persist_events call")
     rt = runtime()
 
@@ -313,7 +337,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         try:
             built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
                           freeze_every=freeze_every, gc_young=gc_young, room_cache=room_cache, cache_scale=cache_scale,
-                          record=record,
+                          pg_settings=pg_settings or {}, record=record,
                           stored_events=stored_events, stop_after=stop_after, stopping=stopping)
         finally:
             if isinstance(stopping, StopOnSigterm):
@@ -480,8 +504,63 @@ def database_mb() -> float:
         return c.fetchone()[0] / 1e6
 
 
+def pg_settings_text() -> str:
+    """The server's settings that decide its write path, as it reports them."""
+    from django.db import connection
+
+    names = ("shared_buffers", "max_wal_size", "checkpoint_timeout", "fsync", "full_page_writes",
+             "synchronous_commit")
+    with connection.cursor() as c:
+        c.execute("SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)", [list(names)])
+        found = {name: (setting, unit) for name, setting, unit in c.fetchall()}
+
+    def shown(name: str) -> str:
+        setting, unit = found.get(name, ("?", None))
+        if unit == "8kB":
+            return f"{int(setting) * 8 // 1024} MB"
+        if unit == "MB":
+            return f"{int(setting):,} MB"
+        return setting + (unit or "")
+    return ", ".join(f"{name} {shown(name)}" for name in names)
+
+
+#: the server's write-path counters (:func:`pg_write_counters`), as differences per slice
+PG_COUNTERS = ("wal_bytes", "wal_fpi", "checkpoints", "buffers_backend", "blks_read", "blks_hit")
+
+
+def pg_write_counters() -> dict[str, int]:
+    """The server's WAL bytes and full-page images, checkpoints, buffers the backends had to
+    write out themselves (shared buffers full of dirty pages), and the database's blocks read
+    from outside shared buffers against those found there: what a slice's database CPU went
+    into (empty on SQLite)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as c:
+        c.execute("SELECT w.wal_bytes, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req, b.buffers_backend, "
+                  "d.blks_read, d.blks_hit FROM pg_stat_wal w, pg_stat_bgwriter b, pg_stat_database d "
+                  "WHERE d.datname = current_database()")
+        return dict(zip(PG_COUNTERS, map(int, c.fetchone())))
+
+
+def pg_counters_text(before: dict[str, int], after: dict[str, int], events: int, cpu_here: float,
+                     cpu_database: float) -> str:
+    """One slice's CPU per event and write-path counters, per event where that reads best."""
+    text = f"CPU per event {1e3 * cpu_here / events:.3f} ms here + {1e3 * cpu_database / events:.3f} ms database"
+    if not before or not after:
+        return text
+    d = {k: after[k] - before[k] for k in PG_COUNTERS}
+    reads = d["blks_read"] + d["blks_hit"]
+    return (f"{text}; WAL {d['wal_bytes'] / events / 1024:.1f} KiB/event ({d['wal_fpi'] / events:.2f} full pages), "
+            f"{d['checkpoints']} checkpoints, {d['buffers_backend'] / events:.2f} buffers written by the backend "
+            f"and {d['blks_read'] / events:.2f} read from outside shared buffers per event "
+            f"({100 * d['blks_read'] / reads if reads else 0:.1f}% of blocks)")
+
+
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None,
-          gc_young: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0, record: BuildRecord,
+          gc_young: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
+          pg_settings: dict[str, str] | None = None, record: BuildRecord,
           stored_events: int = 0, stop_after: int | None = None, stopping=lambda: False) -> int | None:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
     token; returns that token (incremental sync's ``since``), or None when the build stopped
@@ -512,7 +591,7 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
           f"{persister_for(rt).gc_threshold}; "
           f"{persister_for(rt).rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
     session = record.begin_session(cache_scale=cache_scale, room_cache=persister_for(rt).rooms.size,
-                                   freeze_every=persister_for(rt).freeze_every)
+                                   freeze_every=persister_for(rt).freeze_every, pg_settings=pg_settings or {})
     if session > 1:  # (the record is saved once what is stored is found to match it)
         print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "
               f"in {record['batches']:,} batches, phase {record.phase}")
@@ -637,6 +716,8 @@ def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[
 
     started = time.monotonic()
     session_n, session_s = 0, 0.0
+    slice_cpu = [0.0, 0.0]  # this slice's CPU so far, here and in the database's backend
+    slice_counters = pg_write_counters()
     for b in batches:
         if stop_after is not None and record["written"] >= stop_after or stopping():
             break
@@ -645,10 +726,12 @@ def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[
         persist_events(b.items, backfill=b.backfill, runtime=rt)
         elapsed = time.perf_counter() - t
         load = os.getloadavg()[0]
+        cpu_here, cpu_database = time.process_time() - cpu0, backend_cpu_seconds() - db0
+        slice_cpu[0] += cpu_here
+        slice_cpu[1] += cpu_database
         million, slice_ = record.persisted(
-            len(b.items), seconds=elapsed, cpu_here=time.process_time() - cpu0,
-            cpu_database=backend_cpu_seconds() - db0, gc_s=gc_s[0] - gc0, wall_s=time.monotonic() - started,
-            load=load, session=session)
+            len(b.items), seconds=elapsed, cpu_here=cpu_here, cpu_database=cpu_database, gc_s=gc_s[0] - gc0,
+            wall_s=time.monotonic() - started, load=load, session=session)
         started = time.monotonic()
         session_n += len(b.items)
         session_s += elapsed
@@ -664,6 +747,10 @@ def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[
                   f"gc {record['gc_s']:.1f} s so far; this session's collections by generation "
                   f"{' / '.join(f'{t:.1f} s in {n}' for t, n in zip(gc_s[2], gc_s[3]))}, the full ones finding "
                   f"{gc_s[4]:,} unreachable objects; RSS {rss_mb():,.0f} MB; load average {load:.1f})", flush=True)
+            counters = pg_write_counters()
+            print(f"      {pg_counters_text(slice_counters, counters, slice_['timed_events'], *slice_cpu)}",
+                  flush=True)
+            slice_counters, slice_cpu = counters, [0.0, 0.0]
     else:
         return False
     total = record["dataset"]["events"]

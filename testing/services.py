@@ -62,6 +62,9 @@ class PostgresServer:
     user: str = "postgres"
     #: reuse ``directory`` if it holds a cluster, and keep it on stop (a benchmark's dataset)
     keep: bool = False
+    #: more server settings (``-c name=value``), after and over the defaults above: a
+    #: benchmark's tuned server (docs/storage.md, "PostgreSQL settings")
+    settings: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> "PostgresServer":
         initdb, postgres = _find_pg_bin("initdb"), _find_pg_bin("postgres")
@@ -82,6 +85,8 @@ class PostgresServer:
                    "-c", "shared_buffers=128MB"]
         if self.fast:
             options += ["-c", "fsync=off", "-c", "full_page_writes=off"]
+        for name, value in self.settings.items():
+            options += ["-c", f"{name}={value}"]
         self.proc = subprocess.Popen(
             [postgres, "-D", data, *options], stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.directory, "postgres.log"), "wb"), preexec_fn=run_as,

@@ -109,8 +109,14 @@ def test_a_build_stopped_and_continued_stores_what_a_straight_build_stores(kept_
     # the per-slice rates of every session are kept, each slice closed once
     assert [s["end"] for s in done["slices"]] == sorted({s["end"] for s in done["slices"]})
 
-    whole = bench(straight)
+    # the straight build on a server with settings of its own: they reach the server (as it
+    # reports them) and the record; each slice prints its database counters
+    whole = bench(straight, "--pg-set", "shared_buffers=200MB", "--pg-set", "max_wal_size=2GB")
     assert whole.returncode == 0, whole.stderr
+    assert "settings shared_buffers 200 MB, max_wal_size 2,048 MB" in whole.stdout
+    assert record(straight)["sessions"][0]["pg_settings"] == {"shared_buffers": "200MB", "max_wal_size": "2GB"}
+    assert "CPU per event" in whole.stdout and "KiB/event" in whole.stdout
+    assert "settings shared_buffers 128 MB" in third.stdout  # the throwaway server's own default
     resumed, expected = rows(parts), rows(straight)
     assert len(expected[EVENTS]) > 1500 and expected[STATE]
     for sql in (EVENTS, STATE, MEMBERS, GROUPS):
@@ -134,3 +140,11 @@ def test_skip_stored_accepts_only_whole_batches_past_the_record():
     ):
         with pytest.raises(BuildRefused, match=message):
             skip_stored(batches(3, 3, 4, 2), what="x", **kwargs)
+
+
+def test_a_pg_setting_that_is_not_name_equals_value_is_refused_before_anything_starts(kept_dirs):
+    for bad in ("shared_buffers", "=4GB", "shared_buffers="):
+        run = bench(kept_dirs / "never", "--pg-set", bad)
+        assert run.returncode == 2
+        assert "--pg-set takes NAME=VALUE" in run.stderr and repr(bad) in run.stderr
+    assert not (kept_dirs / "never").exists()
