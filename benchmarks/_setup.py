@@ -5,6 +5,7 @@ on the way out.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import secrets
@@ -19,6 +20,33 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from testing.services import PostgresServer, RedisServer  # noqa: E402
+
+#: ``--pg-tuned``: what docs/storage.md ("PostgreSQL settings for a big store") recommends for
+#: a homeserver's database on this machine's 24 GB; durability unchanged (fsync, full-page
+#: writes and synchronous commit stay on)
+TUNED_PG = {"shared_buffers": "4GB", "max_wal_size": "16GB", "checkpoint_timeout": "15min"}
+
+
+def add_pg_settings_arguments(parser: argparse.ArgumentParser, *, kept: str = "") -> None:
+    """``--pg-set NAME=VALUE`` (repeatable) and ``--pg-tuned``: the benchmark's PostgreSQL
+    server settings over the throwaway defaults (:func:`pg_settings_of` reads them)."""
+    parser.add_argument("--pg-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a PostgreSQL server setting over the throwaway server's defaults (repeatable; "
+                             f"printed{', ' + kept if kept else ''})")
+    parser.add_argument("--pg-tuned", action="store_true",
+                        help="the settings docs/storage.md recommends for a homeserver's PostgreSQL: "
+                             + ", ".join(f"{k}={v}" for k, v in TUNED_PG.items()) + " (--pg-set overrides)")
+
+
+def pg_settings_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The settings ``--pg-tuned`` and ``--pg-set`` ask for; a malformed one is a usage error."""
+    settings = dict(TUNED_PG) if args.pg_tuned else {}
+    for item in args.pg_set:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            parser.error(f"--pg-set takes NAME=VALUE, not {item!r}")
+        settings[name.strip()] = value.strip()
+    return settings
 
 
 @dataclass

@@ -75,6 +75,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._setup import add_pg_settings_arguments, migrated_database, pg_settings_of  # noqa: E402
+
 
 def _fetch(cursor, sql: str):  # -> pandas.DataFrame
     import pandas as pd
@@ -679,7 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="keep the generated PostgreSQL cluster here and reuse it next time "
                                            "(the same --events/--rooms/--users): skips the generation; or a "
                                            "directory made by bench_storage.py --data-dir (its dataset.json)")
+    add_pg_settings_arguments(parser)
     args = parser.parse_args(argv)
+    pg_settings = pg_settings_of(args, parser)
     groups = ["chain_cover"] if args.chain_cover else [g.strip() for g in args.jobs.split(",") if g.strip()]
     unknown = [g for g in groups if g not in JOB_GROUPS]
     if unknown:
@@ -688,12 +692,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from _machine import cpu_description
 
-    from benchmarks._setup import migrated_database
 
     t_begin = time.monotonic()
     # Django after STATE_DIR (the cluster's directory) is set.
     with migrated_database(db_name, env={"SPARK_MASTER": "local[2]"}, django_setup=False,
-                           pg_directory=args.data_dir or "", keep=bool(args.data_dir), reuse=reuse) as db:
+                           pg_directory=args.data_dir or "", keep=bool(args.data_dir), reuse=reuse,
+                           pg_settings=pg_settings) as db:
         url, server = db.url, db.pg
         os.environ["STATE_DIR"] = server.directory
         env = {**db.env, "STATE_DIR": server.directory}

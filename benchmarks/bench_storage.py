@@ -67,20 +67,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._build_record import BuildRecord, BuildRefused, skip_stored  # noqa: E402
 from benchmarks._machine import cpu_description  # noqa: E402
-
-#: ``--pg-tuned``: what docs/storage.md ("PostgreSQL settings") recommends for a homeserver's
-#: database on this machine's 24 GB; durability unchanged (fsync and full-page writes stay on)
-TUNED_PG = {"shared_buffers": "4GB", "max_wal_size": "16GB", "checkpoint_timeout": "15min"}
-
-
-def pg_settings_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
-    settings = dict(TUNED_PG) if args.pg_tuned else {}
-    for item in args.pg_set:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            parser.error(f"--pg-set takes NAME=VALUE, not {item!r}")
-        settings[name.strip()] = value.strip()
-    return settings
+from benchmarks._setup import add_pg_settings_arguments, pg_settings_of  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -153,12 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gc-young", type=int, default=None, metavar="N",
                         help="the collector's youngest threshold while the persister freezes (default "
                              "persist.BULK_GC_THRESHOLD's)")
-    parser.add_argument("--pg-set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a PostgreSQL server setting over the throwaway server's defaults (repeatable; "
-                             "printed, and kept in a build's record per session)")
-    parser.add_argument("--pg-tuned", action="store_true",
-                        help="the settings docs/storage.md recommends for a homeserver's PostgreSQL: "
-                             + ", ".join(f"{k}={v}" for k, v in TUNED_PG.items()) + " (--pg-set overrides)")
+    add_pg_settings_arguments(parser, kept="and kept in a build's record per session")
     parser.add_argument("--cache-scale", type=float, default=1.0,
                         help="every persister cache's bound times F (EventPersister.scale_caches; the defaults "
                              "fit ~20,000 active rooms)")
