@@ -137,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze-every", type=int, default=None,
                         help="gc.freeze the persister's objects every N batches (default persist.FREEZE_EVERY, "
                              "as generate_rooms; 0: never)")
+    parser.add_argument("--bulk-gc", choices=("freeze", "collect"), default=None,
+                        help="how the freezing persister treats the collector (default persist.BULK_GC): "
+                             "'freeze', automatic collection off and nothing collected; 'collect', raised "
+                             "thresholds and a full collection before each freeze")
     parser.add_argument("--gc-young", type=int, default=None, metavar="N",
-                        help="the collector's youngest threshold while the persister freezes (default "
+                        help="with --bulk-gc collect: the collector's youngest threshold (default "
                              "persist.BULK_GC_THRESHOLD's)")
     add_pg_settings_arguments(parser, kept="and kept in a build's record per session")
     parser.add_argument("--cache-scale", type=float, default=1.0,
@@ -205,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             record = BuildRecord(None, dataset, slice_size=slice_size)
         try:
             return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
-                       reused=reused, freeze_every=args.freeze_every, gc_young=args.gc_young, room_cache=args.room_cache,
+                       reused=reused, freeze_every=args.freeze_every, bulk_gc=args.bulk_gc, gc_young=args.gc_young,
+                       room_cache=args.room_cache,
                        cache_scale=args.cache_scale, pg_settings=pg_settings, record=record, stored_events=stored_events,
                        stop_after=args.stop_after, read_partial=args.read_partial, stopping=stop_requested,
                        keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
@@ -294,8 +299,8 @@ def describe(d: dict) -> str:
 
 
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
-        freeze_every: int | None = None, gc_young: int | None = None, room_cache: int | None = None,
-        cache_scale: float = 1.0, pg_settings: dict[str, str] | None = None,
+        freeze_every: int | None = None, bulk_gc: str | None = None, gc_young: int | None = None,
+        room_cache: int | None = None, cache_scale: float = 1.0, pg_settings: dict[str, str] | None = None,
         record: BuildRecord, stored_events: int = 0, stop_after: int | None = None, read_partial: bool = False,
         stopping=lambda: False, keep=None) -> int:
     from django.db import connection
@@ -318,12 +323,16 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
             stopping.building = True
         try:
             built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
-                          freeze_every=freeze_every, gc_young=gc_young, room_cache=room_cache, cache_scale=cache_scale,
+                          freeze_every=freeze_every, bulk_gc=bulk_gc, gc_young=gc_young, room_cache=room_cache,
+                          cache_scale=cache_scale,
                           pg_settings=pg_settings or {}, record=record,
                           stored_events=stored_events, stop_after=stop_after, stopping=stopping)
         finally:
             if isinstance(stopping, StopOnSigterm):
                 stopping.building = False
+            from streams.storage.persist import persister_for
+
+            persister_for(rt).end_bulk()  # the reads run with the collector as a serving process has it
         if built is None:
             if not read_partial:
                 print("the reads run once the build is complete (or now, on the partial dataset, with "
@@ -541,7 +550,7 @@ def pg_counters_text(before: dict[str, int], after: dict[str, int], events: int,
 
 
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None,
-          gc_young: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
+          bulk_gc: str | None = None, gc_young: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
           pg_settings: dict[str, str] | None = None, record: BuildRecord,
           stored_events: int = 0, stop_after: int | None = None, stopping=lambda: False) -> int | None:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
@@ -563,17 +572,23 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 
     # as generate_rooms: the persister's objects out of the collector's way every N batches
     persister_for(rt).freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
+    if bulk_gc is not None:
+        persister_for(rt).bulk_gc = bulk_gc
     if gc_young is not None:
         persister_for(rt).gc_threshold = (gc_young, *persister_for(rt).gc_threshold[1:])
     if cache_scale != 1.0:
         persister_for(rt).scale_caches(cache_scale)
     if room_cache is not None:
         persister_for(rt).rooms.size = room_cache
-    print(f"gc.freeze every {persister_for(rt).freeze_every or 'never'} batches, collector thresholds "
-          f"{persister_for(rt).gc_threshold}; "
-          f"{persister_for(rt).rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
+    persister = persister_for(rt)
+    collector = ("the collector as Python runs it" if not persister.freeze_every else
+                 "the collector off, nothing collected" if persister.bulk_gc == "freeze" else
+                 f"a full collection first, collector thresholds {persister.gc_threshold}")
+    print(f"gc.freeze every {persister.freeze_every or 'never'} batches ({collector}); "
+          f"{persister.rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
     session = record.begin_session(cache_scale=cache_scale, room_cache=persister_for(rt).rooms.size,
-                                   freeze_every=persister_for(rt).freeze_every, pg_settings=pg_settings or {})
+                                   freeze_every=persister_for(rt).freeze_every, bulk_gc=persister_for(rt).bulk_gc,
+                                   pg_settings=pg_settings or {})
     if session > 1:  # (the record is saved once what is stored is found to match it)
         print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "
               f"in {record['batches']:,} batches, phase {record.phase}")
@@ -581,7 +596,7 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
         raise BuildRefused(f"the database holds {stored_events:,} events of the dataset, the build record "
                            f"{record.stored_events():,} (phase {record.phase}): delete the directory to build again")
     #: the collector's seconds, the start of the collection running, then this session's
-    #: collections per generation (seconds, how many) and what the full ones found unreachable
+    #: collections per generation (seconds, how many) and what they found unreachable
     gc_s: list = [0.0, 0.0, [0.0, 0.0, 0.0], [0, 0, 0], 0]
 
     def gc_timer(phase: str, info: dict) -> None:  # the time the collector takes, to print it
@@ -593,8 +608,7 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
             generation = info.get("generation", 2)
             gc_s[2][generation] += took
             gc_s[3][generation] += 1
-            if generation == 2:
-                gc_s[4] += info.get("collected", 0)
+            gc_s[4] += info.get("collected", 0)
 
     # -- persist ------------------------------------------------------------------------------
     if record.phase == "persist":
@@ -727,7 +741,7 @@ def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[
             print(f"  ... {record['written']:,} events: this slice {slice_['rate']:,.0f} events/s, "
                   f"{session_n / session_s:,.0f} events/s this session ({record['wall_s']:.0f} s in all; "
                   f"gc {record['gc_s']:.1f} s so far; this session's collections by generation "
-                  f"{' / '.join(f'{t:.1f} s in {n}' for t, n in zip(gc_s[2], gc_s[3]))}, the full ones finding "
+                  f"{' / '.join(f'{t:.1f} s in {n}' for t, n in zip(gc_s[2], gc_s[3]))}, finding "
                   f"{gc_s[4]:,} unreachable objects; RSS {rss_mb():,.0f} MB; load average {load:.1f})", flush=True)
             counters = pg_write_counters()
             print(f"      {pg_counters_text(slice_counters, counters, slice_['timed_events'], *slice_cpu)}",

@@ -53,12 +53,22 @@ class PersistedEvent:
 #: does other work may make cycles of frozen objects, which would never be collected.
 FREEZE_EVERY = 50
 
-#: the collector's thresholds in the same processes, set with the first freeze: a persist
-#: batch makes millions of short-lived objects, and at Python's default (700, 10, 10) the
-#: collector ran a young collection every 700 of them and walked the unfrozen survivors again
-#: and again (A/B, 150,000 events: process CPU 27.1-27.7 -> 23.2-23.7 s, the collector's own
-#: time 13-16 -> 3-5.5 s; docs/benchmarks.md)
+#: the collector's thresholds in the same processes, set with the first freeze (the
+#: ``"collect"`` way, :data:`BULK_GC`): a persist batch makes millions of short-lived objects,
+#: and at Python's default (700, 10, 10) the collector ran a young collection every 700 of
+#: them and walked the unfrozen survivors again and again (A/B, 150,000 events: process CPU
+#: 27.1-27.7 -> 23.2-23.7 s, the collector's own time 13-16 -> 3-5.5 s; docs/benchmarks.md)
 BULK_GC_THRESHOLD = (20_000, 20, 100)
+
+#: how a persister set to freeze keeps the collector out of its way. ``"freeze"``: the
+#: automatic collector is off from the first batch, and every ``freeze_every`` batches what is
+#: alive is frozen, uncollected. ``"collect"``: the collector runs with
+#: :data:`BULK_GC_THRESHOLD`, and each freeze starts with a full collection. Over the 10 M
+#: build (docs/benchmarks.md, session 11) the collector took 12 % of the persist time at 9.7 M
+#: events (young collections of ~50 ms, each walking the big states a batch had just built,
+#: and ~0.8 s for each full one before a freeze), and the full ones found ~4 unreachable
+#: objects per 1,000 events: what "freeze" leaves uncollected.
+BULK_GC = "freeze"
 
 
 class EventPersister:
@@ -75,11 +85,26 @@ class EventPersister:
         self.rooms = RoomContexts(room_cache_size)
         self._lock = threading.Lock()
         self.freeze_every = freeze_every
-        #: the collector's thresholds while freezing (:data:`BULK_GC_THRESHOLD`)
+        #: how freezing treats the collector (:data:`BULK_GC`), and its thresholds in the
+        #: ``"collect"`` way (:data:`BULK_GC_THRESHOLD`)
+        self.bulk_gc = BULK_GC
         self.gc_threshold = BULK_GC_THRESHOLD
         self._since_freeze = 0
+        #: the collector's state before the first freeze changed it (enabled, thresholds)
+        self._gc_before: tuple[bool, tuple[int, ...]] | None = None
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
         self.on_commit: list[Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]] = []
+
+    @property
+    def bulk_gc(self) -> str:
+        """How freezing treats the collector: ``"freeze"`` or ``"collect"`` (:data:`BULK_GC`)."""
+        return self._bulk_gc
+
+    @bulk_gc.setter
+    def bulk_gc(self, value: str) -> None:
+        if value not in ("freeze", "collect"):
+            raise ValueError(f"bulk_gc is 'freeze' or 'collect', not {value!r}")
+        self._bulk_gc = value
 
     def scale_caches(self, factor: float) -> None:
         """Every cache's bound times ``factor``: the defaults fit a working set of ~20,000
@@ -142,20 +167,40 @@ class EventPersister:
                                ev.state_group_after) for ev in events]
 
     def _freeze(self) -> None:
-        """Every :attr:`freeze_every` batches: collect, then freeze what survived (mostly the
-        caches), so later collections walk only what was made since; the collector's
-        thresholds are raised to :data:`BULK_GC_THRESHOLD` with the first batch. What is frozen is still
-        freed by reference counting when dropped (evicted cache entries hold no cycles); only
-        a cycle made entirely of frozen objects would stay."""
+        """Every :attr:`freeze_every` batches: freeze what is alive (mostly the caches), so no
+        collection walks it again. The ``"freeze"`` way (:data:`BULK_GC`) turns the automatic
+        collector off with the first batch and collects nothing; the ``"collect"`` way raises
+        its thresholds to :attr:`gc_threshold` and collects before each freeze. What is
+        frozen is still freed by reference counting when dropped (evicted cache entries hold
+        no cycles); only a cycle is never freed (uncollected, or made entirely of frozen
+        objects)."""
         if not self.freeze_every:
             return
-        if self._since_freeze == 0 and gc.get_threshold() < self.gc_threshold:
-            gc.set_threshold(*self.gc_threshold)
+        if self._since_freeze == 0:
+            if self._gc_before is None:
+                self._gc_before = (gc.isenabled(), gc.get_threshold())
+            if self.bulk_gc == "freeze":
+                gc.disable()
+            elif gc.get_threshold() < self.gc_threshold:
+                gc.set_threshold(*self.gc_threshold)
         self._since_freeze += 1
         if self._since_freeze >= self.freeze_every:
             self._since_freeze = 0
-            gc.collect()
+            if self.bulk_gc == "collect":
+                gc.collect()
             gc.freeze()
+
+    def end_bulk(self) -> None:
+        """The process's collector as it was before the first freeze (enabled again, its
+        thresholds back), once a bulk load is over; what was frozen stays frozen."""
+        if self._gc_before is None:
+            return
+        enabled, thresholds = self._gc_before
+        self._gc_before = None
+        self._since_freeze = 0
+        gc.set_threshold(*thresholds)
+        if enabled:
+            gc.enable()
 
     def _committed(self, plan: Plan) -> None:
         room_changes = list(plan.room_changes.items())

@@ -35,9 +35,14 @@ def test_runservice_help_names_the_variables_it_reads():
 
 @pytest.mark.django_db(transaction=True)
 def test_generate_rooms_default_seed_does_not_collide_with_the_demos():
+    import gc
+
     from dashboard.management.commands.demo import ROOMS
 
+    assert gc.isenabled()
     call_command("generate_rooms", rooms=20, users=50, events=2000, seed=ROOMS["seed"], no_progress=True)
+    # the bulk load turned the collector off while it froze its objects; it is back on after
+    assert gc.isenabled()
     # Without --seed, next to the demo's rooms: no "seed already generated" refusal.
     call_command("generate_rooms", rooms=20, users=50, events=2000, no_progress=True)
 

@@ -68,4 +68,5 @@ class Command(BaseCommand):
         except (StorageUnsupported, BadEvent) as e:
             raise CommandError(str(e)) from None
         finally:
+            persister_for(rt).end_bulk()  # the collector as it was (an in-process call: tests)
             rt.close()

@@ -213,34 +213,56 @@ def test_rejected_event_is_stored_but_changes_nothing(store):
     assert rid not in [e.event_id for e in room_messages("!r:localhost", "@alice:localhost", limit=50)["chunk"]]
 
 
-def test_a_persister_set_to_freeze_moves_its_objects_out_of_the_collectors_way(store):
+@pytest.mark.parametrize("bulk_gc", ["freeze", "collect"])
+def test_a_persister_set_to_freeze_moves_its_objects_out_of_the_collectors_way(store, bulk_gc):
     """``freeze_every`` (generate_rooms, the benchmark): after that many committed batches
-    what is alive goes to the collector's permanent generation, and the collector's
-    thresholds are raised with the first batch; off (the default), neither."""
+    what is alive goes to the collector's permanent generation. The ``"freeze"`` way turns
+    the automatic collector off with the first batch and freezes a cycle made before the
+    freeze uncollected; the ``"collect"`` way raises the collector's thresholds and collects
+    the cycle first. Off (the default), neither."""
     import gc
+    import weakref
 
     from streams.storage.persist import BULK_GC_THRESHOLD, EventPersister
+
+    class Node:
+        pass
 
     writer = store.runtime.writer("events")
     b, evs = simple_room()
     gc.unfreeze()
     thresholds = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
+    gc.enable()
     try:
         off = EventPersister()
         for _, raw in evs[:2]:
             off.persist([raw], writer, backfill=False)
         assert gc.get_freeze_count() == 0
-        assert gc.get_threshold() == (700, 10, 10)
+        assert gc.get_threshold() == (700, 10, 10) and gc.isenabled()
         on = EventPersister(freeze_every=3)
+        on.bulk_gc = bulk_gc
         on.persist([evs[2][1]], writer, backfill=False)
-        assert gc.get_threshold() == BULK_GC_THRESHOLD
+        if bulk_gc == "freeze":
+            assert not gc.isenabled() and gc.get_threshold() == (700, 10, 10)
+        else:
+            assert gc.isenabled() and gc.get_threshold() == BULK_GC_THRESHOLD
         on.persist([evs[3][1]], writer, backfill=False)
         assert gc.get_freeze_count() == 0
+        cycle = Node()
+        cycle.me = cycle  # type: ignore[attr-defined]
+        garbage = weakref.ref(cycle)
+        del cycle
         on.persist([evs[4][1]], writer, backfill=False)
         assert gc.get_freeze_count() > 0
+        assert (garbage() is not None) == (bulk_gc == "freeze")  # frozen uncollected, or collected
+        with pytest.raises(ValueError, match="'freeze' or 'collect'"):
+            on.bulk_gc = "sweep"
+        on.end_bulk()  # the collector as it was before the first freeze; the frozen stay frozen
+        assert gc.isenabled() and gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+        gc.enable()
         gc.set_threshold(*thresholds)
     assert rows("SELECT count(*) FROM events") == [(5,)]
 
