@@ -692,7 +692,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from _machine import cpu_description
 
-
     t_begin = time.monotonic()
     # Django after STATE_DIR (the cluster's directory) is set.
     with migrated_database(db_name, env={"SPARK_MASTER": "local[2]"}, django_setup=False,

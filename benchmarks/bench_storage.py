@@ -571,23 +571,23 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
     from streams.storage.sql import store_cursor
 
     # as generate_rooms: the persister's objects out of the collector's way every N batches
-    persister_for(rt).freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
-    if bulk_gc is not None:
-        persister_for(rt).bulk_gc = bulk_gc
-    if gc_young is not None:
-        persister_for(rt).gc_threshold = (gc_young, *persister_for(rt).gc_threshold[1:])
-    if cache_scale != 1.0:
-        persister_for(rt).scale_caches(cache_scale)
-    if room_cache is not None:
-        persister_for(rt).rooms.size = room_cache
     persister = persister_for(rt)
+    persister.freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
+    if bulk_gc is not None:
+        persister.bulk_gc = bulk_gc
+    if gc_young is not None:
+        persister.gc_threshold = (gc_young, *persister.gc_threshold[1:])
+    if cache_scale != 1.0:
+        persister.scale_caches(cache_scale)
+    if room_cache is not None:
+        persister.rooms.size = room_cache
     collector = ("the collector as Python runs it" if not persister.freeze_every else
                  "the collector off, nothing collected" if persister.bulk_gc == "freeze" else
                  f"a full collection first, collector thresholds {persister.gc_threshold}")
     print(f"gc.freeze every {persister.freeze_every or 'never'} batches ({collector}); "
           f"{persister.rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
-    session = record.begin_session(cache_scale=cache_scale, room_cache=persister_for(rt).rooms.size,
-                                   freeze_every=persister_for(rt).freeze_every, bulk_gc=persister_for(rt).bulk_gc,
+    session = record.begin_session(cache_scale=cache_scale, room_cache=persister.rooms.size,
+                                   freeze_every=persister.freeze_every, bulk_gc=persister.bulk_gc,
                                    pg_settings=pg_settings or {})
     if session > 1:  # (the record is saved once what is stored is found to match it)
         print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "

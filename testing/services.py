@@ -28,17 +28,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0) -> None:
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0,
+                   log: str | None = None) -> None:
+    """Until ``proc`` listens on ``port``; if it exits first, the error ends with the last
+    lines of its ``log`` (where a server says why it would not start)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode} during start-up")
+            raise RuntimeError(f"{what} exited with status {proc.returncode} during start-up{_log_tail(log)}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f} s")
+
+
+def _log_tail(log: str | None, lines: int = 5) -> str:
+    if log is None:
+        return ""
+    try:
+        with open(log, errors="replace") as f:
+            tail = [line.rstrip() for line in f.readlines()[-lines:] if line.strip()]
+    except OSError:
+        return ""
+    return (": " + " | ".join(tail)) if tail else ""
 
 
 def _find_pg_bin(name: str) -> str:
@@ -63,7 +77,8 @@ class PostgresServer:
     #: reuse ``directory`` if it holds a cluster, and keep it on stop (a benchmark's dataset)
     keep: bool = False
     #: more server settings (``-c name=value``), after and over the defaults above: a
-    #: benchmark's tuned server (docs/storage.md, "PostgreSQL settings")
+    #: benchmark's tuned server (docs/storage.md, "PostgreSQL settings for a big store"); one
+    #: the server refuses stops :meth:`start` with the server's own reason
     settings: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> "PostgresServer":
@@ -87,11 +102,12 @@ class PostgresServer:
             options += ["-c", "fsync=off", "-c", "full_page_writes=off"]
         for name, value in self.settings.items():
             options += ["-c", f"{name}={value}"]
+        log = os.path.join(self.directory, "postgres.log")
         self.proc = subprocess.Popen(
             [postgres, "-D", data, *options], stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.directory, "postgres.log"), "wb"), preexec_fn=run_as,
+            stderr=open(log, "wb"), preexec_fn=run_as,
         )
-        _wait_for_port(self.port, self.proc, "postgres")
+        _wait_for_port(self.port, self.proc, "postgres", log=log)
         self._wait_ready()
         return self
 

@@ -148,3 +148,7 @@ def test_a_pg_setting_that_is_not_name_equals_value_is_refused_before_anything_s
         assert run.returncode == 2
         assert "--pg-set takes NAME=VALUE" in run.stderr and repr(bad) in run.stderr
     assert not (kept_dirs / "never").exists()
+    # a setting the server does not know: the run stops with the server's own reason
+    unknown = bench(kept_dirs / "misspelt", "--pg-set", "shared_bufers=4GB")
+    assert unknown.returncode != 0
+    assert 'unrecognized configuration parameter "shared_bufers"' in unknown.stderr
