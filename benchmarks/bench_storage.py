@@ -95,25 +95,46 @@ def backend_cpu_seconds() -> float:
 
 #: CPU per call of the last :func:`timed` run, ms (this process, the database's backend)
 last_cpu: tuple[float, float] = (0.0, 0.0)
+#: the collector during the last :func:`timed` run: collections, their ms in all, the longest
+last_gc: tuple[int, float, float] = (0, 0.0, 0.0)
 
 
 def timed(fn, n: int) -> list[float]:
     """Wall ms of each of ``n`` calls. Also keeps the CPU per call (:data:`last_cpu`): on a
-    shared machine the wall times follow the load, the CPU a call costs much less so."""
-    global last_cpu
+    shared machine the wall times follow the load, the CPU a call costs much less so; and the
+    collector's pauses (:data:`last_gc`): a full collection lands inside one call."""
+    import gc
+
+    global last_cpu, last_gc
+    pauses: list[float] = []
+    started = [0.0]
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((time.perf_counter() - started[0]) * 1000)
+
     out = []
-    cpu0, backend0 = time.process_time(), backend_cpu_seconds()
-    for i in range(n):
-        t = time.perf_counter()
-        fn(i)
-        out.append((time.perf_counter() - t) * 1000)
-    last_cpu = ((time.process_time() - cpu0) * 1000 / n, (backend_cpu_seconds() - backend0) * 1000 / n)
+    gc.collect()  # what an earlier phase left for the collector is not this phase's pause
+    gc.callbacks.append(watch)
+    try:
+        cpu0, backend0 = time.process_time(), backend_cpu_seconds()
+        for i in range(n):
+            t = time.perf_counter()
+            fn(i)
+            out.append((time.perf_counter() - t) * 1000)
+        last_cpu = ((time.process_time() - cpu0) * 1000 / n, (backend_cpu_seconds() - backend0) * 1000 / n)
+    finally:
+        gc.callbacks.remove(watch)
+    last_gc = (len(pauses), sum(pauses), max(pauses, default=0.0))
     return out
 
 
 def fmt(ms: list[float]) -> str:
     return (f"p50 {pct(ms, 50):7.2f} ms   p99 {pct(ms, 99):7.2f} ms   (n={len(ms)}); "
-            f"CPU per call {last_cpu[0]:.2f} ms here + {last_cpu[1]:.2f} ms database")
+            f"CPU per call {last_cpu[0]:.2f} ms here + {last_cpu[1]:.2f} ms database; "
+            f"collector {last_gc[0]} runs, {last_gc[1]:.0f} ms, longest {last_gc[2]:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,6 +371,12 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
                 keep(since)
     else:
         since = int(reused["since"])
+
+    # the reads run in a process set up as a serving one is (synapse_repl/asgi.py): what it
+    # loaded before them lives as long as it does, frozen out of the collector's way
+    from synapse_repl.long_lived import freeze_long_lived
+
+    print(f"froze {freeze_long_lived():,} long-lived objects before the reads (as a serving process does)")
 
     # -- state at event -----------------------------------------------------------------------
     with connection.cursor() as c:

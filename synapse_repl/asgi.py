@@ -29,3 +29,8 @@ application = TrustedRootPath(ProtocolTypeRouter({
     "http": django_asgi_app,
     "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 }), root_path=settings.WEB_ROOT_PATH)
+
+# start-up is over: what it loaded lives as long as the process (synapse_repl/long_lived.py)
+from synapse_repl.long_lived import freeze_long_lived  # noqa: E402
+
+freeze_long_lived()

@@ -20,6 +20,7 @@ from django.db import transaction
 
 from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .caches import StorageCaches, storage_caches
+from .change_cache import StreamChangeCache
 from .events import StateMap
 from .redactions import client_json
 from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor
@@ -67,11 +68,29 @@ _Y_COLUMNS = "y.event_id, y.room_id, y.topological_ordering, y.stream_ordering, 
 _MAX = 2**63 - 1
 
 
+def _least(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    """SQL: the smaller of two (topological, stream) keys, as its two columns."""
+    first = f"({a[0]}, {a[1]}) < ({b[0]}, {b[1]})"
+    return (f"CASE WHEN {first} THEN {a[0]} ELSE {b[0]} END", f"CASE WHEN {first} THEN {a[1]} ELSE {b[1]} END")
+
+
+def _greatest(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    """SQL: the larger of two (topological, stream) keys, as its two columns."""
+    first = f"({a[0]}, {a[1]}) > ({b[0]}, {b[1]})"
+    return (f"CASE WHEN {first} THEN {a[0]} ELSE {b[0]} END", f"CASE WHEN {first} THEN {a[1]} ELSE {b[1]} END")
+
+
+#: a page's token as the inclusive bound of a walk: the events at or before ``(t, s)`` going
+#: back; after it going forward, which for integer keys is at or after ``(t, s + 1)``
+_TOKEN_BOUND = {"b": ("%(t)s", "%(s)s"), "f": ("%(t)s", "%(s)s + 1")}
+
+
 def visible_events(room: str, *, order: str, event_filter: str = "", range_filter: str = "",
-                   limit: str = "%(limit)s") -> str:
+                   limit: str = "%(limit)s", from_token: bool = False) -> str:
     """SQL: the first ``limit`` events of room ``room`` (an SQL expression) visible to
     %(user)s, in ``order`` -- ``b`` (history, newest first), ``f`` (oldest first) or ``s``
-    (stream ordering, newest first).
+    (stream ordering, newest first); with ``from_token`` (``b`` and ``f``), only those at or
+    before the key ``(%(t)s, %(s)s)`` going back, after it going forward.
 
     It walks the user's, ``*``'s and ``*shared``'s visibility ranges (the last clipped
     before the user's latest join) and reads each one as an index range scan of
@@ -82,21 +101,34 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     if order == "s":
         return _visible_in_stream_order(room, event_filter=event_filter, range_filter=range_filter, limit=limit)
     d = {"b": "DESC", "f": "ASC"}[order]
+    range_start = ("v.start_topological", "v.start_stream")
+    range_end = (f"coalesce(v.end_topological, {_MAX})", f"coalesce(v.end_stream, {_MAX})")
 
-    def walk(who: str, end: tuple[str, str] = (f"coalesce(v.end_topological, {_MAX})",
-                                                f"coalesce(v.end_stream, {_MAX})"), extra: str = "") -> str:
+    def clip(start: tuple[str, str], end: tuple[str, str]) -> tuple[tuple[str, str], tuple[str, str]]:
+        # The token and the range bound the scan on the same side: one bound, the tighter of
+        # the two. Given both, the index scan started from the range's (a big room's newest
+        # event, going back) and filtered its way down to the token: 5,500 index pages for a
+        # page of 20 in a 688,000-event room (docs/benchmarks.md, session 12).
+        if not from_token:
+            return start, end
+        if order == "b":
+            return start, _least(end, _TOKEN_BOUND["b"])
+        return _greatest(start, _TOKEN_BOUND["f"]), end
+
+    def walk(who: str, end: tuple[str, str] = range_end, extra: str = "") -> str:
         # One holder's ranges are disjoint, so its ranges in order, each range's events in
         # order, are all its events in order: the walk stops at the limit (an incremental
         # sort per range) instead of reading ``limit`` events from every range and sorting
         # them all -- a member of a big room held one range per shared-history era, 66 of
         # them, and read 1,050 events for a page of 20 (``*shared`` holds them now, walked
         # the same way).
+        lo, hi = clip(range_start, end)
         return f"""(
             SELECT x.* FROM room_visibility_ranges v CROSS JOIN LATERAL (
                 SELECT {_COLUMNS} FROM events e
                 WHERE e.room_id = v.room_id
-                  AND (e.topological_ordering, e.stream_ordering) >= (v.start_topological, v.start_stream)
-                  AND (e.topological_ordering, e.stream_ordering) <= ({end[0]}, {end[1]})
+                  AND (e.topological_ordering, e.stream_ordering) >= ({lo[0]}, {lo[1]})
+                  AND (e.topological_ordering, e.stream_ordering) <= ({hi[0]}, {hi[1]})
                   AND NOT e.outlier AND NOT e.rejected {event_filter}
                 ORDER BY e.topological_ordering {d}, e.stream_ordering {d} LIMIT {limit}) x
             WHERE v.room_id = {room} AND v.user_id = {who} {range_filter} {extra}
@@ -107,12 +139,10 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     # walk is not even started), each range's end clipped to just before it: one upper
     # bound for the index scan (two, and a backwards walk of an open range would start at
     # the room's newest event and filter its way down to the join)
-    before_join = f"(coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX})) < (j.jt, j.js)"
-    clipped = (f"CASE WHEN {before_join} THEN coalesce(v.end_topological, {_MAX}) ELSE j.jt END",
-               f"CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END")
+    before_join = _least(range_end, ("j.jt", "j.js - 1"))
     shared = f"""(
             SELECT s.* FROM {latest_join(room)} j CROSS JOIN LATERAL
-            {walk("'*shared'", clipped, "AND (v.start_topological, v.start_stream) < (j.jt, j.js)")} s)"""
+            {walk("'*shared'", before_join, "AND (v.start_topological, v.start_stream) < (j.jt, j.js)")} s)"""
     # the user's events, the world's ('*', world-readable history) and the shared eras
     # before their join overlap: each walk gives its first ``limit``, and the first
     # ``limit`` of all three without duplicates are the answer
@@ -340,6 +370,7 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
     limit = _limit(limit)
     params: dict[str, Any] = {"room": room_id, "user": user_id, "limit": limit + 1}
     bound = range_bound = ""
+    by_key = from_token is not None and from_token.topological is not None
     if from_token is not None:
         params["s"] = from_token.stream
         params["t"] = from_token.topological
@@ -357,7 +388,9 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
         if is_sqlite(cur):
             page = visible_events_sqlite("%(room)s", order=direction, event_filter=bound)
         else:
-            page = visible_events("%(room)s", order=direction, event_filter=bound, range_filter=range_bound)
+            # the token bounds each walk's index scan (from_token), not a filter after it
+            page = visible_events("%(room)s", order=direction, range_filter=range_bound,
+                                  event_filter="" if by_key else bound, from_token=by_key)
         rows = _rows(fetch_all(cur, "SELECT * FROM " + page + " y", params), cur, caches)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -462,6 +495,21 @@ def _group_timelines(cur: Any, caches: StorageCaches, rows: Sequence[Sequence[An
     return out
 
 
+def _rooms_changed(cur: Any, cache: StreamChangeCache, rooms: set[str], since: int) -> set[str]:
+    """The ``rooms`` with a live event after stream position ``since``. The change cache
+    answers without a query when it reaches back that far; before its horizon it can only say
+    "all of them" (Synapse's semantics), and a sync from an old token then read every joined
+    room (300 rooms for a typical power user at 10 M events, half of them with nothing new:
+    docs/benchmarks.md, session 12), so the rooms' ``last_stream`` column decides instead."""
+    if since >= cache.earliest_known_position:
+        return cache.get_entities_changed(rooms, since)
+    if not rooms:
+        return set()
+    cur.execute(f"SELECT room_id FROM rooms WHERE {in_array(cur, 'room_id')} AND last_stream > %s",
+                [array(cur, rooms), since])
+    return {r[0] for r in cur.fetchall()}
+
+
 def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                      runtime: Any = None) -> dict[str, Any]:
     """What is new for the user after ``since``: visible events in rooms they are in (rooms
@@ -485,12 +533,15 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                      "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
                      "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s "
                      "ORDER BY m.event_stream_ordering", [user_id, since.stream, now])
-            for room_id, eid, membership, stream, raw, redacted in changes:
+            # one _rows for them all: its rooms' look-up is one query (per change, a power
+            # user's ~170 joins in the window cost a query each)
+            events = _rows([(eid, room_id, 0, stream, raw, redacted)
+                            for room_id, eid, _, stream, raw, redacted in changes], cur, caches)
+            for (room_id, eid, membership, stream, _, _), event in zip(changes, events):
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
-                                    "stream_ordering": stream,
-                                    "event": _rows([(eid, room_id, 0, stream, raw, redacted)], cur, caches)[0].json})
+                                    "stream_ordering": stream, "event": event.json})
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
-        changed = sorted(change.rooms.get_entities_changed(joined, since.stream))
+        changed = sorted(_rooms_changed(cur, change.rooms, joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
         if changed and since.stream < now:
             params = {"user": user_id, "since": since.stream, "now": now, "limit": limit + 1}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import signal
 import sys
 
@@ -46,6 +45,7 @@ class Command(BaseCommand):
         from streams.replication.endpoint.loop_lag import watch_loop_lag
         from streams.replication.endpoint.server import start_endpoint
         from streams.runtime import runtime
+        from synapse_repl.long_lived import freeze_long_lived
 
         endpoint, server = await start_endpoint(
             host, port, streams=await sync_to_async(runtime, thread_sensitive=False)())
@@ -53,8 +53,7 @@ class Command(BaseCommand):
         # process: out of the collector's way, so that a full collection walks only what
         # connections create (measured: 70-130 ms pauses of the whole loop, every ~10 s under
         # attack, before; docs/benchmarks.md).
-        gc.collect()
-        gc.freeze()
+        freeze_long_lived()
         lag = asyncio.create_task(watch_loop_lag(float(repl_setting("REPLICATION_LOOP_LAG_WARN_MS"))),
                                   name="loop-lag")
         self.stdout.write(f"replication endpoint of {endpoint.server_name} listening on {host}:{port}")
