@@ -378,13 +378,30 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
 
     print(f"froze {freeze_long_lived():,} long-lived objects before the reads (as a serving process does)")
 
-    # -- state at event -----------------------------------------------------------------------
+    # -- what the reads are asked: sampled first, so no sampling scan (whole tables, on PostgreSQL
+    # a 7.7 GB one at 10 M events) pushes what a timed read needs out of the caches -------------
     with connection.cursor() as c:
         if not sqlite:
             c.execute("SELECT setseed(0.5)")
-        c.execute("SELECT event_id FROM event_to_state_groups ORDER BY random() LIMIT %s", [samples])
-        sample_events = [r[0] for r in c.fetchall()]
+        sample_events = [r[0] for r in sampled(c, "event_to_state_groups", "event_id", "", samples)]
+        c.execute("SELECT state_key, count(*) FROM current_state_events WHERE type = 'm.room.member' "
+                  "AND membership = 'join' GROUP BY state_key ORDER BY count(*) DESC LIMIT %s", [samples])
+        top = c.fetchall()
+        # random events, each with a random member of its room who is joined now
+        member = ("SELECT state_key FROM current_state_events c WHERE c.room_id = e.room_id "
+                  "AND c.type = 'm.room.member' AND c.membership = 'join' ORDER BY random() LIMIT 1")
+        events_sample = sampled(c, "events", "*", "NOT outlier AND room_id NOT LIKE '!baseline%%'", samples,
+                                query=False)
+        if sqlite:  # no LATERAL: a correlated subquery (rooms with no member left give NULL)
+            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, ({member}) "
+                      f"FROM ({events_sample}) e", [samples])
+            points = [p for p in c.fetchall() if p[3] is not None]
+        else:
+            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, m.state_key "
+                      f"FROM ({events_sample}) e CROSS JOIN LATERAL ({member}) m", [samples])
+            points = c.fetchall()
 
+    # -- state at event -----------------------------------------------------------------------
     caches = storage_caches()
 
     def cold(i: int) -> None:
@@ -398,42 +415,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     warm_ms = timed(lambda i: reads.state_at_event(sample_events[i]), len(sample_events))
     print(f"state at event, warm: {fmt(warm_ms)}")
 
-    with connection.cursor() as c:
-        c.execute("SELECT count(*), count(*) FILTER (WHERE chain_length = 1) FROM state_groups")
-        n_groups, n_snapshots = c.fetchone()
-        c.execute("SELECT count(*) FROM state_groups_state")
-        n_rows = c.fetchone()[0]
-        if sqlite:  # table and index pages, as pg_total_relation_size counts them
-            size = ("(SELECT sum(pgsize) FROM dbstat WHERE name IN (SELECT name FROM sqlite_master "
-                    "WHERE tbl_name = '{}'))")
-            c.execute("SELECT " + ", ".join(size.format(t) for t in
-                                            ("state_groups_state", "state_groups", "state_group_edges")))
-        else:
-            c.execute("SELECT pg_total_relation_size('state_groups_state'), pg_total_relation_size('state_groups'), "
-                      "pg_total_relation_size('state_group_edges')")
-        rows_bytes, groups_bytes, edges_bytes = c.fetchone()
-        c.execute("SELECT id FROM state_groups ORDER BY random() LIMIT 2000")
-        sample_groups = [r[0] for r in c.fetchall()]
-    from streams.storage.state_groups import StateGroupStore
-
-    store = StateGroupStore(cache_keys=10)
-    with store_cursor() as cur:
-        sizes = [len(store.get_state(cur, g)) for g in sample_groups]
-    mean_size = statistics.fmean(sizes) if sizes else 0
-    full_rows = n_groups * mean_size
-    bytes_per_row = rows_bytes / n_rows if n_rows else 0
-    ours = rows_bytes + groups_bytes + edges_bytes
-    full_bytes = full_rows * bytes_per_row + groups_bytes
-    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
-          f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
-          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} "
-          "(goal <= 0.05; issue 16: 0.1)")
-
     # -- initial sync ---------------------------------------------------------------------------
-    with connection.cursor() as c:
-        c.execute("SELECT state_key, count(*) FROM current_state_events WHERE type = 'm.room.member' "
-                  "AND membership = 'join' GROUP BY state_key ORDER BY count(*) DESC LIMIT %s", [samples])
-        top = c.fetchall()
     # initial sync's hard case: users in at least 100 rooms (the generator's power users)
     top = [t for t in top if t[1] >= 100] or top
     sync_users = [u for u, _ in top]
@@ -451,20 +433,6 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     print(f"incremental sync (since a token {after:,} stream positions back): {fmt(inc_ms)} (goal p99 <= 30 ms)")
 
     # -- back-pagination ----------------------------------------------------------------------
-    with connection.cursor() as c:
-        # random events, each with a random member of its room who is joined now
-        member = ("SELECT state_key FROM current_state_events c WHERE c.room_id = e.room_id "
-                  "AND c.type = 'm.room.member' AND c.membership = 'join' ORDER BY random() LIMIT 1")
-        sample = ("(SELECT * FROM events WHERE NOT outlier AND room_id NOT LIKE '!baseline%%' "
-                  " ORDER BY random() LIMIT %s) e ")
-        if sqlite:  # no LATERAL: a correlated subquery (rooms with no member left give NULL)
-            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, ({member}) FROM {sample}",
-                      [samples])
-            points = [p for p in c.fetchall() if p[3] is not None]
-        else:
-            c.execute(f"SELECT e.room_id, e.topological_ordering, e.stream_ordering, m.state_key FROM {sample}"
-                      f"CROSS JOIN LATERAL ({member}) m", [samples])
-            points = c.fetchall()
     pages: list[int] = []
 
     def paginate(i: int) -> None:
@@ -475,10 +443,79 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
     back_ms = timed(paginate, len(points))
     print(f"back-pagination (20 events from a random point, t-token): {fmt(back_ms)}; "
           f"{statistics.fmean(pages):.1f} events per page on average (goal p99 <= 10 ms)")
+
+    # -- what is stored (after the timed reads: these scan whole tables) ------------------------
+    state_storage(sqlite)
     database_size(sqlite)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     rt.close()
     return 0
+
+
+def sampled(c, table: str, columns: str, where: str, n: int, *, query: bool = True):
+    """``n`` random rows of ``table`` (``columns``, rows passing ``where``): on PostgreSQL drawn
+    from a block sample of about 20 times as many rows (``TABLESAMPLE SYSTEM``: it reads those
+    blocks only, where ``ORDER BY random()`` read the whole table -- 7.7 GB of events at 10 M
+    -- and left the OS's cache full of it before the timed reads); the whole table when the
+    sample would be too small, and on SQLite. ``query=False``: the SQL (its one parameter
+    ``n``), to use as a subquery."""
+    from django.db import connection
+
+    condition = f"WHERE {where}" if where else ""
+    source = table
+    if connection.vendor == "postgresql":
+        c.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [table])
+        estimate = c.fetchone()[0] or 0
+        percent = 100 * 20 * n / estimate if estimate > 0 else 100
+        if percent < 50:
+            source = f"{table} TABLESAMPLE SYSTEM ({percent:.4f}) REPEATABLE (1)"
+    sql = f"SELECT {columns} FROM {source} {condition} ORDER BY random() LIMIT %s"
+    if not query:
+        return sql
+    c.execute(sql, [n])
+    rows = c.fetchall()
+    if len(rows) < n and source != table:  # an unlucky block sample: the whole table
+        c.execute(f"SELECT {columns} FROM {table} {condition} ORDER BY random() LIMIT %s", [n])
+        rows = c.fetchall()
+    return rows
+
+
+def state_storage(sqlite: bool) -> None:
+    """State groups as stored against full snapshots of every group (the mean state of 2,000
+    sampled groups times the groups), and the database's size."""
+    from django.db import connection
+
+    from streams.storage.sql import store_cursor
+    from streams.storage.state_groups import StateGroupStore
+
+    with connection.cursor() as c:
+        c.execute("SELECT count(*), count(*) FILTER (WHERE chain_length = 1) FROM state_groups")
+        n_groups, n_snapshots = c.fetchone()
+        c.execute("SELECT count(*) FROM state_groups_state")
+        n_rows = c.fetchone()[0]
+        if sqlite:  # table and index pages, as pg_total_relation_size counts them
+            size = ("(SELECT sum(pgsize) FROM dbstat WHERE name IN (SELECT name FROM sqlite_master "
+                    "WHERE tbl_name = '{}'))")
+            c.execute("SELECT " + ", ".join(size.format(t) for t in
+                                            ("state_groups_state", "state_groups", "state_group_edges")))
+        else:
+            c.execute("SELECT pg_total_relation_size('state_groups_state'), pg_total_relation_size('state_groups'), "
+                      "pg_total_relation_size('state_group_edges')")
+        rows_bytes, groups_bytes, edges_bytes = c.fetchone()
+        c.execute("SELECT id FROM state_groups ORDER BY random() LIMIT 2000")
+        sample_groups = [r[0] for r in c.fetchall()]
+    store = StateGroupStore(cache_keys=10)
+    with store_cursor() as cur:
+        sizes = [len(store.get_state(cur, g)) for g in sample_groups]
+    mean_size = statistics.fmean(sizes) if sizes else 0
+    full_rows = n_groups * mean_size
+    bytes_per_row = rows_bytes / n_rows if n_rows else 0
+    ours = rows_bytes + groups_bytes + edges_bytes
+    full_bytes = full_rows * bytes_per_row + groups_bytes
+    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
+          f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
+          f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} "
+          "(goal <= 0.05; issue 16: 0.1)")
 
 
 def database_size(sqlite: bool) -> None:
