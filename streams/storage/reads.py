@@ -211,7 +211,7 @@ class NotFound(LookupError):
     """No such event or room for this user (unknown, or not visible to them)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class EventRow:
     event_id: str
     room_id: str
@@ -280,27 +280,37 @@ def _ids_are_hashes(version: str | None) -> bool:
 def with_event_id(raw: bytes, event_id: str) -> bytes:
     """``raw`` (a JSON object) with ``event_id`` first: clients need the ID, which v3+ PDUs do
     not carry. Spliced in, the rest of the bytes untouched."""
-    body = raw.lstrip()
     # v3+ IDs are "$" and unpadded base64: nothing to escape (json.dumps for anything else)
     quoted = (b'"' + event_id.encode() + b'"' if _PLAIN_ID.fullmatch(event_id)
               else json.dumps(event_id).encode())
+    if raw[:1] == b"{" and raw[1:2] not in (b"}", b" ", b"\t", b"\n", b"\r"):
+        # stored compact (every row this store writes): one copy of the bytes, not three
+        return b"".join((b'{"event_id":', quoted, b",", memoryview(raw)[1:]))
+    body = raw.lstrip()
     return b'{"event_id":' + quoted + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
 
 
 _PLAIN_ID = re.compile(r"[$!@#:.\w+/=-]*", re.ASCII)
 
 
-def _rows(rows: Iterable[Sequence[Any]], cur: Any, caches: StorageCaches) -> list[EventRow]:
-    """Rows of :data:`_COLUMNS` as :class:`EventRow` objects: pruned when redacted, with the
-    ``event_id`` spliced in where the room's events lack it."""
-    rows = list(rows)
-    hashed = _hashed_id_rooms(cur, caches, (r[1] for r in rows)) if rows else set()
-    out = []
+def _rows(rows: Iterable[Sequence[Any]], cur: Any, caches: StorageCaches, *, prefixed: bool = False) -> list[EventRow]:
+    """Rows of :data:`_COLUMNS` (after one leading column if ``prefixed``) as :class:`EventRow` objects:
+    pruned when redacted, with the ``event_id`` spliced in where the room's events lack it.
+    A sync returns ~2,000 of them: one pass, no per-row copies."""
+    rows = rows if isinstance(rows, list) else list(rows)
+    hashed = _hashed_id_rooms(cur, caches, (r[prefixed + 1] for r in rows)) if rows else set()
+    out: list[EventRow] = []
+    append = out.append
     for r in rows:
-        raw = client_json(bytes(r[4]), r[5])
-        if r[1] in hashed:
-            raw = with_event_id(raw, r[0])
-        out.append(EventRow(r[0], r[1], r[2], r[3], raw))
+        if prefixed:
+            _, event_id, room_id, topological, stream, raw, redacted = r
+        else:
+            event_id, room_id, topological, stream, raw, redacted = r
+        if redacted:
+            raw = client_json(bytes(raw), redacted)
+        if room_id in hashed:
+            raw = with_event_id(raw, event_id)
+        append(EventRow(event_id, room_id, topological, stream, bytes(raw)))
     return out
 
 
@@ -480,7 +490,7 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
 def _group_timelines(cur: Any, caches: StorageCaches, rows: Sequence[Sequence[Any]], limit: int, *,
                      historic: bool) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for event in _rows((r[1:] for r in rows), cur, caches):
+    for event in _rows(rows, cur, caches, prefixed=True):
         room = out.setdefault(event.room_id, {"events": []})
         room["events"].append(event)
     for room in out.values():

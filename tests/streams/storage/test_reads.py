@@ -230,3 +230,16 @@ def test_change_cache_vectors():
     pre = StreamChangeCache("t", 1, prefilled={"user@foo.com": 2})
     assert pre.has_entity_changed("user@foo.com", 1)
     assert pre.get_entities_changed(["user@foo.com", "x"], 1) == {"user@foo.com"}
+
+
+@pytest.mark.parametrize("raw", [b'{"type":"m.room.message","content":{}}', b'{}', b'  { "type": "x" }',
+                                 b'{\n  "a": 1\n}', b'{ }'])
+def test_event_id_spliced_into_stored_json(raw):
+    """The ``event_id`` goes first, the stored bytes after it untouched, whatever the JSON's
+    layout (this store writes it compact: the fast path; anything else the general one)."""
+    from streams.storage.reads import with_event_id
+
+    for event_id in ("$abcDEF123_-", 'odd"id\\'):
+        out = with_event_id(raw, event_id)
+        assert json.loads(out) == {"event_id": event_id, **json.loads(raw)}
+        assert out.startswith(b'{"event_id":') and out.endswith(raw.strip()[1:])
