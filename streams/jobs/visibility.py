@@ -97,6 +97,53 @@ class _States:
         self._recent[g] = state
         return state
 
+    def values_at(self, g: int | None, keys: Iterable[tuple]) -> dict:
+        """The values of ``keys`` in group ``g``'s state (a key it lacks is left out): each
+        from the nearest group of the chain holding it, without building the state -- a big
+        room's is ~80,000 members, and a fork in it needs a handful of keys."""
+        out: dict = {}
+        pending = set(keys)
+        h = g
+        while h is not None and pending:
+            rows = self.rows.get(h)
+            if rows:
+                hit = [k for k in rows if k in pending] if len(rows) < len(pending) else [k for k in pending if k in rows]
+                for k in hit:
+                    out[k] = rows[k]
+                pending.difference_update(hit)
+            h = self.parent.get(h)
+        return out
+
+    def fork(self, a: int, b: int) -> tuple[dict, set] | None:
+        """Going from group ``a``'s state to group ``b``'s: the keys that may differ (those in
+        the rows of the groups between their nearest common ancestor and each of them) and
+        their values in ``b``'s state (a key it lacks is left out); None when the two share
+        no ancestor (different snapshots). Every other key has the ancestor's value in both."""
+        up_from_a: dict[int, int] = {}
+        path_a: list[int] = []
+        h: int | None = a
+        while h is not None:
+            up_from_a[h] = len(path_a)
+            path_a.append(h)
+            h = self.parent.get(h)
+        path_b: list[int] = []
+        h = b
+        while h is not None and h not in up_from_a:
+            path_b.append(h)
+            h = self.parent.get(h)
+        if h is None:
+            return None
+        ancestor = h
+        keys: set = set()
+        for x in path_a[:up_from_a[ancestor]]:
+            keys.update(self.rows.get(x, ()))
+        values: dict = {}
+        for x in reversed(path_b):  # from the ancestor's child down to b: the nearest row wins
+            values.update(self.rows.get(x, {}))
+        keys.update(values)
+        values.update(self.values_at(ancestor, keys - values.keys()))
+        return values, keys
+
 
 def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
         list[tuple], dict[str, list[list]], dict[str, bool], dict[str, int]]:
@@ -152,12 +199,32 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
                     users = {k[1] for k in cur if k[0] == "m"} | set(open_from)
                 else:
                     users = [k[1] for k in own if k[0] == "m"]
-            else:  # a fork, a snapshot, or the first event: compare whole member maps
-                old = cur
-                cur = dict(states.state(g))
-                users = {k[1] for k in cur if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
-                if parent is not None and len(own) <= 1:
-                    before = states.state(parent)
+            else:  # a fork, a snapshot, or the first event
+                moved = states.fork(cur_group, g) if g is not None and cur_group not in (-1, None) else None
+                if moved is None:  # no common ancestor: compare whole member maps
+                    old = cur
+                    cur = dict(states.state(g))
+                    users = {k[1] for k in cur if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
+                else:  # only the keys on the two paths from the common ancestor can differ
+                    values, may_differ = moved
+                    users = set()
+                    vis_changed = False
+                    for k in may_differ:
+                        v = values.get(k)
+                        if cur.get(k) == v:
+                            continue
+                        if v is None:
+                            del cur[k]
+                        else:
+                            cur[k] = v
+                        if k[0] == "m":
+                            users.add(k[1])
+                        else:
+                            vis_changed = True
+                    if vis_changed:
+                        users = {k[1] for k in cur if k[0] == "m"} | set(open_from)
+                if parent is not None and len(own) <= 1:  # what this event's rules read of it
+                    before = states.values_at(parent, [("v",), *own, ("m", skey)])
             vis = _vis(cur.get(("v",)))
             for u in users:
                 now = _grants(cur.get(("m", u)), vis)
@@ -171,7 +238,7 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
         # the state before this event, for the boundary rules of state events: the parent of
         # its own one-row delta group, else resolved from the states after its prev_events
         if etype in (HV, MEMBER) and skey is not None and before is None:
-            before = _resolve_before(prevs, group_of, key_of, states)
+            before = _resolve_before(prevs, group_of, key_of, states, [("v",), ("m", skey)])
         values = [vis]
         if etype == HV and skey == "" and before is not None:
             values.append(_vis(before.get(("v",))))
@@ -227,19 +294,19 @@ def latest_joins(ev: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def _resolve_before(prevs, group_of, key_of, states) -> dict:
-    """The state before an event from the states after its prev_events: the latest prev's,
-    plus keys only the others have (the persist path's resolution)."""
+def _resolve_before(prevs, group_of, key_of, states, keys: list[tuple]) -> dict:
+    """``keys`` in the state before an event, from the states after its prev_events: the
+    latest prev's, then the others' for keys it lacks (the persist path's resolution)."""
     if isinstance(prevs, str):  # the job reads them as a JSON array
         prevs = json.loads(prevs)
-    cands = sorted(((key_of[p], states.state(group_of.get(p))) for p in (prevs if _none(prevs) is not None else [])
+    cands = sorted(((key_of[p], group_of.get(p)) for p in (prevs if _none(prevs) is not None else [])
                     if p in key_of), key=lambda c: c[0], reverse=True)
-    if not cands:
-        return {}
-    result = dict(cands[0][1])
-    for _, s in cands[1:]:
-        for k, v in s.items():
-            result.setdefault(k, v)
+    result: dict = {}
+    for _, g in cands:
+        missing = [k for k in keys if k not in result]
+        if not missing:
+            break
+        result.update(states.values_at(g, missing))
     return result
 
 

@@ -6,6 +6,8 @@ one (as the persist path writes them), so the expected visibility can be read of
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.testing import assertDataFrameEqual
 
 from streams.jobs.visibility import (
@@ -214,3 +216,57 @@ def test_unknown_or_missing_visibility_is_shared(spark, value):
     room.msg()                        # 3
     room.member(B, "join")            # 4
     assert room.visible(spark)[B] == {1, 2, 3, 4}
+
+
+# -- a fork between two groups of one room: only the keys on the paths can differ --------------
+
+group_trees = st.lists(  # group i+1: (its parent among the earlier ones or None, its rows)
+    st.tuples(st.integers(-1, 30), st.dictionaries(st.sampled_from([f"@u{i}:hs" for i in range(12)] + ["v"]),
+                                                   st.sampled_from(["join", "leave", "invite", "ban"]),
+                                                   min_size=1, max_size=6)),
+    min_size=1, max_size=30)
+
+
+@given(tree=group_trees, pairs=st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), max_size=10))
+@settings(max_examples=200, deadline=None)
+def test_fork_names_every_key_that_differs_and_its_value(tree, pairs):
+    """``_States.fork(a, b)`` against both states built whole: every key outside the keys it
+    names has one value in both, and it gives each named key's value in ``b``'s state;
+    ``values_at`` agrees with the whole state for any keys."""
+    import pandas as pd
+
+    from streams.jobs.visibility import HV, MEMBER, _States
+
+    rows = []
+    for i, (parent, keys) in enumerate(tree, start=1):
+        parent = parent + 1 if 0 <= parent < i - 1 else None  # an earlier group, or a snapshot
+        for key, m in keys.items():
+            if key == "v":
+                rows.append((i, parent, HV, "", None, {"join": "joined", "leave": "shared", "invite": "invited",
+                                                       "ban": "world_readable"}[m]))
+            else:
+                rows.append((i, parent, MEMBER, key, m, None))
+    groups = pd.DataFrame(rows, columns=["state_group", "prev_state_group", "type", "state_key", "membership",
+                                         "history_visibility"])
+    states = _States(groups)
+    n = len(tree)
+    for a, b in pairs:
+        a, b = a % n + 1, b % n + 1
+        whole_a, whole_b = dict(states.state(a)), dict(states.state(b))
+        moved = states.fork(a, b)
+        if moved is None:  # only across snapshots
+            assert not set(_chain(states, a)) & set(_chain(states, b))
+            continue
+        values, may_differ = moved
+        for k in set(whole_a) | set(whole_b):
+            if k not in may_differ:
+                assert whole_a.get(k) == whole_b.get(k), k
+        assert {k: whole_b[k] for k in may_differ if k in whole_b} == values
+        some = list(whole_a)[:3] + [("m", "@nobody:hs")]
+        assert states.values_at(a, some) == {k: whole_a[k] for k in some if k in whole_a}
+
+
+def _chain(states, g):
+    while g is not None:
+        yield g
+        g = states.parent.get(g)
