@@ -181,6 +181,16 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
 
     cur: dict = {}  # the state after the previous event (mutated in place along a chain)
     cur_group: int | None = -1
+    # The members of ``cur`` whose membership is "invite": the only ones a change of history
+    # visibility can grant or stop granting (a join grants whatever it is, nothing else
+    # ever does), so such a change re-checks them, not every member (~80,000 in a big room).
+    invited: set[str] = set()
+
+    def member_set(user: str, m: str | None) -> None:  # keeps ``invited`` in step with ``cur``
+        if m == "invite":
+            invited.add(user)
+        else:
+            invited.discard(user)
     for i, (eid, etype, skey, membership, prevs) in enumerate(zip(
             ev["event_id"], ev["type"], ev["state_key"], ev["membership"], ev["prev_events"])):
         g = group_of.get(eid)
@@ -195,16 +205,18 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
                     before[("v",)] = cur.get(("v",))
                 vis_changed = ("v",) in own and own[("v",)] != cur.get(("v",))
                 cur.update(own)
+                users = [k[1] for k in own if k[0] == "m"]
+                for u in users:
+                    member_set(u, cur[("m", u)])
                 if vis_changed:
-                    users = {k[1] for k in cur if k[0] == "m"} | set(open_from)
-                else:
-                    users = [k[1] for k in own if k[0] == "m"]
+                    users = invited.union(users)
             else:  # a fork, a snapshot, or the first event
                 moved = states.fork(cur_group, g) if g is not None and cur_group not in (-1, None) else None
                 if moved is None:  # no common ancestor: compare whole member maps
                     old = cur
                     cur = dict(states.state(g))
                     users = {k[1] for k in cur if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
+                    invited = {k[1] for k, m in cur.items() if k[0] == "m" and m == "invite"}
                 else:  # only the keys on the two paths from the common ancestor can differ
                     values, may_differ = moved
                     users = set()
@@ -219,10 +231,11 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
                             cur[k] = v
                         if k[0] == "m":
                             users.add(k[1])
+                            member_set(k[1], v)
                         else:
                             vis_changed = True
                     if vis_changed:
-                        users = {k[1] for k in cur if k[0] == "m"} | set(open_from)
+                        users |= invited
                 if parent is not None and len(own) <= 1:  # what this event's rules read of it
                     before = states.values_at(parent, [("v",), *own, ("m", skey)])
             vis = _vis(cur.get(("v",)))
@@ -234,7 +247,6 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
                     close(u, i)
             cur_group = g
         vis = _vis(cur.get(("v",)))
-        state = cur
         # the state before this event, for the boundary rules of state events: the parent of
         # its own one-row delta group, else resolved from the states after its prev_events
         if etype in (HV, MEMBER) and skey is not None and before is None:
@@ -247,9 +259,11 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
         if any(v in ("shared", "world_readable") for v in values):
             point(SHARED_ERAS, i)
         if etype == HV and skey == "" and before is not None:
-            for k, m in state.items():
-                if k[0] == "m" and any(_grants(m, v) for v in values):
-                    point(k[1], i)
+            # the members granted under the old or the new visibility see this event: a
+            # joined one is in ``open_from`` already (a point is nothing new), so the invited
+            if any(_grants("invite", v) for v in values):
+                for u in invited:
+                    point(u, i)
         if etype == MEMBER and skey is not None:
             new = _none(membership) or "leave"
             prev = (before or {}).get(("m", skey)) or "leave"
