@@ -388,6 +388,7 @@ def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFr
         sides.setdefault((side, user), []).append((int(st), int(ss), _none(et), _none(es)))
     joins = latest_joins(ev)
     shared = {side: canonical_runs(keys, sides.get((side, SHARED_ERAS), []))[0] for side in ("expected", "found")}
+    shared_alike = shared["expected"] == shared["found"]  # (once: ~2,300 eras in a big room)
     out = []
     for user in sorted({u for _, u in sides}):
         exp_runs, exp_open = canonical_runs(keys, sides.get(("expected", user), []))
@@ -395,7 +396,7 @@ def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFr
         # Own runs alike and shared eras alike: what the user sees is alike, with no merge of
         # the eras before their join (a big room has ~2,300 of them and ~80,000 members: the
         # merges were the check's time at 10 M, docs/benchmarks.md, session 12)
-        if not user.startswith("*") and not (exp_runs == got_runs and shared["expected"] == shared["found"]):
+        if not user.startswith("*") and not (exp_runs == got_runs and shared_alike):
             exp_runs = seen_runs(exp_runs, shared["expected"], joins.get(user))
             got_runs = seen_runs(got_runs, shared["found"], joins.get(user))
         if exp_runs != got_runs:
