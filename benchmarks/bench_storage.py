@@ -463,7 +463,9 @@ def sampled(c, table: str, columns: str, where: str, n: int, *, query: bool = Tr
     ``n``), to use as a subquery."""
     from django.db import connection
 
-    condition = f"WHERE {where}" if where else ""
+    def select(source: str) -> str:
+        return f"SELECT {columns} FROM {source} {'WHERE ' + where if where else ''} ORDER BY random() LIMIT %s"
+
     source = table
     if connection.vendor == "postgresql":
         c.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [table])
@@ -471,13 +473,12 @@ def sampled(c, table: str, columns: str, where: str, n: int, *, query: bool = Tr
         percent = 100 * 20 * n / estimate if estimate > 0 else 100
         if percent < 50:
             source = f"{table} TABLESAMPLE SYSTEM ({percent:.4f}) REPEATABLE (1)"
-    sql = f"SELECT {columns} FROM {source} {condition} ORDER BY random() LIMIT %s"
     if not query:
-        return sql
-    c.execute(sql, [n])
+        return select(source)
+    c.execute(select(source), [n])
     rows = c.fetchall()
     if len(rows) < n and source != table:  # an unlucky block sample: the whole table
-        c.execute(f"SELECT {columns} FROM {table} {condition} ORDER BY random() LIMIT %s", [n])
+        c.execute(select(table), [n])
         rows = c.fetchall()
     return rows
 

@@ -70,13 +70,16 @@ _MAX = 2**63 - 1
 
 def _least(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
     """SQL: the smaller of two (topological, stream) keys, as its two columns."""
-    first = f"({a[0]}, {a[1]}) < ({b[0]}, {b[1]})"
-    return (f"CASE WHEN {first} THEN {a[0]} ELSE {b[0]} END", f"CASE WHEN {first} THEN {a[1]} ELSE {b[1]} END")
+    return _pick(a, b, "<")
 
 
 def _greatest(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
     """SQL: the larger of two (topological, stream) keys, as its two columns."""
-    first = f"({a[0]}, {a[1]}) > ({b[0]}, {b[1]})"
+    return _pick(a, b, ">")
+
+
+def _pick(a: tuple[str, str], b: tuple[str, str], op: str) -> tuple[str, str]:
+    first = f"({a[0]}, {a[1]}) {op} ({b[0]}, {b[1]})"
     return (f"CASE WHEN {first} THEN {a[0]} ELSE {b[0]} END", f"CASE WHEN {first} THEN {a[1]} ELSE {b[1]} END")
 
 
