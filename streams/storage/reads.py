@@ -84,8 +84,19 @@ def _pick(a: tuple[str, str], b: tuple[str, str], op: str) -> tuple[str, str]:
 
 
 #: a page's token as the inclusive bound of a walk: the events at or before ``(t, s)`` going
-#: back; after it going forward, which for integer keys is at or after ``(t, s + 1)``
-_TOKEN_BOUND = {"b": ("%(t)s", "%(s)s"), "f": ("%(t)s", "%(s)s + 1")}
+#: back; after it going forward, at or after the next key ``(%(ft)s, %(fs)s)``
+#: (:func:`_key_after`)
+_TOKEN_BOUND = {"b": ("%(t)s", "%(s)s"), "f": ("%(ft)s", "%(fs)s")}
+
+
+def _key_after(topological: int, stream: int) -> tuple[int, int] | None:
+    """The smallest 64-bit (topological, stream) key after this one (None: it is the last),
+    computed here: ``s + 1`` in SQL overflows for a token at the end of the key space."""
+    if stream < _MAX:
+        return topological, stream + 1
+    if topological < _MAX:
+        return topological + 1, -_MAX - 1
+    return None
 
 
 def visible_events(room: str, *, order: str, event_filter: str = "", range_filter: str = "",
@@ -387,6 +398,11 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
     if from_token is not None:
         params["s"] = from_token.stream
         params["t"] = from_token.topological
+        if by_key and direction == "f":
+            after = _key_after(from_token.topological, from_token.stream)
+            if after is None:  # nothing can come after the last key
+                return {"chunk": [], "start": from_token, "end": None}
+            params["ft"], params["fs"] = after
         if from_token.topological is None:
             bound = "AND e.stream_ordering <= %(s)s" if direction == "b" else "AND e.stream_ordering > %(s)s"
         elif direction == "b":

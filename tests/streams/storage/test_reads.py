@@ -243,3 +243,14 @@ def test_event_id_spliced_into_stored_json(raw):
         out = with_event_id(raw, event_id)
         assert json.loads(out) == {"event_id": event_id, **json.loads(raw)}
         assert out.startswith(b'{"event_id":') and out.endswith(raw.strip()[1:])
+
+
+def test_page_from_a_token_at_the_end_of_the_key_space(store):
+    """A token at the largest position a token may name (64 bits): going forward there is
+    nothing after it, going back everything is before it; no bound overflows into an error."""
+    _, setup, msgs = room(store, "!edge:hs", 3)
+    top = 2**63 - 1
+    for token in (RoomStreamToken(top, 5), RoomStreamToken(top, top), RoomStreamToken.parse(f"t{top}-{top}")):
+        assert room_messages("!edge:hs", A, from_token=token, direction="f", limit=5)["chunk"] == []
+        back = room_messages("!edge:hs", A, from_token=token, direction="b", limit=10)
+        assert [e.event_id for e in back["chunk"]] == (setup + msgs)[::-1]
