@@ -18,8 +18,15 @@ class StreamChangeCache:
         self._cache: SortedDict = SortedDict()  # position -> set of entities
         self._earliest_known_stream_pos = current_stream_pos
         self._lock = threading.Lock()
+        # in bulk, as entity_has_changed one by one would (each entity is there once): a
+        # prefill may hold every room of the server
+        by_position: dict[int, set[str]] = {}
         for entity, pos in (prefilled or {}).items():
-            self.entity_has_changed(entity, pos)
+            if pos > current_stream_pos:
+                by_position.setdefault(pos, set()).add(entity)
+                self._entity_to_key[entity] = pos
+        self._cache.update(by_position)
+        self._evict()
 
     @property
     def earliest_known_position(self) -> int:
@@ -75,11 +82,15 @@ class StreamChangeCache:
                     del self._cache[old]
             self._cache.setdefault(stream_pos, set()).add(entity)
             self._entity_to_key[entity] = stream_pos
-            while len(self._cache) > self.max_size:
-                pos, evicted = self._cache.popitem(0)
-                self._earliest_known_stream_pos = max(pos, self._earliest_known_stream_pos)
-                for e in evicted:
-                    self._entity_to_key.pop(e, None)
+            self._evict()
+
+    def _evict(self) -> None:
+        """The oldest positions beyond ``max_size``; what is known starts after them."""
+        while len(self._cache) > self.max_size:
+            pos, evicted = self._cache.popitem(0)
+            self._earliest_known_stream_pos = max(pos, self._earliest_known_stream_pos)
+            for e in evicted:
+                self._entity_to_key.pop(e, None)
 
     def entities_have_changed(self, changes: Iterable[tuple[str, int]]) -> None:
         for entity, pos in changes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -294,17 +293,17 @@ def _ids_are_hashes(version: str | None) -> bool:
 def with_event_id(raw: bytes, event_id: str) -> bytes:
     """``raw`` (a JSON object) with ``event_id`` first: clients need the ID, which v3+ PDUs do
     not carry. Spliced in, the rest of the bytes untouched."""
-    # v3+ IDs are "$" and unpadded base64: nothing to escape (json.dumps for anything else)
-    quoted = (b'"' + event_id.encode() + b'"' if _PLAIN_ID.fullmatch(event_id)
-              else json.dumps(event_id).encode())
+    # v3+ IDs are "$" and unpadded base64: nothing to escape (json.dumps for anything else).
+    # Checked with str methods, not a regular expression: a sync splices ~1,700 of them.
+    if event_id.isascii() and event_id.isprintable() and '"' not in event_id and "\\" not in event_id:
+        quoted = b'"' + event_id.encode() + b'"'
+    else:
+        quoted = json.dumps(event_id).encode()
     if raw[:1] == b"{" and raw[1:2] not in (b"}", b" ", b"\t", b"\n", b"\r"):
         # stored compact (every row this store writes): one copy of the bytes, not three
         return b"".join((b'{"event_id":', quoted, b",", memoryview(raw)[1:]))
     body = raw.lstrip()
     return b'{"event_id":' + quoted + (b"," if body[1:].lstrip()[:1] != b"}" else b"") + body[1:]
-
-
-_PLAIN_ID = re.compile(r"[$!@#:.\w+/=-]*", re.ASCII)
 
 
 def _rows(rows: Iterable[Sequence[Any]], cur: Any, caches: StorageCaches, *, prefixed: bool = False) -> list[EventRow]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.storage import RoomStreamToken
 from streams.storage.change_cache import StreamChangeCache
@@ -149,8 +151,10 @@ def test_incremental_sync(store):
 def test_incremental_sync_from_before_the_change_cache(store, monkeypatch):
     """A token older than the change cache's horizon: the cache can only say "every room may
     have changed", and the rooms' last live event decides instead of reading them all."""
+    from streams.storage import reads
     from streams.storage.caches import ChangeCaches, storage_caches
 
+    real_rooms_changed = reads._rooms_changed
     builders = [room(store, f"!o{i}:hs", 2, members=(A, B))[0] for i in range(4)]
     since = initial_sync(B)["next_batch"]
     store.persist(builders[1].message(A, "new in 1")[1])
@@ -158,13 +162,30 @@ def test_incremental_sync_from_before_the_change_cache(store, monkeypatch):
     for i in range(6):  # later traffic in a room Bob is not in pushes the horizon past the token
         store.persist(builders[0].message(A, f"also new in 0, {i}")[1])
     monkeypatch.setattr(ChangeCaches, "PREFILL", 3)
-    storage_caches().forget()  # a process started after the token: its cache begins 3 positions back
+    # a process started after the token: its events feed begins 3 positions back, and its
+    # rooms' cache holds the 2 latest rooms' last change (a server with more rooms than it keeps)
+    monkeypatch.setattr(ChangeCaches, "ROOM_ENTRIES", 2)
+    storage_caches().forget()
     sync = incremental_sync(B, since, limit=2)
     assert storage_caches().change.rooms.earliest_known_position > since.stream  # the case under test
     assert sync["rooms_checked"] == 3  # !o0, !o1, !o3: not !o2, which has nothing new
     assert sorted(sync["rooms"]) == ["!o0:hs", "!o1:hs", "!o3:hs"]
     assert bodies(sync["rooms"]["!o3:hs"]["events"]) == ["new in 3"]
     assert bodies(sync["rooms"]["!o0:hs"]["events"]) == ["also new in 0, 4", "also new in 0, 5"]
+
+    # with room for every room, the cache starts knowing each room's last change: the same
+    # answer with no question to the database about the rooms
+    monkeypatch.undo()
+    monkeypatch.setattr(ChangeCaches, "PREFILL", 3)
+    storage_caches().forget()
+    asked: list[str] = []
+    monkeypatch.setattr(reads, "_rooms_changed", lambda cur, cache, rooms, since: (
+        asked.append("rooms") if since < cache.earliest_known_position else None)
+        or real_rooms_changed(cur, cache, rooms, since))
+    again = incremental_sync(B, since, limit=2)
+    assert storage_caches().change.rooms.earliest_known_position <= since.stream and asked == []
+    assert again["rooms_checked"] == 3 and sorted(again["rooms"]) == sorted(sync["rooms"])
+    assert all(bodies(again["rooms"][r]["events"]) == bodies(sync["rooms"][r]["events"]) for r in sync["rooms"])
 
 
 def test_page_from_a_token_scans_from_the_token(store, default_database):
@@ -243,6 +264,15 @@ def test_event_id_spliced_into_stored_json(raw):
         out = with_event_id(raw, event_id)
         assert json.loads(out) == {"event_id": event_id, **json.loads(raw)}
         assert out.startswith(b'{"event_id":') and out.endswith(raw.strip()[1:])
+
+
+@given(st.text(max_size=12), st.sampled_from([b'{"type":"m.room.message","content":{}}', b'{}', b' {"a": 1}']))
+def test_any_event_id_is_spliced_as_a_json_string(event_id, raw):
+    """Whatever an ID holds (quotes, backslashes, control characters, non-ASCII), the splice
+    is valid JSON carrying that ID: only IDs that need no escaping take the fast path."""
+    from streams.storage.reads import with_event_id
+
+    assert json.loads(with_event_id(raw, event_id)) == {"event_id": event_id, **json.loads(raw)}
 
 
 def test_page_from_a_token_at_the_end_of_the_key_space(store):
