@@ -262,14 +262,10 @@ def _hashed_id_rooms(cur: Any, caches: StorageCaches, room_ids: Iterable[str]) -
     """Which of ``room_ids`` hold events carrying no ``event_id`` field (authorized rooms of
     v3+: the ID is a hash). Cached per room (a room's version never changes); the rooms not
     cached yet are read in one query."""
-    hashed: set[str] = set()
-    missing: list[str] = []
-    for room_id in set(room_ids):
-        known = caches.hashed_id_rooms.get(room_id)
-        if known is None:
-            missing.append(room_id)
-        elif known:
-            hashed.add(room_id)
+    rooms = set(room_ids)
+    known = caches.hashed_id_rooms.get_many(rooms)
+    hashed = {room_id for room_id, is_hashed in known.items() if is_hashed}
+    missing = [room_id for room_id in rooms if room_id not in known]
     if missing:
         cur.execute(f"SELECT room_id, room_version, authorized FROM rooms WHERE {in_array(cur, 'room_id')}",
                     [array(cur, missing)])

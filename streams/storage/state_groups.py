@@ -215,6 +215,19 @@ class _LRU:
                 self._d.move_to_end(key)
             return v
 
+    def get_many(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        """The cached values of ``keys`` (those cached), under one acquisition of the lock: a
+        sync looks up ~300 rooms at once."""
+        out: dict[Any, Any] = {}
+        with self._lock:
+            d = self._d
+            for key in keys:
+                v = d.get(key)
+                if v is not None:
+                    d.move_to_end(key)
+                    out[key] = v
+        return out
+
     def put(self, key: Any, value: Any) -> None:
         with self._lock:
             old = self._d.pop(key, None)
