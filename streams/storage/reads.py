@@ -180,29 +180,42 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
     # made it read every entry of the range -- all of a big room's events since the user
     # joined -- and sort them.
-    before_join = f"(coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX})) < (j.jt, j.js)"
-    return f"""(
-        SELECT DISTINCT ON (x.stream_ordering) x.* FROM (
-            SELECT v.room_id, v.start_topological, v.start_stream,
-                   coalesce(v.end_topological, {_MAX}) AS end_topological,
-                   coalesce(v.end_stream, {_MAX}) AS end_stream
-            FROM room_visibility_ranges v
-            WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}
-            UNION ALL
-            SELECT v.room_id, v.start_topological, v.start_stream,
-                   CASE WHEN {before_join} THEN coalesce(v.end_topological, {_MAX}) ELSE j.jt END,
-                   CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END
-            FROM {latest_join(room)} j JOIN room_visibility_ranges v
-                 ON v.room_id = {room} AND v.user_id = '*shared'
-                    AND (v.start_topological, v.start_stream) < (j.jt, j.js) {range_filter}) r
-        CROSS JOIN LATERAL (
+    def walks(ranges: str, extra: str = "") -> str:
+        return f"""SELECT x.* FROM ({ranges}) r CROSS JOIN LATERAL (
             SELECT {_COLUMNS} FROM events e
             WHERE e.room_id = r.room_id
               AND (e.topological_ordering + 0, e.stream_ordering) >= (r.start_topological, r.start_stream)
               AND (e.topological_ordering + 0, e.stream_ordering) <= (r.end_topological, r.end_stream)
-              AND NOT e.outlier AND NOT e.rejected {event_filter}
-            ORDER BY e.stream_ordering DESC LIMIT {limit}) x
-        ORDER BY x.stream_ordering DESC LIMIT {limit})"""
+              AND NOT e.outlier AND NOT e.rejected {event_filter} {extra}
+            ORDER BY e.stream_ordering DESC LIMIT {limit}) x"""
+
+    own = f"""SELECT v.room_id, v.start_topological, v.start_stream,
+                   coalesce(v.end_topological, {_MAX}) AS end_topological,
+                   coalesce(v.end_stream, {_MAX}) AS end_stream
+            FROM room_visibility_ranges v
+            WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}"""
+    before_join = f"(coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX})) < (j.jt, j.js)"
+    shared = f"""SELECT v.room_id, v.start_topological, v.start_stream,
+                   CASE WHEN {before_join} THEN coalesce(v.end_topological, {_MAX}) ELSE j.jt END AS end_topological,
+                   CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END AS end_stream
+            FROM {latest_join(room)} j JOIN room_visibility_ranges v
+                 ON v.room_id = {room} AND v.user_id = '*shared'
+                    AND (v.start_topological, v.start_stream) < (j.jt, j.js) {range_filter}"""
+    # The user's and the world's walks first. Only what is newer than their limit-th event
+    # can still make the page, so ``*shared``'s walks stop there: going down the window they
+    # pass every event after the user's join before the first one before it (a user who
+    # joined inside the window: ~4,000 rows read and dropped per sync, docs/benchmarks.md,
+    # session 13). That bound is the stream ordering the answer already reaches, not the
+    # join's: by key, events before the join may come later in the stream (forks, backfill).
+    floor = f"""coalesce((SELECT DISTINCT o.stream_ordering FROM ow o ORDER BY o.stream_ordering DESC
+                          OFFSET ({limit}) - 1 LIMIT 1), CAST({-_MAX - 1} AS BIGINT))"""
+    return f"""(
+        WITH ow AS MATERIALIZED ({walks(own)})
+        SELECT DISTINCT ON (z.stream_ordering) z.* FROM (
+            SELECT * FROM ow
+            UNION ALL
+            {walks(shared, f"AND e.stream_ordering > {floor}")}) z
+        ORDER BY z.stream_ordering DESC LIMIT {limit})"""
 
 
 def visible_events_sqlite(room: str, *, order: str, event_filter: str = "", limit: str = "%(limit)s") -> str:

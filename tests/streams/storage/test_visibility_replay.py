@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from streams.storage.reads import initial_sync, room_messages
+from streams.storage.reads import incremental_sync, initial_sync, room_messages
 from streams.storage.synthetic import RoomBuilder
+from streams.storage.tokens import RoomStreamToken
 
 from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
@@ -136,6 +137,12 @@ def _resolve(states):
 
 # a join on a branch, merged: the user sees each event after the merge (found by this test)
 FORK_JOIN_MERGE = [(("msg",), 1, False), (("msg",), 0, False), (("member", "@u1:hs", "join"), 2, True), (("msg",), 0, False)]
+# a fork from before a join, persisted after it: before the join by key (shared history, so
+# visible to the joiner), after it in the stream; an incremental sync must still find it
+LATE_FORK_BEFORE_JOIN = [(("member", "@u1:hs", "join"), 0, False), (("msg",), 0, False), (("msg",), 3, False)]
+# ... and two of the joiner's own events after it in the stream: the newest page holds own
+# events on both sides of the late fork
+LATE_FORK_BETWEEN_OWN = LATE_FORK_BEFORE_JOIN + [(("msg",), 1, False), (("msg",), 0, False)]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -143,6 +150,9 @@ FORK_JOIN_MERGE = [(("msg",), 1, False), (("msg",), 0, False), (("member", "@u1:
 @given(st.lists(fork_op, max_size=30), st.integers(1, 12))
 @example(FORK_JOIN_MERGE, 1)
 @example(FORK_JOIN_MERGE, 10)
+@example(LATE_FORK_BEFORE_JOIN, 1)
+@example(LATE_FORK_BEFORE_JOIN, 5)
+@example(LATE_FORK_BETWEEN_OWN, 1)
 def test_ranges_match_the_rules_on_forked_rooms(store, ops, batch):
     room_id = f"!vf{next(ROOMS)}:hs"
     b = RoomBuilder(room_id, server="hs")
@@ -210,3 +220,25 @@ def test_ranges_match_the_rules_on_forked_rooms(store, ops, batch):
                 want.append(eid)
         got = [e.event_id for e in room_messages(room_id, user, direction="f", limit=1000)["chunk"]]
         assert got == want, user
+        if user != OUTSIDER:
+            _check_incremental_sync(room_id, user, want, key)
+
+
+def _check_incremental_sync(room_id, user, visible, key, limit=3):
+    """Incremental sync from tokens inside the history: the room's newest ``limit`` visible
+    events after the token by stream ordering, oldest first; a fork or a late join puts
+    events before the join (by key) after it in the stream, which each walk must still find."""
+    from django.db import connection
+
+    streams = sorted(s for _, s in key.values())
+    with connection.cursor() as c:
+        c.execute("SELECT 1 FROM current_state_events WHERE room_id = %s AND type = 'm.room.member' "
+                  "AND state_key = %s AND membership = 'join'", [room_id, user])
+        joined = c.fetchone() is not None
+    for since in {streams[0], streams[len(streams) // 3], streams[2 * len(streams) // 3], streams[-2]}:
+        window = sorted((e for e in visible if key[e][1] > since), key=lambda e: key[e][1])
+        room = incremental_sync(user, RoomStreamToken(since), limit=limit)["rooms"].get(room_id)
+        if room is not None:
+            assert [e.event_id for e in room["events"]] == window[-limit:], (user, since)
+        elif joined:
+            assert window == [], (user, since)
