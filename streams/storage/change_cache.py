@@ -70,11 +70,7 @@ class StreamChangeCache:
                 return None
             out: list[str] = []
             for pos in self._cache.irange(minimum=stream_pos, inclusive=(False, True)):
-                at = self._cache[pos]
-                if type(at) is set:
-                    out.extend(at)
-                else:
-                    out.append(at)
+                out.extend(_entities(self._cache[pos]))
             return out
 
     def entity_has_changed(self, entity: str, stream_pos: int) -> None:
@@ -101,7 +97,7 @@ class StreamChangeCache:
         while len(self._cache) > self.max_size:
             pos, evicted = self._cache.popitem(0)
             self._earliest_known_stream_pos = max(pos, self._earliest_known_stream_pos)
-            for e in (evicted if type(evicted) is set else (evicted,)):
+            for e in _entities(evicted):
                 self._entity_to_key.pop(e, None)
 
     def entities_have_changed(self, changes: Iterable[tuple[str, int]]) -> None:
@@ -111,6 +107,11 @@ class StreamChangeCache:
     def get_max_pos_of_last_change(self, entity: str) -> int | None:
         with self._lock:
             return self._entity_to_key.get(entity)
+
+
+def _entities(at: str | set[str]) -> Collection[str]:
+    """What changed at a position, as a collection (a bare entity or a set of them)."""
+    return at if isinstance(at, set) else (at,)
 
 
 def _add(cache: "SortedDict | dict[int, str | set[str]]", pos: int, entity: str) -> None:
