@@ -119,7 +119,7 @@ def _add(cache: "SortedDict | dict[int, str | set[str]]", pos: int, entity: str)
     at = cache.get(pos)
     if at is None:
         cache[pos] = entity
-    elif type(at) is set:
+    elif isinstance(at, set):
         at.add(entity)
     else:
         cache[pos] = {at, entity}
