@@ -14,7 +14,8 @@ state), and an ``event_to_state_groups`` row per group. Prints per room:
 
 * **rows per group** stored in ``state_groups_state``, and the ratio to the same groups
   stored as full snapshots (issue 19's goal: <= 0.05);
-* **MB**: what the room added to the three state-group tables and their indexes on disk;
+* **MB**: what the room added to the state-group tables (with the big groups' packed copies)
+  and their indexes on disk;
 * **state at event, cold**: p50/p99 of ``reads.state_at_event`` for random groups of the
   second half of the room's groups (past the first chains), the process's caches dropped
   before each call (so a chain walk and the rows of the chain, from PostgreSQL's buffers),
@@ -44,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._machine import cpu_description, load_average  # noqa: E402
 
-TABLES = ("state_groups_state", "state_groups", "state_group_edges")
+TABLES = ("state_groups_state", "state_groups", "state_group_edges", "state_groups_packed")
 BATCH = 500
 
 

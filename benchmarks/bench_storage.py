@@ -484,8 +484,8 @@ def sampled(c, table: str, columns: str, where: str, n: int, *, query: bool = Tr
 
 
 def state_storage(sqlite: bool) -> None:
-    """State groups as stored against full snapshots of every group (the mean state of 2,000
-    sampled groups times the groups), and the database's size."""
+    """State groups as stored (rows, groups, edges, packed copies) against full snapshots of
+    every group (the mean state of 2,000 sampled groups times the groups)."""
     from django.db import connection
 
     from streams.storage.sql import store_cursor
@@ -499,12 +499,13 @@ def state_storage(sqlite: bool) -> None:
         if sqlite:  # table and index pages, as pg_total_relation_size counts them
             size = ("(SELECT sum(pgsize) FROM dbstat WHERE name IN (SELECT name FROM sqlite_master "
                     "WHERE tbl_name = '{}'))")
-            c.execute("SELECT " + ", ".join(size.format(t) for t in
-                                            ("state_groups_state", "state_groups", "state_group_edges")))
+            c.execute("SELECT " + ", ".join(f"coalesce({size.format(t)}, 0)" for t in
+                                            ("state_groups_state", "state_groups", "state_group_edges",
+                                             "state_groups_packed")))
         else:
             c.execute("SELECT pg_total_relation_size('state_groups_state'), pg_total_relation_size('state_groups'), "
-                      "pg_total_relation_size('state_group_edges')")
-        rows_bytes, groups_bytes, edges_bytes = c.fetchone()
+                      "pg_total_relation_size('state_group_edges'), pg_total_relation_size('state_groups_packed')")
+        rows_bytes, groups_bytes, edges_bytes, packed_bytes = c.fetchone()
         c.execute("SELECT id FROM state_groups ORDER BY random() LIMIT 2000")
         sample_groups = [r[0] for r in c.fetchall()]
     store = StateGroupStore(cache_keys=10)
@@ -513,9 +514,10 @@ def state_storage(sqlite: bool) -> None:
     mean_size = statistics.fmean(sizes) if sizes else 0
     full_rows = n_groups * mean_size
     bytes_per_row = rows_bytes / n_rows if n_rows else 0
-    ours = rows_bytes + groups_bytes + edges_bytes
+    ours = rows_bytes + groups_bytes + edges_bytes + packed_bytes  # the big groups' packed copies too
     full_bytes = full_rows * bytes_per_row + groups_bytes
-    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB; "
+    print(f"state storage: {n_groups:,} groups ({n_snapshots:,} snapshots), {n_rows:,} rows, {ours / 1e6:,.1f} MB "
+          f"(packed copies {packed_bytes / 1e6:,.1f} MB); "
           f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
           f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} "
           "(goal <= 0.05; issue 16: 0.1)")

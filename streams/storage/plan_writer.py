@@ -11,8 +11,8 @@ from ..models import CurrentStateDelta, Event
 from .chain_cover import index_events
 from .plan import EVENT_AUTH_COLUMNS, EVENT_EDGES_COLUMNS, EVENT_TO_STATE_GROUPS_COLUMNS, MEMBERSHIP_COLUMNS, Plan
 from .redactions import mark_redacted
-from .sql import array, delete_rows, delete_rows_after, in_array, insert_rows
-from .state_groups import NewGroup
+from .sql import array, delete_rows, delete_rows_after, in_array, insert_rows, is_sqlite
+from .state_groups import NewGroup, packed_copies
 
 
 def write_plan(cur: Any, writer: Any, ids: Sequence[int], plan: Plan) -> None:
@@ -94,7 +94,8 @@ def _write_current_state(cur: Any, plan: Plan) -> None:
 
 
 def write_state_groups(cur: Any, groups: Sequence[NewGroup]) -> None:
-    """New groups: their ``state_groups`` row, the edge to the parent, their state rows."""
+    """New groups: their ``state_groups`` row, the edge to the parent, their state rows, and a
+    big group's packed copy on PostgreSQL."""
     insert_rows(cur, "state_groups", ["id", "room_id", "event_id", "chain_length"],
                 ["bigint", "text", "text", "integer"],
                 [(g.id, g.room_id, g.event_id, g.chain_length) for g in groups])
@@ -103,3 +104,6 @@ def write_state_groups(cur: Any, groups: Sequence[NewGroup]) -> None:
     insert_rows(cur, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
                 ["bigint", "text", "text", "text", "text"],
                 [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])
+    if not is_sqlite(cur):  # a big group's packed copy, for its cold reads (state_groups.read_state)
+        insert_rows(cur, "state_groups_packed", ["state_group", "members_count", "members", "others_count", "others"],
+                    ["bigint", "integer", "text", "integer", "text"], packed_copies(groups))

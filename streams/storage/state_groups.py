@@ -43,6 +43,15 @@ WITH RECURSIVE sgs(state_group, hop) AS (
 SELECT state_group FROM sgs ORDER BY hop
 """
 
+#: the chain as :data:`_CHAIN`, with whether each group has a packed copy
+_CHAIN_PACKED = _CHAIN.replace(
+    "SELECT state_group FROM sgs ORDER BY hop",
+    "SELECT s.state_group, p.state_group IS NOT NULL FROM sgs s "
+    "LEFT JOIN state_groups_packed p ON p.state_group = s.state_group ORDER BY s.hop")
+
+#: a group with at least this many rows is also written packed (``PackedStateGroup``)
+PACKED_MIN_ROWS = 10_000
+
 
 #: PostgreSQL: each group of a list as a few strings, its members' (state_key, event_id) and
 #: its other rows' (type, state_key, event_id) joined by a separator, with their counts
@@ -54,6 +63,10 @@ SELECT state_group,
        string_agg(type || %(sep)s || state_key || %(sep)s || event_id, %(sep)s) FILTER (WHERE type <> 'm.room.member')
 FROM state_groups_state WHERE state_group = ANY(%(groups)s) GROUP BY state_group
 """
+#: the same for a chain whose ``packed`` groups have a packed copy, taken as stored
+_PACKED_AND_GROUP_STRINGS = (
+    "SELECT state_group, members_count, members, others_count, others FROM state_groups_packed "
+    "WHERE state_group = ANY(%(packed)s) UNION ALL " + _GROUP_STRINGS)
 _SEP = "\x1f"
 _MEMBER = "m.room.member"
 
@@ -71,10 +84,12 @@ def read_state(cursor: Any, group: int) -> StateMap:
     sorting the chain's rows by key on the server (``DISTINCT ON``), which was most of a big
     state's read. On PostgreSQL each group's rows come as a few joined strings, split and
     zipped into the map with no Python per row: a big room's snapshot is 20,000-140,000
-    rows, and a tuple per row, unpacked in a loop, was two thirds of a cold read."""
-    chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
+    rows, and a tuple per row, unpacked in a loop, was two thirds of a cold read. A group with
+    a packed copy (``PackedStateGroup``: a big snapshot) is taken as stored, one row, where
+    aggregating its rows was half of an 80,000-key read at 10 M events."""
     state: StateMap = {}
     if is_sqlite(cursor):  # in-process: no aggregation to save round trips or objects
+        chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
         rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain}
         for g, t, k, e in fetch_all(
                 cursor, f"SELECT state_group, type, state_key, event_id FROM state_groups_state "
@@ -83,8 +98,17 @@ def read_state(cursor: Any, group: int) -> StateMap:
         for g in reversed(chain):
             state.update(((t, k), e) for t, k, e in rows[g])
         return state
-    strings = {g: (nm, members, no, others)
-               for g, nm, members, no, others in fetch_all(cursor, _GROUP_STRINGS, {"sep": _SEP, "groups": chain})}
+    chain, packed = [], []
+    for g, is_packed in fetch_all(cursor, _CHAIN_PACKED, [group]):
+        chain.append(g)
+        if is_packed:
+            packed.append(g)
+    if packed:
+        sql, params = _PACKED_AND_GROUP_STRINGS, {"sep": _SEP, "packed": packed,
+                                                  "groups": [g for g in chain if g not in packed]}
+    else:
+        sql, params = _GROUP_STRINGS, {"sep": _SEP, "groups": chain}
+    strings = {g: (nm, members, no, others) for g, nm, members, no, others in fetch_all(cursor, sql, params)}
     with _collector_paused():
         _apply_strings(cursor, state, chain, strings)
     return state
@@ -125,6 +149,24 @@ def _apply_strings(cursor: Any, state: StateMap, chain: list[int],
                 _apply_rows(cursor, state, g)
                 continue
             state.update(zip(zip(f[0::3], f[1::3]), f[2::3]))
+
+
+def packed_copies(groups: Iterable[NewGroup]) -> list[tuple[int, int, str | None, int, str | None]]:
+    """The ``state_groups_packed`` rows of those of ``groups`` with at least
+    :data:`PACKED_MIN_ROWS` rows that can be packed."""
+    return [(g.id, *p) for g in groups if len(g.rows) >= PACKED_MIN_ROWS for p in [pack(g.rows)] if p is not None]
+
+
+def pack(rows: StateMap) -> tuple[int, str | None, int, str | None] | None:
+    """``rows`` as a packed copy stores them (members' pairs, other rows' triples, each joined
+    by the separator, and their counts: what a cold read splits); None when a key or an ID
+    holds the separator, which reads cannot split back."""
+    members = [s for (t, k), e in rows.items() if t == _MEMBER for s in (k, e)]
+    others = [s for (t, k), e in rows.items() if t != _MEMBER for s in (t, k, e)]
+    joined = [_SEP.join(fields) if fields else None for fields in (members, others)]
+    if any(text is not None and text.count(_SEP) != len(fields) - 1 for fields, text in zip((members, others), joined)):
+        return None
+    return len(members) // 2, joined[0], len(others) // 3, joined[1]
 
 
 def _apply_rows(cursor: Any, state: StateMap, group: int) -> None:

@@ -275,3 +275,55 @@ long_dags = st.lists(st.tuples(st.integers(1, 2), st.integers(0, 3), st.sampled_
 @given(long_dags, st.integers(1, 40))
 def test_forks_and_merges_read_back_through_base_deltas(store, base_deltas_everywhere, steps, batch):
     check(store, build(steps, f"!dagbase{next(ROOMS)}:localhost"), batch)
+
+
+# -- packed copies of big groups (PostgreSQL) -------------------------------------------------
+
+@pytest.fixture
+def packed_everywhere(monkeypatch):
+    """Every group of at least 2 rows gets its packed copy, so small rooms read through them."""
+    monkeypatch.setattr("streams.storage.state_groups.PACKED_MIN_ROWS", 2)
+
+
+def _packed_groups(cur) -> set[int]:
+    return {g for (g,) in fetch_all(cur, "SELECT state_group FROM state_groups_packed", [])}
+
+
+@ON_BOTH_DATABASES
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(long_dags, st.integers(1, 40))
+def test_forks_and_merges_read_back_through_packed_copies(store, packed_everywhere, base_deltas_everywhere,
+                                                          steps, batch):
+    room = f"!dagpacked{next(ROOMS)}:localhost"
+    check(store, build(steps, room), batch)
+    with store_cursor() as cur:
+        big = {g for (g,) in fetch_all(cur, "SELECT state_group FROM state_groups_state GROUP BY 1 "
+                                            "HAVING count(*) >= 2", [])}
+        assert _packed_groups(cur) == (set() if is_sqlite(cur) else big)
+
+
+texts = st.text(st.sampled_from("ab@:\x1f$é"), max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.tuples(st.sampled_from([MEMBER, "m.room.name", "x\x1f"]), texts), texts, min_size=2,
+                       max_size=30),
+       st.dictionaries(st.tuples(st.sampled_from([MEMBER, "m.room.topic"]), texts), texts, min_size=2, max_size=8))
+@pytest.mark.django_db(transaction=True)
+def test_any_keys_read_back_through_packed_copies_or_rows(packed_everywhere, snapshot, delta):
+    """A packed copy is written exactly when its strings split back (no separator in a key
+    or an ID), and the state reads back the same either way."""
+    with transaction.atomic(), store_cursor() as cur:
+        store = StateGroupStore()
+        first = store.new_group(cur, room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
+                                delta={}, full_state=lambda: snapshot)
+        second = store.new_group(cur, room_id="!r:hs", event_id="$b", parent=first.id, parent_chain_length=1,
+                                 delta=delta, full_state=lambda: {})
+        write_state_groups(cur, [first, second])
+        assert read_state(cur, first.id) == snapshot
+        assert read_state(cur, second.id) == {**snapshot, **delta}
+        splits = {g.id for g in (first, second)
+                  if not any("\x1f" in s for (t, k), e in g.rows.items() for s in (t, k, e))}
+        assert _packed_groups(cur) == splits
+        transaction.set_rollback(True)
