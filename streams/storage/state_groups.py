@@ -142,13 +142,15 @@ def _apply_strings(cursor: Any, state: StateMap, chain: list[int],
             if len(f) != 2 * n_members:  # a separator inside a key or ID: this group by rows
                 _apply_rows(cursor, state, g)
                 continue
-            state.update(zip(zip(itertools.repeat(_MEMBER), f[0::2]), f[1::2]))
+            fields = iter(f)  # (key, id) pairs straight from the list: slicing it twice cost a third more
+            state.update(zip(zip(itertools.repeat(_MEMBER), fields), fields))
         if others is not None:
             f = others.split(_SEP)
             if len(f) != 3 * n_others:
                 _apply_rows(cursor, state, g)
                 continue
-            state.update(zip(zip(f[0::3], f[1::3]), f[2::3]))
+            fields = iter(f)
+            state.update(zip(zip(fields, fields), fields))
 
 
 def packed_copies(groups: Iterable[NewGroup]) -> list[tuple[int, int, str | None, int, str | None]]:
