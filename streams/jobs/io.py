@@ -7,6 +7,7 @@ point before it leaves the live tables as they were.
 """
 from __future__ import annotations
 
+import contextvars
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -69,6 +70,29 @@ def read_by_room(spark, query: Query, rooms: Sequence[str] | None = None, *, usi
                                             using, partitions)
 
 
+#: the job whose run is making staging tables here (set by the runner while it holds the
+#: job's lock): its tables are named after it, so a later run can drop a dead run's
+staging_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar("staging_owner", default=None)
+
+
+def _owned_prefix(job: str) -> str:
+    return f"job_staging_{job}__"
+
+
+def drop_stale_staging(job: str, using: str = "default") -> list[str]:
+    """Drop the staging tables of ``job``'s runs and return their names. Only for a caller
+    holding ``job``'s lock: then no run of it is alive, and any table of its is a dead run's
+    (a process killed between ``Staging.create`` and ``drop``: 81 MB per killed visibility
+    run at 10 M events, left forever before)."""
+    prefix = _owned_prefix(job)
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        stale = sorted(t for t in connection.introspection.table_names(cursor) if t.startswith(prefix))
+        for table in stale:
+            cursor.execute(f"DROP TABLE IF EXISTS {table}")
+    return stale
+
+
 @dataclass
 class Staging:
     """A staging table holding a job's result until it is swapped in."""
@@ -79,7 +103,9 @@ class Staging:
 
     @classmethod
     def create(cls, job: str, columns: Sequence[tuple[str, str]], using: str = "default") -> "Staging":
-        stage = cls(f"job_staging_{job}_{uuid.uuid4().hex[:10]}", list(columns), using)
+        owner = staging_owner.get()
+        prefix = _owned_prefix(owner) if owner else "job_staging_"
+        stage = cls(f"{prefix}{job}_{uuid.uuid4().hex[:10]}", list(columns), using)
         cols = ", ".join(f"{n} {t}" for n, t in stage.columns)
         with connections[using].cursor() as cursor:
             cursor.execute(f"CREATE {for_database(using).staging_table} {stage.name} ({cols})")

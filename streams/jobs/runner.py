@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from django.utils import timezone
 
 from ..models import JobRun
+from . import io
 from .lock import JobLock
 from .outcome import SAMPLE_LIMIT
 from .registry import JOBS, load_jobs
@@ -66,6 +67,11 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         JobRun.objects.filter(job=name, status=JobRun.Status.RUNNING).exclude(pk=run.pk).update(
             status=JobRun.Status.FAILED, ended_at=timezone.now(),
             error="the process running this job ended before it finished (found by a later run)")
+        # ... and the staging tables such a run made are its leftovers
+        stale = io.drop_stale_staging(name)
+        if stale:
+            logger.warning("job %s: dropped %d staging table(s) a dead run left: %s", name, len(stale),
+                           ", ".join(stale))
         missing = missing_rooms(rooms)
         if missing:
             run.status = JobRun.Status.FAILED
@@ -83,8 +89,12 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
                                                 error="", ended_at=None)
         monitor = JobMonitor(spark, run, group, progress_interval, on_progress)
         try:
-            with monitor:
-                outcome = JOBS[name](spark, list(rooms) if rooms else None)
+            owner = io.staging_owner.set(name)
+            try:
+                with monitor:
+                    outcome = JOBS[name](spark, list(rooms) if rooms else None)
+            finally:
+                io.staging_owner.reset(owner)
         except Exception:
             if monitor.cancelled:
                 run.status = JobRun.Status.CANCELLED

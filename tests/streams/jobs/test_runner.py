@@ -75,6 +75,47 @@ def test_run_left_running_by_a_dead_process_is_marked_failed(test_jobs):
     assert dead.status == JobRun.Status.FAILED and "ended before it finished" in dead.error
 
 
+def _tables() -> set[str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        return set(connection.introspection.table_names(cursor))
+
+
+def test_a_dead_runs_staging_tables_are_dropped_by_the_next_run(test_jobs):
+    """A run killed between making its staging table and dropping it leaves the table; the
+    next run of the same job holds the lock, so the table is a dead run's: it goes. Another
+    job's stays (its run may be alive), and so does a table made outside any run."""
+    from django.db import connection
+
+    from streams.jobs import io
+
+    made = []
+
+    def staging_job(spark_, rooms):
+        stage = io.Staging.create("x", [("room_id", "text")])
+        made.append(stage.name)  # and "killed" here: never dropped
+        return Outcome(rows_in=0, rows_out=0, differences=None)
+
+    JOBS["test_stage"] = staging_job
+    try:
+        unowned = io.Staging.create("x", [("room_id", "text")])  # outside a run
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE job_staging_test_count__x_0123456789 (room_id text)")
+        assert run_job("test_stage").status == JobRun.Status.SUCCEEDED
+        assert made[0].startswith("job_staging_test_stage__x_") and made[0] in _tables()
+        assert run_job("test_stage").status == JobRun.Status.SUCCEEDED
+        assert made[0] not in _tables() and made[1] in _tables()
+        assert {"job_staging_test_count__x_0123456789", unowned.name} <= _tables()
+        run_job("test_count")
+        assert "job_staging_test_count__x_0123456789" not in _tables() and unowned.name in _tables()
+    finally:
+        JOBS.pop("test_stage")
+        for table in {t for t in _tables() if t.startswith("job_staging_")}:
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP TABLE {table}")
+
+
 def test_unknown_job():
     with pytest.raises(UnknownJob, match="topological_ordering"):
         run_job("no_such_job")
