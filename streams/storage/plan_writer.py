@@ -11,7 +11,7 @@ from ..models import CurrentStateDelta, Event
 from .chain_cover import index_events
 from .plan import EVENT_AUTH_COLUMNS, EVENT_EDGES_COLUMNS, EVENT_TO_STATE_GROUPS_COLUMNS, MEMBERSHIP_COLUMNS, Plan
 from .redactions import mark_redacted
-from .sql import array, delete_rows, delete_rows_after, in_array, insert_rows, is_sqlite
+from .sql import array, delete_rows, delete_rows_after, in_array, insert_rows
 from .state_groups import NewGroup, packed_copies
 
 
@@ -104,6 +104,5 @@ def write_state_groups(cur: Any, groups: Sequence[NewGroup]) -> None:
     insert_rows(cur, "state_groups_state", ["state_group", "room_id", "type", "state_key", "event_id"],
                 ["bigint", "text", "text", "text", "text"],
                 [(g.id, g.room_id, t, k, e) for g in groups for (t, k), e in g.rows.items()])
-    if not is_sqlite(cur):  # a big group's packed copy, for its cold reads (state_groups.read_state)
-        insert_rows(cur, "state_groups_packed", ["state_group", "members_count", "members", "others_count", "others"],
-                    ["bigint", "integer", "text", "integer", "text"], packed_copies(groups))
+    insert_rows(cur, "state_groups_packed", ["state_group", "members_count", "members", "others_count", "others"],
+                ["bigint", "integer", "text", "integer", "text"], packed_copies(cur, groups))

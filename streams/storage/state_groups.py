@@ -153,9 +153,11 @@ def _apply_strings(cursor: Any, state: StateMap, chain: list[int],
             state.update(zip(zip(fields, fields), fields))
 
 
-def packed_copies(groups: Iterable[NewGroup]) -> list[tuple[int, int, str | None, int, str | None]]:
+def packed_copies(cursor: Any, groups: Iterable[NewGroup]) -> list[tuple[int, int, str | None, int, str | None]]:
     """The ``state_groups_packed`` rows of those of ``groups`` with at least
-    :data:`PACKED_MIN_ROWS` rows that can be packed."""
+    :data:`PACKED_MIN_ROWS` rows that can be packed; none on SQLite (its reads take rows)."""
+    if is_sqlite(cursor):
+        return []
     return [(g.id, *p) for g in groups if len(g.rows) >= PACKED_MIN_ROWS for p in [pack(g.rows)] if p is not None]
 
 
