@@ -153,67 +153,121 @@ def python_check_topological_ordering() -> tuple[int, int]:
     return rows_in, differences
 
 
-def _ranges_in_python():
+#: rows per fetch of the streaming twins' server-side cursors
+_FETCH = 20_000
+
+
+def _by_room(queries):
+    """Room by room, in byte order of room ID: ``(room, [that room's rows of each query])``
+    (an empty list where a query has none), streaming each query through a server-side
+    cursor ordered by room: a single process holding one room at a time, where reading the
+    10 M events' rows and 26 M group rows into pandas at once took more than the machine's
+    memory (the twin of visibility was killed at 17.4 GB)."""
+    import heapq
+    import itertools
+
+    from django.db import connection, transaction
+
+    from streams.jobs import io
+
+    def rows_of(k, query):
+        sql = f"SELECT * FROM ({query.sql(None, io.quote)}) AS q ORDER BY room_id COLLATE \"C\""
+        with connection.connection.cursor(name=f"bench_twin_{k}") as cursor:
+            cursor.itersize = _FETCH
+            cursor.execute(sql)
+            for room, rows in itertools.groupby(cursor, key=lambda r: r[0]):
+                yield room, k, list(rows)
+
+    with transaction.atomic():  # (a named cursor lives in a transaction)
+        connection.ensure_connection()
+        merged = heapq.merge(*(rows_of(k, q) for k, q in enumerate(queries)), key=lambda t: t[0])
+        for room, parts in itertools.groupby(merged, key=lambda t: t[0]):
+            found = [[] for _ in queries]
+            for _, k, rows in parts:
+                found[k] = rows
+            yield room, found
+
+
+def _room_frame(rows: list, query) -> "object":  # -> pandas.DataFrame of one room's rows of query
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=list(query.columns))
+
+
+def python_visibility() -> tuple[int, int]:
+    """Twin of ``visibility``: (rows read, range rows inserted). Streams the rooms
+    (:func:`_by_room`), their ranges COPYed into the staging table as they come."""
+    from streams.jobs import definitions, io
+    from streams.jobs.dialect import for_database
+    from streams.jobs.visibility import ranges_of_room
+
+    dialect = for_database()
+    events_q, groups_q = definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+    low, high = definitions._stream_bounds(None)
+    stage = io.Staging.create("bench_vis", definitions.RANGE_COLUMNS)
+    read = 0
+    try:
+        pending: list[tuple] = []
+        for _room, (events, groups) in _by_room([events_q, groups_q]):
+            if not events:
+                continue
+            read += len(events)
+            ranges = ranges_of_room(_room_frame(events, events_q), _room_frame(groups, groups_q))
+            pending.extend(ranges.itertuples(index=False, name=None))
+            if len(pending) >= _FETCH:
+                _copy(stage, pending)
+                pending = []
+        _copy(stage, pending)
+        _, inserted = definitions.apply_ranges(stage, None, low, high)
+    finally:
+        stage.drop()
+    return read, inserted
+
+
+def python_check_visibility() -> tuple[int, int]:
+    """Twin of ``check_visibility``: (rows read, differences), streaming the rooms as
+    :func:`python_visibility` does, with their stored ranges."""
     import pandas as pd
 
     from streams.jobs import definitions
     from streams.jobs.dialect import for_database
-    from streams.jobs.visibility import ranges_of_room
+    from streams.jobs.visibility import differences_of_room, ranges_of_room
 
-    events = _read(definitions._vis_events_query(for_database()))
-    groups = _read(definitions._groups_query(for_database()))
-    groups_by_room = dict(tuple(groups.groupby("room_id", sort=False)))
-    empty = groups.iloc[0:0]
-    frames = [ranges_of_room(ev, groups_by_room.get(room, empty)) for room, ev in events.groupby("room_id", sort=False)]
-    return events, groups_by_room, pd.concat(frames, ignore_index=True)
-
-
-def python_visibility() -> tuple[int, int]:
-    """Twin of ``visibility``: (rows read, range rows inserted)."""
-    from streams.jobs import definitions, io
-
-    low, high = definitions._stream_bounds(None)
-    events, _, rows = _ranges_in_python()
-    stage = io.Staging.create("bench_vis", definitions.RANGE_COLUMNS)
-    try:
-        _copy(stage, list(rows.itertuples(index=False, name=None)))
-        _, inserted = definitions.apply_ranges(stage, None, low, high)
-    finally:
-        stage.drop()
-    return len(events), inserted
-
-
-def python_check_visibility() -> tuple[int, int]:
-    """Twin of ``check_visibility``: (rows read, differences)."""
-    import pandas as pd
-
-    from streams.jobs import definitions
-    from streams.jobs.visibility import differences_of_room
-
-    events, _, expected = _ranges_in_python()
-    found = _read(definitions.RANGES).drop(columns="id")
-    both = pd.concat([expected.assign(side="expected"), found.assign(side="found")], ignore_index=True)
-    both_by_room = dict(tuple(both.groupby("room_id", sort=False)))
-    differences = 0
-    for room, ev in events.groupby("room_id", sort=False):
-        ranges = both_by_room.pop(room, None)
-        if ranges is not None:
-            differences += len(differences_of_room(ev, ranges))
-    for ranges in both_by_room.values():  # ranges of rooms without events
-        differences += len(differences_of_room(events.iloc[0:0], ranges))
-    return len(events), differences
+    dialect = for_database()
+    events_q, groups_q = definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+    found_q = definitions.RANGES
+    read = differences = 0
+    for _room, (events, groups, found) in _by_room([events_q, groups_q, found_q]):
+        ev = _room_frame(events, events_q)
+        read += len(events)
+        found_frame = _room_frame(found, found_q).drop(columns="id").assign(side="found")
+        if events:
+            expected = ranges_of_room(ev, _room_frame(groups, groups_q)).assign(side="expected")
+            both = pd.concat([expected, found_frame], ignore_index=True)
+        elif found:  # ranges of a room without events
+            both = found_frame
+        else:
+            continue
+        if len(both):
+            differences += len(differences_of_room(ev, both))
+    return read, differences
 
 
 def range_pairs() -> tuple[int, int]:
     """(range rows, visible (event, user) pairs: every real user's covered events, world-readable
     ones included) of a recomputation, for the encoding's size (``--count-pairs``)."""
+    from streams.jobs import definitions
+    from streams.jobs.dialect import for_database
     from streams.jobs.visibility import ANYONE, SHARED_ERAS, room_visibility, seen_runs
 
-    events, groups_by_room, rows = _ranges_in_python()
-    empty = next(iter(groups_by_room.values())).iloc[0:0]
-    pairs = 0
-    for room, ev in events.groupby("room_id", sort=False):
-        keys, runs, _, joins = room_visibility(ev, groups_by_room.get(room, empty))
+    dialect = for_database()
+    events_q, groups_q = definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+    rows = pairs = 0
+    for _room, (events, groups) in _by_room([events_q, groups_q]):
+        if not events:
+            continue
+        keys, runs, _, joins = room_visibility(_room_frame(events, events_q), _room_frame(groups, groups_q))
+        rows += sum(len(user_runs) for user_runs in runs.values())  # a range row per run (ranges_of_room)
         anyone = {i for s, e in runs.get(ANYONE, []) for i in range(s, e + 1)}
         shared = runs.get(SHARED_ERAS, [])
         for user in set(runs) | set(joins):
@@ -222,7 +276,7 @@ def range_pairs() -> tuple[int, int]:
             seen = seen_runs(runs.get(user, []), shared, joins.get(user))
             covered = {i for s, e in seen for i in range(s, e + 1)}
             pairs += len(covered | anyone)
-    return len(rows), pairs
+    return rows, pairs
 
 
 def _copy(stage, rows: list[tuple]) -> None:
