@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Collection, Iterable
 
-from sortedcontainers import SortedDict  # type: ignore[import-untyped]
+from sortedcontainers import SortedDict
 
 
 class StreamChangeCache:

@@ -327,7 +327,7 @@ class StateGroupStore:
 
     def get_state(self, cursor: Any, group: int) -> StateMap:
         """The full state of ``group``. The returned map is shared: do not change it."""
-        state = self._states.get(group)
+        state: StateMap | None = self._states.get(group)
         if state is not None:
             self.hits += 1
             return state
@@ -366,8 +366,11 @@ class StateGroupStore:
         snapshot = self._snapshots.get(group)
         if snapshot is None:
             chain = [group]
-            while chain[-1] in self._pending and self._pending[chain[-1]].parent is not None:
-                chain.append(self._pending[chain[-1]].parent)
+            while chain[-1] in self._pending:
+                parent = self._pending[chain[-1]].parent
+                if parent is None:
+                    break
+                chain.append(parent)
             if chain[-1] not in self._pending:  # stored groups' parents are stored
                 chain[-1:] = [g for (g,) in fetch_all(cursor, _CHAIN, [chain[-1]])]
             snapshot = chain[-1]
@@ -375,7 +378,7 @@ class StateGroupStore:
         return snapshot, self.get_state(cursor, snapshot), self._rows_since(group, snapshot)
 
     def _rows_since(self, group: int, snapshot: int) -> StateMap | None:
-        parts = []
+        parts: list[StateMap] = []
         g = group
         for _ in range(MAX_STATE_DELTA_HOPS):
             if g == snapshot:
