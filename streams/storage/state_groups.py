@@ -63,7 +63,7 @@ SELECT state_group,
        string_agg(type || %(sep)s || state_key || %(sep)s || event_id, %(sep)s) FILTER (WHERE type <> 'm.room.member')
 FROM state_groups_state WHERE state_group = ANY(%(groups)s) GROUP BY state_group
 """
-#: the same for a chain whose ``packed`` groups have a packed copy, taken as stored
+#: the same for a chain whose ``packed`` groups (maybe none) have a packed copy, taken as stored
 _PACKED_AND_GROUP_STRINGS = (
     "SELECT state_group, members_count, members, others_count, others FROM state_groups_packed "
     "WHERE state_group = ANY(%(packed)s) UNION ALL " + _GROUP_STRINGS)
@@ -103,12 +103,9 @@ def read_state(cursor: Any, group: int) -> StateMap:
         chain.append(g)
         if is_packed:
             packed.append(g)
-    if packed:
-        sql, params = _PACKED_AND_GROUP_STRINGS, {"sep": _SEP, "packed": packed,
-                                                  "groups": [g for g in chain if g not in packed]}
-    else:
-        sql, params = _GROUP_STRINGS, {"sep": _SEP, "groups": chain}
-    strings = {g: (nm, members, no, others) for g, nm, members, no, others in fetch_all(cursor, sql, params)}
+    params = {"sep": _SEP, "packed": packed, "groups": [g for g in chain if g not in packed]}
+    strings = {g: (nm, members, no, others)
+               for g, nm, members, no, others in fetch_all(cursor, _PACKED_AND_GROUP_STRINGS, params)}
     with _collector_paused():
         _apply_strings(cursor, state, chain, strings)
     return state
