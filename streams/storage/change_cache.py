@@ -82,7 +82,7 @@ class StreamChangeCache:
                 if old >= stream_pos:
                     return
                 at = self._cache[old]
-                if type(at) is set:
+                if isinstance(at, set):
                     at.discard(entity)
                     if len(at) == 1:
                         self._cache[old] = next(iter(at))
