@@ -191,6 +191,15 @@ def _by_room(queries):
             yield room, found
 
 
+def _vis_queries():
+    """The visibility job's two queries (events, state groups), as the job reads them."""
+    from streams.jobs import definitions
+    from streams.jobs.dialect import for_database
+
+    dialect = for_database()
+    return definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+
+
 def _room_frame(rows: list, query) -> "object":  # -> pandas.DataFrame of one room's rows of query
     import pandas as pd
 
@@ -201,11 +210,9 @@ def python_visibility() -> tuple[int, int]:
     """Twin of ``visibility``: (rows read, range rows inserted). Streams the rooms
     (:func:`_by_room`), their ranges COPYed into the staging table as they come."""
     from streams.jobs import definitions, io
-    from streams.jobs.dialect import for_database
     from streams.jobs.visibility import ranges_of_room
 
-    dialect = for_database()
-    events_q, groups_q = definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+    events_q, groups_q = _vis_queries()
     low, high = definitions._stream_bounds(None)
     stage = io.Staging.create("bench_vis", definitions.RANGE_COLUMNS)
     read = 0
@@ -233,11 +240,9 @@ def python_check_visibility() -> tuple[int, int]:
     import pandas as pd
 
     from streams.jobs import definitions
-    from streams.jobs.dialect import for_database
     from streams.jobs.visibility import differences_of_room, ranges_of_room
 
-    dialect = for_database()
-    events_q, groups_q = definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+    events_q, groups_q = _vis_queries()
     found_q = definitions.RANGES
     read = differences = 0
     for _room, (events, groups, found) in _by_room([events_q, groups_q, found_q]):
@@ -259,12 +264,9 @@ def python_check_visibility() -> tuple[int, int]:
 def range_pairs() -> tuple[int, int]:
     """(range rows, visible (event, user) pairs: every real user's covered events, world-readable
     ones included) of a recomputation, for the encoding's size (``--count-pairs``)."""
-    from streams.jobs import definitions
-    from streams.jobs.dialect import for_database
     from streams.jobs.visibility import ANYONE, SHARED_ERAS, room_visibility, seen_runs
 
-    dialect = for_database()
-    events_q, groups_q = definitions._vis_events_query(dialect), definitions._groups_query(dialect)
+    events_q, groups_q = _vis_queries()
     rows = pairs = 0
     for _room, (events, groups) in _by_room([events_q, groups_q]):
         if not events:
