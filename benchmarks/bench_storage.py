@@ -26,6 +26,13 @@ migrates a fresh database, then on that one server:
   with the dataset), **back-pagination** (20 events from a random point), p50/p99 each,
   visibility filtered; **database size** on disk, per million events.
 
+``--event-writers N`` persists the dataset with N event writer processes instead of this one
+(``STREAM_WRITERS=events=master,w1,...``: each room's events go to one writer, chosen by a hash
+of the room as Synapse's sharded event persisters do; ``_event_writers``), all at once; the rate
+is then the dataset's events over the phase's wall time, generating and routing included, and
+each writer's own share, rate and CPU per event are printed. Such a build, once stopped, is not
+continued.
+
 ``--data-dir D`` keeps the PostgreSQL cluster in ``D`` (as ``bench_jobs`` does). A build there
 is recorded in ``D/build.json`` after every committed batch (the arguments, the phase, batches
 and events persisted, the time and CPU inside ``persist_events``, every finished million's and
@@ -66,6 +73,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._build_record import BuildRecord, BuildRefused, skip_stored  # noqa: E402
+from benchmarks._event_writers import EventWriterPool, configure_persister, route, stream_writers  # noqa: E402
 from benchmarks._machine import cpu_description  # noqa: E402
 from benchmarks._setup import add_pg_settings_arguments, pg_settings_of  # noqa: E402
 
@@ -174,7 +182,15 @@ def main(argv: list[str] | None = None) -> int:
                              "fit ~20,000 active rooms)")
     parser.add_argument("--room-cache", type=int, default=None,
                         help="room contexts the persister keeps between batches (default its own, 20,000)")
+    parser.add_argument("--event-writers", type=int, default=1, metavar="N",
+                        help="persist the dataset with N event writer processes, each room's events by one "
+                             "(STREAM_WRITERS=events=master,w1..wN; PostgreSQL only; such a build is not "
+                             "continued once stopped)")
     args = parser.parse_args(argv)
+    if args.event_writers < 1:
+        parser.error(f"--event-writers must be 1 or more, not {args.event_writers}")
+    if args.event_writers > 1 and args.sqlite:
+        parser.error("--event-writers N: SQLite has one writer")
     if not args.cache_scale > 0:
         parser.error(f"--cache-scale must be above 0, not {args.cache_scale}")
     if args.stop_after is not None and (not args.data_dir or args.stop_after < 1):
@@ -214,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         stop_leftover_postgres(directory)
     database = (migrated_sqlite_database() if args.sqlite else
                 migrated_database("bench_storage", pg_directory=args.data_dir or "", keep=bool(args.data_dir),
-                                  reuse=reused is not None or record is not None, pg_settings=pg_settings))
+                                  reuse=reused is not None or record is not None, pg_settings=pg_settings,
+                                  env={"STREAM_WRITERS": stream_writers(args.event_writers)}
+                                  if args.event_writers > 1 else None))
     stop_requested = StopOnSigterm()
     with database as db:
         stored_events = 0
@@ -234,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run(events=events, rooms=rooms, users=users, batch=args.batch, samples=samples, seed=args.seed,
                        reused=reused, freeze_every=args.freeze_every, bulk_gc=args.bulk_gc, gc_young=args.gc_young,
-                       room_cache=args.room_cache,
+                       room_cache=args.room_cache, event_writers=args.event_writers,
                        cache_scale=args.cache_scale, pg_settings=pg_settings, record=record, stored_events=stored_events,
                        stop_after=args.stop_after, read_partial=args.read_partial, stopping=stop_requested,
                        keep=(lambda since: write_marker(Path(db.pg.directory), dataset, since))
@@ -325,8 +343,8 @@ def describe(d: dict) -> str:
 def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: int, reused: dict | None = None,
         freeze_every: int | None = None, bulk_gc: str | None = None, gc_young: int | None = None,
         room_cache: int | None = None, cache_scale: float = 1.0, pg_settings: dict[str, str] | None = None,
-        record: BuildRecord, stored_events: int = 0, stop_after: int | None = None, read_partial: bool = False,
-        stopping=lambda: False, keep=None) -> int:
+        event_writers: int = 1, record: BuildRecord, stored_events: int = 0, stop_after: int | None = None,
+        read_partial: bool = False, stopping=lambda: False, keep=None) -> int:
     from django.db import connection
 
     from streams.runtime import runtime
@@ -348,7 +366,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         try:
             built = build(rt, events=events, rooms=rooms, users=users, batch=batch, seed=seed,
                           freeze_every=freeze_every, bulk_gc=bulk_gc, gc_young=gc_young, room_cache=room_cache,
-                          cache_scale=cache_scale,
+                          cache_scale=cache_scale, event_writers=event_writers,
                           pg_settings=pg_settings or {}, record=record,
                           stored_events=stored_events, stop_after=stop_after, stopping=stopping)
         finally:
@@ -620,7 +638,7 @@ def pg_counters_text(before: dict[str, int], after: dict[str, int], events: int,
 
 def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, freeze_every: int | None = None,
           bulk_gc: str | None = None, gc_young: int | None = None, room_cache: int | None = None, cache_scale: float = 1.0,
-          pg_settings: dict[str, str] | None = None, record: BuildRecord,
+          pg_settings: dict[str, str] | None = None, record: BuildRecord, event_writers: int = 1,
           stored_events: int = 0, stop_after: int | None = None, stopping=lambda: False) -> int | None:
     """Persist the dataset (timed), the bare-rows baseline, then 1% more live traffic after a
     token; returns that token (incremental sync's ``since``), or None when the build stopped
@@ -636,31 +654,31 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
     from streams.models import Event
     from streams.storage import persist_events, reads
     from streams.storage.generator import RoomGenerator
-    from streams.storage.persist import FREEZE_EVERY, persister_for
+    from streams.storage.persist import persister_for
     from streams.storage.sql import store_cursor
 
     # as generate_rooms: the persister's objects out of the collector's way every N batches
     persister = persister_for(rt)
-    persister.freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
-    if bulk_gc is not None:
-        persister.bulk_gc = bulk_gc
-    if gc_young is not None:
-        persister.gc_threshold = (gc_young, *persister.gc_threshold[1:])
-    if cache_scale != 1.0:
-        persister.scale_caches(cache_scale)
-    if room_cache is not None:
-        persister.rooms.size = room_cache
+    options = dict(freeze_every=freeze_every, bulk_gc=bulk_gc, gc_young=gc_young, cache_scale=cache_scale,
+                   room_cache=room_cache)
+    configure_persister(persister, **options)
     collector = ("the collector as Python runs it" if not persister.freeze_every else
                  "the collector off, nothing collected" if persister.bulk_gc == "freeze" else
                  f"a full collection first, collector thresholds {persister.gc_threshold}")
     print(f"gc.freeze every {persister.freeze_every or 'never'} batches ({collector}); "
-          f"{persister.rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}")
+          f"{persister.rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}"
+          + (f"; in each of {event_writers} event writer processes" if event_writers > 1 else ""))
+    earlier_writers = {s.get("event_writers", 1) for s in record["sessions"] if s.get("phase") == "persist"}
     session = record.begin_session(cache_scale=cache_scale, room_cache=persister.rooms.size,
                                    freeze_every=persister.freeze_every, bulk_gc=persister.bulk_gc,
-                                   pg_settings=pg_settings or {})
+                                   pg_settings=pg_settings or {}, event_writers=event_writers)
     if session > 1:  # (the record is saved once what is stored is found to match it)
         print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "
               f"in {record['batches']:,} batches, phase {record.phase}")
+    if record.phase == "persist" and (record["written"] or stored_events) and (
+            event_writers > 1 or earlier_writers - {1}):
+        raise BuildRefused("a persist phase shared by several event writers is not continued (each writer's "
+                           "place in the dataset is not recorded): delete the directory to build again")
     if record.phase in ("baseline", "analyze", "done") and stored_events != record.stored_events():
         raise BuildRefused(f"the database holds {stored_events:,} events of the dataset, the build record "
                            f"{record.stored_events():,} (phase {record.phase}): delete the directory to build again")
@@ -698,8 +716,19 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
                 record.save()
         gc.callbacks.append(gc_timer)
         try:
-            stopped = persist_phase(rt, batches, record, session=session, gc_s=gc_s, stop_after=stop_after,
-                                    stopping=stopping)
+            if event_writers == 1:
+                stopped = persist_phase(one_writer(rt, batches, gc_s), record, session=session, gc_s=gc_s,
+                                        stop_after=stop_after, stopping=stopping)
+            else:
+                pool = EventWriterPool(event_writers, options)
+                try:
+                    stopped = persist_phase(writer_pool(pool, batches, batch), record, session=session, gc_s=gc_s,
+                                            stop_after=stop_after, stopping=stopping)
+                finally:
+                    pool.close()
+                print_writers(pool)
+                if stopped:
+                    print("(a build by several event writers is not continued: the next run refuses it)")
         finally:
             gc.callbacks.remove(gc_timer)
         print_persist_table(record, session)
@@ -773,32 +802,90 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
     return int(record["since"])
 
 
-def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[float], stop_after: int | None,
-                  stopping) -> bool:
-    """The timed persist of ``batches`` (the rest of the dataset), recorded after every
-    committed batch; True if it stopped before the dataset's end."""
+def one_writer(rt, batches, gc_s: list):
+    """The persist phase's commits by this process: each batch through ``persist_events``,
+    as ``(events, seconds, cpu here, cpu in the database, collector seconds)``."""
     from streams.storage import persist_events
 
+    def commits(go_on, state: dict):
+        for b in batches:
+            if not go_on():
+                state["stopped"] = True
+                return
+            gc0 = gc_s[0]
+            t, cpu0, db0 = time.perf_counter(), time.process_time(), backend_cpu_seconds()
+            persist_events(b.items, backfill=b.backfill, runtime=rt)
+            elapsed = time.perf_counter() - t
+            yield len(b.items), elapsed, time.process_time() - cpu0, backend_cpu_seconds() - db0, gc_s[0] - gc0
+
+    return commits
+
+
+def writer_pool(pool: EventWriterPool, batches, size: int):
+    """The persist phase's commits by the writer processes of ``pool``, each room's events
+    routed to its writer (``_event_writers.route``); a commit's seconds are the wall time
+    since the one before (the writers work at once), its CPU the writer's and its backend's."""
+    def commits(go_on, state: dict):
+        last = time.perf_counter()
+        taken = 0
+
+        def new_commits():
+            nonlocal last, taken
+            while taken < len(pool.committed):
+                c = pool.committed[taken]
+                taken += 1
+                now = time.perf_counter()
+                yield c.events, now - last, c.cpu_here, c.cpu_database, 0.0
+                last = now
+
+        for writer, b in route(batches, len(pool.names), size):
+            if not go_on():
+                state["stopped"] = True
+                break
+            pool.submit(writer, b)
+            yield from new_commits()
+        pool.drain()
+        yield from new_commits()
+
+    return commits
+
+
+def print_writers(pool: EventWriterPool) -> None:
+    for i, name in enumerate(pool.names):
+        mine = [c for c in pool.committed if c.writer == i]
+        n = sum(c.events for c in mine)
+        if not n:
+            continue
+        busy = sum(c.seconds for c in mine)
+        print(f"  event writer {name}: {n:,} events in {len(mine):,} batches, {busy:.0f} s inside persist_events "
+              f"({n / busy:,.0f} events/s of its own), CPU per event {1e3 * sum(c.cpu_here for c in mine) / n:.3f} "
+              f"ms there + {1e3 * sum(c.cpu_database for c in mine) / n:.3f} ms database; RSS at the end "
+              f"{pool.rss_mb[i]:,.0f} MB")
+
+
+def persist_phase(commits, record: BuildRecord, *, session: int, gc_s: list[float], stop_after: int | None,
+                  stopping) -> bool:
+    """The timed persist of the rest of the dataset, ``commits`` (:func:`one_writer`,
+    :func:`writer_pool`) committing it, recorded after every committed batch; True if it
+    stopped before the dataset's end."""
     started = time.monotonic()
     session_n, session_s = 0, 0.0
-    slice_cpu = [0.0, 0.0]  # this slice's CPU so far, here and in the database's backend
+    slice_cpu = [0.0, 0.0]  # this slice's CPU so far, in the writers and in their database backends
     slice_counters = pg_write_counters()
-    for b in batches:
-        if stop_after is not None and record["written"] >= stop_after or stopping():
-            break
-        gc0 = gc_s[0]
-        t, cpu0, db0 = time.perf_counter(), time.process_time(), backend_cpu_seconds()
-        persist_events(b.items, backfill=b.backfill, runtime=rt)
-        elapsed = time.perf_counter() - t
+    state = {"stopped": False}
+
+    def go_on() -> bool:
+        return not (stop_after is not None and record["written"] >= stop_after or stopping())
+
+    for n, elapsed, cpu_here, cpu_database, gc_took in commits(go_on, state):
         load = os.getloadavg()[0]
-        cpu_here, cpu_database = time.process_time() - cpu0, backend_cpu_seconds() - db0
         slice_cpu[0] += cpu_here
         slice_cpu[1] += cpu_database
         million, slice_ = record.persisted(
-            len(b.items), seconds=elapsed, cpu_here=cpu_here, cpu_database=cpu_database, gc_s=gc_s[0] - gc0,
+            n, seconds=elapsed, cpu_here=cpu_here, cpu_database=cpu_database, gc_s=gc_took,
             wall_s=time.monotonic() - started, load=load, session=session)
         started = time.monotonic()
-        session_n += len(b.items)
+        session_n += n
         session_s += elapsed
         if million is not None:
             record.close_million(million, rss_mb=round(rss_mb()), database_mb=round(database_mb()))
@@ -816,7 +903,7 @@ def persist_phase(rt, batches, record: BuildRecord, *, session: int, gc_s: list[
             print(f"      {pg_counters_text(slice_counters, counters, slice_['timed_events'], *slice_cpu)}",
                   flush=True)
             slice_counters, slice_cpu = counters, [0.0, 0.0]
-    else:
+    if not state["stopped"]:
         return False
     total = record["dataset"]["events"]
     print(f"stopped after {record['written']:,} events of the dataset's ~{total:,} (the build record is in "

@@ -34,6 +34,9 @@ VIS_WEIGHTS = (50, 20, 15, 15)
 class Batch:
     items: list
     backfill: bool = False
+    #: the room of each item, as the generator named it (a v12 room's real ID is its create
+    #: event's hash): what a router of rooms to event writers shards by
+    rooms: list[str] = field(default_factory=list)
 
 
 class _Members:
@@ -94,7 +97,7 @@ class RoomGenerator:
         self.users = [f"@user{i}:{server}" for i in range(users)]
         self.counter = itertools.count(1)
         self.emitted = 0
-        self.backfill_queue: list[list[IncomingEvent]] = []
+        self.backfill_queue: list[tuple[str, list[IncomingEvent]]] = []
 
     def room_ids(self) -> list[str]:
         """The room IDs chosen for the rooms (a v12 room's real ID is its create event's
@@ -111,6 +114,7 @@ class RoomGenerator:
         self.power_share = min(1.0, 150 / max(1, self.n_rooms - n_big))
         rooms: list[_Room] = []
         pending: list = []
+        pending_rooms: list[str] = []
         for i, room_id in enumerate(self.room_ids()):
             big = i < n_big
             creator = self.users[rng.randrange(self.n_users)]
@@ -126,9 +130,10 @@ class RoomGenerator:
                          and n_members + 1 < self.n_users)
             for item in (self._federated_start(room, n_members) if federated else self._start(room, n_members)):
                 pending.append(item)
+                pending_rooms.append(room.name)
                 if len(pending) >= self.batch:
-                    yield Batch(pending)
-                    pending = []
+                    yield Batch(pending, rooms=pending_rooms)
+                    pending, pending_rooms = [], []
         weights = [(0.4 / n_big) if r.big else (0.6 / max(1, self.n_rooms - n_big)) for r in rooms]
         cum = list(itertools.accumulate(weights))
         while self.emitted < self.budget:
@@ -136,16 +141,18 @@ class RoomGenerator:
             step = self._step(room)
             if isinstance(step, list):
                 pending.extend(step)
+                pending_rooms.extend([room.name] * len(step))
             else:
                 pending.append(step)
+                pending_rooms.append(room.name)
             if len(pending) >= self.batch:
-                yield Batch(pending)
-                pending = []
+                yield Batch(pending, rooms=pending_rooms)
+                pending, pending_rooms = [], []
         if pending:
-            yield Batch(pending)
-        for chunk in self.backfill_queue:
+            yield Batch(pending, rooms=pending_rooms)
+        for name, chunk in self.backfill_queue:
             for i in range(0, len(chunk), self.batch):
-                yield Batch(chunk[i:i + self.batch], backfill=True)
+                yield Batch(chunk[i:i + self.batch], backfill=True, rooms=[name] * len(chunk[i:i + self.batch]))
 
     def _emit(self, ev: tuple[str, bytes]) -> bytes:
         self.emitted += 1
@@ -190,7 +197,7 @@ class RoomGenerator:
         for i in range(rng.randint(10, 40)):
             ev = b.message(room.members.choice(rng), f"old message {i}")
             old.append(IncomingEvent(self._emit(ev), state_before=dict(state) if i == 0 else None))
-        self.backfill_queue.append(old)
+        self.backfill_queue.append((room.name, old))
         joiner = next(u for u in self.users if u not in room.members)
         join = b.member(joiner, "join")
         room.members.add(joiner)
