@@ -941,11 +941,14 @@ def print_persist_table(record: BuildRecord, session: int) -> None:
     if written and record["in_persist"]:
         timed = written - record["untimed"]
         untimed = f" ({record['untimed']:,} untimed)" if record["untimed"] else ""
-        print(f"persist: {written:,} events{untimed} in {record['in_persist']:.1f} s inside persist_events -> "
+        writers = max((s.get("event_writers", 1) for s in record["sessions"]), default=1)
+        timed_as = ("inside persist_events" if writers == 1 else
+                    f"of wall time, {writers} event writers at once (generating and routing included)")
+        print(f"persist: {written:,} events{untimed} in {record['in_persist']:.1f} s {timed_as} -> "
               f"{timed / record['in_persist']:,.0f} events/s (goal >= 2,000); the garbage collector ran "
               f"{record['gc_s']:.1f} s of the phase's {record['wall_s']:.0f} s (generating events included); CPU per "
-              f"event {1e3 * record['cpu_here'] / timed:.3f} ms here + {1e3 * record['cpu_database'] / timed:.3f} ms "
-              "database")
+              f"event {1e3 * record['cpu_here'] / timed:.3f} ms {'here' if writers == 1 else 'in the writers'} + "
+              f"{1e3 * record['cpu_database'] / timed:.3f} ms database")
         slices = record["slices"]
         if slices:
             print("per slice of " + f"{record['slice_size']:,} events: " +

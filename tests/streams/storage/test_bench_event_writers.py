@@ -88,6 +88,8 @@ def test_two_writer_processes_store_what_one_writer_stores(kept_dirs):  # noqa: 
     pair = bench(two, "--event-writers", "2")
     assert pair.returncode == 0, pair.stderr
     assert "event writer w1:" in pair.stdout and "event writer w2:" in pair.stdout
+    assert "of wall time, 2 event writers at once" in pair.stdout  # not a time inside one writer
+    assert "inside persist_events ->" in single.stdout
     assert "state at event, cold" in pair.stdout
     a, b = rows(one), rows(two)
     assert len(a[EVENTS]) > 1500 and a[STATE]
