@@ -148,6 +148,8 @@ class EventWriterPool:
         self._queued = [0] * writers
         self.committed: list[Committed] = []
         self.rss_mb: list[float] = [0.0] * writers
+        #: a writer failed or exited: :meth:`close` stops the others without waiting for them
+        self.failed = False
         for name in self.names:
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_writer_main, args=(child, name, options), name=f"event writer {name}",
@@ -162,10 +164,12 @@ class EventWriterPool:
         try:
             msg = self._conns[i].recv()
         except EOFError:
+            self.failed = True
             raise WriterFailed(f"event writer {self.names[i]} exited (status {self._procs[i].exitcode})") from None
-        if msg[0] == "error":
-            raise WriterFailed(f"event writer {self.names[i]} failed:\n{msg[1]}")
         if msg[0] != kind:
+            self.failed = True
+            if msg[0] == "error":
+                raise WriterFailed(f"event writer {self.names[i]} failed:\n{msg[1]}")
             raise WriterFailed(f"event writer {self.names[i]} said {msg[0]!r}, expected {kind!r}")
         return msg
 
@@ -198,15 +202,20 @@ class EventWriterPool:
                 self._take(i)
 
     def close(self) -> None:
-        """Stop the writers once their queues are done (their RSS in :attr:`rss_mb`)."""
+        """Stop the writers once their queues are done (their RSS in :attr:`rss_mb`); after
+        a failure, stop them at once (what they had queued is rolled back or committed, as
+        a killed writer's)."""
         try:
-            self.drain()
-            for conn in self._conns:
-                conn.send(None)
-            for i in range(len(self._conns)):
-                self.rss_mb[i] = self._expect(i, "closed")[1]
+            if not self.failed:
+                self.drain()
+                for conn in self._conns:
+                    conn.send(None)
+                for i in range(len(self._conns)):
+                    self.rss_mb[i] = self._expect(i, "closed")[1]
         finally:
             for proc in self._procs:
+                if self.failed:
+                    proc.terminate()
                 proc.join(timeout=60)
                 if proc.is_alive():
                     proc.kill()

@@ -13,9 +13,10 @@ from collections import defaultdict
 
 import pytest
 
-from benchmarks._event_writers import route, shard_of, stream_writers
+from benchmarks._event_writers import EventWriterPool, WriterFailed, route, shard_of, stream_writers
 from streams.storage.generator import Batch, RoomGenerator
 
+from .helpers import rows as db_rows
 from .test_bench_storage_resume import DATASET, ROOT, kept_dirs  # noqa: F401 (a fixture)
 
 #: per room in stream order: everything but the positions two writers draw at once
@@ -107,3 +108,30 @@ def test_two_writer_processes_store_what_one_writer_stores(kept_dirs):  # noqa: 
     assert again.returncode == 2 and "not continued" in again.stderr
     alone = bench(stopped)
     assert alone.returncode == 2 and "not continued" in alone.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_that_refuses_its_batch_fails_the_pool_with_its_reason(pg_url, monkeypatch):
+    """Bad input to one writer process: the pool raises with the writer's own error, stops
+    both processes, and what they committed before stays."""
+    monkeypatch.setenv("DATABASE_URL", pg_url)  # the spawned writers take this environment
+    monkeypatch.setenv("STREAM_WRITERS", stream_writers(2))
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    pool = EventWriterPool(2, dict(freeze_every=0, bulk_gc=None, gc_young=None, cache_scale=1.0, room_cache=None))
+    try:
+        made = list(RoomGenerator(rooms=6, users=20, events=200, seed=2, batch=50).batches())
+        for w, b in route(iter(made), 2, 50):
+            pool.submit(w, b)
+        pool.drain()
+        pool.submit(0, Batch([b"{not an event"], rooms=["!x"]))
+        with pytest.raises(WriterFailed, match="event writer w1 failed") as failed:
+            pool.drain()
+        assert "BadEvent" in str(failed.value)
+    finally:
+        pool.close()
+    assert pool.failed and not any(p.is_alive() for p in pool._procs)
+    by_writer = {i: sum(c.events for c in pool.committed if c.writer == i) for i in (0, 1)}
+    assert sum(by_writer.values()) == sum(len(b.items) for b in made) and all(by_writer.values())
+    stored = dict(db_rows("SELECT instance_name, count(*) FROM events GROUP BY 1"))
+    assert stored == {"w1": by_writer[0], "w2": by_writer[1]}
