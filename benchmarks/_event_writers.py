@@ -102,7 +102,7 @@ def _writer_main(conn: Any, instance: str, options: dict[str, Any]) -> None:
         import django
 
         django.setup()
-        from benchmarks.bench_storage import backend_cpu_seconds
+        from benchmarks.bench_storage import backend_cpu_seconds, rss_mb
         from streams.runtime import runtime
         from streams.storage import persist_events
         from streams.storage.persist import persister_for
@@ -119,15 +119,10 @@ def _writer_main(conn: Any, instance: str, options: dict[str, Any]) -> None:
                        backend_cpu_seconds() - db0))
         persister.end_bulk()
         rt.close()
-        conn.send(("closed", _rss_mb()))
+        conn.send(("closed", rss_mb()))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class WriterFailed(RuntimeError):
