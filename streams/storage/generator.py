@@ -152,7 +152,8 @@ class RoomGenerator:
             yield Batch(pending, rooms=pending_rooms)
         for name, chunk in self.backfill_queue:
             for i in range(0, len(chunk), self.batch):
-                yield Batch(chunk[i:i + self.batch], backfill=True, rooms=[name] * len(chunk[i:i + self.batch]))
+                part = chunk[i:i + self.batch]
+                yield Batch(part, backfill=True, rooms=[name] * len(part))
 
     def _emit(self, ev: tuple[str, bytes]) -> bytes:
         self.emitted += 1
