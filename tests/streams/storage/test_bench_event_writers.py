@@ -135,3 +135,11 @@ def test_a_writer_that_refuses_its_batch_fails_the_pool_with_its_reason(pg_url, 
     assert sum(by_writer.values()) == sum(len(b.items) for b in made) and all(by_writer.values())
     stored = dict(db_rows("SELECT instance_name, count(*) FROM events GROUP BY 1"))
     assert stored == {"w1": by_writer[0], "w2": by_writer[1]}
+
+
+def test_event_writers_out_of_range_or_on_sqlite_are_refused_before_anything_starts():
+    for extra, message in ((["--event-writers", "0"], "--event-writers must be 1 or more, not 0"),
+                           (["--event-writers", "2", "--sqlite"], "SQLite has one writer")):
+        run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_storage.py"), *DATASET, *extra],
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
