@@ -16,8 +16,7 @@ from .topology import MAX_DEPTH, topological_ordering
 def _events_query(dialect: JobDialect) -> io.Query:
     return io.Query(
         columns=("room_id", "event_id", "stream_ordering", "depth", "topological_ordering"),
-        source=f"(SELECT room_id, event_id, stream_ordering, topological_ordering, "
-               f"{dialect.declared_depth} AS depth FROM events) AS ev",
+        source=f"{dialect.events_with_depth} AS ev",
         schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
         partition_column="stream_ordering",
     )
@@ -31,8 +30,7 @@ def _strayed_query(dialect: JobDialect) -> io.Query:
     clamped = f"CASE WHEN depth < 0 THEN 0 WHEN depth > {MAX_DEPTH} THEN {MAX_DEPTH} ELSE depth END"
     return io.Query(
         columns=("room_id", "event_id", "stream_ordering", "depth", "topological_ordering"),
-        source=f"(SELECT * FROM (SELECT room_id, event_id, stream_ordering, topological_ordering, "
-               f"{dialect.declared_depth} AS depth FROM events) AS e WHERE depth IS NULL "
+        source=f"(SELECT * FROM {dialect.events_with_depth} AS e WHERE depth IS NULL "
                f"OR topological_ordering IS NULL OR topological_ordering <> {clamped}) AS ev",
         schema="room_id string, event_id string, stream_ordering long, depth long, topological_ordering long",
         partition_column="stream_ordering",
