@@ -40,10 +40,12 @@ def _strayed_query(dialect: JobDialect) -> io.Query:
 
 
 #: the edges, each with its event's stream ordering: the numeric column the read is split on
-#: (``event_edges`` has no ``id`` since migration 0011)
+#: (``event_edges`` has no ``id`` since migration 0011). The room is the event's (the same as
+#: the edge's): a read of some rooms' edges then starts from ``events``' room index, where
+#: ``event_edges`` has none and each partition scanned all of it (3.9 GB at 10 M events).
 EDGES = io.Query(
     columns=("room_id", "event_id", "prev_event_id", "stream_ordering"),
-    source="(SELECT x.room_id, x.event_id, x.prev_event_id, e.stream_ordering "
+    source="(SELECT e.room_id, x.event_id, x.prev_event_id, e.stream_ordering "
            "FROM event_edges x JOIN events e ON e.event_id = x.event_id) AS edges",
     schema="room_id string, event_id string, prev_event_id string, stream_ordering long",
     partition_column="stream_ordering",
