@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from pyspark.sql import functions as F
 
+from ..storage.snapshot import LATE_ALWAYS
 from . import io
 from .consistency import ordering_differences
 from .dialect import JobDialect, for_database
@@ -90,8 +91,15 @@ ORDERING_COLUMNS = [("event_id", "text"), ("topological_ordering", "bigint")]
 
 
 def apply_orderings(stage: io.Staging) -> int:
-    """Swap staged orderings in (one transaction); the number of events that changed."""
-    changed, _ = io.swap_in([
+    """Swap staged orderings in (one transaction); the number of events that changed.
+
+    The rooms whose orderings move are marked for good in ``rooms.late_stream``: their
+    events may now sit before earlier ones of the stream, in ways the persist path's marks
+    never saw, so incremental sync walks ``*shared``'s ranges there as it always did."""
+    _, changed, _ = io.swap_in([
+        (f"UPDATE rooms SET late_stream = {LATE_ALWAYS} WHERE room_id IN ("
+         f"SELECT e.room_id FROM {stage.name} AS s JOIN events e ON e.event_id = s.event_id "
+         f"WHERE e.topological_ordering <> s.topological_ordering)", ()),
         (f"UPDATE events SET topological_ordering = s.topological_ordering "
          f"FROM {stage.name} AS s WHERE events.event_id = s.event_id "
          f"AND events.topological_ordering <> s.topological_ordering", ()),

@@ -31,6 +31,13 @@ class Room(models.Model):
     min_depth = models.BigIntegerField(_("minimum depth"), null=True)
     #: from the create event's ``content.room_version`` (absent: "1"); null until it is stored
     room_version = models.CharField(_("room version"), max_length=64, null=True)
+    #: the highest stream ordering a persisted event put behind an earlier one: lower in
+    #: (topological, stream) than an event before it in the stream (a fork, a late or
+    #: de-outliered event, one of several writers' events stored out of stream order). Null:
+    #: none. Only after it can an event of the room sit before a join that is older in the
+    #: stream, so an incremental sync from a later token skips ``*shared``'s walks
+    #: (``reads._visible_in_stream_order``). Never lowered; the ordering job sets the maximum.
+    late_stream = models.BigIntegerField(_("last out-of-order stream ordering"), null=True)
     #: the create event was a full PDU (hashes, auth_events): every event of the room is then
     #: parsed per its room version and authorized; false for the older unsigned test format
     authorized = models.BooleanField(_("events are authorized"), default=False)

@@ -96,6 +96,7 @@ class RoomRow(NamedTuple):
     min_depth: int | None
     room_version: str | None
     authorized: bool
+    late_stream: int | None
 
 
 @dataclass

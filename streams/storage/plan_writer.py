@@ -58,13 +58,16 @@ def write_plan(cur: Any, writer: Any, ids: Sequence[int], plan: Plan) -> None:
                     ["text", "text", "bigint", "bigint", "bigint", "bigint"], plan.visibility_ranges)
     insert_rows(
         cur, "rooms", ["room_id", "head_topological", "head_stream", "last_stream", "current_state_group",
-                       "min_depth", "room_version", "authorized"],
-        ["text", "bigint", "bigint", "bigint", "bigint", "bigint", "text", "boolean"], plan.rooms,
+                       "min_depth", "room_version", "authorized", "late_stream"],
+        ["text", "bigint", "bigint", "bigint", "bigint", "bigint", "text", "boolean", "bigint"], plan.rooms,
         suffix="ON CONFLICT (room_id) DO UPDATE SET head_topological = EXCLUDED.head_topological, "
                "head_stream = EXCLUDED.head_stream, last_stream = EXCLUDED.last_stream, "
                "current_state_group = EXCLUDED.current_state_group, min_depth = EXCLUDED.min_depth, "
                "room_version = coalesce(rooms.room_version, EXCLUDED.room_version), "
-               "authorized = (rooms.authorized OR EXCLUDED.authorized)",
+               "authorized = (rooms.authorized OR EXCLUDED.authorized), "
+               # never lowered: a writer's context may be older than the row (another writer's mark)
+               "late_stream = CASE WHEN rooms.late_stream IS NULL OR EXCLUDED.late_stream > rooms.late_stream "
+               "THEN EXCLUDED.late_stream ELSE rooms.late_stream END",
     )
 
 

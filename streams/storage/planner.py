@@ -294,6 +294,7 @@ class _Planner:
 
     def _room_bookkeeping(self, ctx: RoomContext, ev: ParsedEvent, live: bool) -> None:
         """An accepted event's effect on the room's head, extremities, depth and joins."""
+        ctx.note_order(ev.key, live)
         if live:
             ctx.head = ev.key if ctx.head is None or ev.key > ctx.head else ctx.head
             ctx.last_stream = max(ctx.last_stream, ev.stream_ordering)
@@ -570,4 +571,4 @@ class _Planner:
         info = ctx.info
         return RoomRow(ctx.room_id, head[0], head[1], ctx.last_stream, ctx.current_group, ctx.min_depth,
                        info.version.identifier if info is not None and info.version is not None else None,
-                       bool(info is not None and info.authorized))
+                       bool(info is not None and info.authorized), ctx.late_stream)

@@ -15,6 +15,10 @@ from .state_groups import NewGroup
 from .visibility import RangeSet
 
 Key = tuple[int, int]
+#: ``rooms.late_stream`` for a room whose orderings cannot be trusted to follow the stream
+#: (moved by the ordering job, or a backfilled event above the head): every incremental sync
+#: walks ``*shared``'s ranges, as it did before the column existed
+LATE_ALWAYS = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -127,6 +131,9 @@ class RoomContext:
     marks: list[tuple[Key, str]] = field(default_factory=list)
     #: the room's version and whether its events are authorized (None: no create event yet)
     info: RoomInfo | None = None
+    #: the highest ``rooms.late_stream`` this context has set (None: none); the writer keeps
+    #: the row's larger value, so a context older than the row never lowers it
+    late_stream: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.memberships, Memberships):
@@ -141,6 +148,28 @@ class RoomContext:
     @property
     def version(self) -> tuple[Any, ...]:
         return (self.head, self.current_group, self.last_stream)
+
+    def note_order(self, key: Key, live: bool) -> None:
+        """Before an accepted event at ``key`` moves the head: raise ``late_stream`` if the
+        event sits behind one stored before it (``rooms.late_stream``).
+
+        A live event is behind when it is below the head or below the last stream ordering
+        (stored out of stream order, as several writers do): from its stream ordering or the
+        last one, whichever is higher, events after a token may sit before events up to it.
+        A backfilled event does not move the head: below the head it is marked at the last
+        stream ordering; above it, later live events could not see it, so the room is marked
+        for good (:data:`LATE_ALWAYS`).
+        """
+        if self.head is None:
+            return
+        if live:
+            if key >= self.head and key[1] >= self.last_stream:
+                return
+            mark = max(key[1], self.last_stream)
+        else:
+            mark = LATE_ALWAYS if key > self.head else max(key[1], self.last_stream)
+        if mark > 0 and (self.late_stream is None or mark > self.late_stream):
+            self.late_stream = mark
 
     def user_ranges(self, user: str) -> RangeSet:
         rs = self.ranges.get(user)

@@ -10,6 +10,7 @@ from django.db import connection
 
 from streams.jobs.runner import run_job
 from streams.models import JobRun
+from streams.storage.snapshot import LATE_ALWAYS
 from streams.storage.synthetic import RoomBuilder
 
 from ..storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
@@ -43,8 +44,8 @@ def _walked(room_id: str) -> dict[str, int]:
 @ON_BOTH_DATABASES
 @pytest.mark.parametrize("default_database", ["postgresql", "sqlite"], indirect=True)
 def test_strayed_events_and_rooms_without_depths_in_one_run(store, spark):
-    walked_room, other_room = "!nodepth:hs", "!strayed:hs"
-    for room in (walked_room, other_room):
+    walked_room, other_room, untouched_room = "!nodepth:hs", "!strayed:hs", "!untouched:hs"
+    for room in (walked_room, other_room, untouched_room):
         store.persist(*(raw for _, raw in _room(room)))
     stored = dict(rows("SELECT event_id, topological_ordering FROM events"))
     # the walked room's events lose their depth (the old unsigned format) and their orderings
@@ -58,20 +59,24 @@ def test_strayed_events_and_rooms_without_depths_in_one_run(store, spark):
         victim = rows("SELECT event_id FROM events WHERE room_id = %s ORDER BY stream_ordering DESC", other_room)[0][0]
         cursor.execute("UPDATE events SET topological_ordering = topological_ordering + 1000 WHERE event_id = %s",
                        [victim])
+    late = "SELECT room_id, late_stream FROM rooms ORDER BY room_id"
+    assert {late_stream for _, late_stream in rows(late)} == {None}
     expected = {**stored, **_walked(walked_room)}
     wrong = {e: t for e, t in rows("SELECT event_id, topological_ordering FROM events") if expected[e] != t}
     assert victim in wrong and len(wrong) == 7
 
     check = run_job("check_topological_ordering")
     assert check.status == JobRun.Status.SUCCEEDED, check.error
-    assert check.rows_in == 12 and check.differences == len(wrong)
+    assert check.rows_in == 18 and check.differences == len(wrong)
     assert {(d["event_id"], int(d["expected"]), int(d["found"])) for d in check.difference_sample} == {
         (e, expected[e], t) for e, t in wrong.items()}
 
     fix = run_job("topological_ordering")
     assert fix.status == JobRun.Status.SUCCEEDED, fix.error
-    assert fix.rows_in == 12 and fix.rows_out == len(wrong)
+    assert fix.rows_in == 18 and fix.rows_out == len(wrong)
     assert dict(rows("SELECT event_id, topological_ordering FROM events")) == expected
+    # the rooms whose orderings moved are walked by every incremental sync from now on
+    assert rows(late) == [(walked_room, LATE_ALWAYS), (other_room, LATE_ALWAYS), (untouched_room, None)]
     assert run_job("check_topological_ordering").differences == 0
 
 

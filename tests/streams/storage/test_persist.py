@@ -115,6 +115,23 @@ def test_fork_and_merge_extremities(store):
     assert rows("SELECT event_id FROM current_state_events WHERE type = 'm.room.name'") == [(c_id,)]
 
 
+def test_late_stream_marks_a_fork_and_is_never_lowered(store):
+    b, evs = simple_room()
+    store.persist(*[raw for _, raw in evs])
+    late = "SELECT late_stream FROM rooms WHERE room_id = '!r:localhost'"
+    assert rows(late) == [(None,)]
+    # a fork off the second event: depth 3, after an event at depth 5 in the stream
+    _, fork = b.event("m.room.message", "@alice:localhost", {"body": "late"}, prev=[evs[1][0]])
+    (stored,) = store.persist(fork)
+    assert stored.topological_ordering == 3
+    assert rows(late) == [(stored.stream_ordering,)]
+    # another writer's higher mark survives this writer's next batch (its context predates it)
+    with connection.cursor() as c:
+        c.execute("UPDATE rooms SET late_stream = 10000000 WHERE room_id = '!r:localhost'")
+    store.persist(b.message("@alice:localhost", "in order")[1])
+    assert rows(late) == [(10000000,)]
+
+
 def test_backfill_negative_orderings_and_backward_extremities(store):
     # the room as we joined it: state given, prev events unknown
     b = RoomBuilder("!bf:localhost")
@@ -126,13 +143,15 @@ def test_backfill_negative_orderings_and_backward_extremities(store):
         store.persist(IncomingEvent(new, state_before=state))
     # the state arrives with the join as outliers
     store.persist(*[IncomingEvent(raw, outlier=True) for _, raw in old[:2]])
-    store.persist(IncomingEvent(new, state_before=state))
+    p0 = store.persist(IncomingEvent(new, state_before=state))
     assert rows("SELECT event_id FROM event_backward_extremities") == [(old[3][0],)]
     # backfill the older history, newest first as backfill delivers it
     p = store.persist(IncomingEvent(old[3][1], state_before=state), backfill=True)
     assert p[0].stream_ordering < 0
     p2 = store.persist(IncomingEvent(old[2][1], state_before=state), backfill=True)
     assert p2[0].stream_ordering < p[0].stream_ordering < 0  # negative and decreasing
+    # history below the head, stored after the live event: marked at the last stream ordering
+    assert rows("SELECT late_stream, last_stream FROM rooms")[0] == (p0[0].stream_ordering,) * 2
     assert rows("SELECT event_id FROM event_backward_extremities") == [(old[1][0],)]  # an outlier: still a gap
     # backfill changed neither the forward extremities nor the current state
     assert rows("SELECT event_id FROM event_forward_extremities") == [(new_id,)]

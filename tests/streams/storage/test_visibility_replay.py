@@ -180,6 +180,7 @@ def test_ranges_match_the_rules_on_forked_rooms(store, ops, batch):
         persisted += store.persist(*[e[-1] for e in events[i:i + batch]])
     key = {p.event_id: (p.topological_ordering, p.stream_ordering) for p in persisted}
     info = {e[0]: e for e in events}
+    _check_late_stream(room_id, key)
 
     def vis_of(state):
         eid = state.get(("m.room.history_visibility", ""))
@@ -222,6 +223,25 @@ def test_ranges_match_the_rules_on_forked_rooms(store, ops, batch):
         assert got == want, user
         if user != OUTSIDER:
             _check_incremental_sync(room_id, user, want, key)
+
+
+def _check_late_stream(room_id, key):
+    """The persist path's ``rooms.late_stream`` is the highest stream ordering of an event
+    below an earlier one (one writer stores the stream in order, so its marks are exact),
+    and the migration that fills it for stored rooms agrees."""
+    import importlib
+
+    from django.db import connection
+
+    by_stream = sorted(key.values(), key=lambda k: k[1])
+    late = [s for i, (t, s) in enumerate(by_stream) if any(t < u for u, _ in by_stream[:i])]
+    with connection.cursor() as c:
+        c.execute("SELECT late_stream FROM rooms WHERE room_id = %s", [room_id])
+        assert c.fetchone()[0] == (max(late) if late else None)
+        c.execute(f"SELECT late FROM ({importlib.import_module('streams.migrations.0013_room_late_stream').LATE_EVENTS}) l "
+                  "WHERE room_id = %s", [room_id])
+        found = c.fetchone()
+        assert (found[0] if found else None) == (max(late) if late else None)
 
 
 def _check_incremental_sync(room_id, user, visible, key, limit=3):
