@@ -188,10 +188,28 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
     # made it read every entry of the range -- all of a big room's events since the user
     # joined -- and sort them.
+    # A range's walk covers only the stream orderings its events can have, not the whole
+    # window. A range ends at an event's key (``RangeSet.close_at``; the visibility job's
+    # ends) or just before one (``remove_point``, the clip at the join), with stream ordering
+    # ``end_stream`` or ``end_stream + 1``; it starts at one (``start_stream``) or just after
+    # one (``start_stream - 1``). An event stored after the end's event in the stream sits
+    # above it by key, and one stored before the start's below it, outside the range, unless
+    # the room stored an event behind an earlier one up to ``rooms.late_stream``
+    # (``RoomContext.note_order``). So the range's events have stream orderings at most the
+    # greater of ``end_stream`` and the mark, and at least ``start_stream`` when the mark is
+    # below ``start_stream - 1``. Without those bounds, each of a big room's 1,287 closed
+    # world-readable ranges read the ~68,000 events of a 10 % window down to its start: 44 s
+    # for one sync (docs/benchmarks.md, session 17).
+    late = f"(SELECT r.late_stream FROM rooms r WHERE r.room_id = {room})"
+
     def walks(ranges: str, extra: str = "") -> str:
         return f"""SELECT x.* FROM ({ranges}) r CROSS JOIN LATERAL (
             SELECT {_COLUMNS} FROM events e
-            WHERE e.room_id = r.room_id
+            WHERE e.room_id = r.room_id AND e.stream_ordering <= greatest(r.end_stream, r.late)
+              AND e.stream_ordering >= CASE WHEN r.late IS NULL THEN r.start_stream
+                                            WHEN r.start_stream <= r.late THEN {-_MAX - 1}
+                                            WHEN r.start_stream - 1 > r.late THEN r.start_stream
+                                            ELSE {-_MAX - 1} END
               AND (e.topological_ordering + 0, e.stream_ordering) >= (r.start_topological, r.start_stream)
               AND (e.topological_ordering + 0, e.stream_ordering) <= (r.end_topological, r.end_stream)
               AND NOT e.outlier AND NOT e.rejected {event_filter} {extra}
@@ -199,20 +217,21 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
 
     own = f"""SELECT v.room_id, v.start_topological, v.start_stream,
                    coalesce(v.end_topological, {_MAX}) AS end_topological,
-                   coalesce(v.end_stream, {_MAX}) AS end_stream
+                   coalesce(v.end_stream, {_MAX}) AS end_stream, {late} AS late
             FROM room_visibility_ranges v
             WHERE v.room_id = {room} AND v.user_id IN (%(user)s, '*') {range_filter}"""
     before_join = f"(coalesce(v.end_topological, {_MAX}), coalesce(v.end_stream, {_MAX})) < (j.jt, j.js)"
     shared = f"""SELECT v.room_id, v.start_topological, v.start_stream,
                    CASE WHEN {before_join} THEN coalesce(v.end_topological, {_MAX}) ELSE j.jt END AS end_topological,
-                   CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END AS end_stream
+                   CASE WHEN {before_join} THEN coalesce(v.end_stream, {_MAX}) ELSE j.js - 1 END AS end_stream,
+                   {late} AS late
             FROM {latest_join(room)} j JOIN room_visibility_ranges v
                  ON v.room_id = {room} AND v.user_id = '*shared'
                     AND (v.start_topological, v.start_stream) < (j.jt, j.js) {range_filter}"""
     if since is not None:
         shared += f"""
             WHERE j.js > {since} OR {since} < 0
-               OR (SELECT r.late_stream FROM rooms r WHERE r.room_id = {room}) > {since}"""
+               OR {late} > {since}"""
     # The user's and the world's walks first. Only what is newer than their limit-th event
     # can still make the page, so ``*shared``'s walks stop there: going down the window they
     # pass every event after the user's join before the first one before it (a user who

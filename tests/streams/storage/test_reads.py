@@ -148,6 +148,22 @@ def test_incremental_sync(store):
 
 
 
+def test_incremental_sync_finds_a_late_event_in_a_closed_range(store):
+    """A fork stored after the token sits, by key, in a range of Bob's that closed before it
+    (his first membership, history ``joined``: only that range shows it). The walk of a
+    closed range starts at its end's stream ordering unless the room marked a late event
+    (``rooms.late_stream``), as this fork does."""
+    b, _, msgs = room(store, "!late:hs", 3, members=(A, B), vis="joined")
+    store.persist(b.member(B, "leave")[1], b.member(B, "join")[1], b.message(A, "after the rejoin")[1])
+    since = initial_sync(B)["next_batch"]
+    _, fork = b.event("m.room.message", A, {"body": "fork"}, prev=[msgs[1]])
+    store.persist(fork)
+    sync = incremental_sync(B, since, limit=5)
+    assert bodies(sync["rooms"]["!late:hs"]["events"]) == ["fork"]
+    history = room_messages("!late:hs", B, direction="f", limit=50)["chunk"]
+    assert "fork" in bodies(history)
+
+
 def test_incremental_sync_from_before_the_change_cache(store, monkeypatch):
     """A token older than the change cache's horizon: the cache can only say "every room may
     have changed", and the rooms' last live event decides instead of reading them all."""
