@@ -1,7 +1,7 @@
 """Issue 19: ``rooms.late_stream``, the highest stream ordering of an event stored behind an
 earlier one (lower in (topological, stream) than an event before it in the stream), so that
-an incremental sync from a later token skips the ``*shared`` walks (docs/storage.md,
-"Visibility").
+an incremental sync from a later token skips the ``*shared`` walks and bounds each range's
+walk by stream ordering (docs/storage.md, "Reads").
 
 The rooms already stored get it from their events: an event is behind an earlier one when
 its topological ordering is below the highest of the events before it in the stream (equal

@@ -34,9 +34,10 @@ class Room(models.Model):
     #: the highest stream ordering a persisted event put behind an earlier one: lower in
     #: (topological, stream) than an event before it in the stream (a fork, a late or
     #: de-outliered event, one of several writers' events stored out of stream order). Null:
-    #: none. Only after it can an event of the room sit before a join that is older in the
-    #: stream, so an incremental sync from a later token skips ``*shared``'s walks
-    #: (``reads._visible_in_stream_order``). Never lowered; the ordering job sets the maximum.
+    #: none. Only up to it can an event of the room sit before one older in the stream, so an
+    #: incremental sync from a later token skips ``*shared``'s walks and bounds each range's
+    #: walk by stream ordering (``reads._visible_in_stream_order``). Never lowered; the
+    #: ordering job sets the maximum.
     late_stream = models.BigIntegerField(_("last out-of-order stream ordering"), null=True)
     #: the create event was a full PDU (hashes, auth_events): every event of the room is then
     #: parsed per its room version and authorized; false for the older unsigned test format

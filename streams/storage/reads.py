@@ -181,8 +181,8 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     ``since``: the window's exclusive lower bound (an SQL expression). ``*shared``'s walks
     can only find an event of the window before the join by key when the join is in the
     window, or when the room stored an event behind an earlier one after ``since``
-    (``rooms.late_stream``); otherwise they are skipped (they were 30 % of incremental
-    sync's query at 10 M events: docs/benchmarks.md, session 17)."""
+    (``rooms.late_stream``); otherwise they are skipped (the walks were 30 % of incremental
+    sync's query at 10 M events: docs/benchmarks.md, session 16)."""
     # The range bounds are a filter (``+ 0`` keeps them out of the index condition): the
     # walk goes down the (room_id, stream_ordering) index within the window and stops at the
     # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
@@ -190,13 +190,13 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # joined -- and sort them.
     # A range's walk covers only the stream orderings its events can have, not the whole
     # window. A range ends at an event's key (``RangeSet.close_at``; the visibility job's
-    # ends) or just before one (``remove_point``, the clip at the join), with stream ordering
-    # ``end_stream`` or ``end_stream + 1``; it starts at one (``start_stream``) or just after
-    # one (``start_stream - 1``). An event stored after the end's event in the stream sits
-    # above it by key, and one stored before the start's below it, outside the range, unless
-    # the room stored an event behind an earlier one up to ``rooms.late_stream``
+    # ends) or just before one, k (``remove_point``; the clip at the join: ``end_stream`` is
+    # k's minus 1), and starts at an event's key or just after one. An event inside the
+    # range by key that was stored after the end's event (or k) in the stream, or before the
+    # start's, would make one of the two sit behind the other, which marks
+    # ``rooms.late_stream`` at least at the later stream ordering of the two
     # (``RoomContext.note_order``). So the range's events have stream orderings at most the
-    # greater of ``end_stream`` and the mark, and at least ``start_stream`` when the mark is
+    # greater of ``end_stream`` and the mark, and at least ``start_stream`` while the mark is
     # below ``start_stream - 1``. Without those bounds, each of a big room's 1,287 closed
     # world-readable ranges read the ~68,000 events of a 10 % window down to its start: 44 s
     # for one sync (docs/benchmarks.md, session 17).
