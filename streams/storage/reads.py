@@ -201,6 +201,9 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # world-readable ranges read the ~68,000 events of a 10 % window down to its start: 44 s
     # for one sync (docs/benchmarks.md, session 17).
     late = f"(SELECT r.late_stream FROM rooms r WHERE r.room_id = {room})"
+    # the ranges that end before the window are not walked at all (``event_filter`` holds
+    # ``> since`` too: this only spares their index probes, 1,287 + 2,204 in that big room)
+    in_window = "" if since is None else f"\n            WHERE greatest(r.end_stream, r.late) > {since}"
 
     def walks(ranges: str, extra: str = "") -> str:
         return f"""SELECT x.* FROM ({ranges}) r CROSS JOIN LATERAL (
@@ -213,7 +216,7 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
               AND (e.topological_ordering + 0, e.stream_ordering) >= (r.start_topological, r.start_stream)
               AND (e.topological_ordering + 0, e.stream_ordering) <= (r.end_topological, r.end_stream)
               AND NOT e.outlier AND NOT e.rejected {event_filter} {extra}
-            ORDER BY e.stream_ordering DESC LIMIT {limit}) x"""
+            ORDER BY e.stream_ordering DESC LIMIT {limit}) x{in_window}"""
 
     own = f"""SELECT v.room_id, v.start_topological, v.start_stream,
                    coalesce(v.end_topological, {_MAX}) AS end_topological,
