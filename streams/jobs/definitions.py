@@ -95,7 +95,8 @@ def apply_orderings(stage: io.Staging) -> int:
 
     The rooms whose orderings move are marked for good in ``rooms.late_stream``: their
     events may now sit before earlier ones of the stream, in ways the persist path's marks
-    never saw, so incremental sync walks ``*shared``'s ranges there as it always did."""
+    never saw, so incremental sync walks ``*shared``'s ranges there, and each range's walk
+    without stream-ordering bounds, as before the column existed."""
     _, changed, _ = io.swap_in([
         (f"UPDATE rooms SET late_stream = {LATE_ALWAYS} WHERE room_id IN ("
          f"SELECT e.room_id FROM {stage.name} AS s JOIN events e ON e.event_id = s.event_id "

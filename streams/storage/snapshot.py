@@ -17,7 +17,8 @@ from .visibility import RangeSet
 Key = tuple[int, int]
 #: ``rooms.late_stream`` for a room whose orderings cannot be trusted to follow the stream
 #: (moved by the ordering job, or a backfilled event above the head): every incremental sync
-#: walks ``*shared``'s ranges, as it did before the column existed
+#: walks ``*shared``'s ranges, and each range's walk has no stream-ordering bounds, as before
+#: the column existed
 LATE_ALWAYS = 2**63 - 1
 
 
