@@ -99,7 +99,8 @@ def _key_after(topological: int, stream: int) -> tuple[int, int] | None:
 
 
 def visible_events(room: str, *, order: str, event_filter: str = "", range_filter: str = "",
-                   limit: str = "%(limit)s", from_token: bool = False, since: str | None = None) -> str:
+                   limit: str = "%(limit)s", from_token: bool = False, since: str | None = None,
+                   late: str | None = None) -> str:
     """SQL: the first ``limit`` events of room ``room`` (an SQL expression) visible to
     %(user)s, in ``order`` -- ``b`` (history, newest first), ``f`` (oldest first) or ``s``
     (stream ordering, newest first); with ``from_token`` (``b`` and ``f``), only those at or
@@ -113,7 +114,7 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     """
     if order == "s":
         return _visible_in_stream_order(room, event_filter=event_filter, range_filter=range_filter, limit=limit,
-                                        since=since)
+                                        since=since, late=late)
     d = {"b": "DESC", "f": "ASC"}[order]
     range_start = ("v.start_topological", "v.start_stream")
     range_end = (f"coalesce(v.end_topological, {_MAX})", f"coalesce(v.end_stream, {_MAX})")
@@ -171,7 +172,7 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
 
 
 def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str, limit: str,
-                             since: str | None = None) -> str:
+                             since: str | None = None, late: str | None = None) -> str:
     """:func:`visible_events` newest first by stream ordering (incremental sync: ``event_filter``
     bounds the stream window). Ranges are ordered by (topological, stream), not by stream
     (a fork or backfilled event sits in an old range with a new stream ordering): every
@@ -182,7 +183,11 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     can only find an event of the window before the join by key when the join is in the
     window, or when the room stored an event behind an earlier one after ``since``
     (``rooms.late_stream``); otherwise they are skipped (the walks were 30 % of incremental
-    sync's query at 10 M events: docs/benchmarks.md, session 16)."""
+    sync's query at 10 M events: docs/benchmarks.md, session 16).
+
+    ``late``: the room's ``rooms.late_stream`` as an SQL expression the caller reads once
+    per room (NULL for a room with no row, as the look-up's empty answer); without it, it
+    is looked up in each place that names it."""
     # The range bounds are a filter (``+ 0`` keeps them out of the index condition): the
     # walk goes down the (room_id, stream_ordering) index within the window and stops at the
     # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
@@ -200,7 +205,8 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # below ``start_stream - 1``. Without those bounds, each of a big room's 1,287 closed
     # world-readable ranges read the ~68,000 events of a 10 % window down to its start: 44 s
     # for one sync (docs/benchmarks.md, session 17).
-    late = f"(SELECT r.late_stream FROM rooms r WHERE r.room_id = {room})"
+    if late is None:
+        late = f"(SELECT r.late_stream FROM rooms r WHERE r.room_id = {room})"
     # the ranges that end before the window are not walked at all (``event_filter`` holds
     # ``> since`` too: this only spares their index probes, 1,287 + 2,204 in that big room)
     in_window = "" if since is None else f"\n            WHERE greatest(r.end_stream, r.late) > {since}"
@@ -620,10 +626,15 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
             if is_sqlite(cur):
                 rows = _per_room(cur, [(r, r) for r in changed], params, order="s", event_filter=new_events)
             else:
+                # each room's mark read once, beside it (``rm``), not by each of the places
+                # that name it: 37,623 -> 21,991 buffers for a power user's 622 changed
+                # rooms at 10 M (docs/benchmarks.md, session 18)
                 rows = fetch_all(
                     cur, f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
+                    CROSS JOIN LATERAL (SELECT (SELECT r.late_stream FROM rooms r WHERE r.room_id = m.room_id)
+                                        AS late_stream OFFSET 0) rm
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events,
-                                                       since="%(since)s")} y""",
+                                                       since="%(since)s", late="rm.late_stream")} y""",
                     {**params, "rooms": changed})
             out = _group_timelines(cur, caches, rows, limit, historic=False)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
