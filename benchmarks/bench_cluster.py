@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_cluster.py [--quick] [--facts F] [--writers 1,2,4]
                      [--sink count|jsonl] [--synthetic-in-loop] [--no-dbonly] [--repeat R]
-                     [--profile DIR] [--keep] [--per-txn N] [--concurrency C]
+                     [--profile DIR] [--keep] [--per-txn N] [--concurrency C] [--workers W]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on) and a throwaway Redis,
 migrates a fresh database, then runs a whole cluster as separate OS processes, the way
@@ -28,6 +28,10 @@ migrates a fresh database, then runs a whole cluster as separate OS processes, t
   (to the Redis worker). By default the synthetic rows ``write_facts`` would make inside its
   loop (``Receipt.synthetic``, ~50 us each) are made beforehand, the same rows, as
   ``bench_stream_ids`` does (``--synthetic-in-loop``: as is).
+
+``--workers`` names other workers than the default three (``tcp1``: one worker over TCP),
+or ``none``: the writers with replication on (streamer, endpoint, Redis) and nobody to serve,
+the floor under any worker's cost; the goals are judged only with the default three.
 
 ``--concurrency C`` passes ``concurrency=C`` to each writer's ``write_facts``: C threads per
 writer process, each with its own database connection, sharing the process's writer, ID
@@ -110,7 +114,9 @@ PER_TXN = 100
 GOAL_E2E_VS_WRITER = 0.8
 GOAL_BEFORE_WORKERS_US = 10.0
 GOAL_PER_WORKER_US = 3.0
-WORKERS = [("tcp1", "tcp"), ("tcp2", "tcp"), ("redis1", "redis")]
+#: the cluster's workers, (name, transport); ``--workers`` changes the list in place
+DEFAULT_WORKERS = "tcp1,tcp2,redis1"
+WORKERS: list[tuple[str, str]] = []
 POLL = 0.01
 STALL = 20.0  # seconds without any delivery after the writers finished: a run is declared incomplete
 # count sink: per worker a shared file of 5 doubles: facts, duplicates, out-of-order, last fact time, reserved
@@ -373,7 +379,7 @@ class RawResult:
 
 def run_raw(ctx, url: str, redis_pid: int, per_publisher: list[list[bytes]], batched: bool,
             workdir: Path, label: str) -> RawResult:
-    """N publishers (one per list) -> 3 subscribers; every subscriber must get every message.
+    """N publishers (one per list) -> a subscriber per worker; every subscriber must get every message.
     ``batched``: each message is several newline-separated lines, and a fact is a line."""
     messages = sum(len(m) for m in per_publisher)
     total = sum(m.count(b"\n") + 1 for msgs in per_publisher for m in msgs) if batched else messages
@@ -675,7 +681,8 @@ class E2EResult:
 
     @property
     def seconds(self) -> float:
-        return max(self.done.values()) - self.writes.start
+        # with no workers, until the last writer's streamer has flushed
+        return max(self.done.values(), default=self.writes.closed) - self.writes.start
 
     @property
     def rate(self) -> float:
@@ -810,7 +817,9 @@ def machine_info(pg_url: str, redis_url: str) -> list[str]:
     ]
 
 
-CPU_ORDER = ["writers", "endpoint", "tcp1", "tcp2", "redis1", "daphne", "redis", "postgres", "bench"]
+def cpu_order() -> list[str]:
+    """The processes whose CPU is reported, in order (the workers as ``--workers`` names them)."""
+    return ["writers", "endpoint", *(name for name, _ in WORKERS), "daphne", "redis", "postgres", "bench"]
 
 
 IDLE_SECONDS = 3.0
@@ -833,7 +842,7 @@ def replication_price(e2e: "E2EResult") -> dict[str, float]:
     endpoint, daphne (catch-up), Redis and each worker; and the writers' remaining, database part."""
     facts = e2e.writes.facts
     st = e2e.writes.stats
-    us = {k: 1e6 * e2e.cpu.get(k, 0.0) / facts for k in CPU_ORDER}
+    us = {k: 1e6 * e2e.cpu.get(k, 0.0) / facts for k in cpu_order()}
     out = {"prepare": 1e6 * st.get("prepare_cpu", 0.0) / facts,
            "streamer_thread": 1e6 * st.get("streamer_cpu", 0.0) / facts}
     out["streamer"] = out["prepare"] + out["streamer_thread"]
@@ -841,6 +850,22 @@ def replication_price(e2e: "E2EResult") -> dict[str, float]:
     for k in ("endpoint", "daphne", "redis", *(name for name, _ in WORKERS)):
         out[k] = us[k]
     out["before"] = out["streamer"] + out["endpoint"] + out["daphne"] + out["redis"]
+    return out
+
+
+def parse_workers(text: str) -> list[tuple[str, str]]:
+    """``--workers``: names, each beginning with its transport (``tcp2``, ``redis1``), or
+    ``none``."""
+    if text.strip() == "none":
+        return []
+    out = []
+    for name in (x.strip() for x in text.split(",")):
+        transport = "redis" if name.startswith("redis") else "tcp" if name.startswith("tcp") else None
+        if transport is None or not name.isalnum():
+            raise ValueError(f"worker {name!r}: a name starting with tcp or redis, letters and digits")
+        out.append((name, transport))
+    if len({n for n, _ in out}) != len(out):
+        raise ValueError("worker names repeat")
     return out
 
 
@@ -876,8 +901,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-txn", type=int, default=PER_TXN,
                         help=f"facts per writer transaction (default {PER_TXN}); also the raw publishers' "
                              "pipeline and the raw (b) batch size")
+    parser.add_argument("--workers", default=DEFAULT_WORKERS,
+                        help=f"the workers, each name starting with its transport (default {DEFAULT_WORKERS}), or "
+                             "'none': the writers with replication on and nobody following (no raw runs); "
+                             "the goals are judged only with the default workers")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    try:
+        WORKERS[:] = parse_workers(args.workers)
+    except ValueError as e:
+        parser.error(f"--workers: {e}")
+    default_workers = WORKERS == parse_workers(DEFAULT_WORKERS)
     if args.per_txn < 1:
         parser.error("--per-txn must be >= 1")
     globals()["PER_TXN"] = args.per_txn
@@ -930,14 +964,15 @@ def main(argv: list[str] | None = None) -> int:
         pids["postgres"] = pg.proc.pid
         sink = ("manage.py replication_worker --jsonl (delivery timed by tailing the files)" if args.sink == "jsonl"
                 else "Python API (ReplicationWorker / RedisReplicationWorker) with a counting coroutine callback")
-        print(f"cluster: 1 endpoint (runreplication), daphne (catch-up), 3 workers on {STREAM}: tcp1, tcp2 over TCP, "
-              f"redis1 over Redis; workers: {sink}")
+        print(f"cluster: 1 endpoint (runreplication), daphne (catch-up), {len(WORKERS)} workers on {STREAM}: "
+              + (", ".join(f"{w} over {'TCP' if t == 'tcp' else 'Redis'}" for w, t in WORKERS) or "none")
+              + f"; workers: {sink}")
         print(f"writers: write_facts {STREAM} --count {facts} --per-txn {PER_TXN} --concurrency {args.concurrency} "
               f"per process ({args.concurrency} transaction(s) in flight per writer) "
               f"(STREAM_WRITERS={STREAM_WRITERS}), in processes set up and subscribed before a common start; "
               + ("synthetic rows made inside the timed loop" if args.synthetic_in_loop else
                  "its synthetic rows made beforehand (the same rows)"))
-        print(f"raw Redis: the same RDATA lines from N redis-py publishers to 3 redis-py subscribers: (a) one "
+        print(f"raw Redis: the same RDATA lines from N redis-py publishers to {len(WORKERS)} redis-py subscribers: (a) one "
               f"PUBLISH per line, {PER_TXN} per pipeline; (b) batched: {PER_TXN} lines per PUBLISH "
               f"(newline-separated), {PER_TXN} PUBLISH per pipeline, subscribers counting the lines")
         print("without replication: the same writer processes with REDIS_URL unset (no streamer), into a copy of "
@@ -981,8 +1016,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{st.get('messages', 0):,} channel-layer messages, "
                       f"{st.get('bridge_published', 0):,} Redis lines, "
                       f"dropped {st.get('bridge_dropped', 0):,}")
-                per = ", ".join(f"{k} {1e6 * e2e.cpu.get(k, 0.0) / w.facts:.1f}" for k in CPU_ORDER)
-                ours = sum(e2e.cpu.get(k, 0.0) for k in CPU_ORDER)
+                per = ", ".join(f"{k} {1e6 * e2e.cpu.get(k, 0.0) / w.facts:.1f}" for k in cpu_order())
+                ours = sum(e2e.cpu.get(k, 0.0) for k in cpu_order())
                 other = max(0.0, e2e.busy - ours)
                 writer_core = e2e.cpu["writers"] / n / (w.closed - w.start)
                 print(f"      CPU us/fact: {per}; total {1e6 * ours / w.facts:.0f}; each writer at {writer_core:.2f} "
@@ -999,12 +1034,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"      writers' database part {price['writer_db']:.1f} us/fact (with no replication at all: "
                           f"{1e6 * dbonly.cpu / dbonly.facts:.1f})")
 
+                if not WORKERS:  # no subscribers for the raw runs either
+                    rows.append((n, rep, load, e2e, dbonly, None, None, price,
+                                 all(v == "ok" for v in e2e.checks.values())))
+                    continue
                 lines = raw_payloads(e2e.updates)
                 per_pub = [lines[wn] for wn in WRITER_NAMES[:n]]
                 raw_a = run_raw(ctx, rs.url, rs.proc.pid, per_pub, False, workdir, f"a{n}-{rep}")
                 raw_cpu = raw_a.pub_cpu + raw_a.sub_cpu + raw_a.redis_cpu
                 print(f"  {label}{tag} raw Redis (a) per fact: {raw_a.rate:>9,.0f} facts/s "
-                      f"({raw_a.facts:,} PUBLISH x 3 subscribers in {raw_a.seconds:.2f} s; CPU us/fact: publishers "
+                      f"({raw_a.facts:,} PUBLISH x {len(WORKERS)} subscribers in {raw_a.seconds:.2f} s; CPU us/fact: publishers "
                       f"{1e6 * raw_a.pub_cpu / raw_a.facts:.1f}, subscribers {1e6 * raw_a.sub_cpu / raw_a.facts:.1f}, "
                       f"redis {1e6 * raw_a.redis_cpu / raw_a.facts:.1f}; total {1e6 * raw_cpu / raw_a.facts:.0f})",
                       flush=True)
@@ -1012,7 +1051,8 @@ def main(argv: list[str] | None = None) -> int:
                 raw_b = run_raw(ctx, rs.url, rs.proc.pid, per_pub_b, True, workdir, f"b{n}-{rep}")
                 raw_cpu = raw_b.pub_cpu + raw_b.sub_cpu + raw_b.redis_cpu
                 print(f"  {label}{tag} raw Redis (b) batched: {raw_b.rate:>9,.0f} facts/s ({raw_b.facts:,} lines in "
-                      f"{raw_b.messages:,} PUBLISH x 3 subscribers in {raw_b.seconds:.2f} s; CPU us/fact: publishers "
+                      f"{raw_b.messages:,} PUBLISH x {len(WORKERS)} subscribers in {raw_b.seconds:.2f} s; "
+                      "CPU us/fact: publishers "
                       f"{1e6 * raw_b.pub_cpu / raw_b.facts:.2f}, subscribers {1e6 * raw_b.sub_cpu / raw_b.facts:.2f}, "
                       f"redis {1e6 * raw_b.redis_cpu / raw_b.facts:.2f}; total {1e6 * raw_cpu / raw_b.facts:.1f})",
                       flush=True)
@@ -1027,27 +1067,32 @@ def main(argv: list[str] | None = None) -> int:
         goal = {"e2e": True, "before": True, "worker": True}
         for n, _rep, load, e2e, dbonly, raw_a, raw_b, price, ok in rows:
             vs_db = e2e.rate / dbonly.write_rate if dbonly else float("nan")
-            worst = max(price[k] for k, _ in WORKERS)
+            worst = max((price[k] for k, _ in WORKERS), default=0.0)
             if n == 1:
                 goal["e2e"] &= vs_db >= GOAL_E2E_VS_WRITER and ok
             goal["before"] &= price["before"] <= GOAL_BEFORE_WORKERS_US
             goal["worker"] &= worst <= GOAL_PER_WORKER_US
-            ours = sum(e2e.cpu.get(k, 0.0) for k in CPU_ORDER)
+            ours = sum(e2e.cpu.get(k, 0.0) for k in cpu_order())
             others = max(0.0, e2e.busy - ours) / e2e.wall
+            raw = (f"{raw_a.rate:>10,.0f}{e2e.rate / raw_a.rate:>7.2f}{raw_b.rate:>10,.0f}{e2e.rate / raw_b.rate:>7.2f}"
+                   if raw_a is not None and raw_b is not None else f"{'-':>10}{'-':>7}{'-':>10}{'-':>7}")
             print(f"{n:<8}{load:>16}{e2e.rate:>13,.0f}{dbonly.write_rate if dbonly else float('nan'):>10,.0f}"
-                  f"{vs_db:>7.2f}{raw_a.rate:>10,.0f}{e2e.rate / raw_a.rate:>7.2f}{raw_b.rate:>10,.0f}"
-                  f"{e2e.rate / raw_b.rate:>7.2f}{price['before']:>16.1f}{worst:>12.1f}{others:>8.2f}"
+                  f"{vs_db:>7.2f}{raw}{price['before']:>16.1f}{worst:>12.1f}{others:>8.2f}"
                   f"{'' if ok else '  (NOT exactly once)'}")
         print("(each run: the writers without replication, then end to end, then raw (a) and (b), one after the other; "
               "ratios are end to end over the others of the same run; before workers: CPU us/fact of the writers' "
-              "streamers, the endpoint, daphne and Redis; per worker: the costliest of the 3 workers; others: cores "
+              "streamers, the endpoint, daphne and Redis; per worker: the costliest worker; others: cores "
               "busy with processes not ours during the end-to-end run)")
         print()
-        print(f"goal: 1-writer end to end >= {GOAL_E2E_VS_WRITER} of the same writer without replication, exactly "
+        if not default_workers:
+            print(f"goals: not judged (workers {args.workers}; the goals are for {DEFAULT_WORKERS})")
+            goal = {}
+        if goal:
+            print(f"goal: 1-writer end to end >= {GOAL_E2E_VS_WRITER} of the same writer without replication, exactly "
               f"once: {'met' if goal['e2e'] else 'NOT met'}")
-        print(f"goal: replication <= {GOAL_BEFORE_WORKERS_US:g} us/fact before workers: "
-              f"{'met' if goal['before'] else 'NOT met'}; <= {GOAL_PER_WORKER_US:g} us/fact per worker: "
-              f"{'met' if goal['worker'] else 'NOT met'}")
+            print(f"goal: replication <= {GOAL_BEFORE_WORKERS_US:g} us/fact before workers: "
+                  f"{'met' if goal['before'] else 'NOT met'}; <= {GOAL_PER_WORKER_US:g} us/fact per worker: "
+                  f"{'met' if goal['worker'] else 'NOT met'}")
         print(f"total time {time.monotonic() - t_begin:.0f} s")
     finally:
         if cluster is not None:
