@@ -57,6 +57,9 @@ class _InsertPlan:
     #: the table's row format
     wire_index: list[int]
     to_wire: Any
+    #: ``to_wire([raw[i] for i in wire_index])`` as one call (C when the row format is the
+    #: plain list: :func:`_wire_maker`)
+    wire_of: Any
     #: the field values of a row, in column order, from a mapping that has every field
     #: (``KeyError`` otherwise: then :meth:`values_with_defaults`)
     getter: Any = None
@@ -171,7 +174,7 @@ class StreamWriter:
                 row = [stream_id, instance, *raw]
                 out.append(row)
                 if wire is not None:
-                    wire.setdefault(stream_id, []).append(plan.to_wire([raw[i] for i in plan.wire_index]))
+                    wire.setdefault(stream_id, []).append(plan.wire_of(raw))
         return by_model
 
     # -- the writer's own transaction (PostgreSQL) ----------------------------------------------
@@ -440,9 +443,10 @@ class StreamWriter:
             copy_preps = [None, None, *(_copy_prep(f, connection) for f in fields)]
         table = next(t for t in self.spec.tables if t.model is model)
         names = [f.name for f in fields]
+        wire_index = [names.index(name) for name in table.fields]
         plan = _InsertPlan(sql, [(f.name, default(f), converter(f)) for f in fields],
-                           copy_sql, unnest_sql, copy_preps, [names.index(name) for name in table.fields], table.to_wire,
-                           _values_getter(names))
+                           copy_sql, unnest_sql, copy_preps, wire_index, table.to_wire,
+                           _wire_maker(wire_index, table), _values_getter(names))
         self._plans[model] = plan
         return plan
 
@@ -454,6 +458,19 @@ def _roll_back_open(pg: Any) -> None:
 
     if not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         pg.rollback()
+
+
+def _wire_maker(index: list[int], table: Any) -> Any:
+    """The wire row of a written row's column values, ``table.to_wire([raw[i] for i in
+    index])``: picked in C when the table's row format is the plain list of its wire fields
+    (the writing thread makes one per fact while a streamer runs)."""
+    if table.wire_row is None and getattr(table.model.wire_row, "__func__", None) is FactModel.wire_row.__func__ and index:
+        pick = operator.itemgetter(*index)
+        if len(index) == 1:
+            return lambda raw: [pick(raw)]
+        return lambda raw: list(pick(raw))
+    to_wire = table.to_wire
+    return lambda raw: to_wire([raw[i] for i in index])
 
 
 def _values_getter(names: Sequence[str]) -> Any:

@@ -330,6 +330,24 @@ def test_wire_journal_takes_in_stream_order():
     assert len(backwards) == 1
 
 
+def test_wire_row_of_a_written_row_is_the_tables_row_format():
+    """The writing thread's one-call wire row (``_wire_maker``) is the table's own row format
+    of the wire fields, for every table any stream writes (both the plain list and the
+    tables with a format of their own)."""
+    from streams.models.base import FactModel
+    from streams.registry import STREAMS
+    from streams.writer import _wire_maker
+
+    tables = [t for spec in STREAMS.values() for t in spec.tables if issubclass(t.model, FactModel)]
+    assert any(t.wire_row is None and "wire_row" not in vars(t.model) for t in tables)
+    assert any("wire_row" in vars(t.model) for t in tables)
+    for table in tables:
+        names = [f.name for f in table.model._meta.concrete_fields]
+        index = [names.index(name) for name in table.fields]
+        raw = tuple(f"value of {name}" for name in names)
+        assert _wire_maker(index, table)(raw) == table.to_wire([raw[i] for i in index]), table.model
+
+
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),

@@ -193,9 +193,11 @@ class ReplicationStreamer:
         (serialized too, when it goes out through a GroupPublisher) and the Synapse channel's
         PUBLISH commands (when the Redis bridge is up)."""
         stream_name, writer = advance.stream_name, advance.instance_name
-        spec = get_stream(stream_name)
-        prev, new = spec.to_wire(advance.prev_token), spec.to_wire(advance.new_token)
-        wire_facts = [(spec.to_wire(stream_id), rows) for stream_id, rows in advance.facts]
+        signs = get_stream(stream_name).direction
+        prev, new = signs.to_wire(advance.prev_token), signs.to_wire(advance.new_token)
+        # the stored IDs are the tokens, or their negations (backfill): no call per fact
+        wire_facts = ([(-stream_id, rows) for stream_id, rows in advance.facts] if signs.backwards
+                      else advance.facts)
         text = build_lines(stream_name, writer, prev, new, wire_facts)
         lines = [line.encode() for line in text]
         message = {
