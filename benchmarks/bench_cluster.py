@@ -1088,8 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"goals: not judged (workers {args.workers}; the goals are for {DEFAULT_WORKERS})")
             goal = {}
         if goal:
-            print(f"goal: 1-writer end to end >= {GOAL_E2E_VS_WRITER} of the same writer without replication, exactly "
-              f"once: {'met' if goal['e2e'] else 'NOT met'}")
+            print(f"goal: 1-writer end to end >= {GOAL_E2E_VS_WRITER} of the same writer without replication, "
+                  f"exactly once: {'met' if goal['e2e'] else 'NOT met'}")
             print(f"goal: replication <= {GOAL_BEFORE_WORKERS_US:g} us/fact before workers: "
                   f"{'met' if goal['before'] else 'NOT met'}; <= {GOAL_PER_WORKER_US:g} us/fact per worker: "
                   f"{'met' if goal['worker'] else 'NOT met'}")
