@@ -556,19 +556,32 @@ def _per_room(cur: Any, rooms: Sequence[tuple[str, Any]], params: dict[str, Any]
 
 def _group_timelines(cur: Any, caches: StorageCaches, rows: Sequence[Sequence[Any]], limit: int, *,
                      historic: bool) -> dict[str, dict[str, Any]]:
+    # Each room's rows newest first, up to ``limit + 1``: the extra one only says "limited".
+    # Grouped as they are, and only the rows returned made events, oldest first (a sync
+    # makes ~2,000 of them: no dict per row, no work for the extra ones).
+    per_room: dict[str, list[Sequence[Any]]] = {}
+    for r in rows:
+        room_rows = per_room.get(r[2])  # the event's room (after the leading column)
+        if room_rows is None:
+            per_room[r[2]] = [r]
+        else:
+            room_rows.append(r)
+    kept: list[Sequence[Any]] = []
+    for room_rows in per_room.values():
+        kept.extend(reversed(room_rows[:limit]))  # oldest first, as clients expect
+    events = _rows(kept, cur, caches, prefixed=True)
     out: dict[str, dict[str, Any]] = {}
-    for event in _rows(rows, cur, caches, prefixed=True):
-        room = out.setdefault(event.room_id, {"events": []})
-        room["events"].append(event)
-    for room in out.values():
-        events = room["events"]
-        room["limited"] = len(events) > limit
-        events = events[:limit]
-        events.reverse()  # oldest first, as clients expect
-        room["events"] = events
-        first = events[0]
-        room["prev_batch"] = (RoomStreamToken(first.stream_ordering - 1, first.topological_ordering) if historic
-                              else RoomStreamToken(first.stream_ordering - 1))
+    start = 0
+    for room_id, room_rows in per_room.items():
+        end = start + min(len(room_rows), limit)
+        first = events[start]
+        out[room_id] = {
+            "events": events[start:end],
+            "limited": len(room_rows) > limit,
+            "prev_batch": (RoomStreamToken(first.stream_ordering - 1, first.topological_ordering) if historic
+                           else RoomStreamToken(first.stream_ordering - 1)),
+        }
+        start = end
     return out
 
 

@@ -127,6 +127,13 @@ def test_initial_sync_recent_rooms_and_events(store):
     all_rooms = initial_sync(B, limit=50, rooms=100)
     assert set(all_rooms["rooms"]) == {"!s0:hs", "!s2:hs", "!s4:hs"}
     assert not all_rooms["rooms"]["!s0:hs"]["limited"]
+    # exactly as many events as the limit: not limited; one fewer: limited, from the second on
+    whole = all_rooms["rooms"]["!s0:hs"]["events"]
+    exact = initial_sync(B, limit=len(whole), rooms=100)["rooms"]["!s0:hs"]
+    assert [e.event_id for e in exact["events"]] == [e.event_id for e in whole] and not exact["limited"]
+    short = initial_sync(B, limit=len(whole) - 1, rooms=100)["rooms"]["!s0:hs"]
+    assert [e.event_id for e in short["events"]] == [e.event_id for e in whole[1:]] and short["limited"]
+    assert short["prev_batch"] == RoomStreamToken(whole[1].stream_ordering - 1, whole[1].topological_ordering)
 
 
 def test_incremental_sync(store):
