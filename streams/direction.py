@@ -10,6 +10,9 @@ SQL helpers say the same in queries over stored IDs. Pure: no Django, no databas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,21 @@ class IdDirection:
     def from_wire(self, token: int) -> int:
         """The stored stream ID of a token."""
         return -token if self.backwards else token
+
+    # -- many at once (a writer's hot path: no call per ID) ----------------------------------
+
+    def select_in_order(self, ids: Iterable[int], lo: int, hi: int) -> list[int]:
+        """The stored IDs among ``ids`` whose token is in ``(lo, hi]``, in token order,
+        compared and sorted in C (a writer takes its journal this way, every batch)."""
+        if self.backwards:
+            return sorted((i for i in ids if -hi <= i < -lo), reverse=True)
+        return sorted(i for i in ids if lo < i <= hi)
+
+    def pairs_to_wire(self, pairs: Sequence[tuple[int, T]]) -> Sequence[tuple[int, T]]:
+        """``(to_wire(stored ID), value)`` of each pair: ``pairs`` itself going forwards."""
+        if self.backwards:
+            return [(-i, value) for i, value in pairs]
+        return pairs
 
     # -- queries over stored IDs -----------------------------------------------------------
 

@@ -53,13 +53,7 @@ class WireJournal:
         """Remove and return the facts whose wire token is in ``(ids_after, ids_upto]``, in order."""
         with self._lock:
             facts = self._facts
-            # the token is the ID or its negation: compared and sorted in C, no call per key
-            # (this runs on the writing thread, every fact: docs/benchmarks.md, session 18)
-            if signs.backwards:
-                keys = sorted((k for k in facts if -ids_upto <= k < -ids_after), reverse=True)
-            else:
-                keys = sorted(k for k in facts if ids_after < k <= ids_upto)
-            return [(k, facts.pop(k)) for k in keys]
+            return [(k, facts.pop(k)) for k in signs.select_in_order(facts, ids_after, ids_upto)]
 
     def __len__(self) -> int:
         return len(self._facts)

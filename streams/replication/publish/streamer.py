@@ -20,7 +20,7 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from channels.layers import get_channel_layer
 
@@ -40,7 +40,7 @@ SETTLE_TIMEOUT = 10.0
 
 
 def build_lines(stream_name: str, writer: str, prev: int, new: int,
-                facts: list[tuple[int, list[list[Any]]]]) -> list[str]:
+                facts: Sequence[tuple[int, list[list[Any]]]]) -> list[str]:
     """RDATA/POSITION lines for ``facts`` (wire tokens, ascending) covering ``(prev, new]``."""
     lines: list[str] = []
     last = None
@@ -195,10 +195,7 @@ class ReplicationStreamer:
         stream_name, writer = advance.stream_name, advance.instance_name
         signs = get_stream(stream_name).direction
         prev, new = signs.to_wire(advance.prev_token), signs.to_wire(advance.new_token)
-        # the stored IDs are the tokens, or their negations (backfill): no call per fact
-        wire_facts = ([(-stream_id, rows) for stream_id, rows in advance.facts] if signs.backwards
-                      else advance.facts)
-        text = build_lines(stream_name, writer, prev, new, wire_facts)
+        text = build_lines(stream_name, writer, prev, new, signs.pairs_to_wire(advance.facts))
         lines = [line.encode() for line in text]
         message = {
             "type": "replication.lines",
