@@ -53,12 +53,7 @@ class _InsertPlan:
     #: PostgreSQL only: per column, the converter of a value for ``COPY`` or an ``unnest``
     #: array (``None``: as it is)
     copy_preps: list[Any] | None
-    #: the wire row of a written row: positions of the wire fields among ``columns``, and
-    #: the table's row format
-    wire_index: list[int]
-    to_wire: Any
-    #: ``to_wire([raw[i] for i in wire_index])`` as one call (C when the row format is the
-    #: plain list: :func:`_wire_maker`)
+    #: the wire row of a written row's column values (:func:`_wire_maker`)
     wire_of: Any
     #: the field values of a row, in column order, from a mapping that has every field
     #: (``KeyError`` otherwise: then :meth:`values_with_defaults`)
@@ -443,10 +438,9 @@ class StreamWriter:
             copy_preps = [None, None, *(_copy_prep(f, connection) for f in fields)]
         table = next(t for t in self.spec.tables if t.model is model)
         names = [f.name for f in fields]
-        wire_index = [names.index(name) for name in table.fields]
         plan = _InsertPlan(sql, [(f.name, default(f), converter(f)) for f in fields],
-                           copy_sql, unnest_sql, copy_preps, wire_index, table.to_wire,
-                           _wire_maker(wire_index, table), _values_getter(names))
+                           copy_sql, unnest_sql, copy_preps,
+                           _wire_maker([names.index(name) for name in table.fields], table), _values_getter(names))
         self._plans[model] = plan
         return plan
 
@@ -464,17 +458,16 @@ def _wire_maker(index: list[int], table: Any) -> Any:
     """The wire row of a written row's column values, ``table.to_wire([raw[i] for i in
     index])``: picked in C when the table's row format is the plain list of its wire fields
     (the writing thread makes one per fact while a streamer runs)."""
-    if table.wire_row is None and getattr(table.model.wire_row, "__func__", None) is FactModel.wire_row.__func__ and index:
-        pick = operator.itemgetter(*index)
-        if len(index) == 1:
-            return lambda raw: [pick(raw)]
+    if table.wire_row is None and getattr(table.model.wire_row, "__func__", None) is FactModel.wire_row.__func__:
+        pick = _values_getter(index)
         return lambda raw: list(pick(raw))
     to_wire = table.to_wire
     return lambda raw: to_wire([raw[i] for i in index])
 
 
-def _values_getter(names: Sequence[str]) -> Any:
-    """``lambda values: tuple(values[n] for n in names)`` in C (``operator.itemgetter``)."""
+def _values_getter(names: Sequence[Any]) -> Any:
+    """``lambda values: tuple(values[n] for n in names)`` in C (``operator.itemgetter``):
+    field names of a mapping, or positions in a sequence."""
     if not names:
         return lambda values: ()
     if len(names) == 1:
