@@ -104,7 +104,8 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     """SQL: the first ``limit`` events of room ``room`` (an SQL expression) visible to
     %(user)s, in ``order`` -- ``b`` (history, newest first), ``f`` (oldest first) or ``s``
     (stream ordering, newest first); with ``from_token`` (``b`` and ``f``), only those at or
-    before the key ``(%(t)s, %(s)s)`` going back, after it going forward.
+    before the key ``(%(t)s, %(s)s)`` going back, after it going forward. Order ``s`` also
+    takes ``since`` and ``late`` (:func:`_visible_in_stream_order`).
 
     It walks the user's, ``*``'s and ``*shared``'s visibility ranges (the last clipped
     before the user's latest join) and reads each one as an index range scan of
@@ -113,6 +114,8 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
     "all of a small room", then sorted every event of a 100,000-event room).
     """
     if order == "s":
+        if late is None:
+            raise ValueError("order 's' takes late: the room's rooms.late_stream (room_late_stream), read once per room")
         return _visible_in_stream_order(room, event_filter=event_filter, range_filter=range_filter, limit=limit,
                                         since=since, late=late)
     d = {"b": "DESC", "f": "ASC"}[order]
@@ -171,8 +174,14 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
         ORDER BY w.topological_ordering {d}, w.stream_ordering {d} LIMIT {limit})"""
 
 
-def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str, limit: str,
-                             since: str | None = None, late: str | None = None) -> str:
+def room_late_stream(room: str) -> str:
+    """SQL: ``rooms.late_stream`` of room ``room`` (an SQL expression); NULL when the room has
+    no row, as when it has no mark."""
+    return f"(SELECT r.late_stream FROM rooms r WHERE r.room_id = {room})"
+
+
+def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str, limit: str, late: str,
+                             since: str | None = None) -> str:
     """:func:`visible_events` newest first by stream ordering (incremental sync: ``event_filter``
     bounds the stream window). Ranges are ordered by (topological, stream), not by stream
     (a fork or backfilled event sits in an old range with a new stream ordering): every
@@ -185,9 +194,9 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     (``rooms.late_stream``); otherwise they are skipped (the walks were 30 % of incremental
     sync's query at 10 M events: docs/benchmarks.md, session 16).
 
-    ``late``: the room's ``rooms.late_stream`` as an SQL expression the caller reads once
-    per room (NULL for a room with no row, as the look-up's empty answer); without it, it
-    is looked up in each place that names it."""
+    ``late``: the room's ``rooms.late_stream`` (:func:`room_late_stream`) as an SQL
+    expression the caller reads once per room: the query names it in three places, and a
+    look-up in each was three index probes of ``rooms`` per room."""
     # The range bounds are a filter (``+ 0`` keeps them out of the index condition): the
     # walk goes down the (room_id, stream_ordering) index within the window and stops at the
     # limit. As an index condition of (room_id, topological_ordering, stream_ordering) they
@@ -205,8 +214,6 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # below ``start_stream - 1``. Without those bounds, each of a big room's 1,287 closed
     # world-readable ranges read the ~68,000 events of a 10 % window down to its start: 44 s
     # for one sync (docs/benchmarks.md, session 17).
-    if late is None:
-        late = f"(SELECT r.late_stream FROM rooms r WHERE r.room_id = {room})"
     # the ranges that end before the window are not walked at all (``event_filter`` holds
     # ``> since`` too: this only spares their index probes, 1,287 + 2,204 in that big room)
     in_window = "" if since is None else f"\n            WHERE greatest(r.end_stream, r.late) > {since}"
@@ -644,8 +651,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 # rooms at 10 M (docs/benchmarks.md, session 18)
                 rows = fetch_all(
                     cur, f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
-                    CROSS JOIN LATERAL (SELECT (SELECT r.late_stream FROM rooms r WHERE r.room_id = m.room_id)
-                                        AS late_stream OFFSET 0) rm
+                    CROSS JOIN LATERAL (SELECT {room_late_stream("m.room_id")} AS late_stream OFFSET 0) rm
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events,
                                                        since="%(since)s", late="rm.late_stream")} y""",
                     {**params, "rooms": changed})

@@ -15,9 +15,11 @@ from streams.storage.reads import (
     get_event,
     incremental_sync,
     initial_sync,
+    room_late_stream,
     room_messages,
     state_at_event,
     topological_events,
+    visible_events,
 )
 from streams.storage.synthetic import RoomBuilder
 from streams.storage.tokens import BadToken
@@ -169,6 +171,15 @@ def test_incremental_sync_finds_a_late_event_in_a_closed_range(store):
     assert bodies(sync["rooms"]["!late:hs"]["events"]) == ["fork"]
     history = room_messages("!late:hs", B, direction="f", limit=50)["chunk"]
     assert "fork" in bodies(history)
+
+
+def test_stream_order_walk_needs_the_rooms_mark():
+    """Order ``s`` reads each room's ``late_stream`` from its caller (once per room): asked
+    without it, a clear error rather than a query that looks it up in three places."""
+    with pytest.raises(ValueError, match="late"):
+        visible_events("m.room_id", order="s", since="%(since)s")
+    assert room_late_stream("m.room_id") in visible_events("m.room_id", order="s", since="%(since)s",
+                                                            late=room_late_stream("m.room_id"))
 
 
 def test_incremental_sync_from_before_the_change_cache(store, monkeypatch):
