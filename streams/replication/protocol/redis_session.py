@@ -258,7 +258,8 @@ class RedisSubscription:
                     return f"unexpected answer to SUBSCRIBE: {reply!r}"[:300]
             machine.confirmed(clock())
             self.counters["subscriptions"] += 1
-            await asyncio.wait_for(self._on_subscribed(), machine.policy.confirm_timeout)
+            async with asyncio.timeout(machine.policy.confirm_timeout):  # not wait_for: resp.py
+                await self._on_subscribed()
             machine.established()
             self._established = True
             return await self._read(conn)

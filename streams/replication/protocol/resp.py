@@ -210,7 +210,11 @@ class RespConnection:
                 context = ssl.create_default_context() if connection_class is SSLConnection else None
                 opening = asyncio.open_connection(kwargs.get("host", "localhost"), kwargs.get("port", 6379),
                                                   ssl=context)
-            reader, writer = await asyncio.wait_for(opening, timeout)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
+            # that races with the connection completing, and a cancelled subscription would
+            # then go on forever.
+            async with asyncio.timeout(timeout):
+                reader, writer = await opening
         except (OSError, TimeoutError) as e:
             raise RespError(f"cannot connect to Redis: {e}") from e
         conn = cls(reader, writer)
