@@ -33,8 +33,11 @@ run: $(RUNTIME_STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py runservice
 
+# The suite on TEST_WORKERS processes (pytest-xdist), a test file per process at a time (each
+# process starts its own throwaway PostgreSQL, Redis and Spark); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 test-faults: $(TEST_STAMP)
 	$(PY) -m pytest -m faults
