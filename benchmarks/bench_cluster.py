@@ -70,6 +70,14 @@ the machine (other users), with the load average at the start of each run; catch
 (daphne's access log); lines the writers' bridges dropped. ``--profile DIR`` runs the endpoint
 and workers under cProfile and profiles the writers' main and streamer threads.
 
+**The writers' chain**, with and without replication: a writer writes one transaction at a
+time, so its rate is the sum, per fact, of its writing thread's time and its database
+backend's. Printed per fact, from ``schedstat``: the writing thread's wait for a core (time
+runnable but not running), the backend's CPU and its wait for a core. With the writing
+thread's CPU (the writers' CPU above, less the streamer's thread) they account for the end
+to end time per fact, so the gap to the writer alone splits into CPU replication adds to the
+chain and time the chain stands waiting for a core while the followers run.
+
 Redis runs with ``client-output-buffer-limit pubsub 0 0 0`` (a slow subscriber is never cut
 off), for the cluster and the baseline alike. Exit status 0 whether or not the goal is met.
 """
@@ -151,6 +159,27 @@ def _thread_cpu(name: str) -> float:
     return 0.0
 
 
+def _schedstat(path: str) -> tuple[float, float]:
+    """Seconds on a CPU and seconds waiting for one (runnable, not running) of the task at
+    ``path`` (``/proc/<pid>[/task/<tid>]/schedstat``); zeros when it cannot be read."""
+    try:
+        with open(path) as f:
+            on_cpu, waiting = f.read().split()[:2]
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
+def _chain_clocks(backend_pid: int) -> tuple[float, float, float]:
+    """The writer's chain, so far: the writing thread's wait for a core, its database
+    backend's CPU and its wait for a core (seconds)."""
+    import threading
+
+    _, thread_wait = _schedstat(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+    backend_cpu, backend_wait = _schedstat(f"/proc/{backend_pid}/schedstat")
+    return thread_wait, backend_cpu, backend_wait
+
+
 def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: bool, ready, go, results) -> None:
     try:
         _django_setup({**env, "INSTANCE_NAME": instance})
@@ -212,8 +241,14 @@ def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: 
                 close()
 
             streamer.close = measured_close
+        from django.db import connection
+
+        with connection.cursor() as c:  # write_facts writes on this thread's connection
+            c.execute("SELECT pg_backend_pid()")
+            backend_pid = c.fetchone()[0]
         ready.put(instance)
         go.wait()
+        chain0 = _chain_clocks(backend_pid)
         # ... and the streamer's own thread (writes to Redis, reads its subscription back).
         streamer_cpu0 = _thread_cpu("replication-streamer")
         if streamer is not None and streamer_cpu0 == 0.0:
@@ -229,6 +264,7 @@ def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: 
                      concurrency=concurrency, stdout=out)
         t1 = time.monotonic()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+        chain = [b - a for a, b in zip(chain0, _chain_clocks(backend_pid))]
         if profiles:
             profiles[0].disable()
             tag = f"{instance}-{'redis' if streamer is not None else 'dbonly'}-{os.getpid()}"
@@ -238,9 +274,9 @@ def _writer_child(env: dict, instance: str, count: int, seed: int, pregenerate: 
         text = out.getvalue()
         # "wrote N facts to receipts as w1 in X s (...)": the write loop's own duration
         elapsed = float(text.split(" in ", 1)[1].split(" s", 1)[0])
-        stats = {}
+        stats = {"thread_wait": chain[0], "backend_cpu": chain[1], "backend_wait": chain[2]}
         if streamer is not None:
-            stats = {"messages": streamer.published_messages, "lines": streamer.published_lines,
+            stats |= {"messages": streamer.published_messages, "lines": streamer.published_lines,
                      "bridge_published": streamer.bridge.published if streamer.bridge else 0,
                      "bridge_dropped": streamer.bridge.dropped if streamer.bridge else 0,
                      "prepare_cpu": prepare_cpu[0], "streamer_cpu": streamer_cpu[0]}
@@ -853,6 +889,15 @@ def replication_price(e2e: "E2EResult") -> dict[str, float]:
     return out
 
 
+def chain_figures(writes: WriteResult) -> str:
+    """The writers' chain per fact: their writing threads' waits for a core, their database
+    backends' CPU and waits for a core (from ``schedstat``: time runnable but not running is
+    time the one-batch-at-a-time chain stands still for want of a core)."""
+    st, us = writes.stats, 1e6 / writes.facts
+    return (f"writing thread waits for a core {us * st.get('thread_wait', 0.0):.1f}, database backend CPU "
+            f"{us * st.get('backend_cpu', 0.0):.1f} and waits for a core {us * st.get('backend_wait', 0.0):.1f}")
+
+
 def parse_workers(text: str) -> list[tuple[str, str]]:
     """``--workers``: names, each beginning with its transport (``tcp2``, ``redis1``), or
     ``none``."""
@@ -1033,6 +1078,8 @@ def main(argv: list[str] | None = None) -> int:
                 if dbonly is not None:
                     print(f"      writers' database part {price['writer_db']:.1f} us/fact (with no replication at all: "
                           f"{1e6 * dbonly.cpu / dbonly.facts:.1f})")
+                print(f"      writers' chain, us/fact: {chain_figures(w)}"
+                      + (f" (with no replication at all: {chain_figures(dbonly)})" if dbonly is not None else ""))
 
                 if not WORKERS:  # no subscribers for the raw runs either
                     rows.append((n, rep, load, e2e, dbonly, None, None, price,
