@@ -214,14 +214,22 @@ class RedisSubscription:
         while not self._stopping:
             task = self._session_task = asyncio.ensure_future(self._session())
             try:
-                reason = await task
+                # Waited for, not awaited: our own cancellation lands here, whatever the
+                # session does with one passed on to it. A session once read on after its
+                # cancellation while whoever had cancelled us waited forever (the test suite
+                # on two processes; asyncio in Python 3.11 can lose a cancellation in a race);
+                # so it is told to stop (its loop checks at least every TICK) and cancelled
+                # again until it has ended.
+                await asyncio.wait([task])
             except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # we are cancelled ourselves, not just the session by stop()
-                reason = "stopped"
+                self._stopping = True
+                while not task.done():
+                    task.cancel()
+                    await asyncio.wait([task], timeout=TICK)
+                raise
             finally:
                 self._session_task = None
+            reason = "stopped" if task.cancelled() else task.result()
             self._on_lost(None if self._stopping else reason)
             if self._stopping:
                 break

@@ -10,6 +10,19 @@ from streams.replication.endpoint.layer_subscribe import GroupSubscriber
 from streams.replication.publish.layer_publish import GroupPublisher
 
 
+async def _cancel(task: asyncio.Task, timeout: float = 10.0) -> None:
+    """Cancel the subscriber's task and wait for it; if it does not end, fail with every
+    task's stack (a subscription that outlives its cancel would otherwise hang the test)."""
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=timeout)
+    if not done:
+        stacks = []
+        for t in asyncio.all_tasks():
+            stacks.append(f"{t!r}\n" + "".join(f"  {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}\n"
+                                                  for f in t.get_stack()))
+        raise AssertionError("the subscriber's task did not end on cancel:\n" + "\n".join(stacks))
+
+
 def _message(i: int) -> dict:
     return {"type": "replication.lines", "stream": "receipts", "writer": "w1", "prev": i, "new": i + 1,
             "data": b"RDATA receipts w1 %d [\"x\"]\n" % (i + 1), "count": 1, "counts": {"RDATA": 1}}
@@ -46,8 +59,7 @@ def test_receives_what_group_send_and_the_group_publisher_send_in_order(redis_se
             assert subscriber.received == 201
             await publisher.close()
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await _cancel(task)
             await layer.flush()
 
     asyncio.run(scenario())
@@ -93,8 +105,7 @@ def test_resubscribes_after_redis_dropped_it(redis_server):
             assert got == [1, 2]
         finally:
             await publisher.close()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await _cancel(task)
             await layer.flush()
 
     asyncio.run(scenario())

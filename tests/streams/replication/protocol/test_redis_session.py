@@ -220,3 +220,36 @@ def test_read_pause_never_follows_a_full_read(monkeypatch):
     sub = None
     asyncio.run(scenario())
     assert log == [f"a{READ_SIZE}", f"b{READ_SIZE}", "c10", "pause", f"d{READ_SIZE}", "e3", "pause"]
+
+
+def test_cancelling_run_ends_even_a_session_that_loses_the_cancellation():
+    """run() cancelled while its session does not end on the cancellation passed on to it
+    (as when asyncio loses one in a race): run() still ends cancelled, and the session with
+    it (told to stop, cancelled again), instead of the canceller waiting forever."""
+
+    class Stubborn(RedisSubscription):
+        swallowed = 0
+
+        async def _session(self) -> str:
+            while not self._stopping:
+                try:
+                    await asyncio.sleep(0.01)
+                except asyncio.CancelledError:
+                    self.swallowed += 1  # lost: reads on
+            return "stopped"
+
+    async def scenario():
+        async def nothing() -> None:
+            pass
+
+        sub = Stubborn("redis://127.0.0.1:9", [b"c"], on_subscribed=nothing, on_chunk=lambda chunk: None)
+        task = asyncio.create_task(sub.run())
+        await asyncio.sleep(0.05)
+        session = sub._session_task
+        assert session is not None and not session.done()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert task in done and task.cancelled()
+        assert session.done() and sub.swallowed >= 1
+
+    asyncio.run(scenario())
