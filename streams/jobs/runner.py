@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+import uuid
 from typing import Any, Callable, Sequence
 
 from django.utils import timezone
@@ -82,7 +83,11 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         from .session import spark_session
 
         spark = spark_session()
-        group = f"job-run-{run.pk}"
+        # Unique in this Spark context, not only in this database: the status tracker keeps
+        # finished jobs by group, and a database whose IDs start again (a test database
+        # flushed, another database on the same Spark) would hand this run an old run's
+        # stages and cancel the wrong jobs.
+        group = f"job-run-{run.pk}-{uuid.uuid4().hex[:12]}"
         spark.sparkContext.setJobGroup(group, f"{name} (run #{run.pk})", interruptOnCancel=True)
         run.spark_ui_url = spark.sparkContext.uiWebUrl or ""
         JobRun.objects.filter(pk=run.pk).update(spark_ui_url=run.spark_ui_url, status=run.status,
