@@ -72,6 +72,15 @@ def redis_server():
     server.stop()
 
 
+@pytest.fixture
+def private_redis():
+    """A Redis of one test's own, for a test that kills the clients it finds: the session's
+    Redis may still hold another test's (a test process runs many files in turn)."""
+    server = _started(RedisServer())
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server_with_password():
     """A Redis that refuses clients without its password (REDIS_URL redis://:pw@...)."""

@@ -65,9 +65,12 @@ def test_receives_what_group_send_and_the_group_publisher_send_in_order(redis_se
     asyncio.run(scenario())
 
 
-def test_resubscribes_after_redis_dropped_it(redis_server):
-    """A lost subscription is a new one (messages meanwhile are lost: the relay repairs)."""
+def test_resubscribes_after_redis_dropped_it(private_redis):
+    """A lost subscription is a new one (messages meanwhile are lost: the relay repairs).
+    Its own Redis: it kills the subscribed client it finds."""
     import redis
+
+    redis_server = private_redis
 
     async def scenario():
         layer = RedisPubSubChannelLayer(hosts=[{"address": redis_server.url, "protocol": 2}])

@@ -41,8 +41,11 @@ def test_a_group_member_receives_what_group_send_would_deliver(redis_server):
     asyncio.run(scenario())
 
 
-def test_reconnects_after_redis_closed_the_connection(redis_server):
+def test_reconnects_after_redis_closed_the_connection(private_redis):
+    """Its own Redis: it kills the publishing client it finds."""
     import redis
+
+    redis_server = private_redis
 
     async def scenario():
         layer, channel = await member_of(redis_server.url, "g")
