@@ -861,6 +861,27 @@ def cpu_order() -> list[str]:
 IDLE_SECONDS = 3.0
 
 
+def renice_tree(pid: int, niceness: int) -> int:
+    """Set every thread of ``pid`` and of its descendants to ``niceness`` (threads they start
+    later inherit it); returns how many threads."""
+    done, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{p}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+                done += 1
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                pass
+    return done
+
+
 def idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
     """Cores each process of the cluster keeps busy while nothing is written."""
     from testing.accounting import all_stats, tree_cpu
@@ -950,6 +971,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the workers, each name starting with its transport (default {DEFAULT_WORKERS}), or "
                              "'none': the writers with replication on and nobody following (no raw runs); "
                              "the goals are judged only with the default workers")
+    parser.add_argument("--followers-nice", type=int, default=0, metavar="N",
+                        help="run the endpoint, daphne, Redis and the workers at this niceness (1-19): "
+                             "how much of the end-to-end gap is the followers taking the writers' cores")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     try:
@@ -959,6 +983,8 @@ def main(argv: list[str] | None = None) -> int:
     default_workers = WORKERS == parse_workers(DEFAULT_WORKERS)
     if args.per_txn < 1:
         parser.error("--per-txn must be >= 1")
+    if not 0 <= args.followers_nice <= 19:
+        parser.error("--followers-nice must be 0-19")
     globals()["PER_TXN"] = args.per_txn
     os.environ["BENCH_PER_TXN"] = str(args.per_txn)  # for the (spawned) writer processes
     if args.concurrency < 1:
@@ -1022,6 +1048,11 @@ def main(argv: list[str] | None = None) -> int:
               f"(newline-separated), {PER_TXN} PUBLISH per pipeline, subscribers counting the lines")
         print("without replication: the same writer processes with REDIS_URL unset (no streamer), into a copy of "
               "the database on the same server, alternated with the end-to-end runs")
+        if args.followers_nice:
+            followers = [name for name in pids if name != "postgres"]
+            threads = sum(renice_tree(pids[name], args.followers_nice) for name in followers)
+            print(f"followers at nice {args.followers_nice} (a diagnosis, not the product's setting): "
+                  f"{', '.join(followers)} ({threads} threads); the writers and PostgreSQL at 0")
         idle = idle_cpu(pids, IDLE_SECONDS)
         print(f"idle cluster, CPU over {IDLE_SECONDS:g} s with nothing written (cores): "
               + ", ".join(f"{k} {v:.3f}" for k, v in idle.items())
