@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_cluster.py [--quick] [--facts F] [--writers 1,2,4]
                      [--sink count|jsonl] [--synthetic-in-loop] [--no-dbonly] [--repeat R]
                      [--profile DIR] [--keep] [--per-txn N] [--concurrency C] [--workers W]
+                     [--followers-nice N]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on) and a throwaway Redis,
 migrates a fresh database, then runs a whole cluster as separate OS processes, the way
@@ -76,7 +77,9 @@ backend's. Printed per fact, from ``schedstat``: the writing thread's wait for a
 runnable but not running), the backend's CPU and its wait for a core. With the writing
 thread's CPU (the writers' CPU above, less the streamer's thread) they account for the end
 to end time per fact, so the gap to the writer alone splits into CPU replication adds to the
-chain and time the chain stands waiting for a core while the followers run.
+chain and time the chain stands waiting for a core while both cores are busy.
+``--followers-nice N`` runs the endpoint, daphne, Redis and the workers at niceness N (a
+diagnosis of those waits; the goals are then not judged).
 
 Redis runs with ``client-output-buffer-limit pubsub 0 0 0`` (a slow subscriber is never cut
 off), for the cluster and the baseline alike. Exit status 0 whether or not the goal is met.
@@ -151,11 +154,7 @@ def _thread_cpu(name: str) -> float:
 
     for t in threading.enumerate():
         if t.name == name and t.native_id is not None:
-            try:
-                with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
-                    return int(f.read().split()[0]) / 1e9
-            except (OSError, IndexError, ValueError):
-                return 0.0
+            return _schedstat(f"/proc/self/task/{t.native_id}/schedstat")[0]
     return 0.0
 
 
@@ -166,7 +165,7 @@ def _schedstat(path: str) -> tuple[float, float]:
         with open(path) as f:
             on_cpu, waiting = f.read().split()[:2]
         return int(on_cpu) / 1e9, int(waiting) / 1e9
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # ValueError also for a short line (unpacking)
         return 0.0, 0.0
 
 
@@ -980,11 +979,12 @@ def main(argv: list[str] | None = None) -> int:
         WORKERS[:] = parse_workers(args.workers)
     except ValueError as e:
         parser.error(f"--workers: {e}")
-    default_workers = WORKERS == parse_workers(DEFAULT_WORKERS)
+    judged = WORKERS == parse_workers(DEFAULT_WORKERS)
     if args.per_txn < 1:
         parser.error("--per-txn must be >= 1")
     if not 0 <= args.followers_nice <= 19:
         parser.error("--followers-nice must be 0-19")
+    judged = judged and not args.followers_nice
     globals()["PER_TXN"] = args.per_txn
     os.environ["BENCH_PER_TXN"] = str(args.per_txn)  # for the (spawned) writer processes
     if args.concurrency < 1:
@@ -1162,8 +1162,9 @@ def main(argv: list[str] | None = None) -> int:
               "streamers, the endpoint, daphne and Redis; per worker: the costliest worker; others: cores "
               "busy with processes not ours during the end-to-end run)")
         print()
-        if not default_workers:
-            print(f"goals: not judged (workers {args.workers}; the goals are for {DEFAULT_WORKERS})")
+        if not judged:
+            print(f"goals: not judged (workers {args.workers}, followers at nice {args.followers_nice}; "
+                  f"the goals are for {DEFAULT_WORKERS} at nice 0)")
             goal = {}
         if goal:
             print(f"goal: 1-writer end to end >= {GOAL_E2E_VS_WRITER} of the same writer without replication, "
