@@ -210,9 +210,9 @@ class RespConnection:
                 context = ssl.create_default_context() if connection_class is SSLConnection else None
                 opening = asyncio.open_connection(kwargs.get("host", "localhost"), kwargs.get("port", 6379),
                                                   ssl=context)
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
-            # that races with the connection completing, and a cancelled subscription would
-            # then go on forever.
+            # asyncio.timeout, not wait_for: no task of its own, and none of the window in
+            # which Python 3.11's wait_for can lose a cancellation that races the connection
+            # completing (RedisSubscription.run also ends a session that loses one).
             async with asyncio.timeout(timeout):
                 reader, writer = await opening
         except (OSError, TimeoutError) as e:
