@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_cluster.py [--quick] [--facts F] [--writers 1,2,4]
                      [--sink count|jsonl] [--synthetic-in-loop] [--no-dbonly] [--repeat R]
                      [--profile DIR] [--keep] [--per-txn N] [--concurrency C] [--workers W]
-                     [--followers-nice N]
+                     [--followers-nice N|idle]
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on) and a throwaway Redis,
 migrates a fresh database, then runs a whole cluster as separate OS processes, the way
@@ -78,8 +78,9 @@ runnable but not running), the backend's CPU and its wait for a core. With the w
 thread's CPU (the writers' CPU above, less the streamer's thread) they account for the end
 to end time per fact, so the gap to the writer alone splits into CPU replication adds to the
 chain and time the chain stands waiting for a core while both cores are busy.
-``--followers-nice N`` runs the endpoint, daphne, Redis and the workers at niceness N (a
-diagnosis of those waits; the goals are then not judged).
+``--followers-nice N`` runs the endpoint, daphne, Redis and the workers at niceness N, and
+``--followers-nice idle`` under ``SCHED_IDLE`` (on a core only when nothing else wants it):
+a diagnosis of those waits; the goals are then not judged.
 
 Redis runs with ``client-output-buffer-limit pubsub 0 0 0`` (a slow subscriber is never cut
 off), for the cluster and the baseline alike. Exit status 0 whether or not the goal is met.
@@ -860,9 +861,10 @@ def cpu_order() -> list[str]:
 IDLE_SECONDS = 3.0
 
 
-def renice_tree(pid: int, niceness: int) -> int:
-    """Set every thread of ``pid`` and of its descendants to ``niceness`` (threads they start
-    later inherit it); returns how many threads."""
+def renice_tree(pid: int, niceness: int, idle: bool = False) -> int:
+    """Set every thread of ``pid`` and of its descendants to ``niceness``, or to the
+    ``SCHED_IDLE`` policy if ``idle`` (threads they start later inherit it); returns how many
+    threads."""
     done, todo = 0, [pid]
     while todo:
         p = todo.pop()
@@ -872,7 +874,10 @@ def renice_tree(pid: int, niceness: int) -> int:
             continue
         for tid in tids:
             try:
-                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+                if idle:
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                else:
+                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
                 done += 1
                 with open(f"/proc/{p}/task/{tid}/children") as f:
                     todo.extend(int(c) for c in f.read().split())
@@ -970,8 +975,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the workers, each name starting with its transport (default {DEFAULT_WORKERS}), or "
                              "'none': the writers with replication on and nobody following (no raw runs); "
                              "the goals are judged only with the default workers")
-    parser.add_argument("--followers-nice", type=int, default=0, metavar="N",
-                        help="run the endpoint, daphne, Redis and the workers at this niceness (1-19): "
+    parser.add_argument("--followers-nice", default="0", metavar="N|idle",
+                        help="run the endpoint, daphne, Redis and the workers at this niceness (1-19), or "
+                             "'idle': under SCHED_IDLE (they run only on a core nothing else wants): "
                              "how much of the end-to-end gap is the followers taking the writers' cores")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -982,9 +988,15 @@ def main(argv: list[str] | None = None) -> int:
     judged = WORKERS == parse_workers(DEFAULT_WORKERS)
     if args.per_txn < 1:
         parser.error("--per-txn must be >= 1")
+    followers_idle = args.followers_nice == "idle"
+    try:
+        args.followers_nice = 0 if followers_idle else int(args.followers_nice)
+    except ValueError:
+        parser.error("--followers-nice must be 0-19 or 'idle'")
     if not 0 <= args.followers_nice <= 19:
-        parser.error("--followers-nice must be 0-19")
-    judged = judged and not args.followers_nice
+        parser.error("--followers-nice must be 0-19 or 'idle'")
+    args.followers_idle = followers_idle
+    judged = judged and not args.followers_nice and not followers_idle
     globals()["PER_TXN"] = args.per_txn
     os.environ["BENCH_PER_TXN"] = str(args.per_txn)  # for the (spawned) writer processes
     if args.concurrency < 1:
@@ -1048,10 +1060,11 @@ def main(argv: list[str] | None = None) -> int:
               f"(newline-separated), {PER_TXN} PUBLISH per pipeline, subscribers counting the lines")
         print("without replication: the same writer processes with REDIS_URL unset (no streamer), into a copy of "
               "the database on the same server, alternated with the end-to-end runs")
-        if args.followers_nice:
+        if args.followers_nice or args.followers_idle:
             followers = [name for name in pids if name != "postgres"]
-            threads = sum(renice_tree(pids[name], args.followers_nice) for name in followers)
-            print(f"followers at nice {args.followers_nice} (a diagnosis, not the product's setting): "
+            threads = sum(renice_tree(pids[name], args.followers_nice, args.followers_idle) for name in followers)
+            setting = "under SCHED_IDLE" if args.followers_idle else f"at nice {args.followers_nice}"
+            print(f"followers {setting} (a diagnosis, not the product's setting): "
                   f"{', '.join(followers)} ({threads} threads); the writers and PostgreSQL at 0")
         idle = idle_cpu(pids, IDLE_SECONDS)
         print(f"idle cluster, CPU over {IDLE_SECONDS:g} s with nothing written (cores): "
@@ -1163,7 +1176,8 @@ def main(argv: list[str] | None = None) -> int:
               "busy with processes not ours during the end-to-end run)")
         print()
         if not judged:
-            print(f"goals: not judged (workers {args.workers}, followers at nice {args.followers_nice}; "
+            setting = "under SCHED_IDLE" if args.followers_idle else f"at nice {args.followers_nice}"
+            print(f"goals: not judged (workers {args.workers}, followers {setting}; "
                   f"the goals are for {DEFAULT_WORKERS} at nice 0)")
             goal = {}
         if goal:
