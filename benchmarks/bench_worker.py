@@ -19,7 +19,9 @@ bytes at all. Printed: facts/s and process CPU per fact of each, best of R runs.
 Then, in this process without sockets, the receive path of each transport on the same lines
 in 64 KiB chunks, to the same counting callback: the TCP worker's (``ReplicationConnection``
 and the worker's dispatch) and the Redis worker's (the same lines as pub/sub messages in
-RESP, through ``RedisReplicationWorker``'s chunk handler): CPU per fact, best of R.
+RESP, through ``RedisReplicationWorker``'s chunk handler): CPU per fact, best of R. Last,
+the floor under both: the same chunks split into lines and each line's token and row decoded,
+with nothing else done (what any Python receiver of these lines pays).
 """
 from __future__ import annotations
 
@@ -170,6 +172,33 @@ async def _in_process_run(transport: str, facts: int) -> float:
     return 1e6 * cpu / facts
 
 
+def _floor_run(facts: int) -> float:
+    """CPU per fact of the least a Python receiver of these lines does: the same 64 KiB chunks
+    split into lines, each line decoded and split into its fields, the token made an int and
+    the row's JSON decoded (the C scanner the worker uses), the pairs of a chunk handed on as
+    a list and dropped (as the counting callback drops them). No checks, no follower, no
+    callback: a floor for the in-process figures, not a receiver."""
+    from streams.replication.protocol.commands import _scan_once
+
+    body = json.dumps(ROW, separators=(",", ":"))
+    data = b"".join(f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2))
+    chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+    seen = 0
+    c0 = _cpu()
+    partial = b""
+    for chunk in chunks:
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        pairs = []
+        for raw in lines:
+            _, _, _, token, row_json = raw.decode().split(" ", 4)
+            pairs.append((int(token), _scan_once(row_json, 0)[0]))
+        seen += len(pairs)
+    cpu = _cpu() - c0
+    assert seen == facts, seen
+    return 1e6 * cpu / facts
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -219,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         costs = [asyncio.run(_in_process_run(transport, facts)) for _ in range(repeat)]
         print(f"  {transport:<6} worker: {min(costs):.2f} us/fact (runs: {', '.join(f'{c:.2f}' for c in costs)})",
               flush=True)
+    costs = [_floor_run(facts) for _ in range(repeat)]
+    print(f"  floor: split, decode, int(token), the row's JSON, nothing else: {min(costs):.2f} us/fact "
+          f"(runs: {', '.join(f'{c:.2f}' for c in costs)})", flush=True)
     return 0
 
 
