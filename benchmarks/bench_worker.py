@@ -44,6 +44,18 @@ ROW = ["!room1:bench.example", "m.read", "@user123:bench.example", "$0123456789a
        {"ts": 1_700_000_000_000, "pad": "x" * 190}]
 
 
+def _rdata_lines(facts: int) -> list[bytes]:
+    """The N ``RDATA receipts w1 <token> <row>`` lines every run gets (tokens from 2, the same
+    row), without their newlines."""
+    body = json.dumps(ROW, separators=(",", ":"))
+    return [f"RDATA receipts w1 {t} {body}".encode() for t in range(2, facts + 2)]
+
+
+def _chunks(data: bytes) -> list[bytes]:
+    """``data`` in 64 KiB reads, as the in-process runs feed it."""
+    return [data[i:i + 65536] for i in range(0, len(data), 65536)]
+
+
 def _sender(ports, facts: int, per_write: int = 0, pause: float = 0.001) -> None:
     """Serve one connection: read the 3 handshake lines, send everything (in one go, or
     ``per_write`` lines per write with ``pause`` seconds after each: one read per batch, as
@@ -56,9 +68,8 @@ def _sender(ports, facts: int, per_write: int = 0, pause: float = 0.001) -> None
     reader = conn.makefile("rb")
     for _ in range(3):
         reader.readline()
-    body = json.dumps(ROW, separators=(",", ":"))
     head = f"SERVER {SERVER_NAME}\nPOSITION receipts w1 0 1\n".encode()
-    lines = [f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2)]
+    lines = [line + b"\n" for line in _rdata_lines(facts)]
     if not per_write:
         conn.sendall(head + b"".join(lines))
     else:
@@ -140,8 +151,7 @@ async def _in_process_run(transport: str, facts: int) -> float:
 
     on_facts, done = _counting(facts)
 
-    body = json.dumps(ROW, separators=(",", ":"))
-    lines = [f"RDATA receipts w1 {t} {body}".encode() for t in range(2, facts + 2)]
+    lines = _rdata_lines(facts)
     common = dict(name="bench", server_name=SERVER_NAME, catchup_url="http://127.0.0.1:9", on_facts=on_facts,
                   streams=["receipts"])
     worker: Any
@@ -153,7 +163,7 @@ async def _in_process_run(transport: str, facts: int) -> float:
         channel = SERVER_NAME.encode()
         data = b"".join(b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(line), line)
                         for line in lines)
-    chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+    chunks = _chunks(data)
     worker._loop = asyncio.get_running_loop()
     worker._dispatch_many([PositionCommand("receipts", "w1", 0, 1)])  # connected at 1
     conn = ReplicationConnection("client", now=0)
@@ -180,9 +190,7 @@ def _floor_run(facts: int) -> float:
     callback: a floor for the in-process figures, not a receiver."""
     from streams.replication.protocol.commands import _scan_once
 
-    body = json.dumps(ROW, separators=(",", ":"))
-    data = b"".join(f"RDATA receipts w1 {t} {body}\n".encode() for t in range(2, facts + 2))
-    chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+    chunks = _chunks(b"".join(line + b"\n" for line in _rdata_lines(facts)))
     seen = 0
     c0 = _cpu()
     partial = b""
