@@ -996,6 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.followers_nice <= 19:
         parser.error("--followers-nice must be 0-19 or 'idle'")
     args.followers_idle = followers_idle
+    args.followers_setting = "under SCHED_IDLE" if followers_idle else f"at nice {args.followers_nice}"
     judged = judged and not args.followers_nice and not followers_idle
     globals()["PER_TXN"] = args.per_txn
     os.environ["BENCH_PER_TXN"] = str(args.per_txn)  # for the (spawned) writer processes
@@ -1063,8 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.followers_nice or args.followers_idle:
             followers = [name for name in pids if name != "postgres"]
             threads = sum(renice_tree(pids[name], args.followers_nice, args.followers_idle) for name in followers)
-            setting = "under SCHED_IDLE" if args.followers_idle else f"at nice {args.followers_nice}"
-            print(f"followers {setting} (a diagnosis, not the product's setting): "
+            print(f"followers {args.followers_setting} (a diagnosis, not the product's setting): "
                   f"{', '.join(followers)} ({threads} threads); the writers and PostgreSQL at 0")
         idle = idle_cpu(pids, IDLE_SECONDS)
         print(f"idle cluster, CPU over {IDLE_SECONDS:g} s with nothing written (cores): "
@@ -1176,8 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
               "busy with processes not ours during the end-to-end run)")
         print()
         if not judged:
-            setting = "under SCHED_IDLE" if args.followers_idle else f"at nice {args.followers_nice}"
-            print(f"goals: not judged (workers {args.workers}, followers {setting}; "
+            print(f"goals: not judged (workers {args.workers}, followers {args.followers_setting}; "
                   f"the goals are for {DEFAULT_WORKERS} at nice 0)")
             goal = {}
         if goal:
