@@ -92,8 +92,10 @@ def _collect_state(now: float | None) -> dict[str, Any]:
             "writers": s.writers,
             "positions": s.positions,
             "linear": linear,
+            # the writer whose pending ID holds the linear position back (null: none does)
+            "laggard": s.laggard,
             # How far each writer is ahead of the linear position (IDs not yet readable by all).
-            "ahead": {w: abs(p - linear) for w, p in s.positions.items()} if linear is not None else {},
+            "ahead": {w.name: w.ahead for w in s.writer_rows if w.ahead is not None and w.name in s.positions},
             "total": max((abs(p) for p in s.positions.values()), default=0),
             "writer_status": {w.name: writer_json(w) for w in s.writer_rows},
             "pending": [

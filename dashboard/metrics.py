@@ -40,6 +40,9 @@ class ClusterCollector(Collector):
         ahead = GaugeMetricFamily(f"{PREFIX}_stream_writer_ahead",
                                   "How far a writer's position is ahead of the linear position",
                                   labels=["stream", "writer"])
+        holding = GaugeMetricFamily(f"{PREFIX}_stream_writer_holding_linear",
+                                    "1 for the writer whose pending (in flight or stuck) stream ID holds the "
+                                    "linear position below another writer's position", labels=["stream", "writer"])
         facts = CounterMetricFamily(f"{PREFIX}_stream_facts",
                                     "Facts written to a stream (its highest completed stream ID)", labels=["stream"])
         pending = GaugeMetricFamily(f"{PREFIX}_stream_pending_ids", "Reserved stream IDs not yet complete",
@@ -63,10 +66,13 @@ class ClusterCollector(Collector):
                     process_up.add_metric([s.name, w.name], 1 if w.alive else 0)
             for writer, pos in s.positions.items():
                 position.add_metric([s.name, writer], pos)
-                if s.linear is not None:
-                    ahead.add_metric([s.name, writer], abs(pos - s.linear))
+            for w in s.writer_rows:
+                if w.ahead is not None and w.name in s.positions:
+                    ahead.add_metric([s.name, w.name], w.ahead)
             if s.linear is not None:
                 linear.add_metric([s.name], s.linear)
+            if s.laggard is not None:
+                holding.add_metric([s.name, s.laggard], 1)
             facts.add_metric([s.name], max((abs(p) for p in s.positions.values()), default=0))
             per_writer: dict[str, list[int]] = {}
             for p in s.pending:
@@ -77,7 +83,7 @@ class ClusterCollector(Collector):
                 pending.add_metric([s.name, writer], n_pending)
                 stuck.add_metric([s.name, writer], n_stuck)
             oldest.add_metric([s.name], max((p.age_seconds for p in s.pending), default=0.0))
-        yield from (position, linear, ahead, facts, pending, stuck, oldest, last_write, process_up)
+        yield from (position, linear, ahead, holding, facts, pending, stuck, oldest, last_write, process_up)
 
         up = GaugeMetricFamily(f"{PREFIX}_endpoint_up", "1 while the endpoint reports (0: silent > 15 s)",
                                labels=["endpoint"])

@@ -58,6 +58,7 @@ def streams_json(request: HttpRequest) -> JsonResponse:
             "writers": s.writers,
             "positions": s.positions,
             "linear": s.linear,
+            "laggard": s.laggard,
             "writers_warning": s.writers_warning,
             # per writer: position, last write (Unix time), pid, host, alive (null: another host)
             "writer_status": {w.name: writer_json(w) for w in s.writer_rows},

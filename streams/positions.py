@@ -34,6 +34,36 @@ class PendingId:
         return max(0.0, now - self.reserved_at)
 
 
+@dataclass(frozen=True)
+class RecordedLinear:
+    """The linear position as the records tell it (:func:`linear_from_records`) and, when a
+    pending ID holds it below the writers' positions, the writer that reserved it."""
+
+    position: int
+    held_by: str | None = None
+
+
+def linear_from_records(positions: Mapping[str, int], pending: Iterable[tuple[str, int]]) -> RecordedLinear | None:
+    """The linear position of a stream from what any process can read (tokens, counting up):
+    each writer's recorded position and the IDs reserved and not yet completed, as
+    ``(writer, id)``.
+
+    Every ID the sequence handed out is either pending or complete, so the largest ID up to
+    which all are complete is the furthest writer's position, or just below the lowest
+    pending ID when that is lower. A writer with nothing pending does not hold it back however
+    long ago it last wrote: this is :class:`StreamPositions`' rule (an idle writer "moves
+    along"), and Synapse's ``MultiWriterIdGenerator``'s persisted-upto position. ``None``
+    when no writer has recorded a position.
+    """
+    if not positions:
+        return None
+    furthest = max(positions.values())
+    lowest = min(pending, key=lambda p: p[1], default=None)
+    if lowest is not None and lowest[1] - 1 < furthest:
+        return RecordedLinear(lowest[1] - 1, lowest[0])
+    return RecordedLinear(furthest)
+
+
 class StreamPositions:
     """The position bookkeeping of one stream as seen by one process.
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from .conf import repl_setting, stream_writers
+from .direction import IdDirection
 from .id_store import pid_alive
 from .models import StreamPosition, StreamReservation
+from .positions import RecordedLinear, linear_from_records
 from .registry import STREAMS
 
 
@@ -69,7 +71,9 @@ class StreamStatus:
         for name in [*self.positions, *(w for w in self.writers or () if w not in self.positions)]:
             w = self.writer_status.get(name) or WriterStatus(name, None)
             if w.position is not None and linear is not None:
-                w.ahead = abs(w.position - linear)
+                # behind linear is no lag: an idle writer that others have passed
+                to_wire = IdDirection(self.backwards).to_wire
+                w.ahead = max(0, to_wire(w.position) - to_wire(linear))
             rows.append(w)
         return rows
 
@@ -84,15 +88,29 @@ class StreamStatus:
                 f"the processes' STREAM_WRITERS disagree")
 
     @property
-    def linear(self) -> int | None:
-        """The linear position as far as the recorded positions tell: the lowest writer."""
+    def recorded_linear(self) -> RecordedLinear | None:
+        """The linear position from the records (:func:`linear_from_records`), in tokens."""
         # Only the configured writers count, unless none of them recorded anything: then what
         # the other processes recorded is all there is to go by.
         positions = self.positions or self.unconfigured
-        if not positions:
-            return None
-        # Backwards streams count down: the laggard is the one nearest zero.
-        return max(positions.values()) if self.backwards else min(positions.values())
+        to_wire = IdDirection(self.backwards).to_wire
+        return linear_from_records(
+            {name: to_wire(pos) for name, pos in positions.items()},
+            [(p.instance_name, to_wire(i)) for p in self.pending for i in p.stream_ids])
+
+    @property
+    def linear(self) -> int | None:
+        """The linear position (stored sign): the largest ID up to which every ID is complete.
+        A writer with nothing pending does not hold it back, however long it has been idle."""
+        recorded = self.recorded_linear
+        return None if recorded is None else IdDirection(self.backwards).from_wire(recorded.position)
+
+    @property
+    def laggard(self) -> str | None:
+        """The writer whose pending (in flight or stuck) ID holds the linear position below
+        another writer's position; None when nothing does."""
+        recorded = self.recorded_linear
+        return None if recorded is None else recorded.held_by
 
     @property
     def stuck(self) -> list[PendingStatus]:

@@ -107,7 +107,8 @@
         return el("tr", {"data-stream": s.name, className: s.stuck ? "stuck" : ""}, [
           el("td", null, [s.name, s.db_backed ? "" : el("span", {className: "muted", text: " (in memory)"})]),
           posCell,
-          el("td", {className: "linear", "data-stream": s.name, text: s.linear === null ? "" : String(s.linear)}),
+          el("td", {className: "linear", "data-stream": s.name}, [s.linear === null ? "" : String(s.linear),
+            s.laggard ? el("span", {className: "held-by muted", text: " held by " + s.laggard}) : ""]),
           pendingCell,
           el("td", {className: "rate", text: rate}),
         ]);

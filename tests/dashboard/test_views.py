@@ -297,14 +297,17 @@ def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_cli
     assert {w: (s["alive"], s["last_write"] is not None) for w, s in by_name.items()} == {
         "w1": (False, True), "w2": (False, True)}
 
-    # a writer in a running process (this one) is alive, and ahead again while it is
+    # a writer in a running process (this one) is alive; the idle w1 holds nothing back, so the
+    # linear position follows w2 and no writer is ahead of it
     rt = StreamRuntime(instance_name="w2", writers=stream_writers("receipts=w1,w2"))
     try:
         rt.writer("receipts").append([[(Receipt, Receipt.synthetic(random.Random(), 99))]])
     finally:
         rt.close()
-    rows = {w.name: w for w in next(s for s in stream_status() if s.name == "receipts").writer_rows}
-    assert rows["w2"].alive is True and rows["w2"].pid == os.getpid() and rows["w2"].ahead > 0
+    receipts = next(s for s in stream_status() if s.name == "receipts")
+    rows = {w.name: w for w in receipts.writer_rows}
+    assert rows["w2"].alive is True and rows["w2"].pid == os.getpid() and rows["w2"].ahead == 0
+    assert receipts.linear == rows["w2"].position and receipts.laggard is None
     assert rows["w1"].gone
     status = staff_client.get("/status.json").json()
     assert next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]["w2"]["alive"] is True

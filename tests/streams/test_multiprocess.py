@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import connections
+from django.test import override_settings
 
 from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
@@ -136,6 +138,11 @@ def test_killed_writer_holds_linear_position_and_is_reported(pg_url):
     status = {s.name: s for s in stream_status(stuck_after=0)}["receipts"]
     assert [(p.instance_name, p.stream_ids, p.stuck) for p in status.pending] == [("w1", [stuck_id], True)]
     assert status.linear == min(w2_pos, stuck_id - 1)
+    assert status.laggard == "w1"  # named as the writer holding it back
+    configured = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": writers}
+    with override_settings(SYNAPSE_REPL=configured):
+        rows = {w.name: w.ahead for w in {s.name: s for s in stream_status()}["receipts"].writer_rows}
+    assert rows == {"w1": 0, "w2": w2_pos - status.linear}
 
     # The writer restarts and recovers: nothing pending, the linear position moves on.
     w1 = restarted("w1", writers)
@@ -146,3 +153,20 @@ def test_killed_writer_holds_linear_position_and_is_reported(pg_url):
     (max_id,), = fetch("SELECT max(stream_id) FROM receipts_linearized")
     assert reader.generator("receipts").get_current_token() == max_id
     reader.close()
+
+
+def test_an_idle_writer_leaves_the_linear_position_to_the_busy_one(pg_url, settings):
+    """w1 wrote 10 facts and exited, w2 wrote 1,000: the linear position is w2's, every ID
+    up to it complete, nothing pending; no writer is "ahead" (the SynapseReplWriterFarAhead
+    alert's figure is 0) and none is named as holding it back."""
+    writers = "receipts=w1,w2"
+    finish(write_facts(pg_url, "w1", writers, "receipts", 10))
+    finish(write_facts(pg_url, "w2", writers, "receipts", 1000, per_txn=50))
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": writers}
+    status = {s.name: s for s in stream_status()}["receipts"]
+    (max_id,), = fetch("SELECT max(stream_id) FROM receipts_linearized")
+    assert status.positions["w2"] == max_id and status.positions["w1"] < max_id - 999
+    assert status.pending == []
+    assert status.linear == max_id
+    assert status.laggard is None
+    assert {w.name: w.ahead for w in status.writer_rows} == {"w1": 0, "w2": 0}

@@ -130,3 +130,53 @@ def test_position_if_finished_is_known_only_with_nothing_else_outstanding():
     assert p.position_if_finished([10]) == 10
     p.finish([10])
     assert p.for_writer("w") == 10
+
+
+# -- the linear position from the records (any process: streams/status.py) -----------------
+
+
+def test_an_idle_writer_does_not_hold_the_recorded_linear_position_back():
+    """w1 wrote 10 facts and exited, w2 wrote 1,000 after it: nothing pending, so every ID up to
+    w2's position is complete."""
+    from streams.positions import RecordedLinear, linear_from_records
+
+    assert linear_from_records({"w1": 11, "w2": 1011}, []) == RecordedLinear(1011)
+
+
+def test_a_pending_id_holds_the_recorded_linear_position_and_names_its_writer():
+    from streams.positions import RecordedLinear, linear_from_records
+
+    # w1's ID 12 is in flight (or stuck) while w2 went on: linear stops just below it
+    assert linear_from_records({"w1": 11, "w2": 1011}, [("w2", 1012), ("w1", 12)]) == RecordedLinear(11, "w1")
+    # pending IDs above every position hold nothing back
+    assert linear_from_records({"w1": 11, "w2": 1011}, [("w2", 1012)]) == RecordedLinear(1011)
+    assert linear_from_records({}, [("w1", 5)]) is None
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_the_recorded_linear_position_is_the_largest_id_with_every_id_below_complete(seed):
+    """Against its definition, by brute force over random histories: IDs handed out in order to
+    random writers, some still pending; each writer's recorded position is its largest ID with
+    every one of its own IDs up to it complete."""
+    import random
+
+    from streams.positions import linear_from_records
+
+    rnd = random.Random(seed)
+    writers = ["w1", "w2", "w3"][: rnd.randint(1, 3)]
+    owner = {i: rnd.choice(writers) for i in range(2, rnd.randint(3, 60))}
+    pending = {i for i in owner if rnd.random() < 0.1}
+    positions = {}
+    for w in writers:
+        own = sorted(i for i in owner if owner[i] == w)
+        done = [i for i in own if not any(p <= i for p in pending if owner[p] == w)]
+        if done:
+            positions[w] = done[-1]
+    recorded = linear_from_records(positions, [(owner[i], i) for i in pending])
+    if not positions:
+        assert recorded is None
+        return
+    furthest = max(positions.values())
+    expected = max(i for i in [1, *owner] if i <= furthest and not any(p <= i for p in pending))
+    assert recorded.position == expected
+    assert (recorded.held_by is None) == (expected == furthest)
