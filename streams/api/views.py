@@ -104,6 +104,8 @@ def room_messages(request: HttpRequest, room_id: str) -> Any:
         raise BadParam("dir must be 'b' or 'f'")
     page = reads.room_messages(room_id, _user(request), from_token=_token(request, "from"), direction=direction,
                                limit=_int(request, "limit", 10))
+    if not page["chunk"] and not reads.room_known(room_id):
+        raise reads.NotFound(f"room {room_id} not found")
     return json_response(page)
 
 
@@ -112,6 +114,8 @@ def room_topological(request: HttpRequest, room_id: str) -> Any:
     _identifier("room_id", room_id)
     page = reads.topological_events(room_id, user_id=_user(request, required=False),
                                     from_token=_token(request, "from"), limit=_int(request, "limit", 100))
+    if not page["chunk"] and not reads.room_known(room_id):
+        raise reads.NotFound(f"room {room_id} not found")
     return json_response(page)
 
 

@@ -490,6 +490,13 @@ def room_messages(room_id: str, user_id: str, *, from_token: RoomStreamToken | N
     return {"chunk": rows, "start": start, "end": end}
 
 
+def room_known(room_id: str, runtime: Any = None) -> bool:
+    """Whether the store holds any event of the room (its ``rooms`` row): an unknown room is
+    "not found", where a known one whose events a user may not see is an empty page."""
+    with store_cursor(storage_caches(runtime).using) as cur:
+        return bool(fetch_all(cur, "SELECT 1 FROM rooms WHERE room_id = %(room)s", {"room": room_id}))
+
+
 def topological_events(room_id: str, *, user_id: str | None = None, from_token: RoomStreamToken | None = None,
                        limit: int = 100, runtime: Any = None) -> dict[str, Any]:
     """The room's events oldest first in (topological, stream) order -- the order federation

@@ -71,10 +71,17 @@ def test_state_sync_topological_event(client, room):
     ("/api/rooms/!api:hs/state", {"at": "$missing:hs"}, 404, "not found"),
     ("/api/rooms/!other:hs/state", {"at": "$odd:hs"}, 404, "not in"),
     ("/api/events/$missing:hs", {}, 404, "not found"),
+    ("/api/rooms/!nowhere:hs/messages", {"user_id": A}, 404, "room !nowhere:hs not found"),
+    ("/api/rooms/!nowhere:hs/topological", {}, 404, "room !nowhere:hs not found"),
 ])
 def test_bad_parameters_get_json_errors(client, room, url, params, status, fragment):
     r = client.get(url, params, **AUTH)
     assert r.status_code == status and fragment in r.json()["error"]
+
+
+def test_a_known_room_the_user_cannot_see_is_an_empty_page_not_a_404(client, room):
+    r = client.get("/api/rooms/!api:hs/messages", {"user_id": "@mallory:hs"}, **AUTH)
+    assert r.status_code == 200 and r.json()["chunk"] == []
 
 
 def test_only_get(client, room):
