@@ -23,6 +23,7 @@ from streams.replication.endpoint.bookkeeping import endpoint_started
 from streams.replication.endpoint.server import endpoint_snapshot
 
 from .facts_history import minute_of, record_minute
+from .process_stats import process_stats
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
     from .models import EndpointStatus
 
     values = {"server_name": server_name, "pid": os.getpid(), "updated_at": datetime.now(timezone.utc),
-              "snapshot": snapshot}
+              # what the process costs, refreshed with the row (at least every HEARTBEAT_SECONDS)
+              "snapshot": {**snapshot, "process": process_stats()}}
     if EndpointStatus.objects.filter(endpoint=key).update(**values):
         return
     try:

@@ -115,6 +115,7 @@ class ClusterCollector(Collector):
         yield from (up, connections, accepted, queue, sent, disconnects)
         yield from _job_metrics()
         yield from _worker_metrics()
+        yield from _process_metrics()
 
 
 def _worker_metrics() -> Iterator[Metric]:
@@ -134,6 +135,42 @@ def _worker_metrics() -> Iterator[Metric]:
     yield from (lag, up)
 
 
+def _process_metrics() -> Iterator[Metric]:
+    """One set of process figures per process of the cluster: this web process's read now,
+    each live endpoint's and worker's as it last published them (stale ones left out)."""
+    import socket
+
+    from streams.conf import instance_name
+
+    from .endpoint_status import endpoint_statuses
+    from .process_stats import process_stats
+    from .worker_status import worker_statuses
+
+    labels = ["role", "name"]
+    cpu = CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "CPU time of the process (user and system)",
+                              labels=labels)
+    resident = GaugeMetricFamily(f"{PREFIX}_process_resident_memory_bytes", "Resident memory of the process",
+                                 labels=labels)
+    fds = GaugeMetricFamily(f"{PREFIX}_process_open_fds", "Open file descriptors of the process", labels=labels)
+    started = GaugeMetricFamily(f"{PREFIX}_process_start_time_seconds", "When the process started (Unix time)",
+                                labels=labels)
+    collections = CounterMetricFamily(f"{PREFIX}_process_gc_collections",
+                                      "Garbage collections of the process's interpreter, per generation",
+                                      labels=[*labels, "generation"])
+    processes = [("web", f"{instance_name()} {socket.gethostname()}", process_stats())]
+    processes += [("endpoint", e["endpoint"], e["process"]) for e in endpoint_statuses()
+                  if not e["stale"] and e.get("process")]
+    processes += [("worker", w["name"], w["process"]) for w in worker_statuses() if not w["stale"] and w["process"]]
+    for role, name, stats in processes:
+        cpu.add_metric([role, name], stats["cpu_seconds"])
+        resident.add_metric([role, name], stats["resident_bytes"])
+        fds.add_metric([role, name], stats["open_fds"])
+        started.add_metric([role, name], stats["start_time"])
+        for generation, n in enumerate(stats["gc_collections"]):
+            collections.add_metric([role, name, str(generation)], n)
+    yield from (cpu, resident, fds, started, collections)
+
+
 def _job_metrics() -> Iterator[Metric]:
     """The latest finished run of each job: whether it failed and, for checks, how many
     differences it found (the alert rules page on either)."""
@@ -147,10 +184,12 @@ def _job_metrics() -> Iterator[Metric]:
                                     "Differences the check's latest finished run found", labels=["job"])
     ended = GaugeMetricFamily(f"{PREFIX}_job_last_run_end_timestamp_seconds",
                               "When the job's latest finished run ended (Unix time)", labels=["job"])
+    duration = GaugeMetricFamily(f"{PREFIX}_job_last_run_duration_seconds",
+                                 "How long the job's latest finished run took", labels=["job"])
     finished = (JobRun.objects.filter(status__in=[JobRun.Status.SUCCEEDED, JobRun.Status.FAILED])
                 .order_by("job", F("ended_at").desc(nulls_last=True), "-id"))
     seen: set[str] = set()
-    for run in finished.only("job", "status", "differences", "ended_at").iterator():
+    for run in finished.only("job", "status", "differences", "started_at", "ended_at").iterator():
         if run.job in seen:
             continue
         seen.add(run.job)
@@ -159,7 +198,8 @@ def _job_metrics() -> Iterator[Metric]:
             differences.add_metric([run.job], run.differences)
         if run.ended_at is not None:
             ended.add_metric([run.job], run.ended_at.timestamp())
-    yield from (failed, differences, ended)
+            duration.add_metric([run.job], (run.ended_at - run.started_at).total_seconds())
+    yield from (failed, differences, ended, duration)
 
 
 REGISTRY = CollectorRegistry(auto_describe=False)

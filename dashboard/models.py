@@ -55,6 +55,8 @@ class WorkerStatus(models.Model):
     updated_at = models.DateTimeField(_("updated at"))
     #: ``{stream: {writer: token}}``: the last token the worker applied per writer
     positions = models.JSONField(_("positions"), default=dict)
+    #: what the worker's process costs (:func:`dashboard.process_stats.process_stats`)
+    process = models.JSONField(_("process"), default=dict)
 
     class Meta:
         db_table = "dashboard_worker_status"

@@ -15,6 +15,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from .process_stats import process_stats
+
 logger = logging.getLogger(__name__)
 
 PUBLISH_SECONDS = 2.0
@@ -33,7 +35,7 @@ def save(name: str, transport: str, connected: bool, positions: dict[tuple[str, 
     try:
         WorkerStatus.objects.update_or_create(name=name, defaults={
             "transport": transport, "pid": os.getpid(), "connected": connected,
-            "updated_at": datetime.now(timezone.utc), "positions": nested})
+            "updated_at": datetime.now(timezone.utc), "positions": nested, "process": process_stats()})
     finally:
         connection.close()  # a pool thread may not come back to it
 
@@ -78,5 +80,5 @@ def worker_statuses(now: datetime | None = None) -> list[dict[str, Any]]:
         age = (now - row.updated_at).total_seconds()
         result.append({"name": row.name, "transport": row.transport, "pid": row.pid, "connected": row.connected,
                        "age_seconds": round(age, 1), "stale": age > STALE_AFTER_SECONDS,
-                       "positions": row.positions, "lag": lag(row.positions, writers)})
+                       "positions": row.positions, "lag": lag(row.positions, writers), "process": row.process})
     return result
