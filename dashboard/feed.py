@@ -76,15 +76,15 @@ def _collect_state(now: float | None) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from streams.conf import instance_name, repl_setting
-    from streams.status import stream_status
 
     from .endpoint_status import endpoint_statuses
     from .jobs import recent_job_runs
+    from .stream_status import streams_as_served
 
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)
     streams = []
-    for s in stream_status(now=when):
+    for s in streams_as_served(now=when):
         linear = s.linear
         streams.append({
             "name": s.name,

@@ -29,9 +29,8 @@ class ClusterCollector(Collector):
     """Streams and endpoints as the database records them, at every scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from streams.status import stream_status
-
         from .endpoint_status import endpoint_statuses
+        from .stream_status import streams_as_served
 
         position = GaugeMetricFamily(f"{PREFIX}_stream_position", "A writer's position on a stream",
                                      labels=["stream", "writer"])
@@ -56,8 +55,12 @@ class ClusterCollector(Collector):
         process_up = GaugeMetricFamily(f"{PREFIX}_stream_writer_process_up",
                                        "1 while the process that last wrote as this writer runs (0: exited; "
                                        "absent when it ran on another host)", labels=["stream", "writer"])
-        for s in stream_status():
-            if not s.db_backed:
+        for s in streams_as_served():
+            if not s.db_backed:  # typing: its position as the web process holding its writer knows it
+                for writer, pos in s.positions.items():
+                    position.add_metric([s.name, writer], pos)
+                if s.linear is not None:
+                    linear.add_metric([s.name], s.linear)
                 continue
             for w in s.writer_rows:
                 if w.last_write is not None:

@@ -3,11 +3,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from streams.conf import instance_name, repl_setting
-from streams.status import stream_status
 
 from .access import staff_json
 from .endpoint_status import endpoint_statuses
 from .feed import writer_json
+from .stream_status import streams_as_served
 
 
 def _context(**extra):
@@ -24,7 +24,7 @@ def streams_page(request: HttpRequest) -> HttpResponse:
     from .jobs import job_names, job_schedule, recent_job_runs
 
     return render(request, "dashboard/streams.html", _context(
-        streams=stream_status(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
+        streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
         schedule=job_schedule()))
 
 
@@ -68,7 +68,7 @@ def streams_json(request: HttpRequest) -> JsonResponse:
                 for p in s.pending
             ],
         }
-        for s in stream_status()
+        for s in streams_as_served()
     ], "endpoints": endpoint_statuses()})
 
 

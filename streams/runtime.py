@@ -83,6 +83,13 @@ class StreamRuntime:
         writers = self.writers.get(stream_name)
         return writers is None or self.instance_name in writers
 
+    def in_memory_positions(self) -> dict[str, dict[str, int]]:
+        """Positions of the streams this process keeps in memory (typing), per writer, for
+        the pages it serves; nothing for a stream whose writer is not running here."""
+        with self._lock:
+            typing = self._typing
+        return {"typing": {self.instance_name: typing.current_token}} if typing is not None else {}
+
     def typing(self):
         """This process's typing writer (in memory, streams/typing.py); built on first use,
         when it announces that it starts from 0. Raises ``NotAWriter`` elsewhere."""

@@ -117,7 +117,11 @@ class StreamStatus:
         return [p for p in self.pending if p.stuck]
 
 
-def stream_status(now: datetime | None = None, stuck_after: float | None = None) -> list[StreamStatus]:
+def stream_status(now: datetime | None = None, stuck_after: float | None = None,
+                  in_memory: dict[str, dict[str, int]] | None = None) -> list[StreamStatus]:
+    """Every stream: database-backed ones as the tables record them; ``in_memory``, the
+    positions of the streams a process keeps in memory (typing) as that process knows them
+    (``StreamRuntime.in_memory_positions``: only the process holding the writer can tell)."""
     now = now or datetime.now(timezone.utc)
     stuck_after = repl_setting("STUCK_AFTER_SECONDS") if stuck_after is None else stuck_after
     writers = stream_writers()
@@ -126,6 +130,11 @@ def stream_status(now: datetime | None = None, stuck_after: float | None = None)
                            list(writers[name]) if writers.get(name) else None)
         for name, spec in STREAMS.items()
     }
+    for name, positions in (in_memory or {}).items():
+        if name in result and not result[name].db_backed:
+            result[name].positions.update(positions)
+            for writer, token in positions.items():
+                result[name].writer_status[writer] = WriterStatus(writer, token, alive=True)
     here = socket.gethostname()
     for row in StreamPosition.objects.order_by("stream_name", "instance_name"):
         if row.stream_name in result:

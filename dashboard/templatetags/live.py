@@ -1,11 +1,11 @@
 """``{% stream_status_now as streams %}``: the live panel's first render in admin pages."""
 from django import template
 
-from streams.status import stream_status
+from dashboard.stream_status import streams_as_served
 
 register = template.Library()
 
 
 @register.simple_tag
 def stream_status_now():
-    return stream_status()
+    return streams_as_served()

@@ -311,3 +311,31 @@ def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_cli
     assert rows["w1"].gone
     status = staff_client.get("/status.json").json()
     assert next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]["w2"]["alive"] is True
+
+
+def test_typing_shows_the_position_the_web_process_holds(staff_client, settings):
+    """Typing lives in memory in the web process: after typing changes sent to it (as
+    ``write_facts typing`` sends them) the pages show its position, not "nothing written yet"."""
+    import json
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from streams.runtime import runtime
+
+    settings.REPLICATION_SECRET = "typing-test-secret"
+    updates = [{"room_id": "!r:hs", "user_id": f"@u{i}:hs", "typing": i % 2 == 0, "timeout": 30000}
+               for i in range(6)]
+    answer = staff_client.post("/_synapse/replication/typing", json.dumps({"updates": updates}),
+                               content_type="application/json", HTTP_AUTHORIZATION="Bearer typing-test-secret")
+    assert answer.status_code == 200, answer.content
+    token = runtime().typing().current_token
+    assert token > 0
+    me = runtime().instance_name
+    typing = next(s for s in staff_client.get("/status.json").json()["streams"] if s["name"] == "typing")
+    assert typing["positions"] == {me: token} and typing["linear"] == token
+    page = staff_client.get("/").content.decode()
+    row = page.split('<tr data-stream="typing"')[1].split("</tr>")[0]
+    assert f">{token}</span>" in row and "nothing written yet" not in row
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in
+               text_string_to_metric_families(staff_client.get("/metrics").content.decode()) for s in family.samples}
+    assert samples[("synapse_repl_stream_position", (("stream", "typing"), ("writer", me)))] == token
