@@ -62,7 +62,9 @@ def collect_state(now: float | None = None) -> dict[str, Any]:
 def writer_json(w: Any) -> dict[str, Any]:
     """A writer's last write and liveness, for the page and ``status.json``."""
     return {"position": w.position, "last_write": w.last_write.timestamp() if w.last_write else None,
-            "pid": w.pid, "host": w.host, "alive": w.alive}
+            "pid": w.pid, "host": w.host, "alive": w.alive,
+            # its process exited cleanly with nothing pending (finished), or is gone without that
+            "finished": w.finished, "gone": w.gone}
 
 
 def _close_connection() -> None:

@@ -310,4 +310,6 @@ class MultiWriterIdGenerator:
         self._publish()
 
     def close(self) -> None:
+        if self.is_writer and not self._positions.has_unfinished():
+            self._store.record_clean_exit()
         self._store.close()

@@ -236,6 +236,21 @@ class IdStore:
                 )
         return LoadedState(positions=positions, persisted_upto=persisted_upto, rows=rows)
 
+    def record_clean_exit(self) -> None:
+        """This process stops writing with nothing pending: say so on its position row (only
+        if the row is still this process's: a later process of the same name may have
+        written since), so the pages tell a finished writer from one that died."""
+        from .models import StreamPosition
+
+        try:
+            StreamPosition.objects.using(self.using).filter(
+                stream_name=self.stream_name, instance_name=self.instance_name, pid=os.getpid(),
+                host=socket.gethostname(),
+            ).update(exited_at=datetime.now(timezone.utc))
+        except Exception as e:  # closing: the database may be gone; the row then reads "died"
+            logger.warning("stream %s: could not record %s's clean exit: %s", self.stream_name,
+                           self.instance_name, e)
+
     def drop_left_reservations(self, cursor: Any) -> int:
         """Drop the reservations an earlier run of this writer left; how many."""
         cursor.execute(

@@ -42,10 +42,22 @@ class WriterStatus:
     host: str | None = None
     alive: bool | None = None
     configured: bool = True
+    #: when that process closed the writer cleanly (nothing pending); None if it has not
+    exited_at: datetime | None = None
+    #: IDs of this writer are pending in stream_reservations (in flight, or left by a death)
+    has_pending: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Its process has exited after closing the writer cleanly, leaving nothing pending
+        (a one-shot ``write_facts`` that is done): no incident."""
+        return (self.alive is False and self.exited_at is not None and not self.has_pending
+                and (self.last_write is None or self.exited_at >= self.last_write))
 
     @property
     def gone(self) -> bool:
-        return self.alive is False
+        """Its process is gone without a clean exit (killed, crashed, or leaving IDs pending)."""
+        return self.alive is False and not self.finished
 
 
 @dataclass
@@ -148,7 +160,7 @@ def stream_status(now: datetime | None = None, stuck_after: float | None = None,
                 row.instance_name, row.stream_id, last_write=row.recorded_at,
                 last_write_age=(now - row.recorded_at).total_seconds() if row.recorded_at else None,
                 pid=row.pid, host=row.host, configured=configured,
-                alive=pid_alive(row.pid) if row.pid and row.host == here else None,
+                alive=pid_alive(row.pid) if row.pid and row.host == here else None, exited_at=row.exited_at,
             )
     for res in StreamReservation.objects.order_by("reserved_at"):
         if res.stream_name in result:
@@ -156,4 +168,7 @@ def stream_status(now: datetime | None = None, stuck_after: float | None = None,
             result[res.stream_name].pending.append(PendingStatus(
                 res.instance_name, list(res.stream_ids), res.reserved_at, age, age > stuck_after, res.pid,
             ))
+            writer = result[res.stream_name].writer_status.get(res.instance_name)
+            if writer is not None:
+                writer.has_pending = True
     return list(result.values())

@@ -82,7 +82,7 @@
         var posCell = el("td", null, positions.length ? positions.map(function (w) {
           var info = s.writer_status[w];
           var known = info.position !== null;
-          var gone = info.alive === false;
+          var gone = info.gone;
           var last = "";
           if (info.last_write !== null) {
             last = "last write " + clock(info.last_write) + " (" + ago(info.last_write, state.t) + ")" +
@@ -93,7 +93,10 @@
             el("span", {className: known ? "position" : "position muted", "data-stream": s.name, "data-writer": w,
                         text: known ? String(info.position) : "nothing written yet"}),
             s.ahead[w] && !gone ? el("span", {className: "ahead", text: " +" + s.ahead[w]}) : "",
-            gone ? el("strong", {className: "gone", text: " exited"}) : "",
+            gone ? el("strong", {className: "gone", text: " exited unexpectedly",
+                                 title: "its process is gone without closing the writer cleanly (killed or crashed)"}) : "",
+            info.finished ? el("span", {className: "finished muted", text: " finished",
+                                        title: "its process closed the writer cleanly and exited"}) : "",
             last ? el("span", {className: "last-write muted", text: " " + last}) : "",
           ]);
         }) : [el("span", {className: "muted", text: "none"})]);

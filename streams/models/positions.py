@@ -15,6 +15,9 @@ class StreamPosition(models.Model):
     recorded_at = models.DateTimeField(_("last write"), null=True, blank=True)
     pid = models.IntegerField(_("process ID"), null=True, blank=True)
     host = models.CharField(_("host"), max_length=255, null=True, blank=True)
+    #: when the process that last wrote as this writer closed it cleanly (nothing pending);
+    #: null while it runs, and for a process that died or was killed
+    exited_at = models.DateTimeField(_("exited cleanly at"), null=True, blank=True)
 
     class Meta:
         db_table = "stream_positions"

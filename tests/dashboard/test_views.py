@@ -262,40 +262,59 @@ def test_job_start_refuses_get(staff_client):
 
 def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_client, pg_url, settings, tmp_path):
     """Issue 17: after both writers of a stream exited, the dashboard showed one of them
-    "+N ahead of linear" for good, with no sign that either was gone."""
+    "+N ahead of linear" for good, with no sign that either was gone. A writer whose process
+    finished cleanly reads "finished"; one whose process was killed, "exited unexpectedly"."""
     import os
+    import signal
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
+    from streams.models import StreamPosition
     from streams.status import stream_status
 
     settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w1,w2"}
     root = Path(__file__).resolve().parents[2]
     before = datetime.now(timezone.utc)
-    for name, count in (("w1", 3), ("w2", 7)):
+
+    def write(name: str, *args: str) -> subprocess.Popen:
         env = {**os.environ, "DATABASE_URL": pg_url, "STATE_DIR": str(tmp_path), "INSTANCE_NAME": name,
                "STREAM_WRITERS": "receipts=w1,w2"}
         env.pop("REDIS_URL", None)
-        done = subprocess.run([sys.executable, "manage.py", "write_facts", "receipts", "--count", str(count),
-                               "--no-progress"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
+        return subprocess.Popen([sys.executable, "manage.py", "write_facts", "receipts", *args, "--no-progress"],
+                                cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    finished = write("w1", "--count", "3")
+    assert finished.wait(timeout=120) == 0, finished.stderr.read()
+    killed = write("w2", "--count", "100000", "--rate", "20")
+    deadline = time.monotonic() + 120
+    while not StreamPosition.objects.filter(stream_name="receipts", instance_name="w2", pid=killed.pid).exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "w2 did not write"
+        time.sleep(0.1)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=30)
+
     receipts = next(s for s in stream_status() if s.name == "receipts")
     rows = {w.name: w for w in receipts.writer_rows}
     assert set(rows) == {"w1", "w2"}
     for w in rows.values():  # both processes have exited
-        assert w.alive is False and w.gone and w.pid and w.last_write >= before
+        assert w.alive is False and w.pid and w.last_write >= before
+    assert rows["w1"].finished and not rows["w1"].gone
+    assert rows["w2"].gone and not rows["w2"].finished
     page = staff_client.get("/").content.decode()
-    assert page.count("exited</strong>") == 2 and "last write" in page
-    assert 'class="ahead"' not in page.split('data-stream="receipts"')[1].split("</tr>")[0]
+    row = page.split('<tr data-stream="receipts"')[1].split("</tr>")[0]
+    assert row.count("exited unexpectedly</strong>") == 1 and row.count(">finished</span>") == 1
+    assert "last write" in page
+    assert 'class="ahead"' not in row
     metrics = staff_client.get("/metrics").content.decode()
     for w in ("w1", "w2"):
         assert f'synapse_repl_stream_writer_process_up{{stream="receipts",writer="{w}"}} 0.0' in metrics
         assert f'synapse_repl_stream_writer_last_write_timestamp_seconds{{stream="receipts",writer="{w}"}}' in metrics
     status = staff_client.get("/status.json").json()
     by_name = next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]
-    assert {w: (s["alive"], s["last_write"] is not None) for w, s in by_name.items()} == {
-        "w1": (False, True), "w2": (False, True)}
+    assert {w: (s["alive"], s["last_write"] is not None, s["finished"], s["gone"]) for w, s in by_name.items()} == {
+        "w1": (False, True, True, False), "w2": (False, True, False, True)}
 
     # a writer in a running process (this one) is alive; the idle w1 holds nothing back, so the
     # linear position follows w2 and no writer is ahead of it
@@ -308,7 +327,7 @@ def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_cli
     rows = {w.name: w for w in receipts.writer_rows}
     assert rows["w2"].alive is True and rows["w2"].pid == os.getpid() and rows["w2"].ahead == 0
     assert receipts.linear == rows["w2"].position and receipts.laggard is None
-    assert rows["w1"].gone
+    assert rows["w1"].finished
     status = staff_client.get("/status.json").json()
     assert next(s for s in status["streams"] if s["name"] == "receipts")["writer_status"]["w2"]["alive"] is True
 
