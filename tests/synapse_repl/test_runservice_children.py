@@ -101,8 +101,10 @@ def test_embedded_kill_9_leaves_no_demo_and_a_second_start_is_refused(tmp_path):
             "stop that one first, or use another STATE_DIR")
         assert first.tree() == tree  # the refused start touched nothing of the first one
 
+        killed = time.monotonic()
         os.kill(first.proc.pid, signal.SIGKILL)
         assert wait_all_gone(tree) == {}
+        print(f"runservice's {len(tree)} processes gone {time.monotonic() - killed:.2f} s after its kill -9")
         check_free(lock, "the demo")  # released with it
 
         # Started again on the same STATE_DIR: it runs, with one demo (its own).
@@ -134,8 +136,11 @@ def test_full_mode_kill_9_leaves_no_celery_worker_pool_or_beat(tmp_path, pg_url,
             f"CommandError: a celery beat on this schedule file is already running (pid {beat} holds {lock}): "
             "stop that one first, or use another STATE_DIR")
 
+        killed = time.monotonic()
         os.kill(service.proc.pid, signal.SIGKILL)
         assert wait_all_gone(tree) == {}
+        print(f"runservice's {len(tree)} processes gone {time.monotonic() - killed:.2f} s after its kill -9: "
+              f"{sorted(tree.values())}")
         check_free(lock, "beat")
     finally:
         service.clean_up()
