@@ -2,7 +2,8 @@
 
 It holds the SQLite database (with the admin's live session keys and the password hashes),
 its ``-wal``/``-shm`` files, the generated secret key and replication secret, the generated
-admin password and Celery beat's schedule. SQLite creates the WAL and shared-memory files
+admin password, Celery beat's schedule and the locks that keep one demo and one beat per
+directory (synapse_repl/state_lock.py). SQLite creates the WAL and shared-memory files
 itself, later and with the process's umask, so chmod after creation cannot cover them: every
 process of the service runs with a umask that takes group and other bits away (``0o077``),
 set before anything opens the database. The directory is made 0700, and what an older
@@ -19,7 +20,8 @@ PRIVATE_UMASK = 0o077
 #: What the service keeps there (names, or prefixes: the database's -wal/-shm/-journal, the
 #: schedule's dbm suffixes). Only these are tightened, so a STATE_DIR set by mistake to a
 #: directory holding other things (a checkout) keeps their modes.
-STATE_FILES = ("db.sqlite3", "secret_key", "replication_secret", "admin_password", "celerybeat-schedule")
+STATE_FILES = ("db.sqlite3", "secret_key", "replication_secret", "admin_password", "celerybeat-schedule",
+               "demo.lock")
 
 
 def secure_state_dir(path: Path) -> None:

@@ -1,7 +1,9 @@
 """The children ``runservice`` starts beside itself (the demo trickle, the Celery worker):
 never half-alive. A child that dies is restarted with back-off; a child that cannot start
 (it dies again and again within seconds of starting) stops the whole service, with the reason
-in one line.
+in one line. Nor do they outlive the service: each is started on the supervisor's lifeline
+(synapse_repl/lifeline.py), so a ``kill -9`` of the service takes each child's whole process
+group with it.
 
 :class:`RestartPolicy` holds the decisions (no I/O, no clock of its own); :class:`Supervisor`
 runs the processes.
@@ -9,12 +11,15 @@ runs the processes.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+from .lifeline import Lifeline
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +101,7 @@ class Supervisor:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._lifeline: Lifeline | None = None
 
     def add(self, name: str, argv: Sequence[str], *, cwd: str | None = None,
             policy: RestartPolicy | None = None) -> Child:
@@ -104,6 +110,7 @@ class Supervisor:
         return child
 
     def start(self) -> None:
+        self._lifeline = Lifeline()
         for child in self.children:
             self._spawn(child)
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
@@ -111,13 +118,14 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         with self._lock:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._lifeline is None:
                 return
-            # Its own process group: when it dies, whatever it started (Celery's pool and beat
-            # processes) goes too, and none of them keeps its stderr pipe open.
+            # Its own process group (the lifeline's options): when it dies, whatever it started
+            # (Celery's pool and beat processes) goes too, and none of them keeps its stderr
+            # pipe open; and when this process dies, the child kills that group itself.
             child.process = subprocess.Popen(child.argv, cwd=child.cwd, stderr=subprocess.PIPE,
                                              text=True, errors="replace", bufsize=1,
-                                             start_new_session=True)
+                                             **self._lifeline.popen_options())
             child.started_at = time.monotonic()
         threading.Thread(target=self._forward, args=(child, child.process), daemon=True,
                          name=f"supervisor-{child.name}").start()
@@ -143,9 +151,10 @@ class Supervisor:
                         self.out(f"runservice: {child.name} restarted (pid {child.process.pid})")
                     continue
                 process = child.process
-                if process is None or process.poll() is None:
+                if process is None or not exited(process):
                     continue
-                kill_group(process.pid)  # what it left behind
+                kill_group(process.pid)  # what it left behind (its pid not yet free for reuse)
+                process.wait()
                 ran_for = now - child.started_at
                 decision = child.policy.exited(child.name, process.returncode, ran_for, child.last_line)
                 if isinstance(decision, GiveUp):
@@ -161,23 +170,38 @@ class Supervisor:
         with self._lock:
             self._stopping.set()
         for child in self.children:
-            if child.process is not None and child.process.poll() is None:
+            if child.process is not None and not exited(child.process):
                 child.process.terminate()
         deadline = time.monotonic() + timeout
         for child in self.children:
             if child.process is None:
                 continue
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            while not exited(child.process) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not exited(child.process):
                 child.process.kill()
-                child.process.wait()
+                exited(child.process, block=True)
             kill_group(child.process.pid)
+            child.process.wait()
+        if self._lifeline is not None:
+            self._lifeline.cut()
+
+
+def exited(process: subprocess.Popen, block: bool = False) -> bool:
+    """Whether ``process`` has exited, without reaping it: until it is reaped its pid (its
+    process group's id) cannot go to another process, so :func:`kill_group` after this hits
+    only what the child left behind."""
+    if process.returncode is not None:
+        return True
+    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
+    try:
+        return os.waitid(os.P_PID, process.pid, flags) is not None
+    except ChildProcessError:  # reaped already (by Popen's own bookkeeping)
+        return True
 
 
 def kill_group(pgid: int) -> None:
     """SIGKILL every process left in a child's process group (its own session)."""
-    import os
     import signal
 
     try:

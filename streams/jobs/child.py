@@ -1,7 +1,9 @@
 """Running a job in a child process (``manage.py run_job --run N``), for a process that must
 not host Spark itself: the web process on the embedded default, where Celery is eager and a
 job started from the dashboard would otherwise leave the driver's JVM (some 670 MB) resident
-in it for good. The child exits with its JVM when the job ends.
+in it for good. The child exits with its JVM when the job ends, and dies (with the JVM and
+whatever else it started) when the launching process dies first: it runs on a lifeline
+(synapse_repl/lifeline.py).
 
 The launcher makes the :class:`JobRun` first and hands its id to the child, so that whatever
 happens to the child (killed, out of memory, a broken environment) the run is recorded.
@@ -17,6 +19,9 @@ from typing import Sequence
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
+
+from synapse_repl.lifeline import Lifeline
+from synapse_repl.supervisor import kill_group
 
 from ..models import JobRun
 from .dialect import for_database
@@ -69,12 +74,14 @@ def run_in_child(run: JobRun, timeout: float | None = None) -> JobRun:
         command += ["--rooms", *rooms]
     log = log_path(run.pk)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:  # kept after the run: the dashboard shows it
+    with log.open("wb") as out, Lifeline() as lifeline:  # the log is kept after the run: the dashboard shows it
+        child = subprocess.Popen(command, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, **lifeline.popen_options(child_environment()))
         try:
-            child = subprocess.run(command, cwd=PROJECT_ROOT, env=child_environment(), stdin=subprocess.DEVNULL,
-                                   stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
-            ending = f"exited with status {child.returncode}"
-        except subprocess.TimeoutExpired:  # subprocess.run killed it
+            ending = f"exited with status {child.wait(timeout)}"
+        except subprocess.TimeoutExpired:
+            kill_group(child.pid)  # it and its JVM
+            child.wait()
             ending = f"was killed after {timeout:.0f} s"
     output = read_log(run.pk, ERROR_TAIL) or ""
     run.refresh_from_db()

@@ -8,7 +8,9 @@ the room event store (``persist_events``) as coherent, authorized rooms (``LiveR
 room starts with its create event, its creator's join, power levels and join rules; members
 join before they speak), so the batch jobs' checks find nothing on a fresh install. It also
 persists a small room history (``generate_rooms``' generator: about a second), once, so the
-event admin and ``/api/`` have rooms to show.
+event admin and ``/api/`` have rooms to show. One demo at a time per ``STATE_DIR``: it holds
+``STATE_DIR/demo.lock`` for its life (synapse_repl/state_lock.py); a second one is refused in
+one line naming the first one's pid.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from streams.runtime import runtime
 from streams.storage import persist_events
 from streams.storage.generator import RoomGenerator
 from streams.storage.synthetic import LiveRooms
+from synapse_repl.state_lock import StateLockHeld, hold
 
 #: The first-run dataset: facts per stream.
 DATASET = {"events": 120, "receipts": 60, "account_data": 20, "to_device": 10, "caches": 10}
@@ -39,6 +42,15 @@ TRICKLE_WEIGHTS = {"events": 5, "receipts": 3, "account_data": 1, "to_device": 1
 
 def embedded_default() -> bool:
     return not settings.REDIS_URL and is_local_file("default")
+
+
+#: Who holds the demo's lock, as a refusal names it.
+DEMO_LOCK_WHAT = "a demo of this STATE_DIR"
+
+
+def demo_lock_path():
+    """The lock one demo per ``STATE_DIR`` holds."""
+    return settings.STATE_DIR / "demo.lock"
 
 
 class Command(BaseCommand):
@@ -56,6 +68,14 @@ class Command(BaseCommand):
                                "full mode never gets demo facts")
         if rate <= 0 or (ticks is not None and ticks < 0):
             raise CommandError("--rate must be > 0 and --ticks >= 0")
+        try:
+            lock = hold(demo_lock_path(), DEMO_LOCK_WHAT)
+        except StateLockHeld as e:
+            raise CommandError(str(e)) from None
+        with lock:
+            self._run(rate, seed_only, ticks)
+
+    def _run(self, rate: float, seed_only: bool, ticks: int | None) -> None:
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

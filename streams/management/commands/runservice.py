@@ -6,7 +6,10 @@ Before serving it ensures the superuser operators sign in with (``ensure_admin``
 its children under supervision (synapse_repl/supervisor.py: restarted when they die, the
 service stopped with the reason when one cannot start): on the embedded default the demo
 trickle (``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it), with Redis the
-Celery worker. A port that cannot be bound stops the service with one line.
+Celery worker. A port that cannot be bound stops the service with one line, and so does a demo
+or a Celery beat of the same ``STATE_DIR`` already running (each holds a lock there:
+synapse_repl/state_lock.py). The children die with the service, ``kill -9`` of it included
+(synapse_repl/lifeline.py).
 """
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ class Command(BaseCommand):
         from dashboard.management.commands.demo import embedded_default
 
         check_port_free(host, port, "WEB_LISTEN")  # before anything starts: one line, nothing left running
+        demo = embedded_default() and settings.DASHBOARD["DEMO"]
+        check_no_other_instance(demo=demo, beat=job_worker_wanted())
         # The TCP endpoint runs in this process, on daphne's event loop: one in-memory channel
         # layer for what the service writes; other local processes' facts it reads from the
         # database (streams/replication/endpoint/local_scan.py).
@@ -72,7 +77,7 @@ class Command(BaseCommand):
                 f"  admin:   http://{host}:{port}/admin/"
             )
             call_command("ensure_admin", stdout=self.stdout)
-            if embedded_default() and settings.DASHBOARD["DEMO"]:
+            if demo:
                 supervisor.add("demo", [sys.executable, "manage.py", "demo"], cwd=str(settings.BASE_DIR))
                 self.stdout.write("  demo:    a small dataset and a trickle of demo facts (DEMO=0 turns it off)")
             self.stdout.flush()
@@ -107,6 +112,23 @@ def check_port_free(host: str, port: int, name: str) -> None:
         except OSError as e:
             raise CommandError(f"cannot listen on {name}={host}:{port}: {e.strerror or e}; "
                                f"stop what holds the port or set {name}") from None
+
+
+def check_no_other_instance(*, demo: bool, beat: bool) -> None:
+    """The demo and Celery beat run once per ``STATE_DIR``: if another process (another
+    runservice, or one started by hand) holds one's lock, stop in one line naming
+    its pid, before anything starts."""
+    from dashboard.management.commands.demo import DEMO_LOCK_WHAT, demo_lock_path
+    from synapse_repl.celery import BEAT_LOCK_WHAT, beat_lock_path
+    from synapse_repl.state_lock import StateLockHeld, check_free
+
+    try:
+        if demo:
+            check_free(demo_lock_path(), DEMO_LOCK_WHAT)
+        if beat:
+            check_free(beat_lock_path(str(beat_schedule_path())), BEAT_LOCK_WHAT)
+    except StateLockHeld as e:
+        raise CommandError(str(e)) from None
 
 
 def start_endpoint_in_process(host: str, port: int):
@@ -174,10 +196,19 @@ def start_job_worker(supervisor) -> str:
     ``JOBS_WORKER=0``; without Redis, Celery runs jobs eagerly in the calling process."""
     if not settings.REDIS_URL:
         return "in process (Celery eager; manage.py run_job JOB)"
-    if os.environ.get("JOBS_WORKER", "1") == "0":
+    if not job_worker_wanted():
         return "JOBS_WORKER=0: run `celery -A synapse_repl worker -B` elsewhere"
     supervisor.add("celery worker", [
         sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
-        "--loglevel", "INFO", "--schedule", str(settings.STATE_DIR / "celerybeat-schedule")],
+        "--loglevel", "INFO", "--schedule", str(beat_schedule_path())],
         cwd=str(settings.BASE_DIR))
     return f"Celery worker + beat on {redact_url(settings.REDIS_URL)}"
+
+
+def job_worker_wanted() -> bool:
+    """Whether runservice starts the Celery worker and its beat (Redis, and not JOBS_WORKER=0)."""
+    return bool(settings.REDIS_URL) and os.environ.get("JOBS_WORKER", "1") != "0"
+
+
+def beat_schedule_path():
+    return settings.STATE_DIR / "celerybeat-schedule"

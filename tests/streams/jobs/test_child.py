@@ -3,6 +3,7 @@ no JVM in the web process, and a child that dies without recording is recorded a
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -137,3 +138,35 @@ def test_a_child_runs_log_is_kept_and_viewable(admin_client, settings, tmp_path)
     from dashboard.jobs import recent_job_runs
 
     assert recent_job_runs()[0]["has_log"]
+
+
+@pytest.mark.slow
+def test_a_killed_web_process_takes_its_running_job_and_jvm_with_it(embedded_web):
+    """``kill -9`` of the web process while a dashboard job runs in its child: the child and
+    the child's JVM end too (the child is on the web process's lifeline, synapse_repl/lifeline.py)."""
+    from testing.process_tree import descendants as tree_below
+    from testing.process_tree import kill_all, wait_all_gone
+
+    base, web, _db = embedded_web
+    session = requests.Session()
+    session.get(f"{base}/admin/login/", timeout=30)
+    session.post(f"{base}/admin/login/?next=/", timeout=30, data={
+        "username": "admin", "password": PASSWORD, "next": "/", "csrfmiddlewaretoken": session.cookies["csrftoken"]})
+    started = session.post(f"{base}/jobs/start", timeout=30, data={"job": "check_topological_ordering"},
+                           headers={"X-CSRFToken": session.cookies["csrftoken"]}, allow_redirects=False)
+    assert started.status_code == 302, started.text[-2000:]
+    seen: dict = {}
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            tree = tree_below(web.pid)
+            if any(cmd.split(" ", 1)[0].endswith("/java") for cmd in tree.values()):
+                break
+            assert time.monotonic() < deadline, tree
+            time.sleep(0.1)
+        seen.update(tree)
+        assert any("run_job" in cmd for cmd in tree.values()), tree
+        os.kill(web.pid, signal.SIGKILL)
+        assert wait_all_gone(tree, timeout=60) == {}
+    finally:
+        kill_all(seen)
