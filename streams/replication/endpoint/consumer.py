@@ -15,11 +15,11 @@ from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
 
-from streams.conf import repl_setting
+from streams.conf import instance_name, repl_setting, stream_writers
 from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
-from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
+from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER, replicate_positions
 from streams.replication.endpoint.state import Endpoint
 from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import (
@@ -133,9 +133,9 @@ class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is o
             self.info.name = cmd.data
         elif isinstance(cmd, ReplicateCommand):
             self.info.replicating = True
+            positions = replicate_positions(self.endpoint.relay.positions(), stream_writers(), instance_name())
             await self.send_commands([
-                PositionCommand(stream, writer, token, token)
-                for (stream, writer), token in sorted(self.endpoint.relay.positions().items())
+                PositionCommand(stream, writer, token, token) for (stream, writer), token in sorted(positions.items())
             ])
         elif isinstance(cmd, LegacyReplicateCommand):
             await self.endpoint.legacy.subscribe(self, cmd)

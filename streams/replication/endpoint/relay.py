@@ -45,6 +45,21 @@ LOCAL_LAYER = "replication_local"
 CONNECTIONS_GROUP = "replication.connections"
 
 
+def replicate_positions(sent: Mapping[tuple[str, str], int], writers: Mapping[str, tuple[str, ...] | None],
+                        default_writer: str) -> dict[tuple[str, str], int]:
+    """What a ``REPLICATE`` is answered with, per (stream, writer): every position sent, and
+    for each stream nothing was sent on yet, each of its writers at the stream's start (1;
+    typing, in memory, 0), so that a worker hears of every stream, as Synapse's
+    ``send_positions_to_connection`` sends a POSITION for every stream it writes. Pure."""
+    result = dict(sent)
+    announced = {stream for stream, _ in sent}
+    for name, spec in STREAMS.items():
+        if name not in announced:
+            for writer in writers.get(name) or (default_writer,):
+                result[(name, writer)] = 1 if spec.db_backed else 0
+    return result
+
+
 class ReplicationRelay:
     """Per endpoint: last token sent per (stream, writer), and the relaying of line batches."""
 

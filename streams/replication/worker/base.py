@@ -301,6 +301,7 @@ class BaseReplicationWorker:
                            request.attempt + 1, e)
             decisions = self.follower.catch_up_failed(request.stream, request.writer)
         else:
+            self._counters["catch_up_updates"] += len(page.updates)
             decisions = self.follower.on_catch_up_page(
                 request.stream, request.writer, page.updates, page.upto_token, page.limited)
         self._execute(decisions)
@@ -414,7 +415,7 @@ class BaseReplicationWorker:
         return (f"{self._counters['facts']} facts ({per_stream or 'none'}), "
                 f"{self._counters['connections']} connections, "
                 f"{self._counters['catch_up_requests']} catch-up requests "
-                f"({self._counters['catch_up_failures']} failed)")
+                f"({self._counters['catch_up_failures']} failed, {self._counters['catch_up_updates']} updates)")
 
     async def _log_progress(self) -> None:
         seen: Counter[str] = Counter()

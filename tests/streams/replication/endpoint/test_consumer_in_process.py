@@ -76,7 +76,18 @@ def test_greets_then_announces_positions_on_replicate(endpoint):
 
     first, after = run(go())
     assert first[0] == "SERVER test.example" and first[1].startswith("PING ")
-    assert after == ["POSITION events w1 9 9", "POSITION receipts master 5 5"]
+    # every stream, as Synapse's send_positions_to_connection: those with facts where they
+    # stand, the others (no fact yet) at their start, for each of their writers
+    from streams.conf import stream_writers
+    from streams.registry import STREAMS
+
+    assert "POSITION events w1 9 9" in after and "POSITION receipts master 5 5" in after
+    expected = {("events", "w1"), ("receipts", "master")} | {
+        (name, w) for name, spec in STREAMS.items() if name not in ("events", "receipts")
+        for w in stream_writers()[name] or ("master",)}
+    assert [tuple(line.split()[1:3]) for line in after] == sorted(expected)
+    start = {line.split()[1]: line.split()[3:] for line in after}
+    assert start["typing"] == ["0", "0"] and start["to_device"] == ["1", "1"]
     assert endpoint.connections == {}  # gone with its disconnect
     assert endpoint.counters.disconnects["connection lost"] == 1
 
@@ -93,10 +104,10 @@ def test_relayed_lines_only_after_replicate(endpoint):
         await endpoint.relay._send(data, counts_of(lines), (run_,))  # before REPLICATE: not for this worker
         before = list(await peer.read())
         await peer.send("REPLICATE\n")
-        await peer.read()
+        announced = list(await peer.read())
         endpoint.relay.last_sent[("receipts", "master")] = 7
         await endpoint.relay._send(data, counts_of(lines), (run_,))
-        got = (await peer.read())[len(before) + 2:]
+        got = (await peer.read())[len(announced):]
         await peer.disconnect()
         return before, got
 

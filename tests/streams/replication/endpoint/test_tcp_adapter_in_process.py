@@ -155,4 +155,5 @@ def test_relayed_batches_are_counted_by_their_counts():
     transport = asyncio.run(go())
     text = bytes(transport.written).decode()
     assert 'RDATA receipts master batch ["b"]\nRDATA receipts master 7 ["c"]\nPOSITION receipts master 7 8\n' in text
-    assert ep.counters.rdata_sent == 3 and ep.counters.position_sent == 2  # REPLICATE's answer + the batch's
+    # REPLICATE's answer (a POSITION per stream) and the batch's
+    assert ep.counters.rdata_sent == 3 and ep.counters.position_sent == text.count("POSITION ") > 2
