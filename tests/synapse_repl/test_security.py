@@ -230,35 +230,81 @@ def _login(client, username: str, password: str, address: str) -> bool:
     return response.status_code == 302 and "_auth_user_id" in client.session
 
 
-def test_login_throttled_per_address_and_per_username(users, settings):
+def test_login_throttled_per_address_and_username_pair(users, settings, caplog):
     from django.test import Client
 
     settings.LOGIN_MAX_FAILURES = 3
     attacker = Client()
-    for _ in range(3):
-        assert not _login(attacker, "alice", "guess", "10.0.0.1")
-    # Throttled: even the right password fails now, from that address ...
-    assert not _login(attacker, "bob", "right-password-b", "10.0.0.1")
-    # ... and for that username, from anywhere.
-    assert not _login(Client(), "alice", "right-password-a", "10.0.0.2")
-    # Others are unaffected.
-    assert _login(Client(), "bob", "right-password-b", "10.0.0.3")
+    with caplog.at_level("WARNING", logger="synapse_repl.login_throttle"):
+        for _ in range(3):
+            assert not _login(attacker, "alice", "guess", "10.0.0.1")
+    # Throttled: even the right password fails now, for that username from that address ...
+    assert not _login(attacker, "alice", "right-password-a", "10.0.0.1")
+    # ... and is told so, with how long to wait, instead of "enter a correct ... password".
+    page = attacker.post("/admin/login/", {"username": "alice", "password": "guess"},
+                         REMOTE_ADDR="10.0.0.1").content.decode()
+    assert "Too many failed logins for this username from your address: try again in " in page
+    assert "correct username and password" not in page
+    # The same username from another address, and another username from that address, log in.
+    assert _login(Client(), "alice", "right-password-a", "10.0.0.2")
+    assert _login(Client(), "bob", "right-password-b", "10.0.0.1")
+    # Reaching the limit was logged once: address and username, never the password.
+    lines = [r.getMessage() for r in caplog.records if r.name == "synapse_repl.login_throttle"]
+    assert len(lines) == 1 and "'alice'" in lines[0] and "10.0.0.1" in lines[0], lines
+    assert "guess" not in lines[0]
+
+
+def test_a_wrong_password_below_the_limit_gets_the_usual_message(users, settings):
+    from django.test import Client
+
+    settings.LOGIN_MAX_FAILURES = 3
+    page = Client().post("/admin/login/", {"username": "alice", "password": "guess"},
+                         REMOTE_ADDR="10.0.0.5").content.decode()
+    assert "correct username and password" in page and "Too many" not in page
+
+
+def test_the_failure_that_reaches_the_limit_says_so(users, settings):
+    from django.test import Client
+
+    settings.LOGIN_MAX_FAILURES = 2
+    client = Client()
+    assert not _login(client, "alice", "guess", "10.0.0.6")
+    page = client.post("/admin/login/", {"username": "alice", "password": "guess"},
+                       REMOTE_ADDR="10.0.0.6").content.decode()
+    assert "try again in 300 s" in page or "try again in 299 s" in page, page
 
 
 def test_login_counts_expire_with_the_window(users, settings):
+    from django.core.cache import cache
     from django.test import Client
+    from django.test.client import RequestFactory
 
     from synapse_repl.login_throttle import LoginThrottle
 
     settings.LOGIN_MAX_FAILURES = 2
     for _ in range(2):
         assert not _login(Client(), "alice", "guess", "10.0.0.1")
-    assert not _login(Client(), "alice", "right-password-a", "10.0.0.4")
+    assert not _login(Client(), "alice", "right-password-a", "10.0.0.1")
     # The window passing is the cache entries expiring: drop them as the cache would.
-    from django.core.cache import cache
+    cache.delete_many(LoginThrottle.keys(RequestFactory().get("/", REMOTE_ADDR="10.0.0.1"), "alice"))
+    assert _login(Client(), "alice", "right-password-a", "10.0.0.1")
 
-    cache.delete_many(LoginThrottle.keys(None, "alice"))
-    assert _login(Client(), "alice", "right-password-a", "10.0.0.4")
+
+def test_login_retry_after_is_the_rest_of_the_window():
+    from django.core.cache.backends.locmem import LocMemCache
+
+    from synapse_repl.login_throttle import LoginThrottle
+
+    now = [1000.0]
+    throttle = LoginThrottle(2, 60, cache=LocMemCache("login-test", {}), timer=lambda: now[0])
+    keys = throttle.keys(None, "alice")
+    assert not throttle.failed(keys)
+    now[0] += 20.5
+    assert throttle.failed(keys)  # the one that reaches the limit
+    assert throttle.blocked(keys) and throttle.retry_after(keys) == 40
+    assert not throttle.failed(keys)  # past it: not reported again
+    throttle.succeeded(keys)
+    assert not throttle.blocked(keys)
 
 
 def test_admin_login_requires_csrf(users):
