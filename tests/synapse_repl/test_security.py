@@ -330,32 +330,34 @@ def test_limits_come_from_the_environment(tmp_path):
 # --- weak secrets ---------------------------------------------------------------------------------
 
 
-def test_production_refuses_to_start_with_a_short_secret(tmp_path):
-    """DJANGO_PROFILE=production with API_TOKEN=a or REPLICATION_SECRET=x: runservice says so
-    in one line and exits; the ASGI application (what daphne loads) refuses too; long ones
-    start."""
-    strong = "s" * 32
+def test_production_refuses_to_start_with_a_weak_secret(tmp_path):
+    """DJANGO_PROFILE=production with API_TOKEN=a, or 32 identical characters: runservice
+    says so in one line naming the fix and exits; the ASGI application (what daphne loads)
+    refuses too; random ones start."""
+    strong = "Zr8Kq2VxN4pLw7TfB3mYc9HdJ6sGa1Ue"
     base = {"STATE_DIR": str(tmp_path), "DJANGO_PROFILE": "production"}
-    service = _manage({**base, "API_TOKEN": "a", "REPLICATION_SECRET": strong}, "runservice")
-    assert service.returncode != 0
-    assert service.stderr.strip().count("\n") == 0, service.stderr  # one line, no traceback
-    assert "API_TOKEN is 1 characters long, shorter than 32" in service.stderr
-    assert "token_urlsafe" in service.stderr
+    for api_token, reason in (("a", "API_TOKEN is 1 characters long, shorter than 32"),
+                              ("a" * 32, "API_TOKEN repeats a pattern")):
+        service = _manage({**base, "API_TOKEN": api_token, "REPLICATION_SECRET": strong}, "runservice")
+        assert service.returncode != 0
+        assert service.stderr.strip().count("\n") == 0, service.stderr  # one line, no traceback
+        assert reason in service.stderr and "token_urlsafe" in service.stderr, service.stderr
+        assert "a" * 32 not in service.stderr  # the secret itself is never printed
 
     def load_asgi(env):
         return subprocess.run([sys.executable, "-c", "import synapse_repl.asgi"], cwd=ROOT, capture_output=True,
                               text=True, timeout=120, env={"PATH": os.environ["PATH"], **base, **env})
 
-    asgi = load_asgi({"REPLICATION_SECRET": "x"})
-    assert asgi.returncode != 0 and "REPLICATION_SECRET is 1 characters long" in asgi.stderr
-    ok = load_asgi({"API_TOKEN": strong, "REPLICATION_SECRET": strong})
+    asgi = load_asgi({"REPLICATION_SECRET": "s" * 32})
+    assert asgi.returncode != 0 and "REPLICATION_SECRET repeats a pattern" in asgi.stderr
+    ok = load_asgi({"API_TOKEN": strong, "REPLICATION_SECRET": strong[::-1]})
     assert ok.returncode == 0, ok.stderr
 
 
-def test_check_deploy_names_short_secrets_in_any_profile(tmp_path):
+def test_check_deploy_names_weak_secrets_in_any_profile(tmp_path):
     for profile in ({}, {"DJANGO_PROFILE": "production"}):
-        weak = _manage({"STATE_DIR": str(tmp_path), "API_TOKEN": "a", "REPLICATION_SECRET": "x", **profile},
+        weak = _manage({"STATE_DIR": str(tmp_path), "API_TOKEN": "a", "REPLICATION_SECRET": "7" * 40, **profile},
                        "check", "--deploy")
         out = weak.stdout + weak.stderr
         assert out.count("synapse_repl.W002") == 2, out
-        assert "API_TOKEN is 1 characters long" in out and "REPLICATION_SECRET is 1 characters long" in out
+        assert "API_TOKEN is 1 characters long" in out and "REPLICATION_SECRET repeats a pattern" in out
