@@ -8,9 +8,13 @@ from dashboard.metrics import counting_catchups
 from streams.replication.http.catchup import get_repl_stream_updates, without_txn_id
 from streams.replication.http.typing import set_typing
 from synapse_repl import health
+from synapse_repl.login_throttle import ThrottledAdminAuthenticationForm
 
 # A database that refuses connections answers 503 with the reason, wherever it failed.
 handler500 = "synapse_repl.errors.server_error"
+
+# A throttled login is told so, and for how long (not "enter a correct username and password").
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 # Catch-up requests are counted for /metrics.
 get_repl_stream_updates = counting_catchups(get_repl_stream_updates)

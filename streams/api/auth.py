@@ -1,5 +1,6 @@
 """Who may call /api/: a bearer token equal to the API_TOKEN setting, or a staff session.
-Wrong tokens are throttled per address (:mod:`synapse_repl.bearer_throttle`)."""
+The token is checked first and the right one is always served; wrong ones are counted per
+address and, past the limit, answered 429 (:mod:`synapse_repl.bearer_throttle`)."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +10,7 @@ from typing import Any, Callable
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
-from synapse_repl.bearer_throttle import BearerThrottle, too_many_guesses
+from synapse_repl.bearer_throttle import wrong_token
 
 
 def api_view(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -22,14 +23,8 @@ def api_view(view: Callable[..., Any]) -> Callable[..., Any]:
         header = request.headers.get("Authorization", "")
         token = getattr(settings, "API_TOKEN", "")
         if header.startswith("Bearer "):
-            throttle = BearerThrottle.from_settings()
-            keys = throttle.address_keys(request)
-            if throttle.enabled and throttle.blocked(keys):
-                return too_many_guesses(throttle, keys)
             if not token or not hmac.compare_digest(header[7:].encode(), token.encode()):
-                if throttle.enabled:
-                    throttle.failed(keys)
-                return JsonResponse({"error": "invalid API token"}, status=401)
+                return wrong_token(request, JsonResponse({"error": "invalid API token"}, status=401), "API_TOKEN")
         elif not (request.user.is_authenticated and request.user.is_staff):
             return JsonResponse({"error": "authentication required: 'Authorization: Bearer <API_TOKEN>' "
                                           "or a staff session"}, status=401)

@@ -1,6 +1,7 @@
 """synapse_repl/bearer_throttle.py: wrong bearer tokens on /api/ and the catch-up endpoint are
-throttled per address: past BEARER_MAX_FAILURES, 429 with Retry-After, even for the right
-token, until the window has passed; other addresses and token-less requests are unaffected."""
+throttled per address: past BEARER_MAX_FAILURES, a wrong token gets 429 with Retry-After until
+the window has passed; the right token is always served, from any address; token-less
+requests are not counted. (Against a running server: test_throttle_live.py.)"""
 from __future__ import annotations
 
 import uuid
@@ -22,7 +23,7 @@ CATCHUP = "/_synapse/replication/get_repl_stream_updates/receipts/{txn}?from_tok
 def limits(settings):
     settings.BEARER_MAX_FAILURES = 3
     settings.BEARER_FAILURE_WINDOW_SECONDS = 300
-    settings.API_TOKEN = "a" * 40
+    settings.API_TOKEN = "kX3p9QzR7mVt2LwB8nYc4HdJ6sFgA1Ue"
     return settings
 
 
@@ -43,13 +44,14 @@ def test_wrong_tokens_are_throttled_per_address(limits, path, right, wrong_statu
     assert throttled.status_code == 429
     assert throttled.json()["errcode"] == "M_LIMIT_EXCEEDED"
     assert 0 < int(throttled["Retry-After"]) <= 300
-    # even the right token, from that address, until the window has passed ...
-    assert _get(path, token, "10.0.0.1").status_code == 429
-    # ... while another address is served
-    assert _get(path, token, "10.0.0.2").status_code == 200
+    # the right token is served, from that address too
+    assert _get(path, token, "10.0.0.1").status_code == 200
+    assert _get(path, "guess", "10.0.0.1").status_code == 429
+    # another address's wrong token is its own first guess
+    assert _get(path, "guess", "10.0.0.2").status_code == wrong_status
     # the window passing is the cache entries expiring: drop them as the cache would
     cache.delete_many(BearerThrottle.address_keys(_request("10.0.0.1")))
-    assert _get(path, token, "10.0.0.1").status_code == 200
+    assert _get(path, "guess", "10.0.0.1").status_code == wrong_status
 
 
 def _request(address: str):
@@ -69,9 +71,19 @@ def test_requests_without_a_token_are_not_guesses(limits):
 def test_api_and_catchup_guesses_add_up_and_zero_turns_it_off(limits):
     for path in (API, CATCHUP, API):
         _get(path, "guess", "10.0.0.4")
-    assert _get(CATCHUP, limits.REPLICATION_SECRET, "10.0.0.4").status_code == 429
-    limits.BEARER_MAX_FAILURES = 0
+    assert _get(CATCHUP, "guess", "10.0.0.4").status_code == 429
     assert _get(CATCHUP, limits.REPLICATION_SECRET, "10.0.0.4").status_code == 200
+    limits.BEARER_MAX_FAILURES = 0
+    assert _get(CATCHUP, "guess", "10.0.0.4").status_code == 403
+
+
+def test_reaching_the_limit_is_logged_once_per_window(limits, caplog):
+    with caplog.at_level("WARNING", logger="synapse_repl.bearer_throttle"):
+        for _ in range(6):
+            _get(API, "guess", "10.0.0.6")
+    lines = [r.getMessage() for r in caplog.records if r.name == "synapse_repl.bearer_throttle"]
+    assert len(lines) == 1, lines
+    assert "3 wrong API_TOKEN tokens from 10.0.0.6" in lines[0] and "guess" not in lines[0]
 
 
 def test_retry_after_is_the_rest_of_the_window():

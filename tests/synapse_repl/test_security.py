@@ -230,35 +230,81 @@ def _login(client, username: str, password: str, address: str) -> bool:
     return response.status_code == 302 and "_auth_user_id" in client.session
 
 
-def test_login_throttled_per_address_and_per_username(users, settings):
+def test_login_throttled_per_address_and_username_pair(users, settings, caplog):
     from django.test import Client
 
     settings.LOGIN_MAX_FAILURES = 3
     attacker = Client()
-    for _ in range(3):
-        assert not _login(attacker, "alice", "guess", "10.0.0.1")
-    # Throttled: even the right password fails now, from that address ...
-    assert not _login(attacker, "bob", "right-password-b", "10.0.0.1")
-    # ... and for that username, from anywhere.
-    assert not _login(Client(), "alice", "right-password-a", "10.0.0.2")
-    # Others are unaffected.
-    assert _login(Client(), "bob", "right-password-b", "10.0.0.3")
+    with caplog.at_level("WARNING", logger="synapse_repl.login_throttle"):
+        for _ in range(3):
+            assert not _login(attacker, "alice", "guess", "10.0.0.1")
+    # Throttled: even the right password fails now, for that username from that address ...
+    assert not _login(attacker, "alice", "right-password-a", "10.0.0.1")
+    # ... and is told so, with how long to wait, instead of "enter a correct ... password".
+    page = attacker.post("/admin/login/", {"username": "alice", "password": "guess"},
+                         REMOTE_ADDR="10.0.0.1").content.decode()
+    assert "Too many failed logins for this username from your address: try again in " in page
+    assert "correct username and password" not in page
+    # The same username from another address, and another username from that address, log in.
+    assert _login(Client(), "alice", "right-password-a", "10.0.0.2")
+    assert _login(Client(), "bob", "right-password-b", "10.0.0.1")
+    # Reaching the limit was logged once: address and username, never the password.
+    lines = [r.getMessage() for r in caplog.records if r.name == "synapse_repl.login_throttle"]
+    assert len(lines) == 1 and "'alice'" in lines[0] and "10.0.0.1" in lines[0], lines
+    assert "guess" not in lines[0]
+
+
+def test_a_wrong_password_below_the_limit_gets_the_usual_message(users, settings):
+    from django.test import Client
+
+    settings.LOGIN_MAX_FAILURES = 3
+    page = Client().post("/admin/login/", {"username": "alice", "password": "guess"},
+                         REMOTE_ADDR="10.0.0.5").content.decode()
+    assert "correct username and password" in page and "Too many" not in page
+
+
+def test_the_failure_that_reaches_the_limit_says_so(users, settings):
+    from django.test import Client
+
+    settings.LOGIN_MAX_FAILURES = 2
+    client = Client()
+    assert not _login(client, "alice", "guess", "10.0.0.6")
+    page = client.post("/admin/login/", {"username": "alice", "password": "guess"},
+                       REMOTE_ADDR="10.0.0.6").content.decode()
+    assert "try again in 300 s" in page or "try again in 299 s" in page, page
 
 
 def test_login_counts_expire_with_the_window(users, settings):
+    from django.core.cache import cache
     from django.test import Client
+    from django.test.client import RequestFactory
 
     from synapse_repl.login_throttle import LoginThrottle
 
     settings.LOGIN_MAX_FAILURES = 2
     for _ in range(2):
         assert not _login(Client(), "alice", "guess", "10.0.0.1")
-    assert not _login(Client(), "alice", "right-password-a", "10.0.0.4")
+    assert not _login(Client(), "alice", "right-password-a", "10.0.0.1")
     # The window passing is the cache entries expiring: drop them as the cache would.
-    from django.core.cache import cache
+    cache.delete_many(LoginThrottle.keys(RequestFactory().get("/", REMOTE_ADDR="10.0.0.1"), "alice"))
+    assert _login(Client(), "alice", "right-password-a", "10.0.0.1")
 
-    cache.delete_many(LoginThrottle.keys(None, "alice"))
-    assert _login(Client(), "alice", "right-password-a", "10.0.0.4")
+
+def test_login_retry_after_is_the_rest_of_the_window():
+    from django.core.cache.backends.locmem import LocMemCache
+
+    from synapse_repl.login_throttle import LoginThrottle
+
+    now = [1000.0]
+    throttle = LoginThrottle(2, 60, cache=LocMemCache("login-test", {}), timer=lambda: now[0])
+    keys = throttle.keys(None, "alice")
+    assert not throttle.failed(keys)
+    now[0] += 20.5
+    assert throttle.failed(keys)  # the one that reaches the limit
+    assert throttle.blocked(keys) and throttle.retry_after(keys) == 40
+    assert not throttle.failed(keys)  # past it: not reported again
+    throttle.succeeded(keys)
+    assert not throttle.blocked(keys)
 
 
 def test_admin_login_requires_csrf(users):
@@ -284,32 +330,34 @@ def test_limits_come_from_the_environment(tmp_path):
 # --- weak secrets ---------------------------------------------------------------------------------
 
 
-def test_production_refuses_to_start_with_a_short_secret(tmp_path):
-    """DJANGO_PROFILE=production with API_TOKEN=a or REPLICATION_SECRET=x: runservice says so
-    in one line and exits; the ASGI application (what daphne loads) refuses too; long ones
-    start."""
-    strong = "s" * 32
+def test_production_refuses_to_start_with_a_weak_secret(tmp_path):
+    """DJANGO_PROFILE=production with API_TOKEN=a, or 32 identical characters: runservice
+    says so in one line naming the fix and exits; the ASGI application (what daphne loads)
+    refuses too; random ones start."""
+    strong = "Zr8Kq2VxN4pLw7TfB3mYc9HdJ6sGa1Ue"
     base = {"STATE_DIR": str(tmp_path), "DJANGO_PROFILE": "production"}
-    service = _manage({**base, "API_TOKEN": "a", "REPLICATION_SECRET": strong}, "runservice")
-    assert service.returncode != 0
-    assert service.stderr.strip().count("\n") == 0, service.stderr  # one line, no traceback
-    assert "API_TOKEN is 1 characters long, shorter than 32" in service.stderr
-    assert "token_urlsafe" in service.stderr
+    for api_token, reason in (("a", "API_TOKEN is 1 characters long, shorter than 32"),
+                              ("a" * 32, "API_TOKEN repeats a pattern")):
+        service = _manage({**base, "API_TOKEN": api_token, "REPLICATION_SECRET": strong}, "runservice")
+        assert service.returncode != 0
+        assert service.stderr.strip().count("\n") == 0, service.stderr  # one line, no traceback
+        assert reason in service.stderr and "token_urlsafe" in service.stderr, service.stderr
+        assert "a" * 32 not in service.stderr  # the secret itself is never printed
 
     def load_asgi(env):
         return subprocess.run([sys.executable, "-c", "import synapse_repl.asgi"], cwd=ROOT, capture_output=True,
                               text=True, timeout=120, env={"PATH": os.environ["PATH"], **base, **env})
 
-    asgi = load_asgi({"REPLICATION_SECRET": "x"})
-    assert asgi.returncode != 0 and "REPLICATION_SECRET is 1 characters long" in asgi.stderr
-    ok = load_asgi({"API_TOKEN": strong, "REPLICATION_SECRET": strong})
+    asgi = load_asgi({"REPLICATION_SECRET": "s" * 32})
+    assert asgi.returncode != 0 and "REPLICATION_SECRET repeats a pattern" in asgi.stderr
+    ok = load_asgi({"API_TOKEN": strong, "REPLICATION_SECRET": strong[::-1]})
     assert ok.returncode == 0, ok.stderr
 
 
-def test_check_deploy_names_short_secrets_in_any_profile(tmp_path):
+def test_check_deploy_names_weak_secrets_in_any_profile(tmp_path):
     for profile in ({}, {"DJANGO_PROFILE": "production"}):
-        weak = _manage({"STATE_DIR": str(tmp_path), "API_TOKEN": "a", "REPLICATION_SECRET": "x", **profile},
+        weak = _manage({"STATE_DIR": str(tmp_path), "API_TOKEN": "a", "REPLICATION_SECRET": "7" * 40, **profile},
                        "check", "--deploy")
         out = weak.stdout + weak.stderr
         assert out.count("synapse_repl.W002") == 2, out
-        assert "API_TOKEN is 1 characters long" in out and "REPLICATION_SECRET is 1 characters long" in out
+        assert "API_TOKEN is 1 characters long" in out and "REPLICATION_SECRET repeats a pattern" in out

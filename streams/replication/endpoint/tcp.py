@@ -3,7 +3,10 @@
 
 This adapter only moves bytes and applies back-pressure: while the socket's buffers are full
 it queues outbound commands, and past :data:`MAX_PENDING_COMMANDS` it writes
-``ERROR Failed to keep up`` and closes (the worker catches up when it reconnects).
+``ERROR Failed to keep up`` and closes (the worker catches up when it reconnects). Inbound,
+it stops reading the socket while more than :data:`MAX_INBOX_BYTES` received bytes wait for
+the consumer, so a peer that sends faster than the endpoint handles its commands waits in
+TCP's flow control instead of in the endpoint's memory.
 """
 from __future__ import annotations
 
@@ -29,6 +32,10 @@ LISTEN_BACKLOG = 1024
 #: Synapse's ``max_line_buffer``: commands queued for a connection that does not read.
 MAX_PENDING_COMMANDS = 10_000
 ABORT_AFTER_SECONDS = 5.0
+#: Received bytes waiting for the consumer before reading pauses (it resumes at half): without
+#: it a flood of USER_IP lines the endpoint could not keep up with grew its RSS by 380 MiB in
+#: 20 s (benchmarks/bench_user_ips.py --memory).
+MAX_INBOX_BYTES = 256 * 1024
 
 
 class ReplicationServerProtocol(asyncio.Protocol):
@@ -39,6 +46,9 @@ class ReplicationServerProtocol(asyncio.Protocol):
         self.max_pending = max_pending
         self.transport: asyncio.Transport | None = None
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: received bytes in ``inbox``; reading is paused while above MAX_INBOX_BYTES
+        self.inbox_bytes = 0
+        self.reading_paused = False
         self.paused = False
         #: set while the transport takes writes without queueing (``replication.drain`` waits)
         self.writable = asyncio.Event()
@@ -65,7 +75,7 @@ class ReplicationServerProtocol(asyncio.Protocol):
 
     async def _run(self, scope: dict[str, Any]) -> None:
         try:
-            await self.app(scope, self.inbox.get, self._from_app)
+            await self.app(scope, self._receive, self._from_app)
         except Exception:
             logger.exception("replication consumer failed")
         finally:
@@ -74,6 +84,21 @@ class ReplicationServerProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.inbox.put_nowait({"type": "replication.receive", "bytes": data})
+        self.inbox_bytes += len(data)
+        if self.inbox_bytes > MAX_INBOX_BYTES and not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    async def _receive(self) -> dict[str, Any]:
+        """The consumer's next event; reading resumes once half the inbox is taken."""
+        event = await self.inbox.get()
+        if event["type"] == "replication.receive":
+            self.inbox_bytes -= len(event["bytes"])
+            if (self.reading_paused and self.inbox_bytes <= MAX_INBOX_BYTES // 2 and not self.closing
+                    and self.transport is not None and not self.transport.is_closing()):
+                self.reading_paused = False
+                self.transport.resume_reading()
+        return event
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True

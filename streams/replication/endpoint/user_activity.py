@@ -12,13 +12,16 @@
   shows it per user (``/connections/users/``).
 
 Bounds: the table is the store for IPs; what is held in memory is capped (pending IP keys
-per endpoint, syncs per connection and per endpoint). Beyond a cap, new entries are refused
-and counted, never queued.
+per endpoint, in number and in bytes; syncs per connection and per endpoint). Beyond a cap,
+new entries are refused and counted, never queued. Pending IPs are written
+:data:`USER_IP_WRITE_CHUNK` rows a statement, so a write holds the rows of one statement
+at a time besides the batch it writes.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -29,6 +32,15 @@ logger = logging.getLogger(__name__)
 #: Distinct (user, token, address) keys waiting for the next write; beyond it new keys are
 #: refused until the write (known keys still update in place).
 MAX_PENDING_USER_IPS = 50_000
+#: And the bytes they may hold (Python's own size of their strings, plus the entry): fields
+#: at their largest are 2 KB a key in ASCII, 6 KB in 4-byte characters, so the number alone
+#: let a flood of long non-ASCII fields hold 59 MiB in 10,000 keys (and as much again while
+#: the previous batch was written).
+MAX_PENDING_USER_IP_BYTES = 8 * 1024 * 1024
+#: What a pending key costs beyond its strings: the dict slot, the key and value tuples, the int.
+USER_IP_ENTRY_OVERHEAD = 200
+#: Rows per upsert statement when a batch is written (one transaction).
+USER_IP_WRITE_CHUNK = 1_000
 #: Synapse's main process writes its client-IP batch every 5 s.
 USER_IP_FLUSH_SECONDS = 5.0
 
@@ -73,12 +85,22 @@ def _showable(value: str) -> bool:
     return 0 < len(value) <= MAX_USER_ID and value.isprintable()
 
 
-class UserIpBatch:
-    """USER_IP commands not yet written, one entry per Synapse key; the latest sighting wins."""
+def _entry_bytes(key: UserIpKey, value: tuple[str, str | None, int]) -> int:
+    user_agent, device_id = value[0], value[1]
+    return (sum(sys.getsizeof(part) for part in key) + sys.getsizeof(user_agent)
+            + (sys.getsizeof(device_id) if device_id is not None else 0) + USER_IP_ENTRY_OVERHEAD)
 
-    def __init__(self, max_pending: int = MAX_PENDING_USER_IPS) -> None:
+
+class UserIpBatch:
+    """USER_IP commands not yet written, one entry per Synapse key; the latest sighting wins.
+    At most ``max_pending`` keys and ``max_bytes`` of them (:func:`_entry_bytes`)."""
+
+    def __init__(self, max_pending: int = MAX_PENDING_USER_IPS,
+                 max_bytes: int = MAX_PENDING_USER_IP_BYTES) -> None:
         self.max_pending = max_pending
+        self.max_bytes = max_bytes
         self._pending: dict[UserIpKey, tuple[str, str | None, int]] = {}
+        self.size_bytes = 0
         self.refused = 0
 
     def add(self, cmd: Any) -> bool:
@@ -88,26 +110,35 @@ class UserIpBatch:
             return False
         key = (cmd.user_id, cmd.access_token, cmd.ip)
         known = self._pending.get(key)
-        if known is None and len(self._pending) >= self.max_pending:
-            self.refused += 1
-            return False
-        if known is None or cmd.last_seen >= known[2]:
-            self._pending[key] = (cmd.user_agent[:MAX_USER_AGENT], cmd.device_id, cmd.last_seen)
+        value = (cmd.user_agent[:MAX_USER_AGENT], cmd.device_id, cmd.last_seen)
+        if known is None:
+            cost = _entry_bytes(key, value)
+            if len(self._pending) >= self.max_pending or self.size_bytes + cost > self.max_bytes:
+                self.refused += 1
+                return False
+            self._pending[key] = value
+            self.size_bytes += cost
+        elif cmd.last_seen >= known[2]:
+            # a known key: its user agent and device may change size (each at most 512/255)
+            self.size_bytes += _entry_bytes(key, value) - _entry_bytes(key, known)
+            self._pending[key] = value
         return True
 
     def take(self) -> list[tuple[str, str, str, str, str | None, int]]:
         """Everything pending as ``(user_id, access_token, ip, user_agent, device_id,
         last_seen)`` rows, sorted by key (concurrent writers lock rows in one order); empty after."""
-        pending, self._pending = self._pending, {}
+        pending, self._pending, self.size_bytes = self._pending, {}, 0
         return [(*key, *value) for key, value in sorted(pending.items())]
 
     def __len__(self) -> int:
         return len(self._pending)
 
 
-def write_user_ips(rows: Iterable[tuple[str, str, str, str, str | None, int]], using: str = "default") -> int:
-    """Upsert ``rows`` into ``user_ips`` (one statement); a row already there keeps the newer
-    ``last_seen`` and its user agent and device. Returns the number of rows written."""
+def write_user_ips(rows: Iterable[tuple[str, str, str, str, str | None, int]], using: str = "default",
+                   chunk: int = USER_IP_WRITE_CHUNK) -> int:
+    """Upsert ``rows`` into ``user_ips`` (one transaction, ``chunk`` rows a statement: the
+    model objects and parameters of one statement at a time); a row already there keeps the
+    newer ``last_seen`` and its user agent and device. Returns the number of rows written."""
     from django.db import connections, transaction
 
     from streams.models import UserIp
@@ -115,17 +146,18 @@ def write_user_ips(rows: Iterable[tuple[str, str, str, str, str | None, int]], u
     rows = list(rows)
     if not rows:
         return 0
-    objs = [UserIp(user_id=u, access_token=t, ip=ip, user_agent=ua, device_id=d, last_seen=seen)
-            for u, t, ip, ua, d, seen in rows]
     try:
         with transaction.atomic(using=using):
-            UserIp.objects.using(using).bulk_create(
-                objs, update_conflicts=True, unique_fields=["user_id", "access_token", "ip"],
-                update_fields=["user_agent", "device_id", "last_seen"],
-            )
+            for start in range(0, len(rows), chunk):
+                UserIp.objects.using(using).bulk_create(
+                    [UserIp(user_id=u, access_token=t, ip=ip, user_agent=ua, device_id=d, last_seen=seen)
+                     for u, t, ip, ua, d, seen in rows[start:start + chunk]],
+                    update_conflicts=True, unique_fields=["user_id", "access_token", "ip"],
+                    update_fields=["user_agent", "device_id", "last_seen"],
+                )
     finally:
         connections[using].close()  # a pool thread may not come back to it
-    return len(objs)
+    return len(rows)
 
 
 class UserIpRecorder:

@@ -12,7 +12,8 @@ is configured every request under the prefix must carry exactly one
 ``Authorization: Bearer <secret>`` header, as with Synapse's ``worker_replication_secret``:
 missing → 401 ``M_MISSING_TOKEN``; more than one, another scheme or another secret → 403
 ``M_FORBIDDEN``. The comparison takes constant time (:func:`hmac.compare_digest`). Wrong
-secrets are counted per client address; past ``BEARER_MAX_FAILURES`` the address gets 429
+secrets are counted per client address; past ``BEARER_MAX_FAILURES`` the address's wrong
+secrets get 429, while the right secret is always served, from any address
 (:mod:`synapse_repl.bearer_throttle`).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
-from synapse_repl.bearer_throttle import BearerThrottle, too_many_guesses
+from synapse_repl.bearer_throttle import wrong_token
 
 PREFIX = "/_synapse/replication/"
 
@@ -72,17 +73,11 @@ def refusal(request: HttpRequest) -> JsonResponse | None:
     if not secret:
         return JsonResponse({"errcode": "M_UNKNOWN", "error": NO_SECRET_MESSAGE}, status=503)
     values = _authorization_values(request)
-    throttle = BearerThrottle.from_settings()
-    if not values or not throttle.enabled:
-        return check_authorization(values, secret)
-    # A wrong secret is a guess: counted per address, and past the limit refused unchecked.
-    keys = throttle.address_keys(request)
-    if throttle.blocked(keys):
-        return too_many_guesses(throttle, keys)
     refused = check_authorization(values, secret)
-    if refused is not None:
-        throttle.failed(keys)
-    return refused
+    if refused is None or not values:
+        return refused
+    # A wrong secret is a guess: counted per address, answered 429 past the limit.
+    return wrong_token(request, refused, "REPLICATION_SECRET")
 
 
 def replication_secret_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

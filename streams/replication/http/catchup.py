@@ -5,8 +5,9 @@ docs/replication.md, "Catch-up".
 As in Synapse, ``<txn_id>`` is a fresh random ID per request and the answer is kept under it
 for 30 minutes (:mod:`.txn_cache`, per process): a repeated ID gets the first answer again,
 whatever the stream and tokens asked for, so callers must never reuse one. Only answers are
-kept, not refusals (400). The form without ``<txn_id>`` is not served: 404
-``M_UNRECOGNIZED``, Synapse's answer to it (our workers before this change used it).
+kept, not refusals (400). The ID is 1 to 64 URL-safe characters (:func:`.txn_cache.txn_id_problem`;
+Synapse's workers send 10 letters), else 400. The form without ``<txn_id>`` is not served: 404
+``M_UNRECOGNIZED``, Synapse's answer to it.
 
 Query: ``from_token``, ``upto_token`` (integers, required), ``instance_name`` (the writer;
 default this process's ``INSTANCE_NAME``), ``limit`` (rows per page, default 100, at most
@@ -29,7 +30,7 @@ from streams.conf import repl_setting
 from streams.identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
 from streams.registry import STREAMS
 from streams.replication.http.auth import replication_secret_required
-from streams.replication.http.txn_cache import TxnResponseCache
+from streams.replication.http.txn_cache import TxnResponseCache, txn_id_problem
 from streams.updates import TARGET_ROW_COUNT, get_updates_since
 
 #: This process's answers by transaction ID (JSON bytes: never mutated once kept).
@@ -43,6 +44,9 @@ def _error(message: str) -> JsonResponse:
 @replication_secret_required
 @require_GET
 def get_repl_stream_updates(request: HttpRequest, stream_name: str, txn_id: str) -> HttpResponse:
+    problem = txn_id_problem(txn_id)
+    if problem:
+        return _error(problem)
     kept = RESPONSES.get(txn_id)
     if kept is None:
         answer = _updates(request, stream_name)

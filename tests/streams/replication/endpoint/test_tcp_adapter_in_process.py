@@ -18,6 +18,15 @@ class FakeTransport(asyncio.Transport):
         super().__init__()
         self.written = bytearray()
         self.closed = self.aborted = False
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        assert self.reading
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        assert not self.reading
+        self.reading = True
 
     def get_extra_info(self, name, default=None):
         return ("127.0.0.1", 4242) if name == "peername" else default
@@ -45,6 +54,39 @@ def endpoint() -> Endpoint:
 async def settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+def test_reading_pauses_while_the_consumer_is_behind():
+    """A peer that sends faster than the consumer takes waits in TCP's flow control: past
+    MAX_INBOX_BYTES received and not yet taken, the socket is not read; once half is taken,
+    it is read again."""
+    from streams.replication.endpoint.tcp import MAX_INBOX_BYTES
+
+    async def go() -> None:
+        taking = asyncio.Event()
+        taken: list[dict] = []
+
+        async def app(scope, receive, send):
+            await taking.wait()
+            while True:
+                taken.append(await receive())
+                if transport.reading and len(taken) > 1:
+                    return
+
+        transport = FakeTransport()
+        proto = ReplicationServerProtocol(endpoint(), app)
+        proto.connection_made(transport)
+        chunk = b"PING x\n" * 8192  # 56 KiB
+        while transport.reading:
+            proto.data_received(chunk)
+        assert MAX_INBOX_BYTES < proto.inbox_bytes <= MAX_INBOX_BYTES + len(chunk)
+        taking.set()
+        await asyncio.wait_for(proto.task, 5)
+        assert transport.reading and proto.inbox_bytes <= MAX_INBOX_BYTES // 2
+        assert sum(len(e.get("bytes", b"")) for e in taken) + proto.inbox_bytes == len(chunk) * (
+            (MAX_INBOX_BYTES // len(chunk)) + 1)
+
+    asyncio.run(go())
 
 
 def test_socket_events_reach_the_application_in_order():

@@ -70,6 +70,34 @@ def test_user_ip_batch_is_bounded_and_refuses_what_cannot_be_stored():
     assert len(long_agent.take()[0][3]) == 512
 
 
+def test_user_ip_batch_is_bounded_in_bytes_as_python_holds_them():
+    """A flood of long non-ASCII fields (4 bytes a character in a str) fills the byte budget
+    long before the key count; what the batch counts is what it holds (tracemalloc)."""
+    import json
+    import tracemalloc
+
+    wide = "\U0001F600"
+    lines = [f"USER_IP @u{i}:hs " + json.dumps([wide * 500, wide * 60, wide * 512, wide * 255, 1000])
+             for i in range(400)]
+    batch = UserIpBatch(max_pending=10_000, max_bytes=1024 * 1024)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    taken = [batch.add(parse_line(line)) for line in lines]  # each field a string of its own
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    kept = taken.count(True)
+    assert 0 < kept < 400 and taken == [True] * kept + [False] * (400 - kept)
+    assert batch.refused == 400 - kept
+    assert 1024 * 1024 - 7_000 < batch.size_bytes <= 1024 * 1024
+    assert abs(held - batch.size_bytes) < batch.size_bytes * 0.05, (held, batch.size_bytes)
+    # a known key still updates (its size follows); take() empties the count with the batch
+    before_update = batch.size_bytes
+    assert batch.add(user_ip(user="@u0:hs", token=wide * 500, ip=wide * 60, ua="short", device=None, seen=2000))
+    assert batch.size_bytes < before_update
+    assert len(batch.take()) == kept and batch.size_bytes == 0
+    assert batch.add(parse_line(lines[-1]))
+
+
 def test_syncing_users_start_end_clear_and_connection_loss():
     s = SyncingUsers()
     s.user_sync("c1", sync("i1", "@a:hs", "D1"))
@@ -119,6 +147,13 @@ def test_user_ips_upsert_keyed_as_synapse(default_database):
     write_user_ips([("@u:hs", "tok", "1.2.3.4", "UA2", "D2", 20)])
     rows = sorted(UserIp.objects.values_list("user_id", "access_token", "ip", "user_agent", "device_id", "last_seen"))
     assert rows == [("@u:hs", "tok", "1.2.3.4", "UA2", "D2", 20), ("@u:hs", "tok", "5.6.7.8", "UA1", "D1", 11)]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_user_ips_are_written_a_chunk_a_statement(default_database):
+    rows = [(f"@u{i}:hs", "tok", "1.2.3.4", "UA", None, i) for i in range(7)]
+    assert write_user_ips(rows, chunk=3) == 7
+    assert sorted(UserIp.objects.values_list("user_id", "last_seen")) == sorted((r[0], r[5]) for r in rows)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -208,6 +208,19 @@ def test_a_refusal_is_not_kept(rt, client):
     assert answer.status_code == 200 and "updates" in answer.json()
 
 
+def test_a_txn_id_out_of_bounds_is_refused_before_any_query(rt, client):
+    from streams.replication.http.catchup import RESPONSES
+
+    kept = RESPONSES.size_bytes
+    for txn_id in ("a" * 65, "a" * 100_000, "caf%C3%A9", "sp%20ace"):
+        response = client.get(URL.format("receipts") + txn_id, {"from_token": 0, "upto_token": 1})
+        assert response.status_code == 400, txn_id
+        assert response.json()["errcode"] == "M_INVALID_PARAM"
+        assert "transaction ID must be 1 to 64" in response.json()["error"]
+    assert RESPONSES.size_bytes == kept  # nothing kept under them
+    assert client.get(URL.format("receipts") + "a" * 64, {"from_token": 0, "upto_token": 1}).status_code == 200
+
+
 def test_the_form_without_a_txn_id_is_unrecognized_as_in_synapse(client):
     response = client.get(URL.format("receipts"), {"from_token": 0, "upto_token": 1})
     assert response.status_code == 404
