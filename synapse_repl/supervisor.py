@@ -156,13 +156,17 @@ class Supervisor:
                          f"({describe_status(process.returncode)}); restarting in {decision.delay:g} s")
                 due[child.name] = now + decision.delay
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Terminate every child (SIGTERM, then SIGKILL after ``timeout``) and stop watching."""
+    def terminate(self) -> None:
+        """SIGTERM every child and stop watching (none is restarted); :meth:`stop` waits."""
         with self._lock:
             self._stopping.set()
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.terminate()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate every child (SIGTERM, then SIGKILL after ``timeout``) and stop watching."""
+        self.terminate()
         deadline = time.monotonic() + timeout
         for child in self.children:
             if child.process is None:
@@ -173,6 +177,15 @@ class Supervisor:
                 child.process.kill()
                 child.process.wait()
             kill_group(child.process.pid)
+
+    def kill(self) -> None:
+        """SIGKILL every child's process group now and stop watching: the last resort of a
+        shutdown out of time (no child may outlive this process)."""
+        with self._lock:
+            self._stopping.set()
+        for child in self.children:
+            if child.process is not None:
+                kill_group(child.process.pid)
 
 
 def kill_group(pgid: int) -> None:

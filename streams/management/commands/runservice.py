@@ -7,11 +7,19 @@ its children under supervision (synapse_repl/supervisor.py: restarted when they 
 service stopped with the reason when one cannot start): on the embedded default the demo
 trickle (``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it), with Redis the
 Celery worker. A port that cannot be bound stops the service with one line.
+
+Shutdown (SIGTERM, SIGINT, a child that cannot start) takes at most :data:`SHUTDOWN_SECONDS`,
+whatever is in flight (:func:`bound_shutdown`): the children get their SIGTERM at once and
+:data:`CHILDREN_GRACE_SECONDS` before SIGKILL, daphne cancels the requests and waits
+:data:`REQUESTS_GRACE_SECONDS` for them, and past the deadline (a request stuck in a thread the
+interpreter would wait for at exit) the children's process groups are killed and the process
+exits at once, saying so.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from django.conf import settings
 from django.core.management import call_command
@@ -19,6 +27,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import instance_name, repl_setting
 from synapse_repl.redaction import redact_url
+
+#: Seconds from the start of shutdown until this process has exited, whatever is in flight.
+SHUTDOWN_SECONDS = 4.0
+#: Seconds daphne waits, at shutdown, for the requests it cancelled to end.
+REQUESTS_GRACE_SECONDS = 1.0
+#: Seconds the children get, at shutdown, between SIGTERM and SIGKILL.
+CHILDREN_GRACE_SECONDS = 2.0
 
 
 def split_listen(value: str, name: str) -> tuple[str, int]:
@@ -80,6 +95,7 @@ class Command(BaseCommand):
             # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
             proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
             cli = _DaphneCLI()
+            bound_shutdown(SHUTDOWN_SECONDS, supervisor, fatal)
             try:
                 cli.run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
             except SystemExit:  # daphne exits 1 when it could not start: say why below
@@ -90,7 +106,7 @@ class Command(BaseCommand):
                 fatal.append(f"cannot listen on WEB_LISTEN={host}:{port}: {failure}; "
                              "stop what holds the port or set WEB_LISTEN")
         finally:
-            supervisor.stop()
+            supervisor.stop(timeout=CHILDREN_GRACE_SECONDS)
             stop_endpoint_in_process(endpoint)
         if fatal:
             raise CommandError(f"stopped: {fatal[0]}")
@@ -140,6 +156,30 @@ def stop_endpoint_in_process(endpoint) -> None:
         print(f"replication endpoint: stopping at shutdown: {e}", file=sys.stderr)
 
 
+def bound_shutdown(seconds: float, supervisor, fatal: list[str]) -> None:
+    """When the reactor starts shutting down: SIGTERM to the children (their grace runs
+    beside daphne's), and a daemon timer: if this process is still here ``seconds`` later (a
+    request or a check stuck in a thread the interpreter would join at exit), it kills the
+    children's process groups, says so and exits at once (status 1 if the service was
+    stopping for a fatal reason, else 0)."""
+    from twisted.internet import reactor
+
+    def expire() -> None:
+        supervisor.kill()
+        print(f"runservice: still stopping {seconds:g} s after shutdown began (requests in flight "
+              f"abandoned); exiting{': ' + fatal[0] if fatal else ''}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1 if fatal else 0)
+
+    def arm() -> None:
+        supervisor.terminate()
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+
+    reactor.addSystemEventTrigger("before", "shutdown", arm)
+
+
 def stop_reactor() -> None:
     from twisted.internet import reactor
 
@@ -150,13 +190,24 @@ def _daphne_server_class():
     from daphne.server import Server
 
     class OneLineServer(Server):
-        """daphne's server, keeping a failure to listen for one line at exit (no log storm)."""
+        """daphne's server, keeping a failure to listen for one line at exit (no log storm),
+        its shutdown bounded."""
 
         listen_failure = ""
 
         def listen_error(self, failure) -> None:
             self.listen_failure = failure.getErrorMessage()
             self.stop()
+
+        def kill_all_applications(self):
+            """daphne's, bounded: the requests it cancels get :data:`REQUESTS_GRACE_SECONDS`
+            to end (a sync view's thread cannot be cancelled; daphne would wait for it)."""
+            from twisted.internet import reactor
+
+            waited = super().kill_all_applications()
+            waited.addTimeout(REQUESTS_GRACE_SECONDS, reactor)
+            waited.addErrback(lambda _failure: None)
+            return waited
 
     return OneLineServer
 
