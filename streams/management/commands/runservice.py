@@ -13,7 +13,8 @@ whatever is in flight (:func:`bound_shutdown`): the children get their SIGTERM a
 :data:`CHILDREN_GRACE_SECONDS` before SIGKILL, daphne cancels the requests and waits
 :data:`REQUESTS_GRACE_SECONDS` for them, and past the deadline (a request stuck in a thread the
 interpreter would wait for at exit) the children's process groups are killed and the process
-exits at once, saying so.
+exits at once, saying so. Once stopped in order it exits without the interpreter's teardown
+(:meth:`Command.run_from_argv`), which would join the threads of requests still in flight.
 """
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ class Command(BaseCommand):
             "REDIS_URL, STATE_DIR, REPLICATION_SECRET, SECRET_KEY, ADMIN_USER, ADMIN_PASSWORD, DEMO, JOBS_WORKER, "
             "PROXY_HEADERS, INSTANCE_NAME, SERVER_NAME, STREAM_WRITERS, API_TOKEN (README and "
             "synapse_repl/settings.py list the rest).")
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Django's, then an immediate exit with its status: by then the children are stopped
+        and the endpoint's last writes made; the interpreter's teardown would only join the
+        threads of requests still in flight (a sync view cannot be cancelled) and take
+        seconds on a busy machine."""
+        try:
+            super().run_from_argv(argv)
+            status = 0
+        except SystemExit as e:  # a CommandError, already printed by Django
+            status = e.code if isinstance(e.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
     def handle(self, *args, **options) -> None:
         from django.core.exceptions import ImproperlyConfigured
