@@ -16,7 +16,8 @@ probes"): :data:`readiness_probe` runs the checks at most once at a time in this
 a thread of its own, and its result answers every probe for :data:`READY_FRESH_SECONDS`
 (:mod:`synapse_repl.single_flight` decides); each check has a timeout; the checks use a
 database connection of their own, closed as soon as they are done; the view is async, so a
-waiting probe holds no worker thread of its own and no database connection.
+waiting probe runs nothing and holds no database connection (Django's middleware still takes a
+thread per request under ASGI, for the request's duration, whatever the URL).
 """
 from __future__ import annotations
 
@@ -255,7 +256,7 @@ def banner_view(results: list[Check]) -> dict:
 
 async def live_view(request):
     """Liveness: this process answers (nothing else is checked: a database outage must not
-    get every web process restarted). Async: it runs on the event loop, in no thread."""
+    get every web process restarted). Async, like :func:`ready_view`: the view holds no thread."""
     from django.http import JsonResponse
 
     return JsonResponse({"status": "ok"})
