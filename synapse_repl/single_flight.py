@@ -41,12 +41,11 @@ class SingleFlight(Generic[T]):
             raise ValueError(f"fresh_for must be >= 0, not {fresh_for}")
         self.fresh_for = fresh_for
         self.running = False
-        self._result: T | None = None
-        self._finished_at: float | None = None
+        self._last: tuple[T, float] | None = None  #: the last result, and when it finished
 
     def next_step(self, now: float) -> Reuse[T] | Join | Start:
-        if self._finished_at is not None and 0 <= now - self._finished_at < self.fresh_for:
-            return Reuse(self._result)  # type: ignore[arg-type]  (set with _finished_at)
+        if self._last is not None and 0 <= now - self._last[1] < self.fresh_for:
+            return Reuse(self._last[0])
         if self.running:
             return Join()
         self.running = True
@@ -55,4 +54,4 @@ class SingleFlight(Generic[T]):
     def finished(self, result: T, now: float) -> None:
         """The run in flight ended with ``result`` at ``now``."""
         self.running = False
-        self._result, self._finished_at = result, now
+        self._last = (result, now)
