@@ -38,6 +38,11 @@ what the attackers got, the prober's time to its first POSITION (p50/p99/max), a
 endpoint's RSS before the attack, at its highest and at the end. With ``--no-faults`` nothing
 is killed, so the endpoints live through the whole attack (the fuzzer still runs). Exit
 status 1 also if a 16 KB USER_IP or a NUL NAME was not refused.
+
+``--attack`` also floods the web process with anonymous ``GET /health/ready`` (:class:`HealthFlood`:
+40 clients for 15 s every minute); printed: the probes' answers, and the web process's threads,
+PostgreSQL connections and RSS before, at their highest during a flood and 10 s after one.
+Exit status 1 also if threads or connections 10 s after a flood are more than 5 above before.
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -177,6 +183,9 @@ class SoakResult:
     attack: dict[str, int] = field(default_factory=dict)
     first_position_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     endpoint_rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: with --attack: the web process under the health-probe flood (:class:`HealthFlood`), per
+    #: figure (before, highest during, highest 10 s after a flood)
+    health_flood: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     #: CPU seconds per kind of process (endpoints, workers, writers, ...), summed over every
     #: run of each; and the whole machine's busy CPU seconds over the run, of ``cores`` x wall
     cpu_by_kind: dict[str, float] = field(default_factory=dict)
@@ -205,7 +214,14 @@ class SoakResult:
                 and self.fuzz.get("not closed with ERROR", 0) == 0
                 and all(f.recovered_after is not None for f in self.faults)
                 and all(code == 0 for code in self.writer_exits.values())
-                and not any(n for what, n in self.attack.items() if "not refused" in what))
+                and not any(n for what, n in self.attack.items() if "not refused" in what)
+                and self.health_flood_flat)
+
+    @property
+    def health_flood_flat(self) -> bool:
+        """The issue's goal: threads and PostgreSQL connections within +5 of before, 10 s after."""
+        return all(after <= before + 5 for what, (before, _high, after) in self.health_flood.items()
+                   if what in ("threads", "PostgreSQL connections"))
 
     def report(self) -> str:
         lines = [f"soak: {self.seconds:.0f} s, load average at the end {self.load[0]:.2f} {self.load[1]:.2f} "
@@ -259,6 +275,11 @@ class SoakResult:
             for name, (before, high, end) in sorted(self.endpoint_rss_kib.items()):
                 lines.append(f"  {name:<10} before {before / 1024:7.1f}  highest {high / 1024:7.1f} "
                              f"({(high - before) / 1024:+.1f})  end {end / 1024:7.1f} ({(end - before) / 1024:+.1f})")
+        if self.health_flood:
+            lines.append("web process under the health-probe flood (before, highest during, highest 10 s after; "
+                         "goal: threads and PostgreSQL connections within +5): " + ", ".join(
+                             f"{what} {b} {h} {a}" for what, (b, h, a) in self.health_flood.items())
+                         + ("" if self.health_flood_flat else " NOT FLAT"))
         lines.append("RESULT: " + ("OK" if self.ok else "FAILED"))
         return "\n".join(lines)
 
@@ -754,6 +775,134 @@ def probe_loop(ports: list[int], every: float, stop, during, out) -> None:
     out.put(None)
 
 
+class HealthFlood:
+    """``--attack``'s health-probe flood against the web process (issue 35): every ``every``
+    s, ``clients`` anonymous clients send ``GET /health/ready`` back to back for ``seconds``
+    s (each giving up after 2 s and asking again); the web process's threads, PostgreSQL
+    connections and VmRSS are sampled each second. Figures (before the first flood, highest
+    during any, highest 10 s after each, the goal being within +5 of before):
+    :attr:`figures`; the probes' answers: :attr:`outcomes`."""
+
+    SETTLE = 10.0  #: seconds after a flood when its "after" sample is taken
+
+    def __init__(self, web_port: int, web_pid: int, pg_port: int, *, clients: int = 40, seconds: float = 15.0,
+                 every: float = 60.0) -> None:
+        self.url = f"http://127.0.0.1:{web_port}/health/ready"
+        self.pid, self.pg_port = web_pid, pg_port
+        self.clients, self.seconds, self.every = clients, seconds, every
+        self.stopping, self.flooding = threading.Event(), threading.Event()
+        self.outcomes: Counter = Counter()
+        self.lock = threading.Lock()
+        self.before: dict[str, int] = {}
+        self.during: dict[str, int] = {}
+        self.after: dict[str, int] = {}
+        self.threads = [threading.Thread(target=self._client, daemon=True, name=f"health-flood-{i}")
+                        for i in range(clients)]
+        self.threads.append(threading.Thread(target=self._schedule, daemon=True, name="health-flood"))
+
+    def start(self) -> None:
+        """The baseline ("before") once the web process has answered a second of probes from
+        8 clients (concurrent requests start the thread pools it keeps, at their bounded
+        size: the process's working state, not what a flood leaves), then the flood."""
+        warm = [threading.Thread(target=lambda: [self._probe() for _ in range(3)], daemon=True) for _ in range(8)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join(timeout=30)
+        time.sleep(2)
+        self.before = self.sample()
+        self.during, self.after = dict(self.before), {k: 0 for k in self.before}
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        """Stop flooding; the last "after" sample is taken :attr:`SETTLE` s later."""
+        self.stopping.set()
+        self.flooding.clear()
+        for t in self.threads:
+            t.join(timeout=30)
+        time.sleep(self.SETTLE)
+        self._record(self.after)
+
+    @property
+    def figures(self) -> dict[str, tuple[int, int, int]]:
+        return {k: (self.before[k], self.during[k], self.after[k]) for k in self.before}
+
+    def sample(self) -> dict[str, int]:
+        return {"threads": _status_field(self.pid, "Threads:"), "PostgreSQL connections": self._pg_connections(),
+                "RSS MiB": (rss_kib(self.pid) or 0) // 1024}
+
+    def _pg_connections(self) -> int:
+        """The web process's established TCP connections to PostgreSQL (its sockets' inodes
+        in /proc/<pid>/net/tcp)."""
+        inodes = set()
+        try:
+            for fd in os.listdir(f"/proc/{self.pid}/fd"):
+                link = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            return 0
+        count = 0
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = Path(f"/proc/{self.pid}/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                if (fields[3] == "01" and fields[9] in inodes
+                        and int(fields[2].rsplit(":", 1)[1], 16) == self.pg_port):
+                    count += 1
+        return count
+
+    def _probe(self) -> str:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as response:
+                return str(response.status)
+        except urllib.error.HTTPError as e:
+            return str(e.code)
+        except OSError as e:
+            return type(e).__name__
+
+    def _client(self) -> None:
+        while not self.stopping.is_set():
+            if self.flooding.wait(0.5):
+                outcome = self._probe()
+                with self.lock:
+                    self.outcomes[f"health probes {outcome}"] += 1
+
+    def _schedule(self) -> None:
+        while not self.stopping.is_set():
+            self.flooding.set()
+            ends = time.monotonic() + self.seconds
+            while time.monotonic() < ends and not self.stopping.wait(1.0):
+                self._record(self.during)
+            self.flooding.clear()
+            if self.stopping.wait(self.SETTLE):
+                return
+            self._record(self.after)
+            self.stopping.wait(max(0.0, self.every - self.seconds - self.SETTLE))
+
+    def _record(self, into: dict[str, int]) -> None:
+        for k, v in self.sample().items():
+            into[k] = max(into[k], v)
+
+
+def _status_field(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 #: The endpoints log every loop wake-up later than this (their own stalls, beside the probes' times).
 LOOP_LAG_MS = 20
 LOOP_LAG = re.compile(rb"event loop ran late: (\d+) wake-up\(s\) over \d+ ms, worst (\d+) ms")
@@ -816,6 +965,7 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         cluster.workers[f"wk{i:02d}"] = "redis" if i >= cfg.workers - n_redis else "tcp"
     result = SoakResult()
     injector = fuzzer = attackers = None
+    health_flood: HealthFlood | None = None
     stop_watch = threading.Event()
     try:
         cluster.start_web()
@@ -854,6 +1004,8 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
             endpoints = {f"endpoint{i}": cluster.by_name[f"endpoint{i}"].pid for i in range(len(cluster.endpoint_ports))}
             baseline = {name: rss_kib(pid) or 0 for name, pid in endpoints.items()}
             attackers.start()
+            health_flood = HealthFlood(cluster.web_port, cluster.by_name["web"].pid, urlsplit(pg_url).port or 5432)
+            health_flood.start()
             log("attackers start; endpoint RSS before: "
                 + ", ".join(f"{n} {kib / 1024:.1f} MiB" for n, kib in sorted(baseline.items())))
         if cfg.faults:
@@ -877,7 +1029,9 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
                     samples = [kib for _, kib in cluster.rss_samples.get((name, pid), [])]
                     if samples:
                         result.endpoint_rss_kib[name] = (baseline[name], max(samples), samples[-1])
-            result.attack = dict(attackers.outcomes)
+            health_flood.stop()
+            result.health_flood = health_flood.figures
+            result.attack = dict(attackers.outcomes + health_flood.outcomes)
             result.first_position_ms = {phase: _summary(ms) for phase, ms in attackers.first_position_ms.items()}
 
         # Stop writing (SIGTERM: after the transaction in progress), then let workers drain.
@@ -915,6 +1069,8 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         if attackers is not None:
             attackers.stopping.set()
             attackers.probe_stop.set()
+        if health_flood is not None:
+            health_flood.stopping.set()
         cluster.stop_all()
         if redis.proc is None or redis.proc.poll() is not None:
             redis.start(port=redis.port)
@@ -969,8 +1125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--attack", action="store_true",
                         help="issue 14's attackers beside the workers: legacy REPLICATE storm, USER_IP flood "
-                             "with long IDs, idle squatters, NUL names; reports endpoint RSS and a new "
-                             "worker's time to its first POSITION")
+                             "with long IDs, idle squatters, NUL names, and a /health/ready flood against the web "
+                             "process; reports endpoint RSS, a new worker's time to its first POSITION, and the "
+                             "web process's threads and PostgreSQL connections")
     parser.add_argument("--no-faults", action="store_true", help="no fault injector (the fuzzer still runs)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, jsonl files)")
     args = parser.parse_args(argv)

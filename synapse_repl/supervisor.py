@@ -165,13 +165,26 @@ class Supervisor:
                          f"({describe_status(process.returncode)}); restarting in {decision.delay:g} s")
                 due[child.name] = now + decision.delay
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Terminate every child (SIGTERM, then SIGKILL after ``timeout``) and stop watching."""
+    def terminate(self) -> None:
+        """SIGTERM every child and stop watching (none is restarted); :meth:`stop` waits."""
         with self._lock:
             self._stopping.set()
         for child in self.children:
             if child.process is not None and not exited(child.process):
                 child.process.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL every child's process group now and stop watching: the last resort of a
+        shutdown out of time (no child may outlive this process)."""
+        with self._lock:
+            self._stopping.set()
+        for child in self.children:
+            if child.process is not None:
+                kill_group(child.process.pid)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate every child (SIGTERM, then SIGKILL after ``timeout``) and stop watching."""
+        self.terminate()
         deadline = time.monotonic() + timeout
         for child in self.children:
             if child.process is None:

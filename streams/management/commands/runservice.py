@@ -10,11 +10,20 @@ Celery worker. A port that cannot be bound stops the service with one line, and 
 or a Celery beat of the same ``STATE_DIR`` already running (each holds a lock there:
 synapse_repl/state_lock.py). The children die with the service, ``kill -9`` of it included
 (synapse_repl/lifeline.py).
+
+Shutdown (SIGTERM, SIGINT, a child that cannot start) takes at most :data:`SHUTDOWN_SECONDS`,
+whatever is in flight (:func:`bound_shutdown`): the children get their SIGTERM at once and
+:data:`CHILDREN_GRACE_SECONDS` before SIGKILL, daphne cancels the requests and waits
+:data:`REQUESTS_GRACE_SECONDS` for them, and past the deadline (a request stuck in a thread the
+interpreter would wait for at exit) the children's process groups are killed and the process
+exits at once, saying so. Once stopped in order it exits without the interpreter's teardown
+(:meth:`Command.run_from_argv`), which would join the threads of requests still in flight.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from django.conf import settings
 from django.core.management import call_command
@@ -22,6 +31,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from streams.conf import instance_name, repl_setting
 from synapse_repl.redaction import redact_url
+
+#: Seconds from the start of shutdown until this process has exited, whatever is in flight.
+SHUTDOWN_SECONDS = 4.0
+#: Seconds daphne waits, at shutdown, for the requests it cancelled to end.
+REQUESTS_GRACE_SECONDS = 1.0
+#: Seconds the children get, at shutdown, between SIGTERM and SIGKILL.
+CHILDREN_GRACE_SECONDS = 2.0
 
 
 def split_listen(value: str, name: str) -> tuple[str, int]:
@@ -37,6 +53,20 @@ class Command(BaseCommand):
             "REDIS_URL, STATE_DIR, REPLICATION_SECRET, SECRET_KEY, ADMIN_USER, ADMIN_PASSWORD, DEMO, JOBS_WORKER, "
             "PROXY_HEADERS, INSTANCE_NAME, SERVER_NAME, STREAM_WRITERS, API_TOKEN (README and "
             "synapse_repl/settings.py list the rest).")
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Django's, then an immediate exit with its status: by then the children are stopped
+        and the endpoint's last writes made; the interpreter's teardown would only join the
+        threads of requests still in flight (a sync view cannot be cancelled) and take
+        seconds on a busy machine."""
+        try:
+            super().run_from_argv(argv)
+            status = 0
+        except SystemExit as e:  # a CommandError, already printed by Django
+            status = e.code if isinstance(e.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
     def handle(self, *args, **options) -> None:
         from django.core.exceptions import ImproperlyConfigured
@@ -85,6 +115,7 @@ class Command(BaseCommand):
             # Trust X-Forwarded-For only behind a reverse proxy: it decides who /metrics admits.
             proxy = ["--proxy-headers"] if os.environ.get("PROXY_HEADERS", "") in ("1", "true", "yes") else []
             cli = _DaphneCLI()
+            bound_shutdown(SHUTDOWN_SECONDS, supervisor, fatal)
             try:
                 cli.run(["-b", host, "-p", str(port), *proxy, "synapse_repl.asgi:application"])
             except SystemExit:  # daphne exits 1 when it could not start: say why below
@@ -95,7 +126,7 @@ class Command(BaseCommand):
                 fatal.append(f"cannot listen on WEB_LISTEN={host}:{port}: {failure}; "
                              "stop what holds the port or set WEB_LISTEN")
         finally:
-            supervisor.stop()
+            supervisor.stop(timeout=CHILDREN_GRACE_SECONDS)
             stop_endpoint_in_process(endpoint)
         if fatal:
             raise CommandError(f"stopped: {fatal[0]}")
@@ -162,6 +193,30 @@ def stop_endpoint_in_process(endpoint) -> None:
         print(f"replication endpoint: stopping at shutdown: {e}", file=sys.stderr)
 
 
+def bound_shutdown(seconds: float, supervisor, fatal: list[str]) -> None:
+    """When the reactor starts shutting down: SIGTERM to the children (their grace runs
+    beside daphne's), and a daemon timer: if this process is still here ``seconds`` later (a
+    request or a check stuck in a thread the interpreter would join at exit), it kills the
+    children's process groups, says so and exits at once (status 1 if the service was
+    stopping for a fatal reason, else 0)."""
+    from twisted.internet import reactor
+
+    def expire() -> None:
+        supervisor.kill()
+        print(f"runservice: still stopping {seconds:g} s after shutdown began (requests in flight "
+              f"abandoned); exiting{': ' + fatal[0] if fatal else ''}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1 if fatal else 0)
+
+    def arm() -> None:
+        supervisor.terminate()
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+
+    reactor.addSystemEventTrigger("before", "shutdown", arm)
+
+
 def stop_reactor() -> None:
     from twisted.internet import reactor
 
@@ -172,13 +227,24 @@ def _daphne_server_class():
     from daphne.server import Server
 
     class OneLineServer(Server):
-        """daphne's server, keeping a failure to listen for one line at exit (no log storm)."""
+        """daphne's server, keeping a failure to listen for one line at exit (no log storm),
+        its shutdown bounded."""
 
         listen_failure = ""
 
         def listen_error(self, failure) -> None:
             self.listen_failure = failure.getErrorMessage()
             self.stop()
+
+        def kill_all_applications(self):
+            """daphne's, bounded: the requests it cancels get :data:`REQUESTS_GRACE_SECONDS`
+            to end (a sync view's thread cannot be cancelled; daphne would wait for it)."""
+            from twisted.internet import reactor
+
+            waited = super().kill_all_applications()
+            waited.addTimeout(REQUESTS_GRACE_SECONDS, reactor)
+            waited.addErrback(lambda _failure: None)
+            return waited
 
     return OneLineServer
 
