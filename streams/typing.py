@@ -41,7 +41,7 @@ MAX_USERS_PER_ROOM = 1_000
 MAX_TYPERS = 100_000
 #: Bytes of rows after which the writer announces its changes so far, even in the middle of
 #: a request: what one advance's lines (and their copies on the way out) hold at once.
-MAX_ADVANCE_BYTES = 1 << 20
+MAX_ADVANCE_BYTES = 1 << 18
 #: How often the writer looks for typing notifications that timed out.
 EXPIRY_INTERVAL_SECONDS = 1.0
 

@@ -160,7 +160,8 @@ def test_a_room_full_of_typers_disconnects_no_worker_ours_or_synapses(typing_clu
             refusal = str(e)
             accepted = int(refusal.split("updates[", 1)[1].split("]", 1)[0]) + start
             break
-    assert refusal is not None and "answered 429" in refusal and "!busy:test.example's typing row" in refusal
+    assert refusal is not None and "answered 429" in refusal and "M_LIMIT_EXCEEDED" in refusal
+    assert "!busy:test.example's typing row would take" in refusal and "changes before it were applied" in refusal
     assert accepted >= 500
 
     # every typing line the endpoint sent fits; the last carries every accepted typer
