@@ -33,11 +33,13 @@ recover.
 
 ``--attack`` adds issue 14's attackers against both endpoints (:class:`Attackers`: a legacy
 REPLICATE storm, a USER_IP flood with long IDs, idle squatters beyond the per-address cap,
-NAMEs with a NUL byte) and a prober connecting as a new worker four times a second; printed:
+NAMEs with a NUL byte), a long-typing room against the typing writer (the web process)
+and a prober connecting as a new worker four times a second; printed:
 what the attackers got, the prober's time to its first POSITION (p50/p99/max), and each
-endpoint's RSS before the attack, at its highest and at the end. With ``--no-faults`` nothing
+endpoint's (and the web process's) RSS before the attack, at its highest and at the end. With ``--no-faults`` nothing
 is killed, so the endpoints live through the whole attack (the fuzzer still runs). Exit
-status 1 also if a 16 KB USER_IP or a NUL NAME was not refused.
+status 1 also if a 16 KB USER_IP, a NUL NAME or a typer past the long-typing room's full row
+was not refused.
 
 ``--attack`` also floods the web process with anonymous ``GET /health/ready`` (:class:`HealthFlood`:
 40 clients for 15 s every minute); printed: the probes' answers, and the web process's threads,
@@ -271,7 +273,7 @@ class SoakResult:
                     lines.append(f"a new worker's first POSITION {phase} the attack, {fp['n']:.0f} probes: "
                                  f"p50 {fp['p50']:.1f} ms, p99 {fp['p99']:.1f} ms, max {fp['max']:.1f} ms"
                                  + (" (goal: p99 < 50 ms)" if phase == "during" else ""))
-            lines.append("endpoint RSS during the attack (VmRSS, MiB; goal: within +50 MB of before):")
+            lines.append("endpoint (and typing writer: web) RSS during the attack (VmRSS, MiB; goal: within +50 MB of before):")
             for name, (before, high, end) in sorted(self.endpoint_rss_kib.items()):
                 lines.append(f"  {name:<10} before {before / 1024:7.1f}  highest {high / 1024:7.1f} "
                              f"({(high - before) / 1024:+.1f})  end {end / 1024:7.1f} ({(end - before) / 1024:+.1f})")
@@ -586,12 +588,16 @@ class Attackers:
       user IDs (kept, up to REPLICATION_MAX_USER_IPS), then one with a 16 KB ID (refused);
     * idle squatters: ``squatters`` connections per endpoint from the workers' own address
       (more than REPLICATION_MAX_CONNECTIONS_PER_ADDRESS), reopened as the endpoint closes them;
-    * ``NAME`` lines with a NUL byte (refused).
+    * ``NAME`` lines with a NUL byte (refused);
+    * a long-typing room (with ``typing_url``): every 2 s, 100 users with 255-character IDs
+      start typing in one room (the typing writer takes them while the room's row fits one
+      line, then answers 429), then stop.
     """
 
     def __init__(self, ports: list[int], *, squatters: int = 250, storm_every: float = 5.0,
-                 probe_every: float = 0.25) -> None:
+                 probe_every: float = 0.25, typing_url: str | None = None, secret: str = "") -> None:
         self.ports, self.squatters, self.storm_every, self.probe_every = ports, squatters, storm_every, probe_every
+        self.typing_url, self.secret = typing_url, secret
         self.stopping = threading.Event()
         self.outcomes: Counter = Counter()
         #: the prober's times to the first POSITION: "before" the attack (the baseline of the
@@ -606,7 +612,8 @@ class Attackers:
         self.prober = ctx.Process(target=probe_loop, name="probe", daemon=True,
                                   args=(ports, probe_every, self.probe_stop, self.probe_during, self.probe_out))
         self.threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
-                        for f in (self._storm, self._user_ip_flood, self._squat, self._nul_names)]
+                        for f in (self._storm, self._user_ip_flood, self._squat, self._nul_names,
+                                  *([self._long_typing_room] if typing_url else []))]
 
     def start_probe(self) -> None:
         self.prober.start()
@@ -701,6 +708,28 @@ class Attackers:
                 received = self._read_to_close(sock)
                 self._count("USER_IP 16 KB ID refused" if b"ERROR invalid USER_IP" in received
                             else "USER_IP 16 KB ID not refused")
+
+    def _long_typing_room(self) -> None:
+        from streams.replication.http.typing import send_typing
+
+        assert self.typing_url is not None
+        room = "!long-typing:soak.example"
+        users = [f"@{n:03d}{'t' * 237}:soak.example" for n in range(100)]  # 255 characters
+        while not self.stopping.wait(2.0):
+            try:
+                send_typing(self.typing_url, [{"room_id": room, "user_id": u, "typing": True} for u in users],
+                            secret=self.secret)
+                self._count("long typing row not refused")
+            except RuntimeError as e:
+                self._count("long typing row refused" if "answered 429" in str(e) and "typing row" in str(e)
+                            else "long typing request failed")
+            except OSError:
+                self._count("long typing request failed")
+            try:
+                send_typing(self.typing_url, [{"room_id": room, "user_id": u, "typing": False} for u in users],
+                            secret=self.secret)
+            except (RuntimeError, OSError):
+                self._count("long typing request failed")
 
     def _nul_names(self) -> None:
         while not self.stopping.wait(2.0):
@@ -998,10 +1027,12 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         injector = FaultInjector(cluster, start + cfg.duration, log)
         fuzzer = Fuzzer(cluster.endpoint_ports, cfg.fuzz_interval, cfg.seed, cluster.endpoint_lock)
         if cfg.attack:
-            attackers = Attackers(cluster.endpoint_ports, squatters=cfg.squatters)
+            attackers = Attackers(cluster.endpoint_ports, squatters=cfg.squatters,
+                                  typing_url=f"http://127.0.0.1:{cluster.web_port}", secret=cluster.env["REPLICATION_SECRET"])
             attackers.start_probe()
             time.sleep(10)  # the endpoints settled under the writers' load, probed: the baseline
             endpoints = {f"endpoint{i}": cluster.by_name[f"endpoint{i}"].pid for i in range(len(cluster.endpoint_ports))}
+            endpoints["web"] = cluster.by_name["web"].pid  # the typing writer, under the long-typing room
             baseline = {name: rss_kib(pid) or 0 for name, pid in endpoints.items()}
             attackers.start()
             health_flood = HealthFlood(cluster.web_port, cluster.by_name["web"].pid, urlsplit(pg_url).port or 5432)

@@ -14,6 +14,7 @@ process's writer: a lock, the expiry timer and the position notifier.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .notifier import PositionAdvanced, PositionNotifier, WireJournal
+from .replication.protocol.commands import MAX_LINE_LENGTH, encode_json, rdata_row_budget
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,12 @@ MAX_TIMEOUT_MS = 120_000
 MAX_ROOMS = 100_000
 #: Users typing at once in one room; more are refused.
 MAX_USERS_PER_ROOM = 1_000
+#: Users typing at once in all rooms together; more are refused. With the rooms' serials,
+#: this bounds the writer's memory (IDs of at most 255 characters: a few tens of MB).
+MAX_TYPERS = 100_000
+#: Bytes of rows after which the writer announces its changes so far, even in the middle of
+#: a request: what one advance's lines (and their copies on the way out) hold at once.
+MAX_ADVANCE_BYTES = 1 << 18
 #: How often the writer looks for typing notifications that timed out.
 EXPIRY_INTERVAL_SECONDS = 1.0
 
@@ -52,39 +60,79 @@ class TypingUpdates:
 
 
 class TypingState:
-    """Rooms, who types there until when (ms), and each room's last serial."""
+    """Rooms, who types there until when (ms), and each room's last serial.
 
-    def __init__(self, *, max_rooms: int = MAX_ROOMS, max_users_per_room: int = MAX_USERS_PER_ROOM) -> None:
+    A worker replaces a room's typing set with each row it receives (Synapse's
+    ``TypingNotificationHandler.process_replication_rows``), so a room's row cannot be split
+    over several lines: what a row may carry is bounded instead. A new typer whose row would
+    encode to more than ``max_row_bytes`` (what one RDATA line of this writer has room for:
+    :func:`~streams.replication.protocol.commands.rdata_row_budget`) is refused, as are typers
+    beyond ``max_users_per_room`` in a room or ``max_typers`` in all."""
+
+    def __init__(self, *, max_rooms: int = MAX_ROOMS, max_users_per_room: int = MAX_USERS_PER_ROOM,
+                 max_typers: int = MAX_TYPERS, max_row_bytes: int = rdata_row_budget(STREAM, "master")) -> None:
         self.max_rooms = max_rooms
         self.max_users_per_room = max_users_per_room
+        self.max_typers = max_typers
+        self.max_row_bytes = max_row_bytes
         self.serial = 0
         #: room -> serial of its last change, in serial order (a changed room moves to the end)
         self._room_serial: dict[str, int] = {}
         #: room -> user -> typing until (ms); only rooms where someone types
         self._typing: dict[str, dict[str, int]] = {}
+        #: room -> bytes its users take in its row (each user's JSON string and a comma)
+        self._users_bytes: dict[str, int] = {}
+        self._typers = 0
 
     def set_typing(self, room_id: str, user_id: str, typing: bool, until_ms: int) -> tuple[int, list[Any]] | None:
         """Apply one change; the ``(serial, row)`` it produced, or None if nothing changed
-        (already typing: only the timeout moves, as in Synapse; not typing: no-op)."""
+        (already typing: only the timeout moves, as in Synapse; not typing: no-op).
+        :class:`TypingRefused` (nothing changed) if a new typer would pass a bound."""
         users = self._typing.get(room_id)
         if typing:
             if users is not None and user_id in users:
                 users[user_id] = until_ms
                 return None
+            if self._typers >= self.max_typers:
+                raise TypingRefused(f"more than {self.max_typers} users typing in all rooms")
+            if users is not None and len(users) >= self.max_users_per_room:
+                raise TypingRefused(f"more than {self.max_users_per_room} users typing in {room_id}")
+            cost = len(encode_json(user_id)) + 1
+            users_bytes = self._users_bytes.get(room_id, 0) + cost
+            row_bytes = _row_bytes(room_id, users_bytes)
+            if row_bytes > self.max_row_bytes:
+                raise TypingRefused(
+                    f"{room_id}'s typing row would take {row_bytes} bytes with {user_id} "
+                    f"({len(users or ())} users typing there), over the {self.max_row_bytes} one "
+                    f"replication line has room for ({MAX_LINE_LENGTH} bytes a line)")
             if users is None:
                 if len(self._typing) >= self.max_rooms:
                     raise TypingRefused(f"more than {self.max_rooms} rooms with someone typing")
                 users = self._typing[room_id] = {}
-            elif len(users) >= self.max_users_per_room:
-                raise TypingRefused(f"more than {self.max_users_per_room} users typing in {room_id}")
             users[user_id] = until_ms
+            self._users_bytes[room_id] = users_bytes
+            self._typers += 1
         else:
             if users is None or user_id not in users:
                 return None
-            del users[user_id]
-            if not users:
-                del self._typing[room_id]
+            self._drop(room_id, users, user_id)
         return self._changed(room_id)
+
+    def _drop(self, room_id: str, users: dict[str, int], user_id: str) -> None:
+        del users[user_id]
+        self._typers -= 1
+        if users:
+            self._users_bytes[room_id] -= len(encode_json(user_id)) + 1
+        else:
+            del self._typing[room_id]
+            del self._users_bytes[room_id]
+
+    def row_bytes(self, room_id: str) -> int:
+        """Bytes of ``encode_json(self.row(room_id))``, kept as users come and go."""
+        return _row_bytes(room_id, self._users_bytes.get(room_id, 0))
+
+    def typers(self) -> int:
+        return self._typers
 
     def expire(self, now_ms: int) -> list[tuple[int, list[Any]]]:
         """Stop everyone whose timeout passed; the rows of the rooms that changed."""
@@ -92,9 +140,7 @@ class TypingState:
         for room_id in [r for r, users in self._typing.items() if any(t <= now_ms for t in users.values())]:
             users = self._typing[room_id]
             for user_id in [u for u, t in users.items() if t <= now_ms]:
-                del users[user_id]
-            if not users:
-                del self._typing[room_id]
+                self._drop(room_id, users, user_id)
             rows.append(self._changed(room_id))
         return rows
 
@@ -108,7 +154,8 @@ class TypingState:
 
     def _forget_quiet_rooms(self) -> None:
         excess = len(self._room_serial) - self.max_rooms
-        for room_id in [r for r in self._room_serial if r not in self._typing][:excess]:
+        quiet = (r for r in self._room_serial if r not in self._typing)  # oldest first
+        for room_id in list(itertools.islice(quiet, excess)):
             del self._room_serial[room_id]
 
     def row(self, room_id: str) -> list[Any]:
@@ -136,6 +183,12 @@ class TypingState:
         return TypingUpdates(rows, upto_token, False)
 
 
+def _row_bytes(room_id: str, users_bytes: int) -> int:
+    # ["<room>",[<user>,<user>]]: 5 brackets, quotes-and-all room, the users' strings and
+    # commas (one fewer comma than users)
+    return 5 + len(encode_json(room_id)) + max(users_bytes - 1, 0)
+
+
 class TypingWriter:
     """This process as the writer of ``typing``: changes go through here, each announced on
     the runtime's notifier (the replication streamer turns it into RDATA), and catch-up
@@ -147,12 +200,13 @@ class TypingWriter:
         self.instance_name = instance_name
         self.notifier = notifier
         self.clock = clock
-        self.state = state or TypingState()
+        self.state = state or TypingState(max_row_bytes=rdata_row_budget(STREAM, instance_name))
         #: set while a replication streamer listens: the rows of each change until its
         #: advance carries them
         self.journal: WireJournal | None = None
         self._lock = threading.Lock()
         self._published = 0
+        self._unannounced_bytes = 0
         self._stop = threading.Event()
         if expiry_interval:
             threading.Thread(target=self._expire_forever, args=(expiry_interval,),
@@ -170,13 +224,19 @@ class TypingWriter:
 
     def apply(self, changes: list[tuple[str, str, bool, int]]) -> int:
         """Several changes at once, announced together; the serial after them. A change a cap
-        refuses raises :class:`TypingRefused` after the ones before it were applied."""
+        refuses raises :class:`TypingRefused` naming it, after the ones before it were applied
+        (and announced); it and the ones after it are not."""
         now_ms = int(self.clock() * 1000)
         with self._lock:
             try:
-                for room_id, user_id, typing, timeout_ms in changes:
+                for n, (room_id, user_id, typing, timeout_ms) in enumerate(changes):
                     timeout_ms = max(0, min(int(timeout_ms), MAX_TIMEOUT_MS))
-                    self._record(self.state.set_typing(room_id, user_id, typing, now_ms + timeout_ms))
+                    try:
+                        change = self.state.set_typing(room_id, user_id, typing, now_ms + timeout_ms)
+                    except TypingRefused as e:
+                        raise TypingRefused(f"updates[{n}] refused: {e}; the {n} changes before it were "
+                                            f"applied, it and the {len(changes) - n - 1} after it were not") from None
+                    self._record(change)
             finally:
                 self._announce_locked()
             return self.state.serial
@@ -206,8 +266,12 @@ class TypingWriter:
         if change is not None and self.journal is not None:
             serial, row = change
             self.journal.record([serial], {serial: [row]})
+            self._unannounced_bytes += self.state.row_bytes(row[0])
+            if self._unannounced_bytes >= MAX_ADVANCE_BYTES:
+                self._announce_locked()
 
     def _announce_locked(self) -> None:
+        self._unannounced_bytes = 0
         new = self.state.serial
         if new != self._published:
             prev, self._published = self._published, new

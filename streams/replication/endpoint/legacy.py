@@ -34,6 +34,7 @@ from streams.registry import STREAMS, StreamSpec
 from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.endpoint.ratelimit import HISTORY_PAGE_COST, TokenBucket
 from streams.replication.protocol.commands import (
+    MAX_LINE_LENGTH,
     Command,
     ErrorCommand,
     LegacyPositionCommand,
@@ -143,8 +144,28 @@ class HistoryRead:
                 c.carry = [r for r in c.carry if r[0] > bound]
         rows.sort(key=lambda item: item[0])  # stable: a fact's rows stay in table order
         self.pages += 1
-        lines = [LegacyRdataCommand(self.name, token, row).to_line() for token, row in batch_updates(rows)]
+        updates = batch_updates(rows)
+        lines = [LegacyRdataCommand(self.name, token, row).to_line() for token, row in updates]
+        if any(len(line) > MAX_LINE_LENGTH // 4 for line in lines):
+            lines = self._without_oversized_facts(updates, lines)
         return LineBatch.of(lines, {"RDATA": len(lines)})
+
+    def _without_oversized_facts(self, updates: list[tuple[int | None, Any]], lines: list[str]) -> list[str]:
+        """The facts whose every line fits :data:`MAX_LINE_LENGTH` bytes: a peer hangs up on a
+        longer one, and this generation has no catch-up to send the fact by instead."""
+        out: list[str] = []
+        fact: list[str] = []
+        for (token, _), line in zip(updates, lines):
+            fact.append(line)
+            if token is None:
+                continue
+            if all(len(x.encode()) <= MAX_LINE_LENGTH for x in fact):
+                out += fact
+            else:
+                logger.error("legacy history read of %s: fact %d has a line over %d bytes: not sent",
+                             self.name, token, MAX_LINE_LENGTH)
+            fact = []
+        return out
 
 
 class LegacyStreamer:

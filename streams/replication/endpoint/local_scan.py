@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from streams.id_store import pid_alive
 from streams.registry import STREAMS, StreamSpec
-from streams.replication.protocol.commands import PositionCommand, RdataCommand
+from streams.replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand, RdataCommand
 
 #: Tokens read per query: bounds the work of one step, so the event loop stays responsive
 #: after a large write from another shell.
@@ -139,3 +139,39 @@ class ScanState:
             i = j
         self.scanned[stream] = hi
         return out
+
+
+def fit_commands(cmds: list[RdataCommand | PositionCommand],
+                 lines: list[str]) -> tuple[list[RdataCommand | PositionCommand], list[str], list[int]]:
+    """``cmds`` and their ``lines``, each fact with a line over :data:`MAX_LINE_LENGTH` bytes
+    replaced by ``POSITION s w t t`` (``t`` its token), and the tokens so replaced.
+
+    A peer hangs up on a longer line; the POSITION is above what a worker has, so the worker
+    fetches the fact from the catch-up endpoint (an HTTP answer has no line limit) and goes on
+    with the RDATA after it. Lines of at most ``MAX_LINE_LENGTH // 4`` characters always fit
+    (UTF-8 takes at most 4 bytes a character): only longer ones are measured."""
+    safe = MAX_LINE_LENGTH // 4
+    if all(len(line) <= safe for line in lines):
+        return cmds, lines, []
+    out_cmds: list[RdataCommand | PositionCommand] = []
+    out_lines: list[str] = []
+    cut: list[int] = []
+    fact: list[int] = []  # indexes of the current fact's batch rows
+    for i, cmd in enumerate(cmds):
+        if type(cmd) is not RdataCommand:
+            out_cmds.append(cmd)
+            out_lines.append(lines[i])
+            continue
+        fact.append(i)
+        if cmd.token is None:
+            continue
+        if any(len(lines[k]) > safe and len(lines[k].encode()) > MAX_LINE_LENGTH for k in fact):
+            position = PositionCommand(cmd.stream_name, cmd.instance_name, cmd.token, cmd.token)
+            out_cmds.append(position)
+            out_lines.append(position.to_line())
+            cut.append(cmd.token)
+        else:
+            out_cmds.extend(cmds[k] for k in fact)
+            out_lines.extend(lines[k] for k in fact)
+        fact = []
+    return out_cmds, out_lines, cut

@@ -33,7 +33,7 @@ from channels.layers import get_channel_layer
 
 from streams.registry import STREAMS
 from streams.replication.endpoint.layer_subscribe import GroupSubscriber
-from streams.replication.protocol.commands import PositionCommand
+from streams.replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand
 from streams.replication.protocol.line_batch import BatchPart, WriterRun, add_counts, counts_of
 from streams.replication.publish.streamer import LINES_GROUP
 from streams.replication.worker.follower import RESETTABLE_STREAMS
@@ -263,7 +263,7 @@ class ReplicationRelay:
                 logger.exception("relay: could not read new rows from the database")
 
     async def scan_once(self) -> None:
-        from streams.replication.endpoint.local_scan import read_bounds
+        from streams.replication.endpoint.local_scan import fit_commands, read_bounds
 
         bounds = await sync_to_async(read_bounds, thread_sensitive=False)(self.using)
         for stream, bound in sorted(bounds.items()):
@@ -276,6 +276,11 @@ class ReplicationRelay:
                 if cmds:
                     self.relayed_messages += 1
                     lines = [c.to_line() for c in cmds]
+                    cmds, lines, cut = fit_commands(cmds, lines)
+                    if cut:
+                        logger.error("relay: %s facts %s have a line over %d bytes: not sent as RDATA; "
+                                     "a POSITION makes the workers fetch them by catch-up",
+                                     stream, cut[:10], MAX_LINE_LENGTH)
                     await self._send(("\n".join(lines) + "\n").encode(), counts_of(lines), tuple(cmds))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:

@@ -9,7 +9,9 @@ project has no client API, so the writer takes the changes here, behind
 
 (``timeout`` in ms, default 30 s, at most 120 s, as Synapse caps it; at most
 :data:`MAX_UPDATES` changes a request.) Answer: ``{"stream_id": N, "writer": NAME}``, the
-typing stream's position after the changes. A process that is not the typing writer answers
+typing stream's position after the changes; 429 ``M_LIMIT_EXCEEDED`` naming the change a
+bound of the typing state refused (a room whose row would no longer fit one replication
+line, too many typers) and saying that the changes before it were applied. A process that is not the typing writer answers
 400 naming the writer.
 """
 from __future__ import annotations
@@ -86,8 +88,8 @@ def set_typing(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"errcode": "M_UNKNOWN", "error": str(e)}, status=400)
     try:
         stream_id = writer.apply(changes)
-    except TypingRefused as e:
-        return _error(str(e), status=429)
+    except TypingRefused as e:  # a bound (docs/replication.md, "Typing"): nothing from the refused change on
+        return JsonResponse({"errcode": "M_LIMIT_EXCEEDED", "error": str(e)}, status=429)
     return JsonResponse({"stream_id": stream_id, "writer": writer.instance_name})
 
 

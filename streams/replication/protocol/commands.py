@@ -27,6 +27,7 @@ from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "MAX_LINE_LENGTH",
+    "rdata_row_budget",
     "ProtocolError",
     "RemoteProtocolError",
     "LocalProtocolError",
@@ -66,6 +67,16 @@ __all__ = [
 #: ``MAX_LENGTH`` of Twisted's ``LineOnlyReceiver``, which Synapse never overrides, so a
 #: longer line makes a Synapse peer answer ``ERROR Line length exceeded`` and hang up.
 MAX_LINE_LENGTH = 16384
+
+#: Characters of the longest token a line may carry (a signed 64-bit integer).
+_TOKEN_CHARS = len(str(-(2**63)))
+
+
+def rdata_row_budget(stream_name: str, instance_name: str) -> int:
+    """The most bytes a row's JSON may take for ``RDATA <stream> <instance> <token> <row>``
+    to fit in :data:`MAX_LINE_LENGTH`, whatever its token (the older generation's RDATA,
+    without the instance, is shorter)."""
+    return MAX_LINE_LENGTH - len(f"RDATA {stream_name} {instance_name}  ".encode()) - _TOKEN_CHARS
 
 # How much of an offending line (and of the exception) an error text quotes, so that the
 # resulting ``ERROR`` line always fits in MAX_LINE_LENGTH (a repr'd character is at most

@@ -26,7 +26,7 @@ from channels.layers import get_channel_layer
 
 from streams.notifier import PositionAdvanced, PositionNotifier
 from streams.registry import get_stream
-from streams.replication.protocol.commands import PositionCommand, RdataCommand, encode_json
+from streams.replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand, RdataCommand, encode_json
 from streams.replication.protocol.line_batch import add_counts
 from streams.replication.publish.layer_publish import GroupPublisher
 
@@ -64,6 +64,37 @@ def build_lines(stream_name: str, writer: str, prev: int, new: int,
     elif last < new:
         lines.append(PositionCommand(stream_name, writer, last, new).to_line())
     return lines
+
+
+@dataclass(frozen=True)
+class OversizedLine:
+    """A line :func:`fit_lines` kept back: the fact's token and the line's length in bytes."""
+
+    token: int
+    length: int
+
+
+def fit_lines(stream_name: str, writer: str, prev: int, new: int,
+              lines: list[bytes]) -> tuple[list[bytes], OversizedLine | None]:
+    """``lines`` (:func:`build_lines`' output, encoded) if none is longer than
+    :data:`MAX_LINE_LENGTH`; otherwise the lines before the first fact with a longer line,
+    then ``POSITION <stream> <writer> t new`` with ``t`` that fact's token, and what was cut.
+
+    A peer (Synapse's ``LineOnlyReceiver`` as ours) hangs up on a longer line, so sending one
+    would disconnect every worker of every endpoint. The POSITION starts above what the lines
+    before it leave a worker at, so each worker fetches ``(its token, new]`` from the catch-up
+    endpoint (an HTTP answer, which has no line limit): the facts are delivered, not lost."""
+    limit = MAX_LINE_LENGTH
+    if not lines or max(map(len, lines)) <= limit:
+        return lines, None
+    first = next(i for i, line in enumerate(lines) if len(line) > limit)
+    # the fact's token: the line's own, or (a ``batch`` row) the next numbered line's
+    token = next(int(line.split(b" ", 4)[3]) for line in lines[first:] if line.split(b" ", 4)[3] != b"batch")
+    kept = lines[:first]
+    while kept and kept[-1].split(b" ", 4)[3] == b"batch":
+        kept.pop()  # the fact's other rows: it comes whole by catch-up
+    position = PositionCommand(stream_name, writer, token, new).to_line().encode()
+    return [*kept, position], OversizedLine(token, len(lines[first]))
 
 
 def build_counts(lines: list[str]) -> dict[str, int]:
@@ -115,6 +146,8 @@ class ReplicationStreamer:
         self._busy = False
         self.published_messages = 0
         self.published_lines = 0
+        #: batches in which fit_lines kept a line over the limit back
+        self.oversized_lines = 0
         self._own_loop = loop is None
         if loop is None:
             self._loop = asyncio.new_event_loop()
@@ -196,7 +229,14 @@ class ReplicationStreamer:
         signs = get_stream(stream_name).direction
         prev, new = signs.to_wire(advance.prev_token), signs.to_wire(advance.new_token)
         text = build_lines(stream_name, writer, prev, new, signs.pairs_to_wire(advance.facts))
-        lines = [line.encode() for line in text]
+        lines, oversized = fit_lines(stream_name, writer, prev, new, [line.encode() for line in text])
+        if oversized is not None:
+            self.oversized_lines += 1
+            logger.error("replication streamer: RDATA %s %s %d is %d bytes, over the %d a line may carry: "
+                         "not sent; POSITION %s %s %d %d makes the workers fetch it by catch-up",
+                         stream_name, writer, oversized.token, oversized.length, MAX_LINE_LENGTH,
+                         stream_name, writer, oversized.token, new)
+            text = [line.decode() for line in lines]
         message = {
             "type": "replication.lines",
             "stream": stream_name, "writer": writer, "prev": prev, "new": new,

@@ -67,3 +67,14 @@ def test_live_lines_wait_for_the_read_and_overflow_to_a_new_target(monkeypatch):
     assert not read.overflowed and read.upto == 11
     assert read.writers["master"].target == 11 and read.writers["w2"].target == 4
 
+
+
+def test_a_history_page_leaves_out_a_fact_with_a_line_over_the_limit():
+    """The older generation has no catch-up: a fact whose line a peer would hang up on is
+    left out of the page (and logged), the others go."""
+    from streams.replication.protocol.commands import MAX_LINE_LENGTH, batch_updates
+
+    updates = batch_updates([(5, ["a"]), (6, ["b"]), (6, ["x" * MAX_LINE_LENGTH]), (7, ["c"])])
+    lines = [LegacyRdataCommand("caches", token, row).to_line() for token, row in updates]
+    kept = HistoryRead("caches", 0, {})._without_oversized_facts(updates, lines)
+    assert kept == ['RDATA caches 5 ["a"]', 'RDATA caches 7 ["c"]']

@@ -138,3 +138,20 @@ def test_start_up_positions_keep_events_and_backfill_apart():
     tokens = read_initial_writers(bounds, "sqlite")
     assert tokens[("events", "master")] == max(events)
     assert tokens[("backfill", "master")] == -min(backfill) > 0
+
+
+def test_a_fact_with_a_line_over_the_limit_goes_as_a_position_workers_catch_up_from():
+    """The embedded scan never sends a line over MAX_LINE_LENGTH (a peer hangs up on it):
+    such a fact becomes POSITION s w t t, above what a worker has, and the RDATA after it
+    goes on as usual."""
+    from streams.replication.endpoint.local_scan import fit_commands
+    from streams.replication.protocol.commands import MAX_LINE_LENGTH
+
+    big = "é" * (MAX_LINE_LENGTH // 2)  # 8192 characters, 6 bytes of JSON each
+    cmds = [RdataCommand("caches", "w1", 5, ["a"]), RdataCommand("caches", "w1", None, ["b"]),
+            RdataCommand("caches", "w1", 6, [big]), RdataCommand("caches", "w1", 7, ["c"])]
+    fitted, lines, cut = fit_commands(cmds, [c.to_line() for c in cmds])
+    assert cut == [6] and lines == [c.to_line() for c in fitted]
+    assert fitted == [cmds[0], PositionCommand("caches", "w1", 6, 6), cmds[3]]
+    fine = cmds[:1] + cmds[3:]
+    assert fit_commands(fine, [c.to_line() for c in fine]) == (fine, [c.to_line() for c in fine], [])

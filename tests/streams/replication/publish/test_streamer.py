@@ -77,3 +77,44 @@ def test_coalesce_merges_consecutive_batches_of_one_writer_only():
     assert merged.layer_data is None  # serialized again when sent: the message changed
     assert out[1] is c and out[2] is d
     assert _coalesce([]) == []
+
+
+def test_a_line_over_the_limit_is_kept_back_for_a_position_that_makes_workers_catch_up():
+    """No line over MAX_LINE_LENGTH leaves the writer: a peer hangs up on one (Synapse's
+    LineOnlyReceiver, ours). The facts before it go as RDATA; from its fact on, a POSITION
+    above the workers' token makes each fetch the rest by catch-up."""
+    from streams.replication.protocol.commands import MAX_LINE_LENGTH
+    from streams.replication.publish.streamer import OversizedLine, fit_lines
+
+    big = "x" * MAX_LINE_LENGTH
+    text = build_lines("caches", "w1", 4, 9, [(5, [["a"]]), (6, [["b"], [big], ["c"]]), (7, [["d"]])])
+    lines, cut = fit_lines("caches", "w1", 4, 9, [line.encode() for line in text])
+    assert [line.decode() for line in lines] == ['RDATA caches w1 5 ["a"]', "POSITION caches w1 6 9"]
+    assert cut == OversizedLine(6, len(text[2].encode()))
+    # the over-long row is the first line of the batch: nothing but the POSITION
+    lines, cut = fit_lines("typing", "w1", 4, 5, [f'RDATA typing w1 5 ["!r",["{big}"]]'.encode()])
+    assert lines == [b"POSITION typing w1 5 5"] and cut is not None and cut.token == 5
+    # lines that fit are passed on as they are
+    fine = [line.encode() for line in build_lines("caches", "w1", 4, 9, [(5, [["a"]])])]
+    assert fit_lines("caches", "w1", 4, 9, fine) == (fine, None)
+
+
+@given(st.lists(st.lists(st.integers(0, 3 * 16384), min_size=1, max_size=3), min_size=1, max_size=6))
+def test_fitted_lines_are_within_the_limit_and_a_follower_catches_up_on_what_was_cut(sizes):
+    from streams.replication.protocol.commands import MAX_LINE_LENGTH, parse_line
+    from streams.replication.publish.streamer import fit_lines
+
+    facts = [(11 + i, [["x" * n] for n in row_sizes]) for i, row_sizes in enumerate(sizes)]
+    new = 10 + len(facts)
+    lines, cut = fit_lines("caches", "w", 10, new, [line.encode() for line in build_lines("caches", "w", 10, new, facts)])
+    assert all(len(line) <= MAX_LINE_LENGTH for line in lines)
+    cmds = [parse_line(line.decode()) for line in lines]
+    delivered = [c.token for c in cmds if isinstance(c, RdataCommand) and c.token is not None]
+    if cut is None:
+        assert delivered == [t for t, _ in facts]
+    else:
+        # every fact before the cut whole; then a POSITION whose prev is above them
+        assert delivered == [t for t, _ in facts if t < cut.token]
+        assert isinstance(cmds[-1], PositionCommand) and (cmds[-1].prev_token, cmds[-1].new_token) == (cut.token, new)
+        rdata = [c for c in cmds if isinstance(c, RdataCommand)]
+        assert not rdata or rdata[-1].token is not None  # no batch left open before it
