@@ -93,12 +93,10 @@ class EndpointCounters:
     throttled: int = 0
     disconnects: collections.Counter = field(default_factory=collections.Counter)
 
-    def batch_sent(self, counts: Mapping[str, int], legacy: bool = False) -> None:
+    def batch_sent(self, counts: Mapping[str, int]) -> None:
         """A batch went out to one connection: its counts, from where its lines were made
-        (``line_batch.py``); a legacy subscriber's lines count as other."""
-        if legacy:
-            self.other_sent += sum(counts.values())
-            return
+        (``line_batch.py``). A legacy subscriber's RDATA and POSITION (history pages, live
+        lines rewritten) count as RDATA and POSITION: the same facts in the older form."""
         for name, n in counts.items():
             if name == "RDATA":
                 self.rdata_sent += n

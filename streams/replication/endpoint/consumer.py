@@ -172,7 +172,7 @@ class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is o
         for read in self.legacy_reads.values():
             read.offer(event["parts"])  # lines of a stream whose history is being read wait for it
         if self.info.legacy_streams:
-            await self._send_batch(to_legacy(event["parts"], self.info.legacy_streams), legacy=True)
+            await self._send_batch(to_legacy(event["parts"], self.info.legacy_streams))
         elif self.info.replicating:
             await self._send_batch(LineBatch(event["data"], event["counts"]))
 
@@ -190,19 +190,19 @@ class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is o
             self.endpoint.counters.commands_sent(c.NAME for c in cmds)
             await self.send({"type": "replication.send", "bytes": data, "count": len(cmds)})
 
-    async def _send_batch(self, batch: LineBatch, *, legacy: bool = False) -> None:
+    async def _send_batch(self, batch: LineBatch) -> None:
         """Lines encoded elsewhere, through the connection's state (``last_sent``: no PING
-        while lines flow) and counted by their counts (legacy lines as "other")."""
+        while lines flow) and counted by their counts."""
         count = batch.count
         if count:
             data = self.conn.send_batch(batch, time.time())
             self.info.lines_out += count
-            self.endpoint.counters.batch_sent(batch.counts, legacy=legacy)
+            self.endpoint.counters.batch_sent(batch.counts)
             await self.send({"type": "replication.send", "bytes": data, "count": count})
 
     async def send_lines(self, batch: LineBatch) -> None:
         """Lines already encoded (a page of legacy history)."""
-        await self._send_batch(batch, legacy=True)
+        await self._send_batch(batch)
 
     async def writable(self) -> None:
         """Returns once the transport has room (nothing waits in its queue)."""

@@ -269,7 +269,7 @@ class LegacyStreamer:
             consumer.info.legacy_streams[read.name] = str(read.upto)
             data = (LegacyPositionCommand(read.name, read.upto).to_line() + "\n").encode() + b"".join(read.buffer)
             self.counters["completed"] += 1
-            # the buffered lines are RDATA and POSITION; legacy lines are counted as "other"
+            # the buffered lines are RDATA and POSITION, counted as such
             await consumer.send_lines(LineBatch(data, {"POSITION": 1, "RDATA": read.buffered}))
         except Exception:
             self.counters["failed"] += 1

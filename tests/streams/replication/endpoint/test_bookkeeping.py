@@ -23,8 +23,9 @@ def test_commands_and_legacy_lines_are_counted():
     counters = EndpointCounters()
     counters.commands_sent([PingCommand("1").NAME, PositionCommand("events", "w1", 1, 1).NAME,
                             RdataCommand("events", "w1", 2, []).NAME])
-    counters.batch_sent({"RDATA": 1}, legacy=True)
-    assert (counters.rdata_sent, counters.position_sent, counters.other_sent) == (1, 1, 2)
+    # a legacy history page: its RDATA are RDATA (the same facts in the older form)
+    counters.batch_sent({"RDATA": 500, "POSITION": 1})
+    assert (counters.rdata_sent, counters.position_sent, counters.other_sent) == (501, 2, 1)
 
 
 def test_disconnect_reasons_are_normalised():

@@ -8,7 +8,7 @@ import asyncio
 from streams.replication.endpoint import legacy
 from streams.replication.endpoint.bookkeeping import ConnectionInfo
 from streams.replication.protocol.commands import Command, LegacyReplicateCommand, RdataCommand
-from streams.replication.protocol.line_batch import LineBatch, WriterRun
+from streams.replication.protocol.line_batch import LineBatch, WriterRun, counts_of
 from streams.updates import Updates
 
 
@@ -26,8 +26,10 @@ class Recorder:
         self.lines += [c.to_line() for c in cmds]
 
     async def send_lines(self, batch: LineBatch) -> None:
-        assert batch.count == len(batch.data.splitlines())
-        self.lines += batch.data.decode().splitlines()
+        lines = batch.data.decode().splitlines()
+        # what the consumer counts for operators: RDATA and POSITION, as the lines are
+        assert batch.counts == counts_of(lines)
+        self.lines += lines
 
     async def writable(self) -> None:
         await asyncio.sleep(0)
