@@ -78,6 +78,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from streams.conf import instance_name, repl_setting
+    from streams.status import BACKWARDS_NOTE
 
     from .endpoint_status import endpoint_statuses
     from .jobs import recent_job_runs
@@ -91,6 +92,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
         streams.append({
             "name": s.name,
             "db_backed": s.db_backed,
+            "backwards": s.backwards,
             "writers": s.writers,
             "positions": s.positions,
             "linear": linear,
@@ -111,6 +113,7 @@ def _collect_state(now: float | None) -> dict[str, Any]:
     return {
         "t": now,
         "server_name": repl_setting("SERVER_NAME"),
+        "backwards_note": BACKWARDS_NOTE,
         "instance_name": instance_name(),
         "stuck_after": repl_setting("STUCK_AFTER_SECONDS"),
         "streams": streams,

@@ -17,6 +17,11 @@ from .models import StreamPosition, StreamReservation
 from .positions import RecordedLinear, linear_from_records
 from .registry import STREAMS
 
+#: what a backwards stream's negative positions mean, for the pages that show them
+BACKWARDS_NOTE = ("backfill's stream IDs count down from -2, as Synapse's do (its backfilled events get "
+                  "negative stream orderings): positions are negative, and a writer ahead has gone further "
+                  "below zero")
+
 
 @dataclass
 class PendingStatus:

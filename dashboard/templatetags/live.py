@@ -2,6 +2,7 @@
 from django import template
 
 from dashboard.stream_status import streams_as_served
+from streams.status import BACKWARDS_NOTE
 
 register = template.Library()
 
@@ -9,3 +10,8 @@ register = template.Library()
 @register.simple_tag
 def stream_status_now():
     return streams_as_served()
+
+
+@register.simple_tag
+def backwards_note():
+    return BACKWARDS_NOTE

@@ -108,7 +108,8 @@
         }) : [el("span", {className: "muted", text: "none"})]);
         var rate = s.db_backed && (s.name in last) ? last[s.name].toFixed(1) : "";
         return el("tr", {"data-stream": s.name, className: s.stuck ? "stuck" : ""}, [
-          el("td", null, [s.name, s.db_backed ? "" : el("span", {className: "muted", text: " (in memory)"})]),
+          el("td", null, [s.name, s.db_backed ? "" : el("span", {className: "muted", text: " (in memory)"}),
+            s.backwards ? el("span", {className: "muted backwards", text: " (counts down)", title: state.backwards_note}) : ""]),
           posCell,
           el("td", {className: "linear", "data-stream": s.name}, [s.linear === null ? "" : String(s.linear),
             s.laggard ? el("span", {className: "held-by muted", text: " held by " + s.laggard}) : ""]),

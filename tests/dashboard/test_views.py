@@ -358,3 +358,12 @@ def test_typing_shows_the_position_the_web_process_holds(staff_client, settings)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in
                text_string_to_metric_families(staff_client.get("/metrics").content.decode()) for s in family.samples}
     assert samples[("synapse_repl_stream_position", (("stream", "typing"), ("writer", me)))] == token
+
+
+def test_backfill_says_why_its_positions_are_negative(staff_client):
+    from streams.status import BACKWARDS_NOTE
+
+    page = staff_client.get("/").content.decode()
+    row = page.split('<tr data-stream="backfill"')[1].split("</tr>")[0]
+    assert "(counts down)" in row and "count down from -2" in row
+    assert "count down from -2" in BACKWARDS_NOTE
