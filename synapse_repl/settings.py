@@ -136,6 +136,8 @@ CELERY_RESULT_BACKEND = REDIS_URL or None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery 6's default, set now: its warning about the change took a dozen lines at every outage.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # Batch jobs (streams/jobs): nightly recomputation, hourly consistency checks. Each schedule is
 # a crontab "minute hour day-of-month month day-of-week" or an interval "@every 30s" (s, m, h);
 # an empty value turns it off.

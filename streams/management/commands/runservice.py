@@ -265,7 +265,10 @@ def start_job_worker(supervisor) -> str:
     if not job_worker_wanted():
         return "JOBS_WORKER=0: run `celery -A synapse_repl worker -B` elsewhere"
     supervisor.add("celery worker", [
+        # Without gossip and mingle: one worker needs neither, and a Redis outage then costs
+        # Celery no traceback for restarting them.
         sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
+        "--without-gossip", "--without-mingle",
         "--loglevel", "INFO", "--schedule", str(beat_schedule_path())],
         cwd=str(settings.BASE_DIR))
     return f"Celery worker + beat on {redact_url(settings.REDIS_URL)}"

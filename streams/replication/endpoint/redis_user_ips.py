@@ -21,12 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import Any
 
 from streams.replication.endpoint.validation import check_inbound
 from streams.replication.protocol.commands import RemoteProtocolError, UserIpCommand, parse_line
-from streams.replication.protocol.redis_session import CONFIRM_TIMEOUT, RedisSubscription, SubscriptionPolicy
+from streams.replication.protocol.redis_session import (
+    CONFIRM_TIMEOUT,
+    OutageNotice,
+    RedisSubscription,
+    SubscriptionPolicy,
+)
 from streams.replication.protocol.resp import RespConnection, RespError, parse_messages
 
 logger = logging.getLogger(__name__)
@@ -61,6 +67,7 @@ class RedisUserIps:
         self.subscribed = asyncio.Event()
         self._conn: RespConnection | None = None
         self._subscription: RedisSubscription | None = None
+        self._outage = OutageNotice("USER_IP lease on Redis")
         self._subscription_task: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._buf = b""
@@ -90,12 +97,16 @@ class RedisUserIps:
         while True:
             try:
                 holding = await self._hold()
+                notice = self._outage.up(time.monotonic())
             except (RespError, OSError, TimeoutError) as e:
-                logger.warning("USER_IP lease on Redis: %s", e)
+                notice = self._outage.failed(time.monotonic(), str(e) or type(e).__name__,
+                                             was_up=self._outage.down_since is None)
                 holding = False
                 if self._conn is not None:
                     await self._conn.close()
                     self._conn = None
+            if notice is not None:
+                logger.log(*notice)
             if holding != self.holding:
                 logger.info("this endpoint %s records USER_IP published on Redis",
                             "now" if holding else "no longer")

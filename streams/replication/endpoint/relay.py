@@ -30,11 +30,13 @@ from typing import Any, Callable, Mapping
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
+from django.db import DatabaseError
 
 from streams.registry import STREAMS
 from streams.replication.endpoint.layer_subscribe import GroupSubscriber
 from streams.replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand
 from streams.replication.protocol.line_batch import BatchPart, WriterRun, add_counts, counts_of
+from streams.replication.protocol.redis_session import OutageNotice
 from streams.replication.publish.streamer import LINES_GROUP
 from streams.replication.worker.follower import RESETTABLE_STREAMS
 
@@ -43,6 +45,11 @@ logger = logging.getLogger(__name__)
 #: Channel layer (in this process) through which the relay reaches its connections.
 LOCAL_LAYER = "replication_local"
 CONNECTIONS_GROUP = "replication.connections"
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text[:300]
 
 
 def replicate_positions(sent: Mapping[tuple[str, str], int], writers: Mapping[str, tuple[str, ...] | None],
@@ -73,6 +80,7 @@ class ReplicationRelay:
 
         self.using = using
         self.local_positions = local_positions
+        self._db_outage = OutageNotice("relay: the database")
         #: Embedded default (SQLite, no Redis): every fact is read from the database and sent
         #: as RDATA; line batches only wake the scan (local_scan.py).
         self.local_scan = local_scan
@@ -214,6 +222,11 @@ class ReplicationRelay:
             self.repairs += 1
             await self._send_positions([(key, new)])
 
+    @staticmethod
+    def _say(notice: tuple[int, str] | None) -> None:
+        if notice is not None:
+            logger.log(*notice)
+
     async def _poll_loop(self) -> None:
         from streams.models import StreamPosition
 
@@ -224,9 +237,13 @@ class ReplicationRelay:
             await asyncio.sleep(self.poll_interval)
             try:
                 rows = await sync_to_async(read, thread_sensitive=False)()
+            except DatabaseError as e:  # an outage: said once when it starts, once when it ends
+                self._say(self._db_outage.failed(time.monotonic(), _one_line(e), was_up=self._db_outage.down_since is None))
+                continue
             except Exception:
                 logger.exception("relay: could not poll stream_positions")
                 continue
+            self._say(self._db_outage.up(time.monotonic()))
             now = time.monotonic()
             repairs = []
             for stream_name, instance_name, stream_id in rows:
@@ -259,8 +276,13 @@ class ReplicationRelay:
             self._scan_wake.clear()
             try:
                 await self.scan_once()
+            except DatabaseError as e:  # an outage: said once when it starts, once when it ends
+                self._say(self._db_outage.failed(time.monotonic(), _one_line(e), was_up=self._db_outage.down_since is None))
+                continue
             except Exception:
                 logger.exception("relay: could not read new rows from the database")
+                continue
+            self._say(self._db_outage.up(time.monotonic()))
 
     async def scan_once(self) -> None:
         from streams.replication.endpoint.local_scan import fit_commands, read_bounds

@@ -58,7 +58,7 @@ async def start_endpoint(host: str, port: int, *, streams: LocalStreams,
             await endpoint.broadcast.heard_on_redis(line)
 
         bridge = SynapseRedisBridge(
-            settings.REDIS_URL, server_name,
+            settings.REDIS_URL, server_name, role="endpoint",
             announce=lambda: [PositionCommand(s, w, t, t) for (s, w), t in sorted(relay.settled_positions().items())],
             # ... and tell when one goes still: a subscriber whose REPLICATE came too early
             # for an answer (the writer had just exited) learns where it stopped.

@@ -156,6 +156,43 @@ class SubscriptionMachine:
         return max(0.0, delay * (1 + spread))
 
 
+@dataclass
+class OutageNotice:
+    """What an outage of a Redis connection is worth telling the operator: one line per change
+    of state (lost, still failing, back) and nothing for each further attempt, so a Redis
+    that is down for minutes costs three log lines, not one per retry. Pure: ``now`` passed in.
+
+    :meth:`failed` after a connection ended (``was_up``: it had been working) or an attempt
+    failed; :meth:`up` once it works again. Each returns ``(level, text)`` to log, or None.
+    """
+
+    name: str
+    down_since: float | None = None
+    attempts: int = 0
+    said_retrying: bool = False
+
+    def failed(self, now: float, reason: str, *, was_up: bool) -> tuple[int, str] | None:
+        if was_up or self.down_since is None:
+            first = self.down_since is None
+            self.down_since, self.attempts, self.said_retrying = now, 0, False
+            if was_up:
+                return logging.WARNING, f"{self.name} lost: {reason}; retrying (said again when it is back)"
+            if first:
+                return logging.WARNING, f"{self.name}: cannot connect: {reason}; retrying (said again when it is back)"
+        self.attempts += 1
+        if not self.said_retrying:
+            self.said_retrying = True
+            return logging.WARNING, f"{self.name} still down: {reason}; retrying with back-off, quietly"
+        return None
+
+    def up(self, now: float) -> tuple[int, str] | None:
+        if self.down_since is None:
+            return None
+        down_for, attempts = now - self.down_since, self.attempts
+        self.down_since, self.attempts, self.said_retrying = None, 0, False
+        return logging.INFO, f"{self.name} back after {down_for:.1f} s ({attempts} failed attempts)"
+
+
 class RedisSubscription:
     """Keeps ``channels`` subscribed on ``url`` until :meth:`stop`, running the owner's hooks.
 
@@ -196,6 +233,7 @@ class RedisSubscription:
         self._stop_event = asyncio.Event()
         self._established = False
         self._session_task: asyncio.Future[str] | None = None
+        self.outage = OutageNotice(name)
 
     @property
     def established(self) -> bool:
@@ -234,11 +272,10 @@ class RedisSubscription:
             if self._stopping:
                 break
             delay = self.machine.lost()
-            if self._established:
-                logger.warning("%s lost: %s; resubscribing in %.2f s", self.name, reason, delay)
-            else:
-                logger.warning("%s: cannot subscribe at %s: %s; retrying in %.2f s", self.name,
-                               redact_url(self.url), reason, delay)
+            notice = self.outage.failed(self._clock(), f"{reason} ({redact_url(self.url)})",
+                                        was_up=self._established)
+            if notice is not None:
+                logger.log(*notice)
             try:
                 await asyncio.wait_for(self._stop_event.wait(), delay)
             except TimeoutError:
@@ -270,6 +307,9 @@ class RedisSubscription:
                 await self._on_subscribed()
             machine.established()
             self._established = True
+            notice = self.outage.up(clock())
+            if notice is not None:
+                logger.log(*notice)
             return await self._read(conn)
         except (RespError, OSError, TimeoutError) as e:
             return str(e) or type(e).__name__

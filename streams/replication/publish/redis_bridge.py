@@ -86,7 +86,10 @@ class SynapseRedisBridge:
     def __init__(self, redis_url: str, server_name: str, *, announce: Callable[[], Iterable[Command]],
                  send_replicate: bool = False, volunteer_every: float | None = None,
                  on_command: Callable[[str], Awaitable[None]] | None = None,
-                 policy: SubscriptionPolicy = SubscriptionPolicy(), read_pause: float = READ_PAUSE) -> None:
+                 policy: SubscriptionPolicy = SubscriptionPolicy(), read_pause: float = READ_PAUSE,
+                 role: str = "writer") -> None:
+        """``role``: whose bridge this is (a process may hold a writer's and an endpoint's),
+        named in its log lines."""
         self.server_name = server_name
         self._channel = server_name.encode()
         self._announce = announce
@@ -116,7 +119,7 @@ class SynapseRedisBridge:
         self._echoes: collections.deque[tuple[float, bytes]] = collections.deque()
         self._subscription = RedisSubscription(
             redis_url, [self._channel], on_subscribed=self._on_subscribed, on_chunk=self._on_chunk,
-            on_lost=self._on_lost, policy=policy, name=f"Redis subscription to {server_name}",
+            on_lost=self._on_lost, policy=policy, name=f"Redis subscription to {server_name} ({role})",
             read_pause=read_pause)
         self.subscribed = asyncio.Event()
         self.published = 0
@@ -316,7 +319,8 @@ class SynapseRedisBridge:
                     self._stale.pop(key, None)
             self.subscribed.set()
         if self.resubscriptions > 1:
-            logger.info("Redis subscription to %s back; announced %d position(s)",
+            # (the subscription itself says once that it is back)
+            logger.debug("Redis subscription to %s back; announced %d position(s)",
                         self.server_name, len(announced))
         if self._send_replicate:
             async with self._lock:

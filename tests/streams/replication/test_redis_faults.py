@@ -119,7 +119,7 @@ def test_cluster_survives_redis_restarts(pg_url, redis_server, tmp_path):
             # ... and every writer subscribed again after the previous kill: a kill during its
             # resubscription is a failed attempt, not the loss of a subscription, and the
             # assertion below counts losses
-            wait_for(lambda: all(cluster.log_count(f"writer-{w}", f"Redis subscription to {SERVER_NAME} back")
+            wait_for(lambda: all(cluster.log_count(f"writer-{w}", f"Redis subscription to {SERVER_NAME} (writer) back")
                                  >= fault for w in ("w1", "w2", "w3")), "the writers to resubscribe")
             assert all(w.poll() is None for w in writers), "the writers finished before the fault"
             redis_server.kill()
@@ -152,7 +152,7 @@ def test_cluster_survives_redis_restarts(pg_url, redis_server, tmp_path):
         # and every writer lost its subscription twice.
         assert cluster.log_count("redis", CONNECTED["red"]) >= 3
         for w in ("w1", "w2", "w3"):
-            assert cluster.log_count(f"writer-{w}", f"Redis subscription to {SERVER_NAME} lost") >= 2
+            assert cluster.log_count(f"writer-{w}", f"Redis subscription to {SERVER_NAME} (writer) lost") >= 2
     finally:
         cluster.stop()
         if redis_server.proc.poll() is not None:

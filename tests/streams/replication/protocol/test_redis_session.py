@@ -253,3 +253,35 @@ def test_cancelling_run_ends_even_a_session_that_loses_the_cancellation():
         assert session.done() and sub.swallowed >= 1
 
     asyncio.run(scenario())
+
+
+# --- what an outage is worth saying (OutageNotice) ------------------------------------------------
+
+
+def test_an_outage_is_said_once_as_it_starts_once_still_down_and_once_back():
+    import logging
+
+    from streams.replication.protocol.redis_session import OutageNotice
+
+    notice = OutageNotice("Redis subscription to hs")
+    said = [notice.failed(10.0, "Redis closed the connection", was_up=True)]
+    said += [notice.failed(10.0 + i, "connection refused", was_up=False) for i in range(1, 30)]
+    said.append(notice.up(45.5))
+    lines = [s for s in said if s is not None]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.WARNING, logging.INFO]
+    assert "lost: Redis closed the connection" in lines[0][1]
+    assert "still down: connection refused" in lines[1][1]
+    assert lines[2][1] == "Redis subscription to hs back after 35.5 s (29 failed attempts)"
+    # up while nothing was down says nothing; a second outage is told again from its start
+    assert notice.up(50.0) is None
+    assert notice.failed(60.0, "gone", was_up=True)[1].endswith("lost: gone; retrying (said again when it is back)")
+
+
+def test_a_connection_that_never_came_up_says_so_once():
+    from streams.replication.protocol.redis_session import OutageNotice
+
+    notice = OutageNotice("USER_IP lease on Redis")
+    first = notice.failed(0.0, "connection refused", was_up=False)
+    assert first is not None and "cannot connect: connection refused" in first[1]
+    assert notice.failed(1.0, "connection refused", was_up=False) is not None  # still down (once)
+    assert all(notice.failed(t, "connection refused", was_up=False) is None for t in range(2, 40))
