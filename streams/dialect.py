@@ -17,6 +17,7 @@ twice) and ``jobs/dialect.py`` (the batch jobs' reads, writes and locks); beside
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from django.db import connections
@@ -33,6 +34,26 @@ def _vendor(using: str) -> str:
     if vendor not in (POSTGRESQL, SQLITE):
         raise RuntimeError(f"synapse_repl needs PostgreSQL or SQLite (database {using!r} is {vendor})")
     return vendor
+
+
+def bounded_settings(using: str, timeout: float) -> dict[str, Any]:
+    """A copy of database ``using``'s settings whose connection gives up within ``timeout``
+    (the health checks'): on PostgreSQL a connect timeout (whole seconds, at least 2) and a
+    statement timeout, on SQLite a busy timeout; never a pool (the checks' connection is
+    closed after them)."""
+    return bounded_settings_for(_vendor(using), connections[using].settings_dict, timeout)
+
+
+def bounded_settings_for(vendor: str, settings_dict: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """:func:`bounded_settings` of a vendor and settings (pure)."""
+    options = {k: v for k, v in settings_dict.get("OPTIONS", {}).items() if k != "pool"}
+    if vendor == POSTGRESQL:
+        options["connect_timeout"] = max(2, math.ceil(timeout))
+        options["options"] = " ".join(filter(None, [
+            options.get("options", ""), f"-c statement_timeout={int(timeout * 1000)}"]))
+    elif vendor == SQLITE:
+        options["timeout"] = timeout
+    return {**settings_dict, "OPTIONS": options, "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": False}
 
 
 def is_local_file(using: str = "default") -> bool:

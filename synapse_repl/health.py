@@ -24,13 +24,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import math
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from streams.id_store import pid_alive
 
@@ -56,30 +55,18 @@ class Check:
     reason: str = ""
 
 
-def bounded_settings(vendor: str, settings_dict: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """A copy of a database's settings whose connection gives up within ``timeout``: on
-    PostgreSQL a connect timeout (whole seconds, at least 2) and a statement timeout, on
-    SQLite a busy timeout; never a pool (the checks' connection is closed after them)."""
-    options = {k: v for k, v in settings_dict.get("OPTIONS", {}).items() if k != "pool"}
-    if vendor == "postgresql":
-        options["connect_timeout"] = max(2, math.ceil(timeout))
-        options["options"] = " ".join(filter(None, [
-            options.get("options", ""), f"-c statement_timeout={int(timeout * 1000)}"]))
-    elif vendor == "sqlite":
-        options["timeout"] = timeout
-    return {**settings_dict, "OPTIONS": options, "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": False}
-
-
 @contextlib.contextmanager
 def bounded_database(timeout: float = CHECK_TIMEOUT) -> Iterator[None]:
     """Within the block, this thread's default database connection is one of its own, with
-    :func:`bounded_settings`; it is closed at the end of the block and the thread's previous
+    :func:`streams.dialect.bounded_settings`; it is closed at the end of the block and the thread's previous
     connection (untouched, whatever it holds) is back: the checks hold no connection past
     their answer."""
     from django.db import connections
 
+    from streams.dialect import bounded_settings
+
     previous = connections["default"]
-    bounded = type(previous)(bounded_settings(previous.vendor, previous.settings_dict, timeout), "default")
+    bounded = type(previous)(bounded_settings("default", timeout), "default")
     connections["default"] = bounded
     try:
         yield

@@ -178,16 +178,18 @@ def test_the_checks_connection_is_closed_and_the_threads_own_is_left_alone(liste
 
 
 def test_bounded_settings():
+    from streams.dialect import bounded_settings_for
+
     pg = {"ENGINE": "django.db.backends.postgresql", "NAME": "db", "CONN_MAX_AGE": 60,
           "OPTIONS": {"sslmode": "require", "options": "-c search_path=app", "pool": True}}
-    bounded = health.bounded_settings("postgresql", pg, 1.5)
+    bounded = bounded_settings_for("postgresql", pg, 1.5)
     assert bounded["OPTIONS"] == {"sslmode": "require", "connect_timeout": 2,
                                   "options": "-c search_path=app -c statement_timeout=1500"}
     assert bounded["CONN_MAX_AGE"] == 0 and bounded["NAME"] == "db"
     assert pg["OPTIONS"]["pool"] is True and "connect_timeout" not in pg["OPTIONS"]  # a copy
-    assert health.bounded_settings("postgresql", {"OPTIONS": {}}, 3.2)["OPTIONS"] == {
+    assert bounded_settings_for("postgresql", {"OPTIONS": {}}, 3.2)["OPTIONS"] == {
         "connect_timeout": 4, "options": "-c statement_timeout=3200"}
-    assert health.bounded_settings("sqlite", {"OPTIONS": {"timeout": 20}}, 1.0)["OPTIONS"] == {"timeout": 1.0}
+    assert bounded_settings_for("sqlite", {"OPTIONS": {"timeout": 20}}, 1.0)["OPTIONS"] == {"timeout": 1.0}
 
 
 class _HeldRun:
