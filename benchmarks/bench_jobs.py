@@ -619,6 +619,7 @@ def compare_masters(run_job, spark_version: str, repeat: int) -> None:
     print(f"standalone cluster (master + 1 worker, 2 cores, 2g) started in {time.monotonic() - t0:.1f} s "
           f"at {cluster.url}", flush=True)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["SPARK_AUTH_SECRET"] = cluster.secret  # the cluster authenticates its drivers
     os.environ.setdefault("SPARK_EXECUTOR_MEMORY", "2g")
     masters = [("local[2]", "local[2]"), ("cluster", cluster.url)]
     times: dict[str, dict[str, list[float]]] = {}

@@ -105,28 +105,43 @@ def job_names() -> list[str]:
 @require_POST
 @staff_member_required
 def start_job(request: HttpRequest) -> HttpResponse:
-    """Start a job from the dashboard (POST ``job``, optional ``rooms`` one per line)."""
+    """Start a job from the dashboard (POST ``job``, optional ``rooms`` one per line).
+
+    A start that would only be refused once running is refused here, 409 with the reason,
+    before anything is queued or spawned: a job whose lock another run holds and, on the
+    embedded default, a job whose child is alive or a host at ``JOBS_MAX_CHILDREN``."""
     job = request.POST.get("job", "")
     rooms = [r.strip() for r in request.POST.get("rooms", "").split() if r.strip()] or None
     if job not in job_names():
         return JsonResponse({"error": f"unknown job {job!r}; known: {', '.join(job_names())}"}, status=400)
     trigger = f"dashboard ({request.user.get_username()})"
+    from streams.jobs.child import ChildRefused, claim_child, create_run
+    from streams.jobs.lock import JobLock
     from streams.tasks import run_job_task
 
     if settings.CELERY_TASK_ALWAYS_EAGER:
         # Embedded default: no Celery worker. The job runs in a child process (its JVM ends
         # with it, not resident in this one), waited for by a thread beside the request.
-        from streams.jobs.child import create_run
-
-        run = create_run(job, rooms, trigger)
-        threading.Thread(target=_run_in_child, args=(run,), name=f"job {job} #{run.pk}", daemon=True).start()
+        try:
+            claim = claim_child(job)
+        except ChildRefused as e:
+            return JsonResponse({"error": str(e)}, status=409)
+        try:
+            run = create_run(job, rooms, trigger)
+            threading.Thread(target=_run_in_child, args=(run, claim), name=f"job {job} #{run.pk}",
+                             daemon=True).start()
+        except BaseException:
+            claim.release()
+            raise
     else:
+        if JobLock.taken(job):
+            return JsonResponse({"error": f"another run of {job} holds its lock: not started"}, status=409)
         run_job_task.delay(job, rooms, trigger=trigger)
     messages.info(request, f"{job} started; its run appears below.")
     return redirect("dashboard:streams")
 
 
-def _run_in_child(run) -> None:
+def _run_in_child(run, claim) -> None:
     from django.db import connection
 
     from streams.jobs.child import run_in_child
@@ -134,4 +149,5 @@ def _run_in_child(run) -> None:
     try:
         run_in_child(run)
     finally:
+        claim.release()
         connection.close()

@@ -173,6 +173,9 @@ SYNAPSE_REPL = {
     "REPLICATION_LISTEN": os.environ.get("REPLICATION_LISTEN", "127.0.0.1:9092"),
     "WEB_LISTEN": os.environ.get("WEB_LISTEN", "127.0.0.1:8000"),
     "SPARK_MASTER": os.environ.get("SPARK_MASTER", "") or "local[*]",
+    # Job children (``run_job``, each with a JVM) the dashboard may have alive at once on this
+    # host, all jobs together; a start beyond it is refused before anything is spawned.
+    "JOBS_MAX_CHILDREN": _env_number("JOBS_MAX_CHILDREN", 2),
     # "events=master,worker1;receipts=master": who may write each stream (default: master).
     "STREAM_WRITERS": os.environ.get("STREAM_WRITERS", ""),
     # How often an endpoint re-reads stream_positions for advances it was not told about.
@@ -219,6 +222,9 @@ SYNAPSE_REPL = {
     # unrecorded after the holder dies without releasing it (redis_user_ips.py).
     "USER_IP_LEASE_SECONDS": _env_number("USER_IP_LEASE_SECONDS", 15.0, float),
 }
+
+if SYNAPSE_REPL["JOBS_MAX_CHILDREN"] < 1:
+    raise ImproperlyConfigured(f"JOBS_MAX_CHILDREN={SYNAPSE_REPL['JOBS_MAX_CHILDREN']}: expected 1 or more")
 
 # --- Operators' dashboard, admin and metrics (docs/dashboard.md) -----------------------------
 DASHBOARD = {

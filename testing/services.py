@@ -242,6 +242,11 @@ class SparkStandaloneCluster:
     The jobs' tests and ``benchmarks/bench_jobs.py --cluster`` run against it as they would
     against ``spark://spark-master:7077``: executors are separate JVMs the worker launches,
     with their own Python workers, so nothing of the driver's process is shared with them.
+
+    Like a production cluster (docs/jobs.md), it authenticates every connection
+    (``spark.authenticate``) with :attr:`secret`, which the master and the worker read from a
+    properties file of mode 0600 (never their command lines); a driver joins with
+    ``SPARK_AUTH_SECRET`` set to it.
     """
 
     cores: int = 1
@@ -249,6 +254,7 @@ class SparkStandaloneCluster:
     directory: str = ""
     port: int = 0
     webui_port: int = 0
+    secret: str = ""
     master: subprocess.Popen | None = field(default=None, repr=False)
     worker: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -271,13 +277,14 @@ class SparkStandaloneCluster:
         if not self.directory:
             self.directory = tempfile.mkdtemp(prefix="synapse_repl_spark_")
         self.port, self.webui_port = free_port(), free_port()
+        properties = self._auth_properties()
         env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
                "SPARK_LOG_DIR": self.directory, "SPARK_WORKER_DIR": os.path.join(self.directory, "work")}
         env.pop("SPARK_CONF_DIR", None)
         spark_class = os.path.join(home, "bin", "spark-class")
         self.master = subprocess.Popen(
             ["bash", spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", str(self.port), "--webui-port", str(self.webui_port)],
+             "--port", str(self.port), "--webui-port", str(self.webui_port), "--properties-file", properties],
             env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "master.log"), "ab"),
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
         )
@@ -286,7 +293,7 @@ class SparkStandaloneCluster:
             self.worker = subprocess.Popen(
                 ["bash", spark_class, "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
                  "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
-                 "--work-dir", env["SPARK_WORKER_DIR"]],
+                 "--work-dir", env["SPARK_WORKER_DIR"], "--properties-file", properties],
                 env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "worker.log"), "ab"),
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
             )
@@ -295,6 +302,19 @@ class SparkStandaloneCluster:
             self.stop()
             raise
         return self
+
+    def _auth_properties(self) -> str:
+        """The master's and the worker's properties file: authentication on, the shared secret,
+        and the master's REST submission port off (it would take drivers without any secret)."""
+        import secrets
+
+        self.secret = self.secret or secrets.token_urlsafe(32)
+        path = os.path.join(self.directory, "spark-auth.properties")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"spark.authenticate true\nspark.authenticate.secret {self.secret}\n"
+                    "spark.master.rest.enabled false\n")
+        return path
 
     def master_state(self) -> dict:
         """What the master reports on its web UI's JSON: workers, applications, cores."""

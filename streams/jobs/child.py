@@ -7,14 +7,20 @@ whatever else it started) when the launching process dies first: it runs on a li
 
 The launcher makes the :class:`JobRun` first and hands its id to the child, so that whatever
 happens to the child (killed, out of memory, a broken environment) the run is recorded.
+
+Each child costs a Python and a JVM (some 200 MB before its job even takes the lock), so a
+launcher refuses before spawning (:func:`claim_child`): a second child of a job whose child
+is alive, a job whose lock another run holds, and any child beyond ``JOBS_MAX_CHILDREN``
+alive at once on this host, whatever their jobs.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Sequence
 
 from django.conf import settings
 from django.db import connections
@@ -25,6 +31,7 @@ from synapse_repl.supervisor import kill_group
 
 from ..models import JobRun
 from .dialect import for_database
+from .lock import JobLock
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,6 +69,65 @@ def create_run(job: str, rooms: Sequence[str] | None, trigger: str) -> JobRun:
     """The record the child will fill in (``running`` until it does)."""
     return JobRun.objects.create(job=job, parameters={"rooms": list(rooms)} if rooms else {},
                                  trigger=trigger, started_at=timezone.now())
+
+
+class ChildRefused(Exception):
+    """A job child that was not started; the message says why, for the operator who asked."""
+
+
+class ChildClaim:
+    """What a launcher holds while its child runs: its job's launch file and one of the
+    host's child slots, each an exclusive ``flock`` in ``STATE_DIR/jobs/children/`` (the
+    kernel drops them if the launcher dies). :meth:`release` when the child has ended."""
+
+    def __init__(self, files: list[IO[str]]) -> None:
+        self._files = files
+
+    def release(self) -> None:
+        for file in self._files:
+            file.close()
+        self._files = []
+
+
+def _try_flock(path: Path) -> IO[str] | None:
+    file: IO[str] = open(path, "a+")
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        return None
+    return file
+
+
+def claim_child(job: str, limit: int | None = None) -> ChildClaim:
+    """Claim the right to start a child for ``job``, or raise :class:`ChildRefused` before
+    anything is spawned: while a child of ``job`` started here is alive, while another run of
+    ``job`` holds its lock (a Celery worker's, ``manage.py run_job``'s), and while ``limit``
+    (``JOBS_MAX_CHILDREN``) children are alive on this host."""
+    limit = settings.SYNAPSE_REPL["JOBS_MAX_CHILDREN"] if limit is None else limit
+    directory = Path(settings.STATE_DIR) / "jobs" / "children"
+    directory.mkdir(parents=True, exist_ok=True)
+    own = _try_flock(directory / f"job-{job}.lock")
+    if own is None:
+        raise ChildRefused(f"{job} is already running{_running_run(job)}: not started again")
+    held = [own]
+    try:
+        if JobLock.taken(job):
+            raise ChildRefused(f"another run of {job} holds its lock{_running_run(job)}: not started")
+        slot = next((f for f in (_try_flock(directory / f"slot-{i}.lock") for i in range(limit)) if f), None)
+        if slot is None:
+            raise ChildRefused(f"{limit} job{'s are' if limit != 1 else ' is'} already running on this host "
+                               f"(JOBS_MAX_CHILDREN={limit}): {job} not started; start it when one has ended")
+        held.append(slot)
+    except BaseException:
+        ChildClaim(held).release()
+        raise
+    return ChildClaim(held)
+
+
+def _running_run(job: str) -> str:
+    run = JobRun.objects.filter(job=job, status=JobRun.Status.RUNNING).order_by("-started_at").first()
+    return f" (run #{run.pk})" if run else ""
 
 
 def run_in_child(run: JobRun, timeout: float | None = None) -> JobRun:

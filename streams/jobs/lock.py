@@ -31,6 +31,15 @@ class JobLock:
         self.held = self._handle is not None
         return self.held
 
+    @classmethod
+    def taken(cls, job: str, using: str = "default") -> bool:
+        """Whether another run of ``job`` holds its lock now (tried, and let go at once)."""
+        lock = cls(job, using)
+        try:
+            return not lock.acquire()
+        finally:
+            lock.release()
+
     def release(self) -> None:
         if self._handle is not None:
             self._handle.close()

@@ -3,6 +3,7 @@ escape unrecorded. Celery tasks and ``manage.py run_job`` both come through here
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 import uuid
 from typing import Any, Callable, Sequence
@@ -80,7 +81,7 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
                          f"{'do' if len(missing) > 1 else 'does'} not exist: nothing was checked or written")
             return run
         from .monitor import JobMonitor
-        from .session import spark_session
+        from .session import spark_session, ui_url
 
         spark = spark_session()
         # Unique in this Spark context, not only in this database: the status tracker keeps
@@ -89,7 +90,7 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         # stages and cancel the wrong jobs.
         group = f"job-run-{run.pk}-{uuid.uuid4().hex[:12]}"
         spark.sparkContext.setJobGroup(group, f"{name} (run #{run.pk})", interruptOnCancel=True)
-        run.spark_ui_url = spark.sparkContext.uiWebUrl or ""
+        run.spark_ui_url = ui_url(spark.sparkContext.uiWebUrl, os.environ)
         JobRun.objects.filter(pk=run.pk).update(spark_ui_url=run.spark_ui_url, status=run.status,
                                                 error="", ended_at=None)
         monitor = JobMonitor(spark, run, group, progress_interval, on_progress)

@@ -52,3 +52,21 @@ def test_feed_carries_progress_and_the_cancel_button_asks_for_a_cancel(admin_cli
     run.save()
     assert admin_client.post(f"/jobs/{run.pk}/cancel").status_code == 400  # not running any more
     assert recent_job_runs()[0]["spark_ui_url"] == ""
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_a_start_is_refused_before_anything_starts_while_another_run_holds_the_lock(admin_client, settings, eager):
+    """On the embedded default (a child per run) and in full mode (a Celery task): 409 with the
+    reason, no run recorded, no launcher thread."""
+    import threading
+
+    from streams.jobs.lock import JobLock
+
+    settings.CELERY_TASK_ALWAYS_EAGER = eager
+    with JobLock("check_visibility") as held:
+        assert held
+        answer = admin_client.post("/jobs/start", {"job": "check_visibility"})
+    assert answer.status_code == 409
+    assert "another run of check_visibility holds its lock" in answer.json()["error"]
+    assert not JobRun.objects.exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("job check_visibility")]

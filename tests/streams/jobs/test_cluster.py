@@ -32,6 +32,7 @@ def cluster_celery(tmp_path_factory, django_db_setup, django_db_blocker, redis_s
     group = ProcessGroup(tmp_path)
     group.env = {**os.environ, "DATABASE_URL": pg_url, "REDIS_URL": redis_server.url,
                  "STATE_DIR": str(tmp_path / "state"), "SPARK_MASTER": spark_cluster.url,
+                 "SPARK_AUTH_SECRET": spark_cluster.secret,  # the cluster authenticates its drivers
                  "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DRIVER_MEMORY": "1g", "SPARK_SHUFFLE_PARTITIONS": "2",
                  "SPARK_EXECUTOR_MEMORY": "1g",
                  "JOBS_RECOMPUTE_CRON": "", "JOBS_CHECK_CRON": "", "JOBS_CHAIN_COVER_CHECK_CRON": ""}
