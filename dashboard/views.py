@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -25,7 +26,8 @@ def streams_page(request: HttpRequest) -> HttpResponse:
 
     return render(request, "dashboard/streams.html", _context(
         streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
-        schedule=job_schedule()))
+        # no beat runs without Redis (the embedded default): nothing is scheduled there
+        beat=bool(settings.REDIS_URL), schedule=job_schedule() if settings.REDIS_URL else []))
 
 
 @staff_member_required

@@ -70,3 +70,17 @@ def test_a_start_is_refused_before_anything_starts_while_another_run_holds_the_l
     assert "another run of check_visibility holds its lock" in answer.json()["error"]
     assert not JobRun.objects.exists()
     assert not [t for t in threading.enumerate() if t.name.startswith("job check_visibility")]
+
+
+def test_the_embedded_default_lists_no_beat_schedule(admin_client, settings):
+    """No Celery beat runs without Redis: the page says so instead of listing next runs."""
+    from synapse_repl.schedules import beat_schedule
+
+    settings.CELERY_BEAT_SCHEDULE = beat_schedule({"nightly recompute": ("0 3 * * *", "topological_ordering")})
+    settings.REDIS_URL = ""
+    page = admin_client.get("/").content.decode()
+    schedule = page.split('class="job-schedule"')[1].split("</table>")[0]
+    assert "no Celery beat runs on the embedded default" in schedule and "nightly recompute" not in schedule
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # full mode: the beat's next runs
+    schedule = admin_client.get("/").content.decode().split('class="job-schedule"')[1].split("</table>")[0]
+    assert "nightly recompute" in schedule and "no Celery beat" not in schedule
