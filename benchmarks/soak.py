@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from testing.accounting import cpu_seconds, machine_busy, peak_rss_kib, rss_kib  # noqa: E402
+from testing.accounting import cpu_seconds, machine_busy, peak_rss_kib, rss_kib, status_field  # noqa: E402
 from testing.processes import ProcessGroup, wait_port  # noqa: E402
 from testing.services import RedisServer, free_port  # noqa: E402
 
@@ -858,7 +858,7 @@ class HealthFlood:
         return {k: (self.before[k], self.during[k], self.after[k]) for k in self.before}
 
     def sample(self) -> dict[str, int]:
-        return {"threads": _status_field(self.pid, "Threads:"), "PostgreSQL connections": self._pg_connections(),
+        return {"threads": (status_field(self.pid, "Threads:") or 0), "PostgreSQL connections": self._pg_connections(),
                 "RSS MiB": (rss_kib(self.pid) or 0) // 1024}
 
     def _pg_connections(self) -> int:
@@ -921,15 +921,6 @@ class HealthFlood:
             into[k] = max(into[k], v)
 
 
-def _status_field(pid: int, key: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 #: The endpoints log every loop wake-up later than this (their own stalls, beside the probes' times).

@@ -11,12 +11,12 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def peak_rss_kib(pid: int) -> int | None:
     """The process's peak resident set size (``VmHWM``) in KiB; None once it is gone."""
-    return _status_kib(pid, "VmHWM:")
+    return status_field(pid, "VmHWM:")
 
 
 def rss_kib(pid: int) -> int | None:
     """The process's resident set size now (``VmRSS``) in KiB; None once it is gone."""
-    return _status_kib(pid, "VmRSS:")
+    return status_field(pid, "VmRSS:")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -29,7 +29,8 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-def _status_kib(pid: int, key: str) -> int | None:
+def status_field(pid: int, key: str) -> int | None:
+    """A number from ``/proc/<pid>/status`` (``VmRSS:`` in KiB, ``Threads:``...); None if gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:

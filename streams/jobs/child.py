@@ -15,7 +15,6 @@ alive at once on this host, whatever their jobs.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from synapse_repl.lifeline import Lifeline
 from synapse_repl.supervisor import kill_group
 
 from ..models import JobRun
-from .dialect import for_database
+from .dialect import for_database, try_flock
 from .lock import JobLock
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -89,14 +88,6 @@ class ChildClaim:
         self._files = []
 
 
-def _try_flock(path: Path) -> IO[str] | None:
-    file: IO[str] = open(path, "a+")
-    try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        file.close()
-        return None
-    return file
 
 
 def claim_child(job: str, limit: int | None = None) -> ChildClaim:
@@ -107,14 +98,14 @@ def claim_child(job: str, limit: int | None = None) -> ChildClaim:
     limit = settings.SYNAPSE_REPL["JOBS_MAX_CHILDREN"] if limit is None else limit
     directory = Path(settings.STATE_DIR) / "jobs" / "children"
     directory.mkdir(parents=True, exist_ok=True)
-    own = _try_flock(directory / f"job-{job}.lock")
+    own = try_flock(directory / f"job-{job}.lock")
     if own is None:
         raise ChildRefused(f"{job} is already running{_running_run(job)}: not started again")
     held = [own]
     try:
         if JobLock.taken(job):
             raise ChildRefused(f"another run of {job} holds its lock{_running_run(job)}: not started")
-        slot = next((f for f in (_try_flock(directory / f"slot-{i}.lock") for i in range(limit)) if f), None)
+        slot = next((f for f in (try_flock(directory / f"slot-{i}.lock") for i in range(limit)) if f), None)
         if slot is None:
             raise ChildRefused(f"{limit} job{'s are' if limit != 1 else ' is'} already running on this host "
                                f"(JOBS_MAX_CHILDREN={limit}): {job} not started; start it when one has ended")

@@ -31,6 +31,17 @@ from ..pg import connection_kwargs, dedicated_connection
 from .copy_in import copy_arrow_batches
 
 
+def try_flock(path: Path) -> IO[str] | None:
+    """``path`` opened and locked exclusively (``flock``: the kernel lets go when the holder
+    dies), or None if another process holds it."""
+    file: IO[str] = open(path, "a+")
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        return None
+    return file
+
 class Closable(Protocol):
     def close(self) -> None: ...
 
@@ -217,11 +228,8 @@ class SQLiteJobs(JobDialect):
     def try_lock(self, job, key, using):
         path = Path(settings.STATE_DIR) / "locks" / f"job-{job}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
-        file: IO[str] = open(path, "a+")
-        try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.close()
+        file = try_flock(path)
+        if file is None:
             return None
         file.seek(0)
         file.truncate()
