@@ -3,20 +3,29 @@
 Every fact table can be searched and filtered by room, sender (or user), type, stream ID
 (from/to, or a number typed in the search box) and writer. An event's page shows its stored
 JSON exactly as received and pretty-printed, and the panels of ``admin_panels`` (edges,
-verdict, state group, state at the event). The stream-positions
-and pending-IDs pages carry the live panel of the dashboard (same WebSocket feed).
+verdict, state group, state at the event), and when it was received (UTC; the stored
+milliseconds in its tooltip). The stream-positions and pending-IDs pages carry the live panel
+of the dashboard (same WebSocket feed). In every list, text columns (IDs, types, names) wrap
+only after their own separators (``synapse_repl.wrapping``), never mid-word.
 """
 from __future__ import annotations
 
+import datetime
 import json
+from typing import Any, Callable
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models
 from django.db.models import Q
 from django.http import HttpResponseBadRequest, QueryDict
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
+
+from synapse_repl.wrapping import breakable
 
 from .admin_panels import EVENT_DETAIL_PANELS
 from .identifiers import fits_stream_id
@@ -96,8 +105,47 @@ def bad_changelist_query(query: QueryDict) -> str | None:
     return None
 
 
+def breakable_column(model: type[models.Model], name: str) -> Callable[[Any], Any]:
+    """A list column showing the text field ``name`` wrapped only after its separators
+    (sorted by the field, its cells still ``field-<name>``)."""
+    field = model._meta.get_field(name)
+
+    @admin.display(description=field.verbose_name, ordering=name)
+    def column(row):
+        value = getattr(row, name)
+        return None if value is None else breakable(value)
+    column.__name__ = name
+    return column
+
+
+def _is_text_column(model: type[models.Model], name: Any) -> bool:
+    if not isinstance(name, str):
+        return False
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:  # a method or admin attribute
+        return False
+    return isinstance(field, models.CharField) and not field.choices
+
+
+def epoch_ms_time(ms: int):
+    """Milliseconds since the epoch as the one time format (UTC), the number in its tooltip;
+    the number alone when it is no time (a peer's odd clock)."""
+    try:
+        when = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return ms
+    return format_html('<time datetime="{}" title="{} ms since 1970-01-01 UTC">{}</time>',
+                       when.isoformat(timespec="milliseconds"), ms, date_format(when, "DATETIME_FORMAT"))
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Shows rows, never adds, changes or deletes them."""
+
+    def get_list_display(self, request):
+        """Text columns wrap only after an identifier's separators, never mid-word."""
+        return [breakable_column(self.model, name) if _is_text_column(self.model, name) else name
+                for name in super().get_list_display(request)]
 
     def changelist_view(self, request, extra_context=None):
         problem = bad_changelist_query(request.GET)
@@ -156,9 +204,13 @@ class EventAdmin(FactAdmin):
     choice_filters = ("type", "instance_name", "outlier", "rejected")
     text_filters = ((_("room"), "room_id"), (_("sender"), "sender"))
     search_fields = ("event_id", "room_id", "sender", "type")
-    exclude = ("json",)
-    readonly_fields = ("json_exact", "json_pretty")
+    exclude = ("json", "received_ts")
+    readonly_fields = ("received_at", "json_exact", "json_pretty")
     change_form_template = "admin/streams/event/change_form.html"
+
+    @admin.display(description=_("received at"))
+    def received_at(self, obj: Event):
+        return epoch_ms_time(obj.received_ts)
 
     @admin.display(description=_("JSON as stored"))
     def json_exact(self, obj: Event) -> str:
@@ -283,10 +335,11 @@ class JobRunAdmin(ReadOnlyAdmin):
         if not rows:
             return "—"
         return format_html(
-            '<p>first {} of {}</p><table class="differences"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+            '<p>first {} of {}</p><div class="scroll-x"><table class="differences"><thead><tr>{}</tr></thead>'
+            '<tbody>{}</tbody></table></div>',
             len(rows), run.differences,
             format_html_join("", "<th>{}</th>", ((c,) for c in columns)),
-            format_html_join("", "<tr>{}</tr>", ((format_html_join("", "<td>{}</td>", ((v,) for v in row)),)
+            format_html_join("", "<tr>{}</tr>", ((format_html_join("", "<td>{}</td>", ((breakable(v),) for v in row)),)
                                                  for row in rows)))
 
     @admin.display(description=_("duration (s)"))

@@ -10,13 +10,15 @@ from urllib.parse import urlencode
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from synapse_repl.wrapping import breakable
+
 from .models import Event
 from .models.storage import EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge, StateGroupState
 
 
 def _event_link(event_id: str):
     url = reverse("admin:streams_event_changelist") + "?" + urlencode({"q": event_id})
-    return format_html('<a href="{}">{}</a>', url, event_id)
+    return format_html('<a href="{}">{}</a>', url, breakable(event_id))
 
 
 def _list(event_ids) -> str:
@@ -64,9 +66,9 @@ def state_panel(event: Event) -> str:
     except (NotFound, StorageUnsupported) as e:
         return format_html("<p>{}</p>", str(e))
     rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                            ((t, k, _event_link(e)) for (t, k), e in sorted(state.items())))
-    return format_html('<table class="state-at-event"><thead><tr><th>type</th><th>state_key</th><th>event</th>'
-                       '</tr></thead><tbody>{}</tbody></table>', rows)
+                            ((breakable(t), breakable(k), _event_link(e)) for (t, k), e in sorted(state.items())))
+    return format_html('<div class="scroll-x"><table class="state-at-event"><thead><tr><th>type</th><th>state_key</th>'
+                       '<th>event</th></tr></thead><tbody>{}</tbody></table></div>', rows)
 
 
 #: The panels on an event's admin page, in order: ``(title, render(event) -> HTML)``; build the

@@ -34,6 +34,20 @@
     return node;
   }
 
+  // An identifier that may wrap only right after its own separators (": . / _"), never inside a
+  // word: its text with a <wbr> after each (as synapse_repl/wrapping.py does on the server).
+  function breakable(text) {
+    var nodes = [];
+    String(text).split(/(?<=[:.\/_])(?=.)/).forEach(function (part, i) {
+      if (i) nodes.push(document.createElement("wbr"));
+      nodes.push(document.createTextNode(part));
+    });
+    return nodes;
+  }
+
+  // A table in a box of its own that scrolls sideways when the table is wider than the page.
+  function scrollBox(table) { return el("div", {className: "scroll-x"}, [table]); }
+
   function setStatus(state, text) {
     document.querySelectorAll(".live-status").forEach(function (node) {
       node.dataset.state = state;
@@ -54,6 +68,12 @@
 
   // The server's format (synapse_repl/formats): "2026-11-24 06:05:38 UTC".
   function clock(t) { return new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") + " UTC"; }
+
+  // A time that may wrap at its spaces, never inside its date ("2026-11-|29").
+  function when(t) {
+    var text = clock(t), space = text.indexOf(" ");
+    return el("span", {className: "when"}, [el("span", {text: text.slice(0, space)}), text.slice(space)]);
+  }
 
   function ago(t, now) {
     if (t === null || t === undefined) return "never";
@@ -83,10 +103,10 @@
           var info = s.writer_status[w];
           var known = info.position !== null;
           var gone = info.gone;
-          var last = "";
+          var last = null;
           if (info.last_write !== null) {
-            last = "last write " + clock(info.last_write) + " (" + ago(info.last_write, state.t) + ")" +
-              (info.pid ? " by pid " + info.pid : "") + (info.alive === null && info.host ? " on " + info.host : "");
+            last = [" last write ", when(info.last_write), " (" + ago(info.last_write, state.t) + ")" +
+              (info.pid ? " by pid " + info.pid : "") + (info.alive === null && info.host ? " on " + info.host : "")];
           }
           return el("div", {className: gone ? "writer-row gone" : "writer-row"}, [
             el("span", {className: "writer", text: w}), ": ",
@@ -97,7 +117,7 @@
                                  title: "its process is gone without closing the writer cleanly (killed or crashed)"}) : "",
             info.finished ? el("span", {className: "finished muted", text: " finished",
                                         title: "its process closed the writer cleanly and exited"}) : "",
-            last ? el("span", {className: "last-write muted", text: " " + last}) : "",
+            last ? el("span", {className: "last-write muted"}, last) : "",
           ]);
         }) : [el("span", {className: "muted", text: "none"})]);
         var pendingCell = el("td", null, s.pending.length ? s.pending.map(function (p) {
@@ -219,21 +239,21 @@
         var c = e.counters;
         var connected = e.connections.map(function (conn) {
           return el("tr", {"data-peer": conn.peer}, [
-            el("td", {className: "conn-name", text: conn.name}),
+            el("td", {className: "conn-name"}, breakable(conn.name)),
             el("td", {text: conn.peer}),
-            el("td", {text: clock(conn.connected_at) + " (" + ago(conn.connected_at, now) + ")"}),
+            el("td", null, [when(conn.connected_at), " (" + ago(conn.connected_at, now) + ")"]),
             el("td", {text: ago(conn.last_ping_at, now)}),
             el("td", {className: conn.outbound_queue > 1000 ? "warn" : "", text: String(conn.outbound_queue)}),
             el("td", {text: conn.streams.length ? conn.streams.join(", ") : "none yet"}),
-            el("td", {title: conn.syncing_users.join("\n"),
-                      text: conn.syncing_user_count ? conn.syncing_user_count + ": " + conn.syncing_users.slice(0, 5).join(", ") +
-                        (conn.syncing_user_count > 5 ? ", …" : "") : "none"}),
+            el("td", {title: conn.syncing_users.join("\n")}, conn.syncing_user_count ?
+              [conn.syncing_user_count + ": "].concat(breakable(conn.syncing_users.slice(0, 5).join(", ")),
+                                                       conn.syncing_user_count > 5 ? [", …"] : []) : ["none"]),
           ]);
         });
         if (!connected.length) connected = [el("tr", null, [el("td", {colspan: "7", className: "muted", text: "no worker connected"})])];
         var gone = e.recent_disconnects.slice(0, 20).map(function (d) {
           return el("tr", {className: "reason-" + d.reason.replace(/ /g, "-")}, [
-            el("td", {text: clock(d.at)}), el("td", {text: d.name}), el("td", {text: d.peer}),
+            el("td", null, [when(d.at)]), el("td", null, breakable(d.name)), el("td", {text: d.peer}),
             el("td", {className: (d.reason === "shut down" || d.reason === "connection lost") ? "" : "warn", text: d.reason}),
             el("td", {className: "muted", text: d.detail === d.reason ? "" : d.detail}),
           ]);
@@ -245,16 +265,16 @@
           el("p", {className: "muted", text: "since " + clock(c.started_at) + ": " + c.connections + " connection" +
             (c.connections === 1 ? "" : "s") + " accepted · sent " +
             c.rdata_sent + " RDATA, " + c.position_sent + " POSITION" + (reasons ? " · disconnects: " + reasons : "")}),
-          el("table", {className: "connections"}, [
+          scrollBox(el("table", {className: "connections"}, [
             el("thead", null, [el("tr", null, ["Name", "Address", "Connected since", "Last PING", "Outbound queue",
               "Streams", "Syncing users"].map(function (h) { return el("th", {text: h}); }))]),
             el("tbody", null, connected),
-          ]),
+          ])),
           el("h3", {text: "Recent disconnects"}),
-          el("table", {className: "disconnects"}, [
+          scrollBox(el("table", {className: "disconnects"}, [
             el("thead", null, [el("tr", null, ["At", "Name", "Address", "Reason", "Detail"].map(function (h) { return el("th", {text: h}); }))]),
             el("tbody", null, gone),
-          ]),
+          ])),
         ]);
       }));
     });
@@ -290,9 +310,9 @@
       state.jobs.forEach(function (r) {
         rows.push(el("tr", {"data-status": r.status}, [
           el("td", {text: "#" + r.id}),
-          el("td", {text: r.job + (r.rooms ? " (" + r.rooms + " rooms)" : "")}),
+          el("td", null, breakable(r.job).concat(r.rooms ? [" (" + r.rooms + " rooms)"] : [])),
           el("td", {className: "status-" + (r.verdict || r.status)}, statusCell(r)),
-          el("td", {text: clock(r.started_at)}),
+          el("td", null, [when(r.started_at)]),
           el("td", {text: r.duration_seconds === null ? "running…" : r.duration_seconds + " s"}),
           el("td", {text: (r.rows_in === null ? "" : r.rows_in) + " / " + (r.rows_out === null ? "" : r.rows_out)}),
           el("td", {text: r.differences === null ? "" : String(r.differences)}),
@@ -302,12 +322,12 @@
         if (r.difference_rows && r.difference_rows.length) {
           rows.push(el("tr", {className: "differences"}, [el("td", {colspan: "9"}, [el("details", null, [
             el("summary", {text: "first " + r.difference_rows.length + " of " + r.differences + " differences"}),
-            el("table", {className: "differences"}, [
+            scrollBox(el("table", {className: "differences"}, [
               el("thead", null, [el("tr", null, r.difference_columns.map(function (c) { return el("th", {text: c}); }))]),
               el("tbody", null, r.difference_rows.map(function (row) {
-                return el("tr", null, row.map(function (v) { return el("td", {text: v}); }));
+                return el("tr", null, row.map(function (v) { return el("td", null, breakable(v)); }));
               })),
-            ]),
+            ])),
           ])])]));
         }
       });

@@ -5,7 +5,8 @@ layout: the web process (daphne serving the ASGI app) and the replication endpoi
 One service for the whole walk: a check run from the dashboard finds a difference and is shown
 as a failure; a job started from the dashboard shows its Spark progress and is cancelled; the
 Connections page lists a Redis worker with its lag; every page is photographed at 1,400 and
-760 px (``artifacts/screenshots/``, kept by CI) with no table wider than its box; and the Live
+760 px (``artifacts/screenshots/``, kept by CI) and measured (``page_layout``): no word of a
+table cell split across lines, nothing clipped, no page wider than the window; and the Live
 banner turns red when the endpoint process is killed.
 """
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ import pytest
 from testing.processes import stop_process, wait_port
 from testing.services import free_port
 
+from .page_layout import layout_faults
 from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, SCREENSHOTS, WAIT_MS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,31 +33,6 @@ WIDTHS = (1400, 760)
 JOB_WAIT_MS = 120_000  # a Spark driver starting on a loaded 2-core machine
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-#: Tables wider than their box, or than the window (a table cut off at the right).
-OVERFLOWING_TABLES = """() => {
-  const width = document.documentElement.clientWidth;
-  const out = [];
-  for (const t of document.querySelectorAll("table")) {
-    if (t.offsetParent === null) continue;  // not shown (a closed <details>)
-    const name = t.className || t.id || "table";
-    const right = t.getBoundingClientRect().right;
-    if (t.scrollWidth > t.clientWidth + 1 || right > width + 1) {
-      out.push(name + " " + t.scrollWidth + ">" + t.clientWidth + " right " + Math.round(right));
-      continue;
-    }
-    // cut off by a box around it that scrolls or clips (the admin's result list)
-    for (let box = t.parentElement; box; box = box.parentElement) {
-      if (getComputedStyle(box).overflowX !== "visible" && box.scrollWidth > box.clientWidth + 1) {
-        out.push(name + " in " + (box.className || box.id || box.tagName) + " " + box.scrollWidth + ">" + box.clientWidth);
-        break;
-      }
-    }
-  }
-  if (document.documentElement.scrollWidth > width + 1) out.push("page " + document.documentElement.scrollWidth);
-  return out;
-}"""
-
 
 def _stop_group(proc: subprocess.Popen) -> None:
     stop_process(proc, timeout=15, group=True)
@@ -99,6 +78,39 @@ def manage(env: dict, *args: str) -> str:
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+class TcpWorker:
+    """A worker on the replication endpoint's socket, as the Connections page lists it: its
+    NAME, a user it reports syncing, and a PING every few seconds so the endpoint keeps it."""
+
+    def __init__(self, listen: str, name: str, user: str):
+        host, _, port = listen.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.sendall(f"NAME {name}\nPING 1\nREPLICATE \nUSER_SYNC i1 {user} DEV start 1\n".encode())
+        self.stopped = threading.Event()
+        threading.Thread(target=self._keepalive, name="worker pings", daemon=True).start()
+        threading.Thread(target=self._drain, name="worker reads", daemon=True).start()
+
+    def _keepalive(self) -> None:
+        n = 2
+        while not self.stopped.wait(4):
+            try:
+                self.sock.sendall(f"PING {n}\n".encode())
+            except OSError:
+                return
+            n += 1
+
+    def _drain(self) -> None:
+        try:
+            while self.sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.sock.close()
 
 
 def start_job(page, job: str) -> None:
@@ -158,22 +170,45 @@ def test_operator_walk_in_a_real_browser(full_mode, tmp_path):
             # the differences table's last column: the ordering found stored (the right one + 1000)
             expect(page.locator("table.differences td").last).to_have_text(re.compile(r"^10\d\d$"))
 
-            # Every page at both widths: photographed, and no table wider than its box.
+            # Every page at both widths, a TCP worker connected (its name, address and syncing
+            # user in the Connections and Syncing users tables): photographed, then measured
+            # (folded differences opened): no word of a table cell split across lines (an
+            # identifier wraps only after its separators), nothing clipped, no page wider
+            # than the window.
+            with psycopg.connect(env["DATABASE_URL"], autocommit=True) as db:
+                check_pk = db.execute("SELECT id FROM job_runs WHERE job = 'check_topological_ordering'").fetchone()[0]
             pages = {"streams": "/", "connections": "/connections/", "syncing-users": "/connections/users/",
                      "admin": "/admin/", "admin-events": "/admin/streams/event/",
                      "admin-event": f"/admin/streams/event/{event_pk}/change/",
-                     "admin-positions": "/admin/streams/streamposition/", "admin-job-runs": "/admin/streams/jobrun/"}
-            overflowing = {}
-            for width in WIDTHS:
-                page.set_viewport_size({"width": width, "height": 900})
-                for name, path in pages.items():
-                    page.goto(base + path)
-                    if page.locator("#live-status").count():
-                        expect(status, f"{name} at {width} px").to_have_attribute("data-state", "live", timeout=WAIT_MS)
-                    page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
-                    if found := page.evaluate(OVERFLOWING_TABLES):
-                        overflowing[f"{name} at {width} px"] = found
-            assert overflowing == {}
+                     "admin-positions": "/admin/streams/streamposition/", "admin-job-runs": "/admin/streams/jobrun/",
+                     "admin-job-run": f"/admin/streams/jobrun/{check_pk}/change/"}
+            tcp_worker = TcpWorker(env["REPLICATION_LISTEN"], "worker1", "@carol:browser.test")
+            faults = {}
+            try:
+                for width in WIDTHS:
+                    page.set_viewport_size({"width": width, "height": 900})
+                    for name, path in pages.items():
+                        page.goto(base + path)
+                        if page.locator("#live-status").count():
+                            expect(status, f"{name} at {width} px").to_have_attribute("data-state", "live",
+                                                                                      timeout=WAIT_MS)
+                        if name == "connections":
+                            expect(page.locator(".connections td.conn-name")).to_have_text("worker1", timeout=WAIT_MS)
+                        page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
+                        if found := layout_faults(page):
+                            faults[f"{name} at {width} px"] = found
+            finally:
+                tcp_worker.close()
+            assert faults == {}
+            # the differences table, measured above, holds the wrong ordering on the run's page
+            page.goto(base + f"/admin/streams/jobrun/{check_pk}/change/")
+            expect(page.locator("table.differences td").last).to_have_text(re.compile(r"^10\d\d$"))
+            # an event's receipt time reads as a time (UTC), the stored milliseconds in its tooltip
+            page.goto(base + f"/admin/streams/event/{event_pk}/change/")
+            received = page.locator(".field-received_at time")
+            expect(received).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+            expect(received).to_have_attribute("title", re.compile(r"^\d{13} ms since 1970-01-01 UTC$"))
+            assert "(ms)" not in page.locator("#content").text_content()
             # the events list shows every column, the last one too, at 1,400 px
             page.set_viewport_size({"width": 1400, "height": 900})
             page.goto(base + "/admin/streams/event/")

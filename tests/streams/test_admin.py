@@ -124,3 +124,25 @@ def test_admin_index_and_positions_page_carry_the_live_panel(admin_client, facts
         body = admin_client.get(path).content.decode()
         assert 'data-live="streams"' in body and "/static/dashboard/live.js" in body
         assert f'data-stream="receipts" data-writer="master">{facts["receipts"][-1]}<' in body
+
+
+def test_event_detail_shows_when_it_was_received_as_a_time(admin_client, facts):
+    """The stored milliseconds since the epoch read as the one time format (UTC), the number
+    still there in the tooltip, not as "Received at (ms): 1700000000001"."""
+    event = Event.objects.get(stream_ordering=facts["events"][0])
+    assert event.received_ts == 1_700_000_000_001
+    body = admin_client.get(f"/admin/streams/event/{event.pk}/change/").content.decode()
+    assert ('<time datetime="2023-11-14T22:13:20.001+00:00" title="1700000000001 ms since 1970-01-01 UTC">'
+            "2023-11-14 22:13:20 UTC</time>") in body
+    assert "(ms)" not in body
+
+
+def test_list_cells_wrap_identifiers_only_after_their_separators(admin_client, facts):
+    """Text columns carry a <wbr> after each separator (so the browser breaks there, never
+    mid-word); their cells keep their field-<name> class and still sort by the field."""
+    body = admin_client.get("/admin/streams/event/").content.decode()
+    assert '<td class="field-room_id">!a:<wbr>test</td>' in body
+    assert '<td class="field-type">m.<wbr>room.<wbr>message</td>' in body
+    assert '<td class="field-sender">@ann:<wbr>test</td>' in body
+    by_room = admin_client.get("/admin/streams/event/?o=2")  # column 2 (from 0): room ID
+    assert [e.room_id for e in by_room.context["cl"].result_list] == ["!a:test", "!a:test", "!b:test"]

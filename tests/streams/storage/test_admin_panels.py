@@ -18,7 +18,8 @@ def test_event_page_shows_edges_state_group_and_state(store, admin_client):
     msg = room.message("@c:hs", "hello")
     store.persist(create[1], join[1], msg[1])
     event = Event.objects.get(event_id=join[0])
-    body = admin_client.get(f"/admin/streams/event/{event.pk}/change/").content.decode()
+    # (IDs carry a <wbr> after each separator, synapse_repl.wrapping: compared as read)
+    body = admin_client.get(f"/admin/streams/event/{event.pk}/change/").content.decode().replace("<wbr>", "")
     assert "<h3>DAG edges</h3>" in body and "<h3>State group</h3>" in body and "<h3>State at this event</h3>" in body
     edges = body.split("<h3>DAG edges</h3>")[1].split("<h3>")[0]
     assert create[0] in edges.split("referenced by")[0] and msg[0] in edges.split("referenced by")[1]
@@ -41,9 +42,9 @@ def test_a_rejected_events_page_shows_why_and_its_auth_events(store, admin_clien
     store.persist(*[json.dumps(room.pdu(e)).encode() for e in room.order])
     event = Event.objects.get(event_id=bad)
     assert event.rejected
-    body = admin_client.get(f"/admin/streams/event/{event.pk}/change/").content.decode()
+    body = admin_client.get(f"/admin/streams/event/{event.pk}/change/").content.decode().replace("<wbr>", "")
     panel = body.split("<h3>Authorization</h3>")[1].split("<h3>")[0]
     assert "rejected: auth_error" in panel and room.order[0] in panel and room.order[1] in panel
     ok = Event.objects.get(event_id=room.order[1])
-    body = admin_client.get(f"/admin/streams/event/{ok.pk}/change/").content.decode()
+    body = admin_client.get(f"/admin/streams/event/{ok.pk}/change/").content.decode().replace("<wbr>", "")
     assert "accepted" in body.split("<h3>Authorization</h3>")[1].split("<h3>")[0]

@@ -423,7 +423,7 @@ def test_user_sync_shown_per_user_and_cleared(two_endpoints, admin_client):
     wait_until(lambda: len(reports()) == 3, "alice reported by three syncing processes")
     assert sorted((r["connection"], r["instance_id"], r["device_id"]) for r in reports()) == [
         ("w-a", "inst1", "DEV1"), ("w-a", "inst2", None), ("w-b", "binst", "DEV3")]
-    page = admin_client.get("/connections/users/?user=@alice:hs").content.decode()
+    page = admin_client.get("/connections/users/?user=@alice:hs").content.decode().replace("<wbr>", "")
     assert page.count('<tr class="sync">') == 3 and "binst" in page and "@bob:hs" not in page
 
     a.send("CLEAR_USER_SYNC inst2", "USER_SYNC inst1 @alice:hs DEV1 end 500")
@@ -444,11 +444,12 @@ def test_commands_in_this_file_parse():
 def test_user_ips_admin_is_read_only_and_hides_tokens(admin_client):
     write_user_ips([("@alice:hs", "syt_secret_token_abcd", "10.0.0.1", "Firefox", "D1", 1_700_000_000_000),
                     ("@bob:hs", "tok", "10.0.0.2", "curl", None, 10**17)])  # a peer's odd clock
-    page = admin_client.get("/admin/streams/userip/").content.decode()
+    # (IDs carry a <wbr> after each separator, synapse_repl.wrapping: compared as read)
+    page = admin_client.get("/admin/streams/userip/").content.decode().replace("<wbr>", "")
     assert "@alice:hs" in page and "10.0.0.1" in page and "…abcd" in page
     assert "syt_secret_token" not in page
     assert "2023-11-14 22:13:20 UTC" in page and "100000000000000000" in page  # a date; the odd clock as is
-    filtered = admin_client.get("/admin/streams/userip/?by_user_id=@bob:hs").content.decode()
+    filtered = admin_client.get("/admin/streams/userip/?by_user_id=@bob:hs").content.decode().replace("<wbr>", "")
     assert "@bob:hs" in filtered and "@alice:hs" not in filtered
     row = UserIp.objects.get(user_id="@alice:hs")
     assert "syt_secret_token" not in admin_client.get(f"/admin/streams/userip/{row.pk}/change/").content.decode()
