@@ -22,7 +22,7 @@ from .caches import StorageCaches, storage_caches
 from .change_cache import StreamChangeCache
 from .events import StateKey, StateMap
 from .redactions import client_json
-from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor
+from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor, text_list
 from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
@@ -661,9 +661,10 @@ def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, 
                         {**params, "room": room_id, "first": first})
             groups.extend(cur.fetchall())
     else:
+        rooms_sql, params["rooms"] = text_list(cur, list(firsts), "%(rooms)s")
+        firsts_sql, params["firsts"] = text_list(cur, list(firsts.values()), "%(firsts)s")
         groups = fetch_all(cur, f"""SELECT m.room_id, {_group_columns("m.room_id", "m.first_id", since is not None)}
-            FROM unnest(%(rooms)s::text[], %(firsts)s::text[]) AS m(room_id, first_id)""",
-                           {**params, "rooms": list(firsts), "firsts": list(firsts.values())})
+            FROM unnest({rooms_sql}, {firsts_sql}) AS m(room_id, first_id)""", params)
     store = caches.state
     blocks: dict[str, StateMap] = {}
     for room_id, first_group, previous_group, end_group in groups:
@@ -687,9 +688,13 @@ def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, 
     wanted = sorted({e for block in blocks.values() for e in block.values()})
     events: dict[str, EventRow] = {}
     if wanted:
+        if is_sqlite(cur):
+            where, param = in_array(cur, "e.event_id"), array(cur, wanted)
+        else:
+            ids, param = text_list(cur, wanted)
+            where = f"e.event_id = ANY({ids})"
         events = {row.event_id: row for row in _rows(fetch_all(
-            cur, f"SELECT {_COLUMNS} FROM events e WHERE {in_array(cur, 'e.event_id')}", [array(cur, wanted)]),
-            cur, caches)}
+            cur, f"SELECT {_COLUMNS} FROM events e WHERE {where}", [param]), cur, caches)}
     return {room_id: {"timeline": timeline_,
                       "state": {"events": [events[e] for _, e in sorted(blocks.get(room_id, {}).items())
                                            if e in events]}}
