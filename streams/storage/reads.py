@@ -689,12 +689,15 @@ def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, 
     events: dict[str, EventRow] = {}
     if wanted:
         if is_sqlite(cur):
-            where, param = in_array(cur, "e.event_id"), array(cur, wanted)
+            sql, param = f"SELECT {_COLUMNS} FROM events e WHERE {in_array(cur, 'e.event_id')}", array(cur, wanted)
         else:
+            # one index probe per ID (``OFFSET 0`` keeps the lateral subquery a loop): as
+            # ``event_id = ANY(...)`` the planner, expecting thousands of rows, scanned the
+            # whole table
             ids, param = text_list(cur, wanted)
-            where = f"e.event_id = ANY({ids})"
-        events = {row.event_id: row for row in _rows(fetch_all(
-            cur, f"SELECT {_COLUMNS} FROM events e WHERE {where}", [param]), cur, caches)}
+            sql = (f"SELECT x.* FROM unnest({ids}) AS w(event_id) CROSS JOIN LATERAL ("
+                   f"SELECT {_COLUMNS} FROM events e WHERE e.event_id = w.event_id OFFSET 0) x")
+        events = {row.event_id: row for row in _rows(fetch_all(cur, sql, [param]), cur, caches)}
     return {room_id: {"timeline": timeline_,
                       "state": {"events": [events[e] for _, e in sorted(blocks.get(room_id, {}).items())
                                            if e in events]}}
