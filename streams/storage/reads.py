@@ -639,32 +639,37 @@ def _last_group(room: str, at: str) -> str:
           AND NOT e.outlier AND NOT e.rejected ORDER BY e.stream_ordering DESC LIMIT 1))"""
 
 
-def _group_columns(room: str, first: str, since: bool) -> str:
+def _group_columns(room: str, first: str, end: str, since: bool) -> str:
     return (f"(SELECT g.state_group FROM event_to_state_groups g WHERE g.event_id = {first}), "
-            f"{_last_group(room, '%(since)s') if since else 'NULL'}, {_last_group(room, '%(now)s')}")
+            f"{_last_group(room, '%(since)s') if since else 'NULL'}, {_last_group(room, end)}")
 
 
 def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, Any]], *, since: int | None,
-                now: int) -> dict[str, dict[str, Any]]:
+                now: int, ends: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """Each room's answer in Matrix's shape, ``{"timeline": {...}, "state": {"events": [...]}}``,
     its state block from three state groups per room (the timeline's first event's, and the
-    room's at ``since`` and at ``now``: one query for all rooms, one per room on SQLite) and
-    the deltas between them; the state events read in one query."""
+    room's at ``since`` and at its end: ``now``, or ``ends[room]`` for a room the user left,
+    so nothing after their leave is told; one query for all rooms, one per room on SQLite)
+    and the deltas between them; the state events read in one query."""
     if not timelines:
         return {}
-    params: dict[str, Any] = {"since": since, "now": now}
+    ends = ends or {}
+    params: dict[str, Any] = {"since": since}
     firsts = {room_id: t["events"][0].event_id for room_id, t in timelines.items()}
     if is_sqlite(cur):
         groups = []
         for room_id, first in firsts.items():
-            cur.execute(f"SELECT %(room)s, {_group_columns('%(room)s', '%(first)s', since is not None)}",
-                        {**params, "room": room_id, "first": first})
+            cur.execute(f"SELECT %(room)s, {_group_columns('%(room)s', '%(first)s', '%(end)s', since is not None)}",
+                        {**params, "room": room_id, "first": first, "end": ends.get(room_id, now)})
             groups.extend(cur.fetchall())
     else:
         rooms_sql, params["rooms"] = text_list(cur, list(firsts), "%(rooms)s")
         firsts_sql, params["firsts"] = text_list(cur, list(firsts.values()), "%(firsts)s")
-        groups = fetch_all(cur, f"""SELECT m.room_id, {_group_columns("m.room_id", "m.first_id", since is not None)}
-            FROM unnest({rooms_sql}, {firsts_sql}) AS m(room_id, first_id)""", params)
+        params["ends"] = ",".join(str(ends.get(room_id, now)) for room_id in firsts)
+        groups = fetch_all(cur, f"""SELECT m.room_id, {_group_columns("m.room_id", "m.first_id", "m.end_at",
+                                                                      since is not None)}
+            FROM unnest({rooms_sql}, {firsts_sql}, CAST(string_to_array(%(ends)s, ',') AS bigint[]))
+                 AS m(room_id, first_id, end_at)""", params)
     store = caches.state
     blocks: dict[str, StateMap] = {}
     for room_id, first_group, previous_group, end_group in groups:
@@ -734,6 +739,9 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         cur.execute("SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s "
                     "AND membership = 'join'", [user_id])
         joined = {r[0] for r in cur.fetchall()}
+        #: the rooms the user is not in now: their state ends at the user's last membership
+        #: change (a leave, a ban, an invite), not at ``now``
+        ends: dict[str, int] = {}
         memberships = []
         if change.members.has_entity_changed(user_id, since.stream):
             changes = fetch_all(
@@ -749,6 +757,8 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
             for (room_id, eid, membership, stream, *_), event in zip(changes, events):
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
                                     "stream_ordering": stream, "event": event.json})
+                if room_id not in joined or room_id in ends:
+                    ends[room_id] = stream
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
         changed = sorted(_rooms_changed(cur, change.rooms, joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
@@ -768,7 +778,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                                                        since="%(since)s", late="rm.late_stream")} y""",
                     {**params, "rooms": changed})
             out = _with_state(cur, caches, _group_timelines(cur, caches, rows, limit, historic=False),
-                              since=since.stream, now=now)
+                              since=since.stream, now=now, ends=ends)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 

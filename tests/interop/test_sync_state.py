@@ -8,7 +8,8 @@ and more messages. The room's events are copied from Synapse's own tables (``eve
 ``stream_ordering`` order) into our store through the persist path, on PostgreSQL and on
 SQLite. For the same user, initial syncs and incremental syncs from that position, with
 timeline limits that make them limited or not, must give what Synapse's ``/sync`` gives: the
-same timeline event IDs, the same ``limited``, and the same state event IDs in ``state``.
+same timeline event IDs, the same ``limited``, and the same state event IDs in ``state``; for
+the member banned in the gap, what Synapse gives under ``leave`` (nothing after the ban).
 """
 from __future__ import annotations
 
@@ -27,12 +28,16 @@ AUTH = {"HTTP_AUTHORIZATION": "Bearer sync-state-token"}
 #: all before the timeline (3), some in it (8), the whole burst (100)
 INITIAL_LIMITS = (3, 100)
 INCREMENTAL_LIMITS = (3, 8, 100)
+#: the banned member's incremental syncs: limited (2: the ban and the message before it) or not
+BANNED_LIMITS = (2, 100)
 
 
 @dataclass
 class History:
     room: str
     reader: ClientApi
+    #: banned in the gap: Synapse answers their room under ``leave``, its state ending at the ban
+    banned: ClientApi
     #: the last event before the burst (both systems' ``since`` is the position after it)
     last_before: str
     #: Synapse's ``next_batch`` taken right after ``last_before``
@@ -47,8 +52,8 @@ class History:
     pdus: list[bytes]
 
 
-def synapse_room(answer: dict, room: str) -> tuple[list[str], bool, set[str]]:
-    joined = answer["rooms"]["join"][room]
+def synapse_room(answer: dict, room: str, section: str = "join") -> tuple[list[str], bool, set[str]]:
+    joined = answer["rooms"][section][room]
     return ([e["event_id"] for e in joined["timeline"]["events"]], joined["timeline"]["limited"],
             {e["event_id"] for e in joined.get("state", {}).get("events", [])})
 
@@ -73,6 +78,7 @@ def history(synapse: SynapseHomeserver) -> History:
         alice.send_message(room, f"before {i}")
     last_before = bob.send_message(room, "the last one before the gap")
     synapse_since = bob.sync(timeline_limit=1)["next_batch"]
+    carol_since = carol.sync(timeline_limit=1)["next_batch"]
 
     topic = alice.set_topic(room, "during the gap")
     alice.send_message(room, "gap 0")
@@ -90,10 +96,12 @@ def history(synapse: SynapseHomeserver) -> History:
     answers = {("initial", n): synapse_room(bob.sync(timeline_limit=n), room) for n in INITIAL_LIMITS}
     answers.update({("incremental", n): synapse_room(bob.sync(since=synapse_since, timeline_limit=n), room)
                     for n in INCREMENTAL_LIMITS})
+    answers.update({("banned", n): synapse_room(carol.sync(since=carol_since, timeline_limit=n), room, "leave")
+                    for n in BANNED_LIMITS})
     pdus = [bytes(raw, "utf-8") if isinstance(raw, str) else bytes(raw) for (raw,) in synapse.query(
         "SELECT j.json FROM events e JOIN event_json j USING (event_id) WHERE e.room_id = %s "
         "ORDER BY e.stream_ordering", room)]
-    return History(room, bob, last_before, synapse_since, ban, topic, power_levels, join, answers, pdus)
+    return History(room, bob, carol, last_before, synapse_since, ban, topic, power_levels, join, answers, pdus)
 
 
 def test_the_history_has_a_gap_with_state_changes(history):
@@ -104,6 +112,8 @@ def test_the_history_has_a_gap_with_state_changes(history):
     assert limited and len(timeline) == 3
     assert {history.topic, history.ban, history.power_levels, history.join} <= state
     assert not history.synapse[("incremental", 100)][1] and history.synapse[("initial", 3)][1]
+    timeline, limited, state = history.synapse[("banned", 2)]
+    assert limited and timeline[-1] == history.ban and state == {history.topic}
 
 
 def test_our_sync_is_synapses(history, store, client, settings):
@@ -113,7 +123,7 @@ def test_our_sync_is_synapses(history, store, client, settings):
     since = get_event(history.last_before).token
     user = history.reader.user_id
 
-    def ours(**params) -> tuple[list[str], bool, set[str]]:
+    def ours(user: str = user, **params) -> tuple[list[str], bool, set[str]]:
         response = client.get("/api/sync", {"user_id": user, **params}, **AUTH)
         assert response.status_code == 200, response.content[:2000]
         return our_room(json.loads(response.content), history.room)
@@ -122,3 +132,6 @@ def test_our_sync_is_synapses(history, store, client, settings):
         assert ours(limit=n) == history.synapse[("initial", n)], ("initial", n)
     for n in INCREMENTAL_LIMITS:
         assert ours(limit=n, since=str(since)) == history.synapse[("incremental", n)], ("incremental", n)
+    for n in BANNED_LIMITS:  # nothing after the ban: the power levels and the join are not told
+        assert ours(history.banned.user_id, limit=n, since=str(since)) == history.synapse[("banned", n)], \
+            ("banned", n)

@@ -212,6 +212,26 @@ def test_a_limited_sync_carries_the_state_changed_in_its_gap(store):
     assert quiet["rooms"]["!gap:hs"]["timeline"]["limited"] and state_ids(quiet, "!gap:hs") == set()
 
 
+def test_a_banned_member_is_told_no_state_from_after_the_ban(store):
+    """A member banned inside the gap gets the room's events up to the ban and its state up to
+    there: a topic set after the ban is not told to them (Synapse's ``leave`` room, whose
+    state ends at the leave)."""
+    b = RoomBuilder("!ban:hs", server="hs")
+    store.persist(*[raw for _, raw in [b.create(A), b.member(A, "join"), b.member(C, "join"),
+                                      b.message(A, "before")]])
+    since = initial_sync(C)["next_batch"]
+    before_ban = b.event("m.room.topic", A, {"topic": "before the ban"}, state_key="")
+    gap = b.message(A, "in the gap")
+    ban = b.event("m.room.member", A, {"membership": "ban"}, state_key=C)
+    after_ban = b.event("m.room.topic", A, {"topic": "after the ban"}, state_key="")
+    store.persist(*[raw for _, raw in [before_ban, gap, ban, after_ban, b.message(A, "after")]])
+    answer = incremental_sync(C, since, limit=2)
+    room_then = answer["rooms"]["!ban:hs"]
+    assert [e.event_id for e in room_then["timeline"]["events"]] == [gap[0], ban[0]]
+    assert room_then["timeline"]["limited"] and state_ids(answer, "!ban:hs") == {before_ban[0]}
+    assert after_ban[0] in state_ids(incremental_sync(A, since, limit=1), "!ban:hs")
+
+
 def test_incremental_sync_finds_a_late_event_in_a_closed_range(store):
     """A fork stored after the token sits, by key, in a range of Bob's that closed before it
     (his first membership, history ``joined``: only that range shows it). The walk of a
