@@ -644,13 +644,24 @@ def _group_columns(room: str, first: str, end: str, since: bool) -> str:
             f"{_last_group(room, '%(since)s') if since else 'NULL'}, {_last_group(room, end)}")
 
 
+def _newly_joined(cur: Any, user_id: str, rooms: set[str], since: int) -> set[str]:
+    """Which of ``rooms`` (where the user joined after ``since``) they were not joined to at
+    ``since``: Synapse's newly joined rooms, whose state is told whole."""
+    cur.execute(f"SELECT room_id, membership FROM room_memberships WHERE user_id = %s AND event_stream_ordering <= %s "
+                f"AND {in_array(cur, 'room_id')} ORDER BY event_stream_ordering", [user_id, since, array(cur, rooms)])
+    at_since = dict(cur.fetchall())  # (the latest per room wins)
+    return {room_id for room_id in rooms if at_since.get(room_id) != "join"}
+
+
 def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, Any]], *, since: int | None,
-                now: int, ends: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
+                now: int, ends: dict[str, int] | None = None,
+                fresh: set[str] | frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
     """Each room's answer in Matrix's shape, ``{"timeline": {...}, "state": {"events": [...]}}``,
     its state block from three state groups per room (the timeline's first event's, and the
     room's at ``since`` and at its end: ``now``, or ``ends[room]`` for a room the user left,
     so nothing after their leave is told; one query for all rooms, one per room on SQLite)
-    and the deltas between them; the state events read in one query."""
+    and the deltas between them; the state events read in one query. A ``fresh`` room (joined
+    since the token) gets its whole state, as in an initial sync."""
     if not timelines:
         return {}
     ends = ends or {}
@@ -678,11 +689,12 @@ def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, 
         if first_group is None or end_group is None:  # (no state known: nothing to say)
             blocks[room_id] = {}
             continue
-        if since is not None and previous_group is not None and first_group == previous_group == end_group:
+        if (since is not None and previous_group is not None and room_id not in fresh
+                and first_group == previous_group == end_group):
             blocks[room_id] = {}  # no state changed in the gap: nothing read
             continue
         start, end = store.get_state(cur, first_group), store.get_state(cur, end_group)
-        if since is None or previous_group is None:
+        if since is None or previous_group is None or room_id in fresh:
             blocks[room_id] = state_block(start=start, end=end, previous={}, timeline=timeline, start_keys=None,
                                           end_keys=store.changed_keys(cur, first_group, end_group))
         else:
@@ -760,6 +772,8 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                 if room_id not in joined or room_id in ends:
                     ends[room_id] = stream
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
+        joins = {m["room_id"] for m in memberships if m["membership"] == "join"} - set(ends)
+        newly_joined = _newly_joined(cur, user_id, joins, since.stream) if joins else set()
         changed = sorted(_rooms_changed(cur, change.rooms, joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
         if changed and since.stream < now:
@@ -777,8 +791,10 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events,
                                                        since="%(since)s", late="rm.late_stream")} y""",
                     {**params, "rooms": changed})
-            out = _with_state(cur, caches, _group_timelines(cur, caches, rows, limit, historic=False),
-                              since=since.stream, now=now, ends=ends)
+            timelines = _group_timelines(cur, caches, rows, limit, historic=False)
+            for room_id in newly_joined & timelines.keys():
+                timelines[room_id]["limited"] = True  # (Synapse's: the history before the join is a gap)
+            out = _with_state(cur, caches, timelines, since=since.stream, now=now, ends=ends, fresh=newly_joined)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 

@@ -14,6 +14,7 @@ Synapse failing to start fails the module; nothing is skipped.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -46,12 +47,19 @@ pytestmark = [pytest.mark.slow]
 # --- fixtures ----------------------------------------------------------------------------------
 
 
+#: the session's Synapse outlives this module's fixtures: pytest-django runs the
+#: transactional test first, so another module's tests may come between it and the rest, and
+#: ``users`` is made again then, under new names
+_USER_SETS = itertools.count()
+
+
 class Users:
     """Two users in one room: what the traffic needs."""
 
     def __init__(self, homeserver: SynapseHomeserver) -> None:
-        self.alice = homeserver.register("alice")
-        self.bob = homeserver.register("bob")
+        n = next(_USER_SETS)
+        self.alice = homeserver.register(f"alice{n or ''}")
+        self.bob = homeserver.register(f"bob{n or ''}")
         self.room = self.alice.create_room(name="interop")
         self.alice.invite(self.room, self.bob.user_id)
         self.bob.join(self.room)

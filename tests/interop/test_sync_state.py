@@ -9,7 +9,8 @@ and more messages. The room's events are copied from Synapse's own tables (``eve
 SQLite. For the same user, initial syncs and incremental syncs from that position, with
 timeline limits that make them limited or not, must give what Synapse's ``/sync`` gives: the
 same timeline event IDs, the same ``limited``, and the same state event IDs in ``state``; for
-the member banned in the gap, what Synapse gives under ``leave`` (nothing after the ban).
+the member banned in the gap, what Synapse gives under ``leave`` (nothing after the ban); for
+the one who joined in it, the whole state (Synapse's newly joined room).
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ INITIAL_LIMITS = (3, 100)
 INCREMENTAL_LIMITS = (3, 8, 100)
 #: the banned member's incremental syncs: limited (2: the ban and the message before it) or not
 BANNED_LIMITS = (2, 100)
+#: the member who joined in the gap (Synapse's newly joined room: the whole state, limited;
+#: its timeline is the room's latest events, here all after the join)
+JOINER_LIMITS = (3, 8)
 
 
 @dataclass
@@ -38,6 +42,8 @@ class History:
     reader: ClientApi
     #: banned in the gap: Synapse answers their room under ``leave``, its state ending at the ban
     banned: ClientApi
+    #: joined in the gap
+    joiner: ClientApi
     #: the last event before the burst (both systems' ``since`` is the position after it)
     last_before: str
     #: Synapse's ``next_batch`` taken right after ``last_before``
@@ -79,6 +85,7 @@ def history(synapse: SynapseHomeserver) -> History:
     last_before = bob.send_message(room, "the last one before the gap")
     synapse_since = bob.sync(timeline_limit=1)["next_batch"]
     carol_since = carol.sync(timeline_limit=1)["next_batch"]
+    dave_since = dave.sync(timeline_limit=1)["next_batch"]
 
     topic = alice.set_topic(room, "during the gap")
     alice.send_message(room, "gap 0")
@@ -98,10 +105,12 @@ def history(synapse: SynapseHomeserver) -> History:
                     for n in INCREMENTAL_LIMITS})
     answers.update({("banned", n): synapse_room(carol.sync(since=carol_since, timeline_limit=n), room, "leave")
                     for n in BANNED_LIMITS})
+    answers.update({("joiner", n): synapse_room(dave.sync(since=dave_since, timeline_limit=n), room)
+                    for n in JOINER_LIMITS})
     pdus = [bytes(raw, "utf-8") if isinstance(raw, str) else bytes(raw) for (raw,) in synapse.query(
         "SELECT j.json FROM events e JOIN event_json j USING (event_id) WHERE e.room_id = %s "
         "ORDER BY e.stream_ordering", room)]
-    return History(room, bob, carol, last_before, synapse_since, ban, topic, power_levels, join, answers, pdus)
+    return History(room, bob, carol, dave, last_before, synapse_since, ban, topic, power_levels, join, answers, pdus)
 
 
 def test_the_history_has_a_gap_with_state_changes(history):
@@ -114,6 +123,8 @@ def test_the_history_has_a_gap_with_state_changes(history):
     assert not history.synapse[("incremental", 100)][1] and history.synapse[("initial", 3)][1]
     timeline, limited, state = history.synapse[("banned", 2)]
     assert limited and timeline[-1] == history.ban and state == {history.topic}
+    timeline, limited, state = history.synapse[("joiner", 8)]
+    assert limited and timeline[0] == history.join and history.power_levels in state
 
 
 def test_our_sync_is_synapses(history, store, client, settings):
@@ -135,3 +146,6 @@ def test_our_sync_is_synapses(history, store, client, settings):
     for n in BANNED_LIMITS:  # nothing after the ban: the power levels and the join are not told
         assert ours(history.banned.user_id, limit=n, since=str(since)) == history.synapse[("banned", n)], \
             ("banned", n)
+    for n in JOINER_LIMITS:  # the state from before the join is news to them
+        assert ours(history.joiner.user_id, limit=n, since=str(since)) == history.synapse[("joiner", n)], \
+            ("joiner", n)

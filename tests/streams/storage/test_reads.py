@@ -232,6 +232,30 @@ def test_a_banned_member_is_told_no_state_from_after_the_ban(store):
     assert after_ban[0] in state_ids(incremental_sync(A, since, limit=1), "!ban:hs")
 
 
+def test_a_member_who_joined_in_the_gap_is_told_the_whole_state(store):
+    """Joined since the token: the room's state before the join is news to them (a topic set
+    long before), so its state block is whole, as in an initial sync, and the timeline is
+    limited (Synapse's newly joined room). A rejoin after a leave counts; a join event while
+    joined (a new display name) does not."""
+    b = RoomBuilder("!new:hs", server="hs")
+    setup = [b.create(A), b.member(A, "join")]
+    topic = b.event("m.room.topic", A, {"topic": "old news"}, state_key="")
+    store.persist(*[raw for _, raw in [*setup, topic, b.message(A, "before")]])
+    since = initial_sync(C)["next_batch"]
+    join = b.member(C, "join")
+    store.persist(*[raw for _, raw in [join, b.message(A, "welcome"), b.message(C, "hello")]])
+    answer = incremental_sync(C, since, limit=5)
+    room_now = answer["rooms"]["!new:hs"]
+    assert [e.event_id for e in room_now["timeline"]["events"]][0] == join[0] and room_now["timeline"]["limited"]
+    assert topic[0] in state_ids(answer, "!new:hs")
+    # a display name change while joined: an ordinary incremental sync
+    since = answer["next_batch"]
+    rename = b.event("m.room.member", C, {"membership": "join", "displayname": "C"}, state_key=C)
+    store.persist(rename[1], b.message(A, "renamed")[1])
+    again = incremental_sync(C, since, limit=5)
+    assert not again["rooms"]["!new:hs"]["timeline"]["limited"] and state_ids(again, "!new:hs") == set()
+
+
 def test_incremental_sync_finds_a_late_event_in_a_closed_range(store):
     """A fork stored after the token sits, by key, in a range of Bob's that closed before it
     (his first membership, history ``joined``: only that range shows it). The walk of a
