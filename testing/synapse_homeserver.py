@@ -306,6 +306,33 @@ class ClientApi:
         return self.request("PUT", f"/_matrix/client/v3/rooms/{self._q(room_id)}/state/m.room.topic/",
                             {"topic": topic})["event_id"]
 
+    def ban(self, room_id: str, user_id: str, reason: str = "") -> str:
+        """Ban ``user_id``; the ban event's ID (the room's state says it)."""
+        self.request("POST", f"/_matrix/client/v3/rooms/{self._q(room_id)}/ban",
+                     {"user_id": user_id, **({"reason": reason} if reason else {})})
+        return self.state_event_id(room_id, "m.room.member", user_id)
+
+    def state(self, room_id: str, event_type: str, state_key: str = "") -> dict:
+        """The content of a state event of the room's current state."""
+        return self.request("GET", f"/_matrix/client/v3/rooms/{self._q(room_id)}/state/{self._q(event_type)}/"
+                                   f"{self._q(state_key)}")
+
+    def set_state(self, room_id: str, event_type: str, content: dict, state_key: str = "") -> str:
+        return self.request("PUT", f"/_matrix/client/v3/rooms/{self._q(room_id)}/state/{self._q(event_type)}/"
+                                   f"{self._q(state_key)}", content)["event_id"]
+
+    def state_event_id(self, room_id: str, event_type: str, state_key: str = "") -> str:
+        """The ID of the current state event of that key (``format=event``)."""
+        return self.request("GET", f"/_matrix/client/v3/rooms/{self._q(room_id)}/state/{self._q(event_type)}/"
+                                   f"{self._q(state_key)}?format=event")["event_id"]
+
+    def sync(self, *, since: str | None = None, timeline_limit: int = 10) -> dict:
+        """``/sync`` at once (no long poll) with a filter that sets each room's timeline limit."""
+        query = {"timeout": "0", "filter": json.dumps({"room": {"timeline": {"limit": timeline_limit}}})}
+        if since is not None:
+            query["since"] = since
+        return self.request("GET", "/_matrix/client/v3/sync?" + urllib.parse.urlencode(query))
+
     def typing(self, room_id: str, typing: bool = True) -> None:
         self.request("PUT", f"/_matrix/client/v3/rooms/{self._q(room_id)}/typing/{self._q(self.user_id)}",
                      {"typing": typing, "timeout": 30000} if typing else {"typing": False})

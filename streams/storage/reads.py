@@ -20,9 +20,9 @@ from django.db import transaction
 from ..matrix.room_versions import UnknownRoomVersion, room_version
 from .caches import StorageCaches, storage_caches
 from .change_cache import StreamChangeCache
-from .events import StateMap
+from .events import StateKey, StateMap
 from .redactions import client_json
-from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor
+from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor, text_list
 from .tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
@@ -61,9 +61,10 @@ VISIBLE = visible_clause()
 REDACTED_VERSION = ("CASE WHEN e.redacted THEN coalesce((SELECT r.room_version FROM rooms r "
                     "WHERE r.room_id = e.room_id), '1') END")
 _COLUMNS = ("e.event_id, e.room_id, e.topological_ordering, e.stream_ordering, e.json, "
-            + REDACTED_VERSION + " AS redacted")
+            + REDACTED_VERSION + " AS redacted, e.type, e.state_key")
 #: the same columns read back from a subquery ``y`` of :data:`_COLUMNS`
-_Y_COLUMNS = "y.event_id, y.room_id, y.topological_ordering, y.stream_ordering, y.json, y.redacted"
+_Y_COLUMNS = ("y.event_id, y.room_id, y.topological_ordering, y.stream_ordering, y.json, y.redacted, "
+              "y.type, y.state_key")
 _MAX = 2**63 - 1
 
 
@@ -291,6 +292,9 @@ class EventRow:
     topological_ordering: int
     stream_ordering: int
     json: bytes
+    type: str = ""
+    #: None for an event that is not a state event
+    state_key: str | None = None
 
     @property
     def token(self) -> RoomStreamToken:
@@ -372,14 +376,14 @@ def _rows(rows: Iterable[Sequence[Any]], cur: Any, caches: StorageCaches, *, pre
     append = out.append
     for r in rows:
         if prefixed:
-            _, event_id, room_id, topological, stream, raw, redacted = r
+            _, event_id, room_id, topological, stream, raw, redacted, event_type, state_key = r
         else:
-            event_id, room_id, topological, stream, raw, redacted = r
+            event_id, room_id, topological, stream, raw, redacted, event_type, state_key = r
         if redacted:
             raw = client_json(bytes(raw), redacted)
         if room_id in hashed:
             raw = with_event_id(raw, event_id)
-        append(EventRow(event_id, room_id, topological, stream, bytes(raw)))
+        append(EventRow(event_id, room_id, topological, stream, bytes(raw), event_type, state_key))
     return out
 
 
@@ -552,7 +556,7 @@ def initial_sync(user_id: str, *, limit: int = 20, rooms: int = 100, runtime: An
                 SELECT m.last_stream, {_Y_COLUMNS} FROM my_rooms m CROSS JOIN LATERAL
                     {visible_events("m.room_id", order="b", event_filter=in_window)} y
                 ORDER BY m.last_stream DESC, m.room_id""", params)
-        out = _group_timelines(cur, caches, rows, limit, historic=True)
+        out = _with_state(cur, caches, _group_timelines(cur, caches, rows, limit, historic=True), since=None, now=now)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": []}
 
 
@@ -599,6 +603,124 @@ def _group_timelines(cur: Any, caches: StorageCaches, rows: Sequence[Sequence[An
     return out
 
 
+# -- a sync's state blocks ------------------------------------------------------------------------
+
+#: state Synapse leaves out of a sync's ``state`` (MSC2261: aliases are not room state to clients)
+_NOT_SYNCED = frozenset({"m.room.aliases"})
+
+
+def state_block(*, start: StateMap, end: StateMap, previous: StateMap, timeline: StateMap,
+                start_keys: Iterable[StateKey] | None, end_keys: Iterable[StateKey]) -> StateMap:
+    """A room's ``state`` in a sync answer, as Synapse computes it (``_calculate_state``):
+    the state events of ``start`` (after the timeline's first event) and of ``end`` (after the
+    room's last event up to the answer's position) that are not in ``previous`` (after the
+    room's last event up to ``since``; empty for an initial sync) nor the last of their key
+    in the ``timeline``. The client overlays it on what it had and then the timeline.
+
+    ``start_keys``/``end_keys``: the keys where ``start``/``end`` may differ from
+    ``previous`` (None: all of ``start``'s), so a gap costs what changed in it. ``end``'s
+    event wins a key both give (Synapse leaves that to a set's order)."""
+    drop = set(timeline.values())
+    out: StateMap = {}
+    for source, keys in ((start, start_keys), (end, end_keys)):
+        for key in (source if keys is None else keys):
+            event_id = source.get(key)
+            if event_id is None or event_id in drop or previous.get(key) == event_id or key[0] in _NOT_SYNCED:
+                continue
+            out[key] = event_id
+    return out
+
+
+def _last_group(room: str, at: str) -> str:
+    """SQL: the state group of room ``room``'s last event at or before stream position ``at``
+    (outliers and rejected events aside: Synapse's ``get_state_ids_at``)."""
+    return f"""(SELECT g.state_group FROM event_to_state_groups g WHERE g.event_id = (
+        SELECT e.event_id FROM events e WHERE e.room_id = {room} AND e.stream_ordering <= {at}
+          AND NOT e.outlier AND NOT e.rejected ORDER BY e.stream_ordering DESC LIMIT 1))"""
+
+
+def _group_columns(room: str, first: str, end: str, since: bool) -> str:
+    return (f"(SELECT g.state_group FROM event_to_state_groups g WHERE g.event_id = {first}), "
+            f"{_last_group(room, '%(since)s') if since else 'NULL'}, {_last_group(room, end)}")
+
+
+def _newly_joined(cur: Any, user_id: str, rooms: set[str], since: int) -> set[str]:
+    """Which of ``rooms`` (where the user joined after ``since``) they were not joined to at
+    ``since``: Synapse's newly joined rooms, whose state is told whole."""
+    cur.execute(f"SELECT room_id, membership FROM room_memberships WHERE user_id = %s AND event_stream_ordering <= %s "
+                f"AND {in_array(cur, 'room_id')} ORDER BY event_stream_ordering", [user_id, since, array(cur, rooms)])
+    at_since = dict(cur.fetchall())  # (the latest per room wins)
+    return {room_id for room_id in rooms if at_since.get(room_id) != "join"}
+
+
+def _with_state(cur: Any, caches: StorageCaches, timelines: dict[str, dict[str, Any]], *, since: int | None,
+                now: int, ends: dict[str, int] | None = None,
+                fresh: set[str] | frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+    """Each room's answer in Matrix's shape, ``{"timeline": {...}, "state": {"events": [...]}}``,
+    its state block from three state groups per room (the timeline's first event's, and the
+    room's at ``since`` and at its end: ``now``, or ``ends[room]`` for a room the user left,
+    so nothing after their leave is told; one query for all rooms, one per room on SQLite)
+    and the deltas between them; the state events read in one query. A ``fresh`` room (joined
+    since the token) gets its whole state, as in an initial sync."""
+    if not timelines:
+        return {}
+    ends = ends or {}
+    params: dict[str, Any] = {"since": since}
+    firsts = {room_id: t["events"][0].event_id for room_id, t in timelines.items()}
+    if is_sqlite(cur):
+        groups = []
+        for room_id, first in firsts.items():
+            cur.execute(f"SELECT %(room)s, {_group_columns('%(room)s', '%(first)s', '%(end)s', since is not None)}",
+                        {**params, "room": room_id, "first": first, "end": ends.get(room_id, now)})
+            groups.extend(cur.fetchall())
+    else:
+        rooms_sql, params["rooms"] = text_list(cur, list(firsts), "%(rooms)s")
+        firsts_sql, params["firsts"] = text_list(cur, list(firsts.values()), "%(firsts)s")
+        params["ends"] = ",".join(str(ends.get(room_id, now)) for room_id in firsts)
+        groups = fetch_all(cur, f"""SELECT m.room_id, {_group_columns("m.room_id", "m.first_id", "m.end_at",
+                                                                      since is not None)}
+            FROM unnest({rooms_sql}, {firsts_sql}, CAST(string_to_array(%(ends)s, ',') AS bigint[]))
+                 AS m(room_id, first_id, end_at)""", params)
+    store = caches.state
+    blocks: dict[str, StateMap] = {}
+    for room_id, first_group, previous_group, end_group in groups:
+        timeline: StateMap = {(e.type, e.state_key): e.event_id for e in timelines[room_id]["events"]
+                              if e.state_key is not None}
+        if first_group is None or end_group is None:  # (no state known: nothing to say)
+            blocks[room_id] = {}
+            continue
+        if (since is not None and previous_group is not None and room_id not in fresh
+                and first_group == previous_group == end_group):
+            blocks[room_id] = {}  # no state changed in the gap: nothing read
+            continue
+        start, end = store.get_state(cur, first_group), store.get_state(cur, end_group)
+        if since is None or previous_group is None or room_id in fresh:
+            blocks[room_id] = state_block(start=start, end=end, previous={}, timeline=timeline, start_keys=None,
+                                          end_keys=store.changed_keys(cur, first_group, end_group))
+        else:
+            blocks[room_id] = state_block(
+                start=start, end=end, previous=store.get_state(cur, previous_group), timeline=timeline,
+                start_keys=store.changed_keys(cur, previous_group, first_group),
+                end_keys=store.changed_keys(cur, previous_group, end_group))
+    wanted = sorted({e for block in blocks.values() for e in block.values()})
+    events: dict[str, EventRow] = {}
+    if wanted:
+        if is_sqlite(cur):
+            sql, param = f"SELECT {_COLUMNS} FROM events e WHERE {in_array(cur, 'e.event_id')}", array(cur, wanted)
+        else:
+            # one index probe per ID (``OFFSET 0`` keeps the lateral subquery a loop): as
+            # ``event_id = ANY(...)`` the planner, expecting thousands of rows, scanned the
+            # whole table
+            ids, param = text_list(cur, wanted)
+            sql = (f"SELECT x.* FROM unnest({ids}) AS w(event_id) CROSS JOIN LATERAL ("
+                   f"SELECT {_COLUMNS} FROM events e WHERE e.event_id = w.event_id OFFSET 0) x")
+        events = {row.event_id: row for row in _rows(fetch_all(cur, sql, [param]), cur, caches)}
+    return {room_id: {"timeline": timeline_,
+                      "state": {"events": [events[e] for _, e in sorted(blocks.get(room_id, {}).items())
+                                           if e in events]}}
+            for room_id, timeline_ in timelines.items()}
+
+
 def _rooms_changed(cur: Any, cache: StreamChangeCache, rooms: set[str], since: int) -> set[str]:
     """The ``rooms`` with a live event after stream position ``since``. The change cache
     answers without a query when it reaches back that far; before its horizon it can only say
@@ -629,22 +751,29 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
         cur.execute("SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s "
                     "AND membership = 'join'", [user_id])
         joined = {r[0] for r in cur.fetchall()}
+        #: the rooms the user is not in now: their state ends at the user's last membership
+        #: change (a leave, a ban, an invite), not at ``now``
+        ends: dict[str, int] = {}
         memberships = []
         if change.members.has_entity_changed(user_id, since.stream):
             changes = fetch_all(
                 cur, "SELECT m.room_id, m.event_id, m.membership, m.event_stream_ordering, e.json, "
-                     f"{REDACTED_VERSION} "
+                     f"{REDACTED_VERSION}, e.type, e.state_key "
                      "FROM room_memberships m JOIN events e USING (event_id) WHERE m.user_id = %s "
                      "AND m.event_stream_ordering > %s AND m.event_stream_ordering <= %s "
                      "ORDER BY m.event_stream_ordering", [user_id, since.stream, now])
             # one _rows for them all: its rooms' look-up is one query (per change, a power
             # user's ~170 joins in the window cost a query each)
-            events = _rows([(eid, room_id, 0, stream, raw, redacted)
-                            for room_id, eid, _, stream, raw, redacted in changes], cur, caches)
-            for (room_id, eid, membership, stream, _, _), event in zip(changes, events):
+            events = _rows([(eid, room_id, 0, stream, raw, redacted, event_type, state_key)
+                            for room_id, eid, _, stream, raw, redacted, event_type, state_key in changes], cur, caches)
+            for (room_id, eid, membership, stream, *_), event in zip(changes, events):
                 memberships.append({"room_id": room_id, "event_id": eid, "membership": membership,
                                     "stream_ordering": stream, "event": event.json})
+                if room_id not in joined or room_id in ends:
+                    ends[room_id] = stream
                 joined.add(room_id)  # left or invited since: the events up to then may be visible
+        joins = {m["room_id"] for m in memberships if m["membership"] == "join"} - set(ends)
+        newly_joined = _newly_joined(cur, user_id, joins, since.stream) if joins else set()
         changed = sorted(_rooms_changed(cur, change.rooms, joined, since.stream))
         out: dict[str, dict[str, Any]] = {}
         if changed and since.stream < now:
@@ -662,7 +791,10 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
                     CROSS JOIN LATERAL {visible_events("m.room_id", order="s", event_filter=new_events,
                                                        since="%(since)s", late="rm.late_stream")} y""",
                     {**params, "rooms": changed})
-            out = _group_timelines(cur, caches, rows, limit, historic=False)
+            timelines = _group_timelines(cur, caches, rows, limit, historic=False)
+            for room_id in newly_joined & timelines.keys():
+                timelines[room_id]["limited"] = True  # (Synapse's: the history before the join is a gap)
+            out = _with_state(cur, caches, timelines, since=since.stream, now=now, ends=ends, fresh=newly_joined)
     return {"next_batch": RoomStreamToken(now), "rooms": out, "membership_changes": memberships,
             "rooms_checked": len(changed)}
 

@@ -102,6 +102,24 @@ def array(cursor: Any, values: Iterable[Any]) -> Any:
     return list(values)
 
 
+#: what joins a list of strings sent as one parameter (:func:`text_list`)
+_LIST_SEP = "\x1f"
+
+
+def text_list(cursor: Any, values: Sequence[str], param: str = "%s") -> tuple[str, Any]:
+    """A list of strings as one parameter: the SQL of the array it stands for (with ``param``
+    for the parameter) and the parameter. On PostgreSQL the strings go joined into one and
+    the server splits them: psycopg dumps a list element by element (a regular expression
+    each), a sixth of a sync's own CPU for its ~2,000 event IDs. A list with the separator in
+    a string goes as a list; on SQLite, as JSON (:func:`in_array`'s form: use that there)."""
+    if cursor.vendor == SQLITE:
+        return param, array(cursor, values)
+    joined = _LIST_SEP.join(values)
+    if values and joined.count(_LIST_SEP) == len(values) - 1:
+        return f"string_to_array({param}, chr(31))", joined
+    return f"CAST({param} AS text[])", list(values)
+
+
 def fetch_all(cursor: Any, sql: str, params: Any) -> list[tuple[Any, ...]]:
     """The rows of a read; on PostgreSQL in binary: a ``bytea`` column (the events' JSON)
     comes hex-encoded in the text protocol -- twice its size, encoded by the server and

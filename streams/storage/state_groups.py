@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from .events import StateMap
+from .events import StateKey, StateMap
 from .sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
@@ -307,6 +307,10 @@ class StateGroupStore:
         #: a delta group -> (its parent, its rows): a full chain's base delta is made from the
         #: chain's rows instead of comparing the whole state with the snapshot's
         self._deltas = _LRU(400_000, weigh=lambda entry: len(entry[1]) + 1)
+        #: for the reads' deltas (:meth:`changed_keys`): a stored group's chain, and the keys
+        #: of its own rows
+        self._chains = _LRU(2_000_000, weigh=len)
+        self._own_keys = _LRU(400_000, weigh=lambda keys: len(keys) + 1)
         self._id_pool: list[int] = []
         #: groups planned in the open transaction, not yet in the database
         self._pending: dict[int, NewGroup] = {}
@@ -319,6 +323,8 @@ class StateGroupStore:
         self._chain_lengths.size = int(self._chain_lengths.size * factor)
         self._snapshots.size = int(self._snapshots.size * factor)
         self._deltas.size = int(self._deltas.size * factor)
+        self._chains.size = int(self._chains.size * factor)
+        self._own_keys.size = int(self._own_keys.size * factor)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -338,6 +344,48 @@ class StateGroupStore:
         state = read_state(cursor, group)
         self._states.put(group, state)
         return state
+
+    def changed_keys(self, cursor: Any, old: int, new: int) -> set[StateKey]:
+        """The keys where (stored) the states of groups ``old`` and ``new`` may differ (a superset: a
+        key changed and changed back is included). When one group is on the other's chain,
+        they are the keys of the groups' own rows between the two (a delta chain is at most
+        100 small groups): a sync's state block costs what changed in the gap, not the
+        room's state size. Otherwise (a new snapshot or base delta in between, a fork) the
+        two whole maps are compared."""
+        if old == new:
+            return set()
+        for top, bottom in ((new, old), (old, new)):
+            chain = self._chain(cursor, top)
+            if bottom in chain:
+                between = chain[:chain.index(bottom)]
+                keys: set[StateKey] = set()
+                for rows in self._group_keys(cursor, between):
+                    keys.update(rows)
+                return keys
+        a, b = self.get_state(cursor, old), self.get_state(cursor, new)
+        return {k for k, _ in a.items() ^ b.items()}
+
+    def _chain(self, cursor: Any, group: int) -> list[int]:
+        """``group``'s chain, itself first (cached: a stored group's chain never changes)."""
+        chain: list[int] | None = self._chains.get(group)
+        if chain is None:
+            chain = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
+            self._chains.put(group, chain)
+        return chain
+
+    def _group_keys(self, cursor: Any, groups: Sequence[int]) -> list[frozenset[StateKey]]:
+        """The keys of each group's own rows (cached; the groups not cached in one query)."""
+        found = self._own_keys.get_many(groups)
+        missing = [g for g in groups if g not in found]
+        if missing:
+            read: dict[int, set[StateKey]] = {g: set() for g in missing}
+            for g, t, k in fetch_all(cursor, "SELECT state_group, type, state_key FROM state_groups_state WHERE "
+                                             + in_array(cursor, "state_group"), [array(cursor, missing)]):
+                read[g].add((t, k))
+            for g, keys in read.items():
+                found[g] = frozenset(keys)
+                self._own_keys.put(g, found[g])
+        return [found[g] for g in groups]
 
     def chain_length(self, cursor: Any, group: int) -> int:
         n = self._chain_lengths.get(group)
@@ -395,6 +443,8 @@ class StateGroupStore:
         self._chain_lengths.clear()
         self._snapshots.clear()
         self._deltas.clear()
+        self._chains.clear()
+        self._own_keys.clear()
 
     # -- planning new groups ----------------------------------------------------------------
 
@@ -448,7 +498,8 @@ class StateGroupStore:
         in it; on PostgreSQL the unused ids of the pool are simply skipped), nor what was cached
         of them (on SQLite their ids are given out again)."""
         for gid in self._pending:
-            for cache in (self._states, self._chain_lengths, self._snapshots, self._deltas):
+            for cache in (self._states, self._chain_lengths, self._snapshots, self._deltas, self._chains,
+                          self._own_keys):
                 cache.discard(gid)
         self._pending.clear()
         self._id_pool.clear()

@@ -82,5 +82,5 @@ def test_demo_seeds_an_empty_embedded_database_once(tmp_path):
     sync = manage("shell", "-c", "from streams.storage.reads import initial_sync; "
                                  "from streams.models import CurrentStateEvent as C; "
                                  "u = C.objects.filter(type='m.room.member', membership='join').first().state_key; "
-                                 "print(sum(len(r['events']) for r in initial_sync(u)['rooms'].values()))")
+                                 "print(sum(len(r['timeline']['events']) for r in initial_sync(u)['rooms'].values()))")
     assert int(sync.strip().splitlines()[-1]) > 0

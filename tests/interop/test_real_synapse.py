@@ -1,18 +1,20 @@
 """Our Redis worker following a real Synapse homeserver (issue 15.1; docs/replication.md,
 "Following a real Synapse").
 
-One Synapse 1.163.2 main process (``testing/synapse_homeserver.py``) runs for the whole module on
-the suite's PostgreSQL (its own C-collation database) and Redis; users drive it through the
-client-server API. ``manage.py replication_worker --redis`` follows its channel, fetching gaps
-from Synapse's replication listener with its ``worker_replication_secret``, and records every
-fact in a ``--jsonl`` file. The oracle is Synapse's own tables: every event it persisted must
-be in the file exactly once, at its ``stream_ordering``. Cases: a worker started before the
-traffic, one started after it (catch-up, then live), one SIGKILLed mid-stream and restarted
-from its file, and Synapse restarted under a following worker (its in-memory ``typing``
-stream starts again from 0). Synapse failing to start fails the module; nothing is skipped.
+One Synapse 1.163.2 main process (``testing/synapse_homeserver.py``, the ``synapse`` fixture of
+tests/interop/conftest.py) runs for the whole session on the suite's PostgreSQL (its own
+C-collation database) and Redis; users drive it through the client-server API. ``manage.py
+replication_worker --redis`` follows its channel, fetching gaps from Synapse's replication
+listener with its ``worker_replication_secret``, and records every fact in a ``--jsonl`` file.
+The oracle is Synapse's own tables: every event it persisted must be in the file exactly once,
+at its ``stream_ordering``. Cases: a worker started before the traffic, one started after it
+(catch-up, then live), one SIGKILLed mid-stream and restarted from its file, and Synapse
+restarted under a following worker (its in-memory ``typing`` stream starts again from 0).
+Synapse failing to start fails the module; nothing is skipped.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -30,9 +32,10 @@ import pytest
 
 from testing.processes import ROOT, jsonl_records, stop_process
 from testing.services import free_port
-from testing.synapse_homeserver import ClientApi, SynapseHomeserver, SynapseUnavailable
+from testing.synapse_homeserver import ClientApi, SynapseHomeserver
 
-SERVER_NAME = "interop.test"
+from .conftest import SERVER_NAME
+
 #: Streams Synapse and this project both have, followed by the worker.
 STREAMS = "events,backfill,typing,receipts,caches,to_device,account_data"
 #: Generous: a loaded 2-core CI machine. Waiting is by polling; this only bounds a failure.
@@ -44,25 +47,19 @@ pytestmark = [pytest.mark.slow]
 # --- fixtures ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def synapse(postgres_server, redis_server):
-    homeserver = SynapseHomeserver(SERVER_NAME, postgres_server.port, redis_server.port,
-                                   database="synapse_interop")
-    try:
-        homeserver.configure().start()
-    except SynapseUnavailable as e:  # fail, never skip: the suite must have every part
-        homeserver.remove()
-        pytest.fail(str(e), pytrace=False)
-    yield homeserver
-    homeserver.remove()
+#: the session's Synapse outlives this module's fixtures: pytest-django runs the
+#: transactional test first, so another module's tests may come between it and the rest, and
+#: ``users`` is made again then, under new names
+_USER_SETS = itertools.count()
 
 
 class Users:
     """Two users in one room: what the traffic needs."""
 
     def __init__(self, homeserver: SynapseHomeserver) -> None:
-        self.alice = homeserver.register("alice")
-        self.bob = homeserver.register("bob")
+        n = next(_USER_SETS)
+        self.alice = homeserver.register(f"alice{n or ''}")
+        self.bob = homeserver.register(f"bob{n or ''}")
         self.room = self.alice.create_room(name="interop")
         self.alice.invite(self.room, self.bob.user_id)
         self.bob.join(self.room)

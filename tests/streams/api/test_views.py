@@ -51,7 +51,11 @@ def test_state_sync_topological_event(client, room):
     assert r.status_code == 200
     assert {(s["type"], s["event_id"]) for s in r.json()["state"]} == {("m.room.create", ids[0]), ("m.room.member", ids[1])}
     sync = client.get("/api/sync", {"user_id": A, "limit": 2, "rooms": 5}, **AUTH).json()
-    assert [e["event_id"] for e in sync["rooms"]["!api:hs"]["events"]] == ids[-2:]
+    assert [e["event_id"] for e in sync["rooms"]["!api:hs"]["timeline"]["events"]] == ids[-2:]
+    assert sync["rooms"]["!api:hs"]["timeline"]["limited"]
+    # Matrix's shape: the state at the timeline's start beside it, as whole events
+    assert [(e["type"], e["event_id"]) for e in sync["rooms"]["!api:hs"]["state"]["events"]] == \
+        [("m.room.create", ids[0]), ("m.room.member", ids[1])]
     since = sync["next_batch"]
     assert client.get("/api/sync", {"user_id": A, "since": since}, **AUTH).json()["rooms"] == {}
     topo = client.get("/api/rooms/!api:hs/topological", {"limit": 2}, **AUTH).json()

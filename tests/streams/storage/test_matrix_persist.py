@@ -235,7 +235,7 @@ def test_a_rejected_event_is_stored_but_never_state_nor_shown(store, version_id)
         get_event(topic)
     for user in (A, E):
         assert topic not in [r.event_id for r in room_messages(room.room_id, user, limit=50)["chunk"]]
-        timeline = initial_sync(user)["rooms"][room.room_id]["events"]
+        timeline = initial_sync(user)["rooms"][room.room_id]["timeline"]["events"]
         assert after in [r.event_id for r in timeline] and topic not in [r.event_id for r in timeline]
     assert topic not in [r.event_id for r in topological_events(room.room_id, limit=50)["chunk"]]
 
@@ -298,7 +298,7 @@ def test_reads_give_clients_the_event_id_of_hashed_id_events(store, version_id):
         assert {k: v for k, v in body.items() if k not in ("event_id", "unsigned")} == \
             {k: v for k, v in (redact(room.pdu(row.event_id), room.version) if row.event_id == msg
                                else room.pdu(row.event_id)).items() if k not in ("event_id", "unsigned")}
-    new = incremental_sync(A, since)["rooms"][room.room_id]["events"]
+    new = incremental_sync(A, since)["rooms"][room.room_id]["timeline"]["events"]
     assert [json.loads(r.json)["event_id"] for r in new] == [r.event_id for r in new] and new
     assert isinstance(since, RoomStreamToken)
 

@@ -124,16 +124,16 @@ def test_initial_sync_recent_rooms_and_events(store):
         room(store, f"!s{i}:hs", 4 + i, members=(A, B) if i % 2 == 0 else (A,))
     sync = initial_sync(B, limit=3, rooms=2)
     assert list(sync["rooms"]) == ["!s4:hs", "!s2:hs"]  # most recently active first
-    timeline = sync["rooms"]["!s4:hs"]
+    timeline = sync["rooms"]["!s4:hs"]["timeline"]
     assert bodies(timeline["events"]) == ["!s4:hs m5", "!s4:hs m6", "!s4:hs m7"] and timeline["limited"]
     all_rooms = initial_sync(B, limit=50, rooms=100)
     assert set(all_rooms["rooms"]) == {"!s0:hs", "!s2:hs", "!s4:hs"}
-    assert not all_rooms["rooms"]["!s0:hs"]["limited"]
+    assert not all_rooms["rooms"]["!s0:hs"]["timeline"]["limited"]
     # exactly as many events as the limit: not limited; one fewer: limited, from the second on
-    whole = all_rooms["rooms"]["!s0:hs"]["events"]
-    exact = initial_sync(B, limit=len(whole), rooms=100)["rooms"]["!s0:hs"]
+    whole = all_rooms["rooms"]["!s0:hs"]["timeline"]["events"]
+    exact = initial_sync(B, limit=len(whole), rooms=100)["rooms"]["!s0:hs"]["timeline"]
     assert [e.event_id for e in exact["events"]] == [e.event_id for e in whole] and not exact["limited"]
-    short = initial_sync(B, limit=len(whole) - 1, rooms=100)["rooms"]["!s0:hs"]
+    short = initial_sync(B, limit=len(whole) - 1, rooms=100)["rooms"]["!s0:hs"]["timeline"]
     assert [e.event_id for e in short["events"]] == [e.event_id for e in whole[1:]] and short["limited"]
     assert short["prev_batch"] == RoomStreamToken(whole[1].stream_ordering - 1, whole[1].topological_ordering)
 
@@ -149,12 +149,111 @@ def test_incremental_sync(store):
     store.persist(b3.member(B, "invite", sender=A)[1])
     store.persist(b3.message(A, "not for bob yet")[1])
     sync = incremental_sync(B, since, limit=5)
-    assert list(sync["rooms"]) == ["!i1:hs"] and bodies(sync["rooms"]["!i1:hs"]["events"]) == ["new in 1"]
+    assert list(sync["rooms"]) == ["!i1:hs"] and bodies(sync["rooms"]["!i1:hs"]["timeline"]["events"]) == ["new in 1"]
     assert sync["rooms_checked"] == 2  # !i1 and !i3 (membership change); the change cache skipped !i2
     assert [(m["room_id"], m["membership"]) for m in sync["membership_changes"]] == [("!i3:hs", "invite")]
     again = incremental_sync(B, sync["next_batch"])
     assert again["rooms"] == {} and again["membership_changes"] == []
 
+
+
+def state_ids(answer, room_id):
+    return {e.event_id for e in answer["rooms"][room_id]["state"]["events"]}
+
+
+def test_a_limited_sync_carries_the_state_changed_in_its_gap(store):
+    """Matrix's sync shape: ``state`` is what the reader needs besides the timeline. Initial:
+    the state at the timeline's start. Incremental and limited: what changed between the
+    previous sync and the timeline's start -- a topic and a ban inside the gap are there, the
+    state the reader already had and the state events in the timeline are not. Not limited
+    and linear: nothing (Synapse's ``_calculate_state``; checked against a real Synapse in
+    tests/interop/test_sync_state.py)."""
+    b = RoomBuilder("!gap:hs", server="hs")
+    setup = [b.create(A), b.member(A, "join"), b.member(B, "join"), b.member(C, "join")]
+    first_topic = b.event("m.room.topic", A, {"topic": "first"}, state_key="")
+    store.persist(*[raw for _, raw in setup + [first_topic]])
+    messages = [b.message(A, f"m{i}") for i in range(6)]
+    store.persist(*[raw for _, raw in messages])
+    create, a_join, b_join, c_join = (e for e, _ in setup)
+
+    initial = initial_sync(B, limit=3)
+    room_now = initial["rooms"]["!gap:hs"]
+    assert [e.event_id for e in room_now["timeline"]["events"]] == [e for e, _ in messages[-3:]]
+    assert room_now["timeline"]["limited"]
+    assert state_ids(initial, "!gap:hs") == {create, a_join, b_join, c_join, first_topic[0]}
+    everything = initial_sync(B, limit=50)  # the whole room in the timeline: no state block
+    assert not everything["rooms"]["!gap:hs"]["timeline"]["limited"] and state_ids(everything, "!gap:hs") == set()
+
+    since = initial["next_batch"]
+    topic = b.event("m.room.topic", A, {"topic": "second"}, state_key="")
+    gap = [b.message(A, f"gap {i}") for i in range(3)]
+    ban = b.event("m.room.member", A, {"membership": "ban"}, state_key=C)
+    burst = [topic, *gap, ban, *[b.message(A, f"after {i}") for i in range(4)]]
+    store.persist(*[raw for _, raw in burst])
+    gappy = incremental_sync(B, since, limit=3)
+    room_then = gappy["rooms"]["!gap:hs"]
+    assert room_then["timeline"]["limited"]
+    assert [e.event_id for e in room_then["timeline"]["events"]] == [e for e, _ in burst[-3:]]
+    assert state_ids(gappy, "!gap:hs") == {topic[0], ban[0]}  # the gap's changes, nothing the reader had
+    by_id = {e.event_id: json.loads(e.json) for e in room_then["state"]["events"]}
+    assert by_id[ban[0]]["content"] == {"membership": "ban"} and by_id[ban[0]]["state_key"] == C
+
+    # the ban inside a timeline that still reaches the gap's start: in the timeline, not in state
+    wide = incremental_sync(B, since, limit=6)
+    assert ban[0] in {e.event_id for e in wide["rooms"]["!gap:hs"]["timeline"]["events"]}
+    assert state_ids(wide, "!gap:hs") == {topic[0]}
+    # not limited, a linear timeline: no state block (the timeline holds every change)
+    whole = incremental_sync(B, since, limit=50)
+    assert not whole["rooms"]["!gap:hs"]["timeline"]["limited"] and state_ids(whole, "!gap:hs") == set()
+    # no state changed in the gap: an empty block, nothing read
+    later = gappy["next_batch"]
+    store.persist(*[raw for _, raw in [b.message(A, f"quiet {i}") for i in range(5)]])
+    quiet = incremental_sync(B, later, limit=2)
+    assert quiet["rooms"]["!gap:hs"]["timeline"]["limited"] and state_ids(quiet, "!gap:hs") == set()
+
+
+def test_a_banned_member_is_told_no_state_from_after_the_ban(store):
+    """A member banned inside the gap gets the room's events up to the ban and its state up to
+    there: a topic set after the ban is not told to them (Synapse's ``leave`` room, whose
+    state ends at the leave)."""
+    b = RoomBuilder("!ban:hs", server="hs")
+    store.persist(*[raw for _, raw in [b.create(A), b.member(A, "join"), b.member(C, "join"),
+                                      b.message(A, "before")]])
+    since = initial_sync(C)["next_batch"]
+    before_ban = b.event("m.room.topic", A, {"topic": "before the ban"}, state_key="")
+    gap = b.message(A, "in the gap")
+    ban = b.event("m.room.member", A, {"membership": "ban"}, state_key=C)
+    after_ban = b.event("m.room.topic", A, {"topic": "after the ban"}, state_key="")
+    store.persist(*[raw for _, raw in [before_ban, gap, ban, after_ban, b.message(A, "after")]])
+    answer = incremental_sync(C, since, limit=2)
+    room_then = answer["rooms"]["!ban:hs"]
+    assert [e.event_id for e in room_then["timeline"]["events"]] == [gap[0], ban[0]]
+    assert room_then["timeline"]["limited"] and state_ids(answer, "!ban:hs") == {before_ban[0]}
+    assert after_ban[0] in state_ids(incremental_sync(A, since, limit=1), "!ban:hs")
+
+
+def test_a_member_who_joined_in_the_gap_is_told_the_whole_state(store):
+    """Joined since the token: the room's state before the join is news to them (a topic set
+    long before), so its state block is whole, as in an initial sync, and the timeline is
+    limited (Synapse's newly joined room). A rejoin after a leave counts; a join event while
+    joined (a new display name) does not."""
+    b = RoomBuilder("!new:hs", server="hs")
+    setup = [b.create(A), b.member(A, "join")]
+    topic = b.event("m.room.topic", A, {"topic": "old news"}, state_key="")
+    store.persist(*[raw for _, raw in [*setup, topic, b.message(A, "before")]])
+    since = initial_sync(C)["next_batch"]
+    join = b.member(C, "join")
+    store.persist(*[raw for _, raw in [join, b.message(A, "welcome"), b.message(C, "hello")]])
+    answer = incremental_sync(C, since, limit=5)
+    room_now = answer["rooms"]["!new:hs"]
+    assert [e.event_id for e in room_now["timeline"]["events"]][0] == join[0] and room_now["timeline"]["limited"]
+    assert topic[0] in state_ids(answer, "!new:hs")
+    # a display name change while joined: an ordinary incremental sync
+    since = answer["next_batch"]
+    rename = b.event("m.room.member", C, {"membership": "join", "displayname": "C"}, state_key=C)
+    store.persist(rename[1], b.message(A, "renamed")[1])
+    again = incremental_sync(C, since, limit=5)
+    assert not again["rooms"]["!new:hs"]["timeline"]["limited"] and state_ids(again, "!new:hs") == set()
 
 
 def test_incremental_sync_finds_a_late_event_in_a_closed_range(store):
@@ -168,7 +267,7 @@ def test_incremental_sync_finds_a_late_event_in_a_closed_range(store):
     _, fork = b.event("m.room.message", A, {"body": "fork"}, prev=[msgs[1]])
     store.persist(fork)
     sync = incremental_sync(B, since, limit=5)
-    assert bodies(sync["rooms"]["!late:hs"]["events"]) == ["fork"]
+    assert bodies(sync["rooms"]["!late:hs"]["timeline"]["events"]) == ["fork"]
     history = room_messages("!late:hs", B, direction="f", limit=50)["chunk"]
     assert "fork" in bodies(history)
 
@@ -204,8 +303,8 @@ def test_incremental_sync_from_before_the_change_cache(store, monkeypatch):
     assert storage_caches().change.rooms.earliest_known_position > since.stream  # the case under test
     assert sync["rooms_checked"] == 3  # !o0, !o1, !o3: not !o2, which has nothing new
     assert sorted(sync["rooms"]) == ["!o0:hs", "!o1:hs", "!o3:hs"]
-    assert bodies(sync["rooms"]["!o3:hs"]["events"]) == ["new in 3"]
-    assert bodies(sync["rooms"]["!o0:hs"]["events"]) == ["also new in 0, 4", "also new in 0, 5"]
+    assert bodies(sync["rooms"]["!o3:hs"]["timeline"]["events"]) == ["new in 3"]
+    assert bodies(sync["rooms"]["!o0:hs"]["timeline"]["events"]) == ["also new in 0, 4", "also new in 0, 5"]
 
     # with room for every room, the cache starts knowing each room's last change: the same
     # answer with no question to the database about the rooms
@@ -219,7 +318,8 @@ def test_incremental_sync_from_before_the_change_cache(store, monkeypatch):
     again = incremental_sync(B, since, limit=2)
     assert storage_caches().change.rooms.earliest_known_position <= since.stream and asked == []
     assert again["rooms_checked"] == 3 and sorted(again["rooms"]) == sorted(sync["rooms"])
-    assert all(bodies(again["rooms"][r]["events"]) == bodies(sync["rooms"][r]["events"]) for r in sync["rooms"])
+    assert all(bodies(again["rooms"][r]["timeline"]["events"]) == bodies(sync["rooms"][r]["timeline"]["events"])
+               for r in sync["rooms"])
 
 
 def test_page_from_a_token_scans_from_the_token(store, default_database):

@@ -91,3 +91,35 @@ def test_long_chain_gets_snapshots_every_100_groups(store):
                   "WHERE room_id = '!long:localhost'")
         longest, snapshots = c.fetchone()
     assert longest == 100 and snapshots == 3  # 251 groups: 1-100, 101-200, 201-251
+
+
+def test_changed_keys_between_groups(store):
+    """``StateGroupStore.changed_keys`` (the sync's deltas): every key where two groups' states
+    differ, and only keys of theirs; between two groups of one delta chain without reading
+    either whole state, across snapshots and forks by comparing them."""
+    import random
+
+    from streams.storage.sql import store_cursor
+    from streams.storage.state_groups import StateGroupStore
+
+    steps = [(1, 0, "member", i % 7) for i in range(150)] + [(2, 3, "state", i) for i in range(30)]
+    events = build(steps, "!delta:localhost")
+    check(store, events, 40)
+    with connection.cursor() as c:
+        c.execute("SELECT g.event_id, g.state_group FROM event_to_state_groups g JOIN events e USING (event_id) "
+                  "WHERE e.room_id = '!delta:localhost'")
+        group = dict(c.fetchall())
+    ids = [e for e, *_ in events]
+    pairs = [tuple(random.Random(n).sample(ids, 2)) for n in range(150)]
+    on_one_chain = 0
+    with store_cursor() as cur:
+        for a, b in pairs:
+            groups = StateGroupStore()
+            keys = groups.changed_keys(cur, group[a], group[b])
+            before, after = state_at_event(a), state_at_event(b)
+            assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} <= keys, (a, b)
+            assert keys <= before.keys() | after.keys(), (a, b)
+            if group[a] in groups._chain(cur, group[b]) or group[b] in groups._chain(cur, group[a]):
+                on_one_chain += 1
+                assert groups.misses == 0, "a whole state read between two groups of one chain"
+    assert 0 < on_one_chain < len(pairs)
