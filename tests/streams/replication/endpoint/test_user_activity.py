@@ -425,6 +425,8 @@ def test_user_sync_shown_per_user_and_cleared(two_endpoints, admin_client):
         ("w-a", "inst1", "DEV1"), ("w-a", "inst2", None), ("w-b", "binst", "DEV3")]
     page = admin_client.get("/connections/users/?user=@alice:hs").content.decode().replace("<wbr>", "")
     assert page.count('<tr class="sync">') == 3 and "binst" in page and "@bob:hs" not in page
+    # the last sync as a time, its milliseconds on hover (not a bare epoch number)
+    assert 'title="400 ms since 1970-01-01 UTC"' in page and "<th>Last sync</th>" in page
 
     a.send("CLEAR_USER_SYNC inst2", "USER_SYNC inst1 @alice:hs DEV1 end 500")
     wait_until(lambda: [r["instance_id"] for r in reports()] == ["binst"], "only w-b's report left")
