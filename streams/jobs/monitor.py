@@ -77,8 +77,9 @@ class JobMonitor:
 
     def poll(self) -> None:
         progress = snapshot(self.spark.sparkContext.statusTracker(), self.group)
-        progress["updated_at"] = timezone.now().isoformat()
-        JobRun.objects.filter(pk=self.run_pk).update(progress=progress)
+        now = timezone.now()
+        progress["updated_at"] = now.isoformat()
+        JobRun.objects.filter(pk=self.run_pk).update(progress=progress, heartbeat_at=now)
         if self.on_progress:
             self.on_progress(progress)
         # Cancelled again at every poll: a job that starts its next Spark action after the first

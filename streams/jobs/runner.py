@@ -45,6 +45,8 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
     run is written to ``run.progress`` (and given to ``on_progress``); a run whose
     ``cancel_requested`` is set has its Spark jobs cancelled and ends ``cancelled``.
     """
+    from .liveness import this_host
+
     load_jobs()
     if name not in JOBS:
         raise UnknownJob(f"unknown job {name!r}; known: {', '.join(sorted(JOBS))}")
@@ -57,6 +59,9 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         # A run that took the lock before this process did may have marked this record failed,
         # taking it for a dead process's run; it is alive again from here.
         run.status, run.error, run.ended_at = JobRun.Status.RUNNING, "", None
+    # where the liveness sweep (jobs/liveness.py) looks for this run's process
+    run.host, run.pid, run.heartbeat_at = this_host(), os.getpid(), timezone.now()
+    JobRun.objects.filter(pk=run.pk).update(host=run.host, pid=run.pid, heartbeat_at=run.heartbeat_at)
     lock = JobLock(name)
     try:
         if not lock.acquire():

@@ -36,6 +36,13 @@ class JobRun(models.Model):
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     #: the driver's web UI while the run is alive (empty once it ends)
     spark_ui_url = models.CharField(_("Spark UI"), max_length=255, blank=True, default="")
+    #: the process running the job (set by it when it starts): where the liveness sweep looks
+    #: (streams/jobs/liveness.py) for a run whose process is gone
+    host = models.CharField(_("host"), max_length=255, blank=True, default="")
+    pid = models.IntegerField(_("process id"), null=True, blank=True)
+    #: rewritten by the running process every few seconds; a run on another host whose
+    #: heartbeat is older than JOBS_HEARTBEAT_STALE_SECONDS is taken for dead
+    heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
 
     class Meta:
         db_table = "job_runs"
