@@ -19,6 +19,10 @@ from .registry import JOBS, load_jobs
 logger = logging.getLogger(__name__)
 
 
+#: the error of a run stopped by an interrupt (Ctrl-C of ``run_job``)
+INTERRUPTED_ERROR = "interrupted: stopped by an interrupt (Ctrl-C) before it finished; nothing was swapped in"
+
+
 class UnknownJob(ValueError):
     pass
 
@@ -107,6 +111,9 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
             finally:
                 io.staging_owner.reset(owner)
         except Exception:
+            if monitor.interrupted:
+                run.status, run.error = JobRun.Status.FAILED, INTERRUPTED_ERROR
+                return run
             if monitor.cancelled:
                 run.status = JobRun.Status.CANCELLED
                 run.error = "cancelled on request; nothing was swapped in after the cancel"
@@ -119,6 +126,9 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         run.differences = outcome.differences
         run.difference_sample = outcome.sample[:SAMPLE_LIMIT]
         run.status = JobRun.Status.SUCCEEDED
+    except KeyboardInterrupt:  # before Spark's work began (its work stops by interrupt_runs)
+        run.status, run.error = JobRun.Status.FAILED, INTERRUPTED_ERROR
+        raise
     except Exception as e:  # recorded, then re-raised for the caller (Celery marks it failed)
         logger.exception("job %s failed", name)
         run.status = JobRun.Status.FAILED

@@ -97,3 +97,28 @@ def test_a_killed_run_job_process_is_swept_failed_interrupted():
     stored = JobRun.objects.get(pk=run.pk)
     assert stored.status == JobRun.Status.FAILED and stored.ended_at is not None
     assert stored.error.startswith("interrupted: its process (pid ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ctrl_c_of_run_job_prints_one_line_and_records_the_run_interrupted():
+    """Ctrl-C in the terminal: SIGINT to the foreground process group (run_job, and its JVM)."""
+    process = run_job_process("test_endless")
+    try:
+        run = wait_for(lambda: JobRun.objects.filter(job="test_endless", pid=process.pid,
+                                                     progress__tasks__gt=0).first(), 180,
+                       "run_job never got its Spark job going")
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    err_text = err.decode(errors="replace")
+    print(err_text)
+    after = err_text.split("progress: ")[-1].splitlines()[1:]  # what it printed once interrupted
+    assert "Traceback" not in err_text and "py4j" not in err_text.lower(), err_text[-5000:]
+    assert after == [f"run_job: interrupted; test_endless run #{run.pk} recorded failed (interrupted)"], after
+    assert process.returncode == 130
+    stored = JobRun.objects.get(pk=run.pk)
+    assert stored.status == JobRun.Status.FAILED and stored.ended_at is not None
+    assert stored.error.startswith("interrupted")
