@@ -16,27 +16,34 @@ logger = logging.getLogger(__name__)
 
 
 def snapshot(tracker: Any, group: str) -> dict[str, Any]:
-    """The stages of ``group``'s Spark jobs as plain data (pure apart from the tracker reads)."""
+    """The stages of ``group``'s Spark jobs as plain data (pure apart from the tracker reads).
+
+    A stage of a succeeded job that did not run all its tasks was skipped (its output reused
+    from an earlier job's shuffle): it is marked ``skipped`` and its tasks are not counted, so
+    a finished run reads finished rather than "stages 3/4"."""
     stages = []
     for job_id in sorted(tracker.getJobIdsForGroup(group)):
         job = tracker.getJobInfo(job_id)
         if job is None:
             continue
+        succeeded = str(job.status) == "SUCCEEDED"
         for stage_id in sorted(job.stageIds):
             info = tracker.getStageInfo(stage_id)
             if info is None:
                 continue
             stages.append({"job": job_id, "id": stage_id, "name": info.name, "tasks": info.numTasks,
                            "done": info.numCompletedTasks, "active": info.numActiveTasks,
-                           "failed": info.numFailedTasks})
-    return {"stages": stages, "tasks": sum(s["tasks"] for s in stages),
-            "done": sum(s["done"] for s in stages)}
+                           "failed": info.numFailedTasks,
+                           "skipped": succeeded and info.numCompletedTasks < info.numTasks})
+    counted = [s for s in stages if not s["skipped"]]
+    return {"stages": stages, "tasks": sum(s["tasks"] for s in counted),
+            "done": sum(s["done"] for s in counted)}
 
 
 def summary(progress: dict[str, Any]) -> str:
-    """One line for a terminal: ``stage 3/5, tasks 14/40``."""
+    """One line for a terminal: ``stage 3/5, tasks 14/40`` (a skipped stage counts as finished)."""
     stages = progress.get("stages") or []
-    finished = sum(1 for s in stages if s["tasks"] and s["done"] >= s["tasks"])
+    finished = sum(1 for s in stages if s.get("skipped") or (s["tasks"] and s["done"] >= s["tasks"]))
     return f"stages {finished}/{len(stages)}, tasks {progress.get('done', 0)}/{progress.get('tasks', 0)}"
 
 
