@@ -51,7 +51,7 @@ class JobRun(models.Model):
         verbose_name_plural = _("job runs")
 
     def __str__(self) -> str:
-        return f"{self.job} #{self.pk} ({self.status})"
+        return f"{self.job} #{self.pk} ({self.verdict_text})"  # a page's title agrees with its list
 
     @property
     def duration_seconds(self) -> float | None:

@@ -87,3 +87,15 @@ def test_the_embedded_default_lists_no_beat_schedule(admin_client, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # full mode: the beat's next runs
     schedule = admin_client.get("/").content.decode().split('class="job-schedule"')[1].split("</table>")[0]
     assert "nightly recompute" in schedule and "no Celery beat" not in schedule
+
+
+def test_a_runs_page_agrees_with_its_list(admin_client):
+    """A check that found differences reads "failed" on its own page too: its title and
+    breadcrumb included, never "(succeeded)" beside "failed: 4 differences"."""
+    run = JobRun.objects.create(job="check_visibility", status=JobRun.Status.SUCCEEDED, differences=4,
+                                started_at=timezone.now() - timedelta(seconds=5), ended_at=timezone.now())
+    listing = admin_client.get("/admin/streams/jobrun/").content.decode()
+    page = admin_client.get(f"/admin/streams/jobrun/{run.pk}/change/").content.decode()
+    assert "failed: 4 differences" in listing and "failed: 4 differences" in page
+    assert "succeeded" not in re.sub(r"<[^>]+>", " ", page), page
+    assert str(run) == f"check_visibility #{run.pk} (failed: 4 differences)"
