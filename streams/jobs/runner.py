@@ -61,11 +61,13 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         raise ValueError(f"run #{run.pk} is {run.job} {run.parameters}, not {name} {params}")
     else:
         # A run that took the lock before this process did may have marked this record failed,
-        # taking it for a dead process's run; it is alive again from here.
+        # taking it for a dead process's run; it is alive again from here (and no longer
+        # queued, if a Celery worker has just taken it).
         run.status, run.error, run.ended_at = JobRun.Status.RUNNING, "", None
     # where the liveness sweep (jobs/liveness.py) looks for this run's process
     run.host, run.pid, run.heartbeat_at = this_host(), os.getpid(), timezone.now()
-    JobRun.objects.filter(pk=run.pk).update(host=run.host, pid=run.pid, heartbeat_at=run.heartbeat_at)
+    JobRun.objects.filter(pk=run.pk).update(status=run.status, host=run.host, pid=run.pid,
+                                            heartbeat_at=run.heartbeat_at)
     lock = JobLock(name)
     try:
         if not lock.acquire():

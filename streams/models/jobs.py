@@ -9,6 +9,8 @@ class JobRun(models.Model):
     """One run of a batch job, written by the runner, never by the job itself."""
 
     class Status(models.TextChoices):
+        #: started from the dashboard in full mode: waiting for a Celery worker to take it
+        QUEUED = "queued", _("queued")
         RUNNING = "running", _("running")
         SUCCEEDED = "succeeded", _("succeeded")
         FAILED = "failed", _("failed")
