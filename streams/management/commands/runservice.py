@@ -133,14 +133,17 @@ class Command(BaseCommand):
             raise CommandError(f"stopped: {fatal[0]}")
 
 
-def start_run_sweeper() -> None:
+def start_run_sweeper() -> threading.Event:
     """Runs left ``running`` by a process that is gone (this service killed with its job child,
     a worker killed) are marked failed now and, while the service runs, within
-    ``JOBS_SWEEP_SECONDS`` of their process ending (streams/jobs/liveness.py)."""
+    ``JOBS_SWEEP_SECONDS`` of their process ending (streams/jobs/liveness.py). Setting the
+    returned event stops the sweeper."""
     from streams.jobs.liveness import sweep_every
 
-    threading.Thread(target=sweep_every, args=(float(repl_setting("JOBS_SWEEP_SECONDS")), threading.Event()),
+    stop = threading.Event()
+    threading.Thread(target=sweep_every, args=(float(repl_setting("JOBS_SWEEP_SECONDS")), stop),
                      name="job-run-sweeper", daemon=True).start()
+    return stop
 
 
 def check_port_free(host: str, port: int, name: str) -> None:

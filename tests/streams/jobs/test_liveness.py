@@ -122,3 +122,44 @@ def test_ctrl_c_of_run_job_prints_one_line_and_records_the_run_interrupted():
     stored = JobRun.objects.get(pk=run.pk)
     assert stored.status == JobRun.Status.FAILED and stored.ended_at is not None
     assert stored.error.startswith("interrupted")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_services_sweeper_marks_dead_runs_at_start_and_while_it_runs(settings):
+    """runservice's sweeper: a run left by a dead process before the service started, and one
+    whose process dies while it runs, both end failed ("interrupted") within a bounded poll."""
+    from django.utils import timezone as django_timezone
+
+    from streams.jobs.liveness import this_host
+    from streams.management.commands.runservice import start_run_sweeper
+
+    def dead_pid() -> int:
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        return gone.pid
+
+    def dead_run() -> JobRun:
+        return JobRun.objects.create(job="j", started_at=django_timezone.now(), host=this_host(), pid=dead_pid(),
+                                     heartbeat_at=django_timezone.now())
+
+    def interrupted(run: JobRun) -> bool:
+        run.refresh_from_db()
+        return run.status == JobRun.Status.FAILED and run.error.startswith("interrupted")
+
+    settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "JOBS_SWEEP_SECONDS": 0.2}
+    before = dead_run()
+    alive = JobRun.objects.create(job="k", started_at=django_timezone.now(), host=this_host(), pid=os.getpid())
+    stop = start_run_sweeper()
+    try:
+        wait_for(lambda: interrupted(before), 30, "the sweep at start missed a dead run")
+        later = dead_run()
+        wait_for(lambda: interrupted(later), 30, "the periodic sweep missed a dead run")
+    finally:
+        stop.set()
+        import threading
+
+        for thread in threading.enumerate():
+            if thread.name == "job-run-sweeper":
+                thread.join(timeout=30)  # its database connection closed before the test's is dropped
+    alive.refresh_from_db()
+    assert alive.status == JobRun.Status.RUNNING  # its process (this one) lives
