@@ -74,9 +74,15 @@ def durations(job: str, limit: int = DURATION_HISTORY) -> list[float]:
 @staff_member_required
 def cancel_job(request: HttpRequest, run_id: int) -> HttpResponse:
     """Ask a running job to stop; the job process notices within a second or two."""
+    from django.utils import timezone
+
     from streams.models import JobRun
 
     updated = JobRun.objects.filter(pk=run_id, status=JobRun.Status.RUNNING).update(cancel_requested=True)
+    # a queued run is cancelled here and then: no worker has it yet (the task skips it)
+    updated += JobRun.objects.filter(pk=run_id, status=JobRun.Status.QUEUED).update(
+        cancel_requested=True, status=JobRun.Status.CANCELLED, ended_at=timezone.now(),
+        error="cancelled on request before a worker took it")
     if not updated:
         return JsonResponse({"error": f"run #{run_id} does not exist or is not running"}, status=400)
     messages.info(request, f"cancel requested for run #{run_id}.")
@@ -117,6 +123,7 @@ def start_job(request: HttpRequest) -> HttpResponse:
     trigger = f"dashboard ({request.user.get_username()})"
     from streams.jobs.child import ChildRefused, claim_child, create_run
     from streams.jobs.lock import JobLock
+    from streams.models import JobRun
     from streams.tasks import run_job_task
 
     if settings.CELERY_TASK_ALWAYS_EAGER:
@@ -136,7 +143,11 @@ def start_job(request: HttpRequest) -> HttpResponse:
     else:
         if JobLock.taken(job):
             return JsonResponse({"error": f"another run of {job} holds its lock: not started"}, status=409)
-        run_job_task.delay(job, rooms, trigger=trigger)
+        # queued (and so shown) until a worker takes it; sent once the record is committed
+        from django.db import transaction
+
+        run = create_run(job, rooms, trigger, status=JobRun.Status.QUEUED)
+        transaction.on_commit(lambda: run_job_task.delay(job, rooms, trigger=trigger, run_id=run.pk))
     messages.info(request, f"{job} started; its run appears below.")
     return redirect("dashboard:streams")
 

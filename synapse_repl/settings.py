@@ -176,6 +176,12 @@ SYNAPSE_REPL = {
     # Job children (``run_job``, each with a JVM) the dashboard may have alive at once on this
     # host, all jobs together; a start beyond it is refused before anything is spawned.
     "JOBS_MAX_CHILDREN": _env_number("JOBS_MAX_CHILDREN", 2),
+    # A running job's process rewrites its run's heartbeat every second or so; a run on another
+    # host whose heartbeat is older than this is marked failed ("interrupted") by the sweep
+    # (streams/jobs/liveness.py). Runs on this host are judged by their pid at once.
+    "JOBS_HEARTBEAT_STALE_SECONDS": _env_number("JOBS_HEARTBEAT_STALE_SECONDS", 120, float),
+    # How often runservice sweeps for runs whose process is gone.
+    "JOBS_SWEEP_SECONDS": _env_number("JOBS_SWEEP_SECONDS", 5, float),
     # "events=master,worker1;receipts=master": who may write each stream (default: master).
     "STREAM_WRITERS": os.environ.get("STREAM_WRITERS", ""),
     # How often an endpoint re-reads stream_positions for advances it was not told about.

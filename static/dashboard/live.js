@@ -290,7 +290,7 @@
     if (r.status === "running" && r.spark_ui_url) {
       parts.push(" ", el("a", {href: r.spark_ui_url, target: "_blank", rel: "noopener", text: "Spark UI"}));
     }
-    if (r.status === "running") {
+    if (r.status === "running" || r.status === "queued") {
       var token = document.querySelector("input[name=csrfmiddlewaretoken]");
       if (r.cancel_requested) parts.push(el("span", {className: "muted", text: " cancelling…"}));
       else if (token) {

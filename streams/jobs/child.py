@@ -64,10 +64,11 @@ def read_log(run_pk: int, limit: int = 200_000) -> str | None:
         return f.read().decode(errors="replace")
 
 
-def create_run(job: str, rooms: Sequence[str] | None, trigger: str) -> JobRun:
-    """The record the child will fill in (``running`` until it does)."""
+def create_run(job: str, rooms: Sequence[str] | None, trigger: str,
+               status: str = JobRun.Status.RUNNING) -> JobRun:
+    """The record the child (or a Celery worker, for a ``queued`` one) will fill in."""
     return JobRun.objects.create(job=job, parameters={"rooms": list(rooms)} if rooms else {},
-                                 trigger=trigger, started_at=timezone.now())
+                                 trigger=trigger, started_at=timezone.now(), status=status)
 
 
 class ChildRefused(Exception):

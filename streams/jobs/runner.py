@@ -19,6 +19,10 @@ from .registry import JOBS, load_jobs
 logger = logging.getLogger(__name__)
 
 
+#: the error of a run stopped by an interrupt (Ctrl-C of ``run_job``)
+INTERRUPTED_ERROR = "interrupted: stopped by an interrupt (Ctrl-C) before it finished; nothing was swapped in"
+
+
 class UnknownJob(ValueError):
     pass
 
@@ -45,6 +49,8 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
     run is written to ``run.progress`` (and given to ``on_progress``); a run whose
     ``cancel_requested`` is set has its Spark jobs cancelled and ends ``cancelled``.
     """
+    from .liveness import this_host
+
     load_jobs()
     if name not in JOBS:
         raise UnknownJob(f"unknown job {name!r}; known: {', '.join(sorted(JOBS))}")
@@ -55,8 +61,13 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         raise ValueError(f"run #{run.pk} is {run.job} {run.parameters}, not {name} {params}")
     else:
         # A run that took the lock before this process did may have marked this record failed,
-        # taking it for a dead process's run; it is alive again from here.
+        # taking it for a dead process's run; it is alive again from here (and no longer
+        # queued, if a Celery worker has just taken it).
         run.status, run.error, run.ended_at = JobRun.Status.RUNNING, "", None
+    # where the liveness sweep (jobs/liveness.py) looks for this run's process
+    run.host, run.pid, run.heartbeat_at = this_host(), os.getpid(), timezone.now()
+    JobRun.objects.filter(pk=run.pk).update(status=run.status, host=run.host, pid=run.pid,
+                                            heartbeat_at=run.heartbeat_at)
     lock = JobLock(name)
     try:
         if not lock.acquire():
@@ -102,6 +113,9 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
             finally:
                 io.staging_owner.reset(owner)
         except Exception:
+            if monitor.interrupted:
+                run.status, run.error = JobRun.Status.FAILED, INTERRUPTED_ERROR
+                return run
             if monitor.cancelled:
                 run.status = JobRun.Status.CANCELLED
                 run.error = "cancelled on request; nothing was swapped in after the cancel"
@@ -114,6 +128,9 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
         run.differences = outcome.differences
         run.difference_sample = outcome.sample[:SAMPLE_LIMIT]
         run.status = JobRun.Status.SUCCEEDED
+    except KeyboardInterrupt:  # before Spark's work began (its work stops by interrupt_runs)
+        run.status, run.error = JobRun.Status.FAILED, INTERRUPTED_ERROR
+        raise
     except Exception as e:  # recorded, then re-raised for the caller (Celery marks it failed)
         logger.exception("job %s failed", name)
         run.status = JobRun.Status.FAILED

@@ -19,6 +19,7 @@ import hashlib
 import io
 import logging
 import os
+import signal
 import sys
 import threading
 import zipfile
@@ -151,6 +152,32 @@ def _environment(overrides: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def launch_jvm(conf):
+    """pyspark's gateway JVM, in a session of its own: a terminal's Ctrl-C (SIGINT to the
+    foreground process group) would otherwise reach the Python workers it starts, which die of
+    it mid-task. It still ends with this process: it exits when its stdin, a pipe from this
+    process, closes."""
+    from pyspark.java_gateway import launch_gateway
+
+    return launch_gateway(conf, popen_kwargs={"start_new_session": True})
+
+
+@contextmanager
+def _keeping_sigint() -> Iterator[None]:
+    """Spark's start without its Ctrl-C behaviour: pyspark's SIGINT handler cancels every job of
+    the context and raises inside a py4j call (a broken connection, pages of Py4J and Java
+    errors); the process's own handler (``run_job``'s) stays. Its JVM starts in a session of
+    its own (:func:`launch_jvm`), so a terminal's Ctrl-C reaches neither it nor its Python
+    workers: the process decides what an interrupt does."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
 def code_archive(directory: Path) -> Path:
     """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files) in ``directory``, named by its
     content's hash: the same code gives the same file (written once, atomically, whichever
@@ -219,15 +246,17 @@ def spark_session(master: str | None = None):
         # The JVM starts with what goes on spark-submit's command line, which every user of the
         # host can read (/proc/PID/cmdline): everything but the secret, which reaches the
         # JVM's configuration over py4j's authenticated loopback connection below.
-        with _environment(jvm_environment(os.environ)):
-            SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(list(conf.items())))
+        with _environment(jvm_environment(os.environ)), _keeping_sigint():
+            jvm_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+            SparkContext._ensure_initialized(conf=jvm_conf, gateway=None if SparkContext._gateway else launch_jvm(jvm_conf))
         secret = auth_secret(master, os.environ, Path(settings.STATE_DIR))
         if secret is not None:
             conf[AUTH_SECRET_SETTING] = secret
         builder = SparkSession.builder
         for key, value in conf.items():
             builder = builder.config(key, value)
-        session = builder.getOrCreate()
+        with _keeping_sigint():
+            session = builder.getOrCreate()
         session.sparkContext.setLogLevel("WARN")
         if not is_local(master):
             session.sparkContext.addPyFile(str(code_archive(local_dir)))

@@ -9,6 +9,8 @@ class JobRun(models.Model):
     """One run of a batch job, written by the runner, never by the job itself."""
 
     class Status(models.TextChoices):
+        #: started from the dashboard in full mode: waiting for a Celery worker to take it
+        QUEUED = "queued", _("queued")
         RUNNING = "running", _("running")
         SUCCEEDED = "succeeded", _("succeeded")
         FAILED = "failed", _("failed")
@@ -36,6 +38,13 @@ class JobRun(models.Model):
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     #: the driver's web UI while the run is alive (empty once it ends)
     spark_ui_url = models.CharField(_("Spark UI"), max_length=255, blank=True, default="")
+    #: the process running the job (set by it when it starts): where the liveness sweep looks
+    #: (streams/jobs/liveness.py) for a run whose process is gone
+    host = models.CharField(_("host"), max_length=255, blank=True, default="")
+    pid = models.IntegerField(_("process id"), null=True, blank=True)
+    #: rewritten by the running process every few seconds; a run on another host whose
+    #: heartbeat is older than JOBS_HEARTBEAT_STALE_SECONDS is taken for dead
+    heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
 
     class Meta:
         db_table = "job_runs"
@@ -44,7 +53,7 @@ class JobRun(models.Model):
         verbose_name_plural = _("job runs")
 
     def __str__(self) -> str:
-        return f"{self.job} #{self.pk} ({self.status})"
+        return f"{self.job} #{self.pk} ({self.verdict_text})"  # a page's title agrees with its list
 
     @property
     def duration_seconds(self) -> float | None:

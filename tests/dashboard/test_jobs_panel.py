@@ -87,3 +87,52 @@ def test_the_embedded_default_lists_no_beat_schedule(admin_client, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # full mode: the beat's next runs
     schedule = admin_client.get("/").content.decode().split('class="job-schedule"')[1].split("</table>")[0]
     assert "nightly recompute" in schedule and "no Celery beat" not in schedule
+
+
+def test_a_runs_page_agrees_with_its_list(admin_client):
+    """A check that found differences reads "failed" on its own page too: its title and
+    breadcrumb included, never "(succeeded)" beside "failed: 4 differences"."""
+    run = JobRun.objects.create(job="check_visibility", status=JobRun.Status.SUCCEEDED, differences=4,
+                                started_at=timezone.now() - timedelta(seconds=5), ended_at=timezone.now())
+    listing = admin_client.get("/admin/streams/jobrun/").content.decode()
+    page = admin_client.get(f"/admin/streams/jobrun/{run.pk}/change/").content.decode()
+    assert "failed: 4 differences" in listing and "failed: 4 differences" in page
+    assert "succeeded" not in re.sub(r"<[^>]+>", " ", page), page
+    assert str(run) == f"check_visibility #{run.pk} (failed: 4 differences)"
+
+
+def test_a_run_clicked_in_full_mode_is_queued_until_a_worker_takes_it_and_keeps_its_log(
+        admin_client, settings, tmp_path, django_capture_on_commit_callbacks):
+    """Full mode: the click makes a ``queued`` run at once (the panel shows it, with Cancel) and
+    sends its task; the worker that takes the message fills in that same record and keeps its
+    log, as a child run does."""
+    from streams.tasks import run_job_task
+    from synapse_repl.celery import app
+
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    settings.STATE_DIR = tmp_path
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = admin_client.post("/jobs/start", {"job": "check_visibility", "rooms": "!nowhere:hs"})
+    assert answer.status_code == 302
+    [run] = JobRun.objects.all()
+    assert run.status == JobRun.Status.QUEUED and run.trigger == "dashboard (admin)"
+    [fed] = recent_job_runs()
+    assert (fed["id"], fed["verdict_text"]) == (run.pk, "queued")
+    with app.connection_for_read() as connection:  # the worker's side: the message the click sent
+        message = connection.SimpleQueue("celery").get(timeout=5)
+        args, kwargs, _embed = message.decode()
+        message.ack()
+    assert kwargs["run_id"] == run.pk
+    run_job_task.apply(args=args, kwargs=kwargs)
+    assert list(JobRun.objects.values_list("pk", "status")) == [(run.pk, JobRun.Status.FAILED)]
+    assert recent_job_runs()[0]["has_log"]
+    log = admin_client.get(f"/jobs/{run.pk}/log").content.decode()
+    assert f"run #{run.pk} (check_visibility): taken by a Celery worker" in log
+    assert "!nowhere:hs does not exist" in log
+
+
+def test_a_queued_run_is_cancelled_at_once(admin_client):
+    run = JobRun.objects.create(job="check_visibility", status=JobRun.Status.QUEUED, started_at=timezone.now())
+    assert admin_client.post(f"/jobs/{run.pk}/cancel").status_code == 302
+    run.refresh_from_db()
+    assert run.status == JobRun.Status.CANCELLED and run.ended_at is not None

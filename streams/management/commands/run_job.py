@@ -1,10 +1,27 @@
 """``manage.py run_job JOB [--rooms ROOM ...]``: run a batch job here and now."""
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
+from typing import NoReturn
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from synapse_repl.startup import check_startable
+
+
+def silence_py4j() -> None:
+    """py4j logs a broken gateway connection with its traceback; an interrupt breaks some."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+
+
+def interrupt_runs() -> bool:
+    from streams.jobs.monitor import interrupt_runs as interrupt
+
+    return interrupt()
 
 
 def _job_names() -> list[str]:
@@ -35,6 +52,32 @@ class Command(BaseCommand):
             self._last_progress = line
             self.stderr.write(f"progress: {line}")
 
+    _interrupted = False
+
+    def _interrupt(self, signum, frame) -> None:
+        """Ctrl-C: the run's Spark work is stopped quietly and the run recorded failed
+        ("interrupted"); a second Ctrl-C, or one before Spark's work began, stops at once."""
+        silence_py4j()
+        if self._interrupted or not interrupt_runs():
+            raise KeyboardInterrupt
+        self._interrupted = True
+
+    def _exit_interrupted(self, job: str, run) -> NoReturn:
+        """One line, Spark stopped without a word, exit status 130 (a shell's for SIGINT)."""
+        from streams.jobs.session import stop_spark
+
+        silence_py4j()
+        try:
+            stop_spark()
+        except Exception:  # on the way out: the JVM ends with this process anyway
+            pass
+        if run is None:
+            self.stderr.write(f"run_job: interrupted; {job} recorded no run")
+        else:
+            why = " (interrupted)" if run.error.startswith("interrupted") else ""
+            self.stderr.write(f"run_job: interrupted; {job} run #{run.pk} recorded {run.status}{why}")
+        sys.exit(130)
+
     def handle(self, *args, job: str, rooms, via_celery: bool, run: int | None = None, **options) -> None:
         from streams.jobs.registry import JOBS, load_jobs
         from streams.jobs.runner import run_job
@@ -59,11 +102,19 @@ class Command(BaseCommand):
                     record = JobRun.objects.get(pk=run)
                 except JobRun.DoesNotExist:
                     raise CommandError(f"no job run #{run}") from None
+            previous = signal.signal(signal.SIGINT, self._interrupt)
             try:
                 run = run_job(job, rooms, trigger="run_job", run=record, on_progress=self._progress)
+            except KeyboardInterrupt:
+                self._interrupted = True
+                run = record or JobRun.objects.filter(job=job, pid=os.getpid()).first()
             except Exception as e:
                 run = record or JobRun.objects.filter(job=job).first()
                 raise CommandError(f"{job} failed (run #{run.pk if run else '?'}): {e}") from e
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            if self._interrupted:
+                self._exit_interrupted(job, run)
         self.stdout.write(
             f"{run.job} run #{run.pk}: {run.status} in {run.duration_seconds or 0:.1f} s; "
             f"rows in {run.rows_in}, rows out {run.rows_out}"

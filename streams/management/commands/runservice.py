@@ -107,6 +107,7 @@ class Command(BaseCommand):
                 f"  admin:   http://{host}:{port}/admin/"
             )
             call_command("ensure_admin", stdout=self.stdout)
+            start_run_sweeper()
             if demo:
                 supervisor.add("demo", [sys.executable, "manage.py", "demo"], cwd=str(settings.BASE_DIR))
                 self.stdout.write("  demo:    a small dataset and a trickle of demo facts (DEMO=0 turns it off)")
@@ -130,6 +131,19 @@ class Command(BaseCommand):
             stop_endpoint_in_process(endpoint)
         if fatal:
             raise CommandError(f"stopped: {fatal[0]}")
+
+
+def start_run_sweeper() -> threading.Event:
+    """Runs left ``running`` by a process that is gone (this service killed with its job child,
+    a worker killed) are marked failed now and, while the service runs, within
+    ``JOBS_SWEEP_SECONDS`` of their process ending (streams/jobs/liveness.py). Setting the
+    returned event stops the sweeper."""
+    from streams.jobs.liveness import sweep_every
+
+    stop = threading.Event()
+    threading.Thread(target=sweep_every, args=(float(repl_setting("JOBS_SWEEP_SECONDS")), stop),
+                     name="job-run-sweeper", daemon=True).start()
+    return stop
 
 
 def check_port_free(host: str, port: int, name: str) -> None:

@@ -35,9 +35,16 @@ def watched_jobs(spark):
     def slower_job(spark_, rooms):  # about 4 s on 2 cores: several of run_job's 1 s polls
         return Outcome(rows_in=_slow_tasks(spark_, 1.0))
 
+    def reusing_job(spark_, rooms):  # its second action reuses the first's shuffle: a skipped stage
+        counts = spark_.sparkContext.parallelize(range(40), 4).map(lambda n: (n % 3, 1)).reduceByKey(
+            lambda a, b: a + b, 2)
+        counts.count()
+        return Outcome(rows_in=len(counts.collect()))
+
     JOBS["test_slow"], JOBS["test_endless"], JOBS["test_slower"] = slow_job, endless_job, slower_job
+    JOBS["test_reusing"] = reusing_job
     yield
-    JOBS.pop("test_slow"), JOBS.pop("test_endless"), JOBS.pop("test_slower")
+    JOBS.pop("test_slow"), JOBS.pop("test_endless"), JOBS.pop("test_slower"), JOBS.pop("test_reusing")
 
 
 def test_progress_shows_stages_and_tasks_while_running(watched_jobs):
@@ -106,3 +113,14 @@ def test_run_job_prints_progress_while_running(watched_jobs):
     assert "progress: stages 1/1, tasks 8/8" in lines
     assert any("tasks 0/8" not in line and "tasks 8/8" not in line for line in lines), lines  # a midway count
     assert "succeeded" in out.getvalue()
+
+
+def test_a_finished_run_shows_its_final_progress_skipped_stages_included(watched_jobs):
+    """A stage Spark skips (its output reused from an earlier job) never runs a task: a
+    succeeded run counts it finished, never "stages 3/4" as if a stage were left."""
+    run = run_job("test_reusing", trigger="test", progress_interval=0.2)
+    assert run.status == JobRun.Status.SUCCEEDED and run.rows_in == 3
+    stored = JobRun.objects.get(pk=run.pk)
+    assert len(stored.progress["stages"]) == 4
+    assert [s["skipped"] for s in stored.progress["stages"]].count(True) == 1
+    assert summary(stored.progress) == "stages 4/4, tasks 8/8"
