@@ -53,7 +53,7 @@ def snapshot_init_statement(snapshot_id: str) -> str:
     """The statement each JDBC read opens its transaction with, to see exactly the snapshot
     ``snapshot_id`` exported (the reader runs it after turning autocommit off, before its
     query: ``SET TRANSACTION SNAPSHOT`` must come first in a REPEATABLE READ transaction)."""
-    if not all(c.isalnum() or c == "-" for c in snapshot_id):
+    if not snapshot_id or not all(c.isascii() and (c.isalnum() or c == "-") for c in snapshot_id):
         raise ValueError(f"not a snapshot ID: {snapshot_id!r}")
     return f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
 

@@ -132,3 +132,15 @@ def test_checks_find_only_the_planted_damage_while_writers_write(default_databas
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def test_a_partition_joins_only_a_snapshot_id_it_was_given():
+    """The exported ID goes into SQL text (a JDBC option): anything but its letters, digits
+    and dashes is refused, not quoted into the statement."""
+    from streams.jobs.dialect import snapshot_init_statement
+
+    assert snapshot_init_statement("00000003-0000001B-1") == (
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '00000003-0000001B-1'")
+    for bad in ("x'; DROP TABLE events; --", "", "a b"):
+        with pytest.raises(ValueError):
+            snapshot_init_statement(bad)
