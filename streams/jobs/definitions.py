@@ -126,7 +126,12 @@ def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> O
 
 
 def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-    """Compare recomputed orderings with the stored ones; write nothing."""
+    """Compare recomputed orderings with the stored ones, over one consistent cut; write nothing."""
+    with io.consistent_cut():
+        return _check_topological_ordering(spark, rooms)
+
+
+def _check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     rows_in = count_events(rooms)
     events, result = _orderings(spark, rooms)
     stored = events.select("room_id", "event_id", "topological_ordering")
@@ -253,7 +258,13 @@ def recompute_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-    """Compare recomputed visibility with the stored ranges, event by event; write nothing."""
+    """Compare recomputed visibility with the stored ranges, event by event, over one
+    consistent cut; write nothing."""
+    with io.consistent_cut():
+        return _check_visibility(spark, rooms)
+
+
+def _check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     from .visibility import visibility_differences
 
     events, expected = _visibility(spark, rooms)
@@ -369,7 +380,12 @@ def rebuild_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Rebuild the index and compare it with the stored one (chains named by their first
-    event); write nothing."""
+    event), over one consistent cut; write nothing."""
+    with io.consistent_cut():
+        return _check_chain_cover(spark, rooms)
+
+
+def _check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     from .chain_cover import chain_cover_differences
 
     rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)

@@ -17,10 +17,12 @@ so a crashed run never blocks the next one.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fcntl
 import os
 from pathlib import Path
-from typing import IO, Any, Protocol, Sequence
+from typing import IO, Any, Iterator, Protocol, Sequence
 from urllib.parse import quote as url_quote
 
 from django.conf import settings
@@ -41,6 +43,20 @@ def try_flock(path: Path) -> IO[str] | None:
         file.close()
         return None
     return file
+
+#: the exported PostgreSQL snapshot every JDBC read of a check joins, while one is open
+#: (:meth:`JobDialect.consistent_cut`)
+_snapshot: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_snapshot", default=None)
+
+
+def snapshot_init_statement(snapshot_id: str) -> str:
+    """The statement each JDBC read opens its transaction with, to see exactly the snapshot
+    ``snapshot_id`` exported (the reader runs it after turning autocommit off, before its
+    query: ``SET TRANSACTION SNAPSHOT`` must come first in a REPEATABLE READ transaction)."""
+    if not snapshot_id or not all(c.isascii() and (c.isalnum() or c == "-") for c in snapshot_id):
+        raise ValueError(f"not a snapshot ID: {snapshot_id!r}")
+    return f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+
 
 class Closable(Protocol):
     def close(self) -> None: ...
@@ -95,6 +111,13 @@ class JobDialect:
         """``WHERE`` clause and parameters of the job's stream bounds, for ``rooms``."""
         return "", []
 
+    def consistent_cut(self, using: str) -> contextlib.AbstractContextManager[int]:
+        """Every read of the jobs inside sees one snapshot of the database: the committed
+        events of one moment with exactly the state groups, ranges and chain rows written with
+        them (the persist path writes those in its events' transaction). Gives the cut: the
+        largest stream ordering in the snapshot (0 for none)."""
+        raise NotImplementedError
+
     def try_lock(self, job: str, key: int, using: str) -> Closable | None:
         """Take the run lock of ``job`` (``key``: 64 bits of its name), or None if it is held.
         Closing what it returns releases the lock."""
@@ -130,7 +153,7 @@ class PostgresJobs(JobDialect):
     def read(self, spark, sql, columns, schema, partition_column, using, partitions, bounds_sql=None):
         url, props = jdbc_url(using)
         reader = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
-        for k, v in props.items():
+        for k, v in {**props, **_joined_snapshot()}.items():
             reader = reader.option(k, v)
         # one partition per core: each pulls its share over its own backend at the same time
         partitions = partitions or max(2, spark.sparkContext.defaultParallelism)
@@ -152,7 +175,7 @@ class PostgresJobs(JobDialect):
         url, props = jdbc_url(using)
         predicates = [f"mod(abs(hashtext(room_id)::bigint), {partitions}) = {k}" for k in range(partitions)]
         df = spark.read.jdbc(url, f"({sql}) AS job_input", predicates=predicates,
-                             properties={**props, "fetchsize": "10000"})
+                             properties={**props, "fetchsize": "10000", **_joined_snapshot()})
         return df.select(*columns).to(spark.createDataFrame([], schema).schema)
 
     def write(self, df, table, names, using):
@@ -172,6 +195,25 @@ class PostgresJobs(JobDialect):
 
     def rooms_filter(self, rooms):
         return ("WHERE room_id = ANY(%s)", [list(rooms)]) if rooms else ("", [])
+
+    @contextlib.contextmanager
+    def consistent_cut(self, using: str) -> Iterator[int]:
+        # One REPEATABLE READ transaction, open for the whole check, exports its snapshot;
+        # every JDBC partition (a backend each) starts its transaction in it. The reader
+        # turns autocommit off because of its fetch size, so the init statement opens the
+        # partition's transaction.
+        conn = dedicated_connection("synapse_repl job snapshot", using)
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshot_id = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            cut = conn.execute("SELECT coalesce(max(stream_ordering), 0) FROM events").fetchone()[0]
+            token = _snapshot.set(snapshot_id)
+            try:
+                yield cut
+            finally:
+                _snapshot.reset(token)
+        finally:
+            conn.close()  # the snapshot goes with its transaction
 
     def try_lock(self, job, key, using):
         conn = dedicated_connection(f"synapse_repl job lock {job}", using)
@@ -208,6 +250,23 @@ class SQLiteJobs(JobDialect):
 
     def read_by_room(self, spark, sql, columns, schema, using, partitions):
         return self.read(spark, sql, columns, schema, None, using, None).repartition(partitions, "room_id")
+
+    @contextlib.contextmanager
+    def consistent_cut(self, using: str) -> Iterator[int]:
+        # One deferred read transaction on the connection the reads use: under WAL its
+        # snapshot is fixed by its first read and the writer goes on beside it. Not Django's
+        # atomic(): the connection's transactions begin IMMEDIATE, which takes the write lock.
+        connection = connections[using]
+        if connection.in_atomic_block:
+            raise RuntimeError("a consistent cut needs a connection outside a transaction")
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN DEFERRED")
+            try:
+                cursor.execute("SELECT coalesce(max(stream_ordering), 0) FROM events")
+                cut = cursor.fetchone()[0]
+                yield cut
+            finally:
+                cursor.execute("ROLLBACK")  # it wrote nothing
 
     def write(self, df, table, names, using):
         sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('%s' for _ in names)})"
@@ -251,6 +310,12 @@ def for_database(using: str = "default") -> JobDialect:
         return _DIALECTS[vendor]
     except KeyError:
         raise RuntimeError(f"the batch jobs need PostgreSQL or SQLite (database {using!r} is {vendor})") from None
+
+
+def _joined_snapshot() -> dict[str, str]:
+    """The JDBC options that make a read join the open cut's snapshot (none outside one)."""
+    snapshot_id = _snapshot.get()
+    return {"sessionInitStatement": snapshot_init_statement(snapshot_id)} if snapshot_id else {}
 
 
 def jdbc_url(using: str = "default") -> tuple[str, dict[str, str]]:

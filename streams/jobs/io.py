@@ -54,6 +54,15 @@ def quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def consistent_cut(using: str = "default"):
+    """A context in which every :func:`read` (and Django's connection, on SQLite) sees one
+    snapshot of the database; it gives the cut, the largest stream ordering in it. A check
+    compares the stored tables with its recomputation inside one: both sides then hold the
+    same events, whatever is persisted while it runs. Every Spark action on what was read
+    must run inside it (a read is lazy on PostgreSQL)."""
+    return for_database(using).consistent_cut(using)
+
+
 def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str = "default",
          partitions: int | None = None):
     """The rows of ``query`` as a DataFrame (only ``rooms``' rows if given)."""
