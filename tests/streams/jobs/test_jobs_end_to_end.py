@@ -31,11 +31,20 @@ def celery_worker(tmp_path_factory, django_db_setup, django_db_blocker, redis_se
 
     saved = dict(app.conf)
     app.conf.update(broker_url=redis_server.url, result_backend=redis_server.url, task_always_eager=False)
+    forget_backend(app)  # an earlier test of this process may have made one without a result backend
     try:
         yield group
     finally:
         app.conf.update({k: saved[k] for k in ("broker_url", "result_backend", "task_always_eager")})
+        forget_backend(app)
         group.stop()
+
+
+def forget_backend(app) -> None:
+    """Celery keeps the result backend it first made (per thread, or shared): after a change of
+    ``result_backend`` it must be made anew."""
+    app._backend_cache = None
+    app._local.__dict__.pop("backend", None)
 
 
 def through_celery(job: str, rooms=None) -> JobRun:
