@@ -81,7 +81,11 @@ def events_written() -> int:
 
 @ON_BOTH_DATABASES
 @pytest.mark.slow
-def test_checks_find_only_the_planted_damage_while_writers_write(default_database, redis_server, spark, tmp_path):
+def test_checks_find_only_the_planted_damage_while_writers_write(default_database, redis_server, spark, tmp_path,
+                                                                settings):
+    # The jobs' locks (a flock in STATE_DIR on SQLite) of its own: the other test process runs
+    # the same checks meanwhile, and one of its runs would be refused as "already running".
+    settings.STATE_DIR = tmp_path / "state"
     vendor = default_database
     instances = ["w1", "w2"] if vendor == "postgresql" else [None]
     storage_caches().forget()
