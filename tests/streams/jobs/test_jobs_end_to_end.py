@@ -45,6 +45,11 @@ def forget_backend(app) -> None:
     ``result_backend`` it must be made anew."""
     app._backend_cache = None
     app._local.__dict__.pop("backend", None)
+    # and the broker connections it pooled (another test may have pooled the memory broker's)
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
 
 
 def through_celery(job: str, rooms=None) -> JobRun:
