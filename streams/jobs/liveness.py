@@ -11,13 +11,13 @@ writes the verdicts. runservice sweeps at start and every ``JOBS_SWEEP_SECONDS``
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from datetime import datetime
 
 from django.utils import timezone
 
+from ..id_store import pid_alive as process_exists
 from ..models import JobRun
 
 logger = logging.getLogger(__name__)
@@ -56,13 +56,10 @@ def gone_reason(run: JobRun, now: datetime, *, here: str, pid_alive: bool | None
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process here (a zombie, killed but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Whether ``pid`` is a live process here (:func:`streams.id_store.pid_alive`), a zombie
+    (killed but not yet reaped) counting as gone."""
+    if not process_exists(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
