@@ -11,7 +11,7 @@ TOOLS_VENV := .ci/venv
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(TOOLS_VENV)/bin/pip-compile --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links $(if $(UPGRADE),--upgrade)
 
-.PHONY: run test test-faults bench lint lock tools clean
+.PHONY: run test test-faults bench lint hooks lock tools clean
 
 $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 1; }
@@ -56,6 +56,10 @@ tools: $(TOOLS_VENV)/.installed
 lint: tools
 	$(TOOLS_VENV)/bin/ruff check .
 	$(TOOLS_VENV)/bin/mypy
+
+# The same two checks before each commit (.pre-commit-config.yaml), from the same venv.
+hooks: tools
+	$(TOOLS_VENV)/bin/pre-commit install
 
 # Regenerate the three lock files from their top-level lists (*.in). Existing pins are kept
 # unless a *.in asks for another version; `make lock UPGRADE=1` moves everything to the newest
