@@ -1,4 +1,4 @@
-"""Issue 14, items 2 and 3, as an attacker would try them: ``runreplication`` as a real process
+"""The endpoint's limits as an attacker would try them: ``runreplication`` as a real process
 on a real socket. Commands whose cost the rate limit did not see (a legacy ``REPLICATE``
 storm, long user IDs, a NAME with a NUL byte) and connections that squat the caps (idle
 connections, a byte a second). Each test failed before the fix."""
