@@ -121,7 +121,7 @@ STREAM = "receipts"
 WRITER_NAMES = ["w1", "w2", "w3", "w4"]
 STREAM_WRITERS = f"{STREAM}=" + ",".join(WRITER_NAMES)
 PER_TXN = 100
-#: Goals (issue 19): the 1-writer end-to-end rate against the same writer without
+#: Goals: the 1-writer end-to-end rate against the same writer without
 #: replication, and replication's own CPU per fact before the workers and in each worker.
 GOAL_E2E_VS_WRITER = 0.8
 GOAL_BEFORE_WORKERS_US = 10.0

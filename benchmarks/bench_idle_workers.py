@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_idle_workers.py [--quick]
 
-Issue 8, section 2: "Memory stays bounded with 200 connected workers of which 50 never read
+The goal: "Memory stays bounded with 200 connected workers of which 50 never read
 (they are disconnected; the rest keep their latency)". Starts a throwaway PostgreSQL and Redis,
 a real endpoint process (``manage.py runreplication``, default REPLICATION_MAX_PENDING_COMMANDS
 of 10,000 unless ``--max-pending``), and a writer process (``manage.py write_facts receipts

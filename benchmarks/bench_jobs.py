@@ -42,7 +42,7 @@ reads run on the dataset afterwards (same results: what the jobs write is what t
 path maintains; the 50 ``!baseline`` rooms of bare rows that bench_storage writes, outside
 its reads, get orderings 1 instead of 0 the first time).
 
-Issue 19 part 2 at 10 M events, on the dataset bench_storage builds once (part 1):
+At 10 M events, on the dataset bench_storage builds once:
 
     # D10: the directory bench_storage.py --data-dir kept (copy it first only if the disk holds two)
     .venv/bin/python benchmarks/bench_jobs.py --data-dir D10
@@ -59,7 +59,7 @@ Issue 19 part 2 at 10 M events, on the dataset bench_storage builds once (part 1
   Python workers during the per-room step (``PYSPY``: py-spy's path, default
   /tmp/pyspy/bin/py-spy; skipped without it).
 
-Goals (issue 19 part 2): each job and check <= 15 min end to end with local[2], and >= 2x
+Goals: each job and check <= 15 min end to end with local[2], and >= 2x
 faster than its twin; at 10 M <= 10x the 1 M time.
 Exit status 0 whether or not the goals are met.
 """

@@ -13,7 +13,7 @@ fast path makes them), half a new member and half a member's change (left member
 state), and an ``event_to_state_groups`` row per group. Prints per room:
 
 * **rows per group** stored in ``state_groups_state``, and the ratio to the same groups
-  stored as full snapshots (issue 19's goal: <= 0.05);
+  stored as full snapshots (the goal: <= 0.05);
 * **MB**: what the room added to the state-group tables (with the big groups' packed copies)
   and their indexes on disk;
 * **state at event, cold**: p50/p99 of ``reads.state_at_event`` for random groups of the
@@ -113,7 +113,7 @@ POLICIES = ("old", "new")
 
 
 def state_at_event_by_rows(event_id: str) -> dict:
-    """``reads.state_at_event`` as it read a group before session 10 (the baseline of the
+    """``reads.state_at_event`` reading a group by rows (the baseline of the
     read): the chain, then its rows, a tuple each, applied in a loop."""
     from streams.storage.sql import fetch_all, store_cursor
     from streams.storage.state_groups import _CHAIN
@@ -186,7 +186,7 @@ def read_all(rooms: dict[tuple[str, int], dict], sizes: list[int], samples: int)
             r = rooms[(policy, size)]
             half = range(len(r["ids"]) // 2, len(r["ids"]))
             picks[policy] = [rng.choice(half) for _ in range(samples)]
-        #: (policy, reader): "rows" is the read before session 10, on the old policy's room
+        #: (policy, reader): "rows" is the read by rows, on the old policy's room
         variants = [("old", "rows"), ("old", "strings"), ("new", "strings")]
         ms: dict[tuple, list[float]] = {v: [] for v in variants}
         cpu = dict.fromkeys(variants, 0.0)
@@ -204,7 +204,7 @@ def read_all(rooms: dict[tuple[str, int], dict], sizes: list[int], samples: int)
                 cpu[v] += time.process_time() - c0
                 backend[v] += backend_cpu_seconds(pid) - b0
         rows_v = ("old", "rows")
-        print(f"  old N={size:>7,}, read by rows (before session 10): state at event cold p50 "
+        print(f"  old N={size:>7,}, read by rows (the baseline): state at event cold p50 "
               f"{pct(ms[rows_v], 50):6.1f} ms p99 {pct(ms[rows_v], 99):6.1f} ms ({keys[rows_v]:,} keys); CPU per "
               f"read {cpu[rows_v] * 1000 / samples:.1f} ms here + {backend[rows_v] * 1000 / samples:.1f} ms database")
         rooms[("rows", size)] = {"p50": pct(ms[rows_v], 50), "p99": pct(ms[rows_v], 99),

@@ -54,7 +54,7 @@ The persister freezes its objects for the garbage collector every ``--freeze-eve
 (default ``persist.FREEZE_EVERY``, as ``generate_rooms``; 0: never), and the collector's time
 during the persist phase is printed.
 
-Prints the goals (issue 19: persist >= 2,000 events/s sustained, initial sync p99 <= 50 ms,
+Prints the goals (persist >= 2,000 events/s sustained, initial sync p99 <= 50 ms,
 incremental sync p99 <= 30 ms, back-pagination p99 <= 10 ms, state at event cold p99 <= 50 ms,
 state storage <= 0.05 of snapshots) beside the figures; exit status 0 either way. The goals are PostgreSQL's;
 ``--sqlite`` runs the same on a throwaway SQLite file (the embedded default) instead.
@@ -545,7 +545,7 @@ def state_storage(sqlite: bool) -> None:
           f"(packed copies {packed_bytes / 1e6:,.1f} MB); "
           f"as full snapshots ~{full_rows:,.0f} rows, ~{full_bytes / 1e6:,.1f} MB (mean state {mean_size:,.0f} keys, "
           f"{len(sample_groups)} sampled groups) -> ratio {ours / full_bytes if full_bytes else 0:.3f} "
-          "(goal <= 0.05; issue 16: 0.1)")
+          "(goal <= 0.05)")
 
 
 def database_size(sqlite: bool) -> None:

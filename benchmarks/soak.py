@@ -31,7 +31,7 @@ committed outside fault windows). Exit status 1 if anything was duplicated or mi
 process died on its own, a fuzzed connection was not closed with ERROR, or a fault did not
 recover.
 
-``--attack`` adds issue 14's attackers against both endpoints (:class:`Attackers`: a legacy
+``--attack`` adds attackers against both endpoints (:class:`Attackers`: a legacy
 REPLICATE storm, a USER_IP flood with long IDs, idle squatters beyond the per-address cap,
 NAMEs with a NUL byte), a long-typing room against the typing writer (the web process)
 and a prober connecting as a new worker four times a second; printed:
@@ -100,7 +100,7 @@ class SoakConfig:
     seed: int = 1
     progress: bool = True
     faults: bool = True  #: False: no fault injector (the attackers alone beside the workers)
-    attack: bool = False  #: issue 14's attackers (:class:`Attackers`) against the endpoints
+    attack: bool = False  #: the attackers (:class:`Attackers`) against the endpoints
     squatters: int = 250  #: idle connections per endpoint, with --attack
 
     @property
@@ -579,7 +579,7 @@ class Fuzzer(threading.Thread):
 
 
 class Attackers:
-    """Issue 14's attackers beside the healthy workers (``--attack``), each a thread against
+    """Attackers beside the healthy workers (``--attack``), each a thread against
     both TCP endpoints, and a prober that times a new worker's first POSITION:
 
     * a legacy ``REPLICATE`` storm: every ``storm_every`` s, 4 connections that never read send
@@ -805,7 +805,7 @@ def probe_loop(ports: list[int], every: float, stop, during, out) -> None:
 
 
 class HealthFlood:
-    """``--attack``'s health-probe flood against the web process (issue 35): every ``every``
+    """``--attack``'s health-probe flood against the web process: every ``every``
     s, ``clients`` anonymous clients send ``GET /health/ready`` back to back for ``seconds``
     s (each giving up after 2 s and asking again); the web process's threads, PostgreSQL
     connections and VmRSS are sampled each second. Figures (before the first flood, highest
@@ -1146,7 +1146,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between a fault's recovery and the next fault (default 5)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--attack", action="store_true",
-                        help="issue 14's attackers beside the workers: legacy REPLICATE storm, USER_IP flood "
+                        help="attackers beside the workers: legacy REPLICATE storm, USER_IP flood "
                              "with long IDs, idle squatters, NUL names, and a /health/ready flood against the web "
                              "process; reports endpoint RSS, a new worker's time to its first POSITION, and the "
                              "web process's threads and PostgreSQL connections")

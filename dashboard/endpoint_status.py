@@ -49,7 +49,7 @@ async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERV
     # One thread of its own, keeping its database connection from one write to the next:
     # while workers are fed the snapshot changes at every write, and a new connection each
     # time (a pool thread's, closed after use) was a third of the endpoint's CPU at 10,000
-    # facts/s, beside a PostgreSQL backend started each time (docs/benchmarks.md, session 10).
+    # facts/s, beside a PostgreSQL backend started each time (docs/benchmarks.md).
     executor = ThreadPoolExecutor(1, thread_name_prefix="endpoint-status")
 
     def in_thread(func: Callable[..., Any], *args: Any) -> Any:

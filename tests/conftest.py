@@ -170,7 +170,7 @@ def default_database(request, transactional_db):
         connections["default"] = postgres
 
 
-# --- Spark on a standalone cluster (issue 15.3; streams/jobs) ----------------------------------
+# --- Spark on a standalone cluster (streams/jobs) -----------------------------------------------
 
 
 @pytest.fixture(scope="session")

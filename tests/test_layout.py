@@ -105,7 +105,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-#: Import circles still to be cut (issue 18). The list may only shrink: a new circle fails.
+#: Import circles still to be cut. The list may only shrink: a new circle fails.
 KNOWN_CYCLES = [
 ]
 

@@ -137,7 +137,7 @@ class PostgresJobs(JobDialect):
     # A column of a subquery that PostgreSQL pulls up is an expression again wherever the
     # outer query names it: the ordering jobs' filter named ``depth`` four times, and every
     # event's JSON was parsed four times (10.9 s of a backend's CPU per million events against
-    # 3.2 s, docs/benchmarks.md, session 16). ``OFFSET 0`` keeps the lateral subquery from
+    # 3.2 s, docs/benchmarks.md). ``OFFSET 0`` keeps the lateral subquery from
     # being pulled up, so ``depth`` is computed once per row; ``events`` stays in the outer
     # query, so the partitions' stream bounds and the rooms' filter still reach its indexes.
     events_with_depth = ("(SELECT e.room_id, e.event_id, e.stream_ordering, e.topological_ordering, d.depth "

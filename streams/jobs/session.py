@@ -45,7 +45,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 #: JVM options of the driver and the executors (``SPARK_JAVA_OPTIONS`` replaces them). The
 #: JVM only glues the jobs' reads, joins and Arrow batches together, and every query brings
 #: fresh generated classes: C2's compiler threads burnt more CPU compiling them than the
-#: faster code gave back (docs/benchmarks.md, session 10), so the JIT stops at C1.
+#: faster code gave back (docs/benchmarks.md), so the JIT stops at C1.
 DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 #: where the driver listens unless the operator names another address: this host only

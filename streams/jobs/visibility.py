@@ -395,7 +395,7 @@ def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFr
         got_runs, got_open = canonical_runs(keys, sides.get(("found", user), []))
         # Own runs alike and shared eras alike: what the user sees is alike, with no merge of
         # the eras before their join (a big room has ~2,300 of them and ~80,000 members: the
-        # merges were the check's time at 10 M, docs/benchmarks.md, session 12)
+        # merges were the check's time at 10 M otherwise)
         if not user.startswith("*") and not (exp_runs == got_runs and shared_alike):
             exp_runs = seen_runs(exp_runs, shared["expected"], joins.get(user))
             got_runs = seen_runs(got_runs, shared["found"], joins.get(user))

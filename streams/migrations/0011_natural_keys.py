@@ -1,4 +1,4 @@
-"""Issue 19: the room store's link tables without surrogate ``id`` columns.
+"""The room store's link tables without surrogate ``id`` columns.
 
 ``event_edges``, ``state_group_edges`` and ``event_to_state_groups`` take their natural key as
 the primary key (it was a unique index beside an ``id`` primary key); ``state_groups_state``

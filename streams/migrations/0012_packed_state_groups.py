@@ -1,4 +1,4 @@
-"""Issue 19: ``state_groups_packed``, a packed copy of each big state group's rows
+"""``state_groups_packed``, a packed copy of each big state group's rows
 (``PackedStateGroup``), so a cold read of a big room's state is one row.
 
 On PostgreSQL the strings are compressed with lz4 (its decompression is several times

@@ -1,4 +1,4 @@
-"""Issue 19: ``rooms.late_stream``, the highest stream ordering of an event stored behind an
+"""``rooms.late_stream``, the highest stream ordering of an event stored behind an
 earlier one (lower in (topological, stream) than an event before it in the stream), so that
 an incremental sync from a later token skips the ``*shared`` walks and bounds each range's
 walk by stream ordering (docs/storage.md, "Reads").

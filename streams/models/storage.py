@@ -6,7 +6,7 @@ prefix, and every index is paid for on each persisted batch.
 
 Names and columns follow Synapse (its schema, ``synapse/storage/schema/``) where Synapse has the
 table, so Synapse tools and SQL read them unchanged. These are derived tables, written only by
-``streams.storage.persist`` (and, for visibility, by the batch jobs of issue 6); they are not
+``streams.storage.persist`` (and, for visibility, by the batch jobs); they are not
 facts of a stream, so they are plain models.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Room(models.Model):
 
 class EventEdge(models.Model):
     """One ``prev_events`` link of the room DAG (event -> an event before it). The key is the
-    pair (Synapse's unique index); no surrogate ``id`` (issue 19: 30 MB per million events)."""
+    pair (Synapse's unique index); no surrogate ``id`` (30 MB per million events less)."""
 
     pk = models.CompositePrimaryKey("event_id", "prev_event_id")
     event_id = models.CharField(_("event ID"), max_length=255)
@@ -110,7 +110,7 @@ class StateGroup(models.Model):
 
 class StateGroupEdge(models.Model):
     """A delta group's parent. The pair is the key (Synapse's unique index), with no surrogate
-    ``id`` (issue 19)."""
+    ``id``."""
 
     pk = models.CompositePrimaryKey("state_group", "prev_state_group")
     state_group = models.BigIntegerField()
@@ -131,7 +131,7 @@ class StateGroupState(models.Model):
     every read takes a group's rows whole (``state_groups.read_state``), and that index, with
     PostgreSQL's deduplication, is a small fraction of the unique one over the three columns
     and the ``id`` primary key it replaces (migration ``0011_natural_keys``, which makes the
-    table; issue 19)."""
+    table)."""
 
     pk = models.CompositePrimaryKey("state_group", "type", "state_key")
     state_group = models.BigIntegerField()
@@ -152,7 +152,7 @@ class PackedStateGroup(models.Model):
     only, in the same transaction) for a group of at least ``PACKED_MIN_ROWS`` rows -- a big
     room's snapshot -- whose keys and IDs hold no separator: a cold read of an 80,000-key
     state takes one row (compressed with lz4) instead of aggregating 80,000 rows on the server
-    (``state_groups.read_state``; issue 19). Never the only copy: the rows stay the truth,
+    (``state_groups.read_state``). Never the only copy: the rows stay the truth,
     which the jobs read."""
 
     state_group = models.BigIntegerField(primary_key=True)
@@ -169,7 +169,7 @@ class EventToStateGroup(models.Model):
     """The state after an event (before it, for a rejected event); outliers have no row."""
 
     #: the key (no surrogate ``id``); no index on ``state_group``: nothing looks events up by
-    #: their group (issue 19)
+    #: their group
     event_id = models.CharField(max_length=255, primary_key=True)
     state_group = models.BigIntegerField()
 
@@ -238,7 +238,7 @@ class EventAuth(models.Model):
     As Synapse's, the table has no primary key and one index, on ``event_id`` (the admin's
     auth events panel; nothing looks events up by ``auth_id``). Django needs a key, so
     ``(event_id, auth_id)`` is declared; the database does not hold it (migration
-    ``0011_natural_keys`` makes the table; issue 19)."""
+    ``0011_natural_keys`` makes the table)."""
 
     pk = models.CompositePrimaryKey("event_id", "auth_id")
     event_id = models.CharField(_("event ID"), max_length=255)

@@ -13,7 +13,7 @@ class StreamChangeCache:
     """Position -> what changed there: the entity itself when it is the only one (nearly
     always: one stream position, one room), a set when several share it. A set per position
     is a container the garbage collector walks: a cache of 100,000 rooms made every full
-    collection of a serving process ~15 ms longer (docs/benchmarks.md, session 13)."""
+    collection of a serving process ~15 ms longer."""
 
     def __init__(self, name: str, current_stream_pos: int, max_size: int = 10_000,
                  prefilled: dict[str, int] | None = None) -> None:

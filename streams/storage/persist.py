@@ -64,7 +64,7 @@ BULK_GC_THRESHOLD = (20_000, 20, 100)
 #: automatic collector is off from the first batch, and every ``freeze_every`` batches what is
 #: alive is frozen, uncollected. ``"collect"``: the collector runs with
 #: :data:`BULK_GC_THRESHOLD`, and each freeze starts with a full collection. Over the 10 M
-#: build (docs/benchmarks.md, session 11) the collector took 12 % of the persist phase
+#: build (docs/benchmarks.md) the collector took 12 % of the persist phase
 #: (young collections of ~50 ms, each walking the big states a batch had just built, and
 #: ~0.8 s for each full one before a freeze); at 500,000 events "freeze" spent 11-14 % less
 #: CPU per event in this process. What it leaves uncollected: the cycles the collector

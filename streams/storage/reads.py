@@ -127,7 +127,7 @@ def visible_events(room: str, *, order: str, event_filter: str = "", range_filte
         # The token and the range bound the scan on the same side: one bound, the tighter of
         # the two. Given both, the index scan started from the range's (a big room's newest
         # event, going back) and filtered its way down to the token: 5,500 index pages for a
-        # page of 20 in a 688,000-event room (docs/benchmarks.md, session 12).
+        # page of 20 in a 688,000-event room (docs/benchmarks.md).
         if not from_token:
             return start, end
         if order == "b":
@@ -193,7 +193,7 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     can only find an event of the window before the join by key when the join is in the
     window, or when the room stored an event behind an earlier one after ``since``
     (``rooms.late_stream``); otherwise they are skipped (the walks were 30 % of incremental
-    sync's query at 10 M events: docs/benchmarks.md, session 16).
+    sync's query at 10 M events: docs/benchmarks.md).
 
     ``late``: the room's ``rooms.late_stream`` (:func:`room_late_stream`) as an SQL
     expression the caller reads once per room: the query names it in three places, and a
@@ -214,7 +214,7 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # greater of ``end_stream`` and the mark, and at least ``start_stream`` while the mark is
     # below ``start_stream - 1``. Without those bounds, each of a big room's 1,287 closed
     # world-readable ranges read the ~68,000 events of a 10 % window down to its start: 44 s
-    # for one sync (docs/benchmarks.md, session 17).
+    # for one sync (docs/benchmarks.md).
     # the ranges that end before the window are not walked at all (``event_filter`` holds
     # ``> since`` too: this only spares their index probes, 1,287 + 2,204 in that big room)
     in_window = "" if since is None else f"\n            WHERE greatest(r.end_stream, r.late) > {since}"
@@ -252,8 +252,8 @@ def _visible_in_stream_order(room: str, *, event_filter: str, range_filter: str,
     # The user's and the world's walks first. Only what is newer than their limit-th event
     # can still make the page, so ``*shared``'s walks stop there: going down the window they
     # pass every event after the user's join before the first one before it (a user who
-    # joined inside the window: ~4,000 rows read and dropped per sync, docs/benchmarks.md,
-    # session 13). That bound is the stream ordering the answer already reaches, not the
+    # joined inside the window: ~4,000 rows read and dropped per sync, docs/benchmarks.md).
+    # That bound is the stream ordering the answer already reaches, not the
     # join's: by key, events before the join may come later in the stream (forks, backfill).
     floor = f"""coalesce((SELECT DISTINCT o.stream_ordering FROM ow o ORDER BY o.stream_ordering DESC
                           OFFSET ({limit}) - 1 LIMIT 1), CAST({-_MAX - 1} AS BIGINT))"""
@@ -726,7 +726,7 @@ def _rooms_changed(cur: Any, cache: StreamChangeCache, rooms: set[str], since: i
     answers without a query when it reaches back that far; before its horizon it can only say
     "all of them" (Synapse's semantics), and a sync from an old token then read every joined
     room (300 rooms for a typical power user at 10 M events, half of them with nothing new:
-    docs/benchmarks.md, session 12), so the rooms' ``last_stream`` column decides instead."""
+    docs/benchmarks.md), so the rooms' ``last_stream`` column decides instead."""
     if since >= cache.earliest_known_position:
         return cache.get_entities_changed(rooms, since)
     if not rooms:
@@ -784,7 +784,7 @@ def incremental_sync(user_id: str, since: RoomStreamToken, *, limit: int = 10,
             else:
                 # each room's mark read once, beside it (``rm``), not by each of the places
                 # that name it: 37,623 -> 21,991 buffers for a power user's 622 changed
-                # rooms at 10 M (docs/benchmarks.md, session 18)
+                # rooms at 10 M
                 rows = fetch_all(
                     cur, f"""SELECT m.room_id, {_Y_COLUMNS} FROM unnest(%(rooms)s::text[]) AS m(room_id)
                     CROSS JOIN LATERAL (SELECT {room_late_stream("m.room_id")} AS late_stream OFFSET 0) rm

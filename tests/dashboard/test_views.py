@@ -261,8 +261,8 @@ def test_job_start_refuses_get(staff_client):
 
 
 def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_client, pg_url, settings, tmp_path):
-    """Issue 17: after both writers of a stream exited, the dashboard showed one of them
-    "+N ahead of linear" for good, with no sign that either was gone. A writer whose process
+    """After both writers of a stream exited, the dashboard must not show one of them
+    "+N ahead of linear" for good, with no sign that either is gone. A writer whose process
     finished cleanly reads "finished"; one whose process was killed, "exited unexpectedly"."""
     import os
     import signal

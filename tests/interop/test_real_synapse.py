@@ -1,4 +1,4 @@
-"""Our Redis worker following a real Synapse homeserver (issue 15.1; docs/replication.md,
+"""Our Redis worker following a real Synapse homeserver (docs/replication.md,
 "Following a real Synapse").
 
 One Synapse 1.163.2 main process (``testing/synapse_homeserver.py``, the ``synapse`` fixture of

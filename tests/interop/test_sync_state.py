@@ -1,5 +1,5 @@
 """``/api/sync`` against a real Synapse's ``/sync`` for the same user on the same room history
-(issue 36.5; docs/storage.md, "Sync's answer").
+(docs/storage.md, "Sync's answer").
 
 Users drive the session's Synapse 1.163.2 (tests/interop/conftest.py) through the
 client-server API: a room with joins, a topic, messages; then, after a position both systems

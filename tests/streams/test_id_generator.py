@@ -420,7 +420,7 @@ def test_writer_config_change(harness_factory):
     assert third.get_persisted_upto_position() == 6
 
     # The processes above disagreed about the writers, and none deleted another's row
-    # (issue 17: the other process may hold the right STREAM_WRITERS). So "first" is back
+    # (the other process may hold the right STREAM_WRITERS). So "first" is back
     # with the position it recorded: the linear position waits at it until "first" writes.
     five = h.gen("five", writers=("first", "third"))
     assert five.get_persisted_upto_position() == 3

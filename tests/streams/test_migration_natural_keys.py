@@ -1,4 +1,4 @@
-"""Migration 0011 (issue 19): the link tables lose their ``id`` columns, keep every row, and get
+"""Migration 0011: the link tables lose their ``id`` columns, keep every row, and get
 their natural keys -- from a database holding rows at 0009, on PostgreSQL and SQLite, and back."""
 from __future__ import annotations
 

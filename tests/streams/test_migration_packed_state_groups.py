@@ -1,4 +1,4 @@
-"""Migration 0012 (issue 19): the groups already stored with at least 10,000 rows get their
+"""Migration 0012: the groups already stored with at least 10,000 rows get their
 packed copy on PostgreSQL -- unless a key or ID holds the separator -- and read back as their
 rows; SQLite keeps the table empty."""
 from __future__ import annotations

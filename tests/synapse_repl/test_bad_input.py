@@ -1,4 +1,4 @@
-"""Input that used to answer 500 (issue 14, item 4) answers 4xx with a message, on PostgreSQL
+"""Input a careless view would answer with a 500 answers 4xx with a message, on PostgreSQL
 and on SQLite: Python's int digit limit, NUL bytes PostgreSQL refuses, integers past 64 bits
 SQLite refuses, Unicode digits, and admin searches too costly to run (docs/security.md)."""
 from __future__ import annotations

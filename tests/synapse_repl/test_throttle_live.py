@@ -1,4 +1,4 @@
-"""Issue 35, item 3, against a running ``runservice`` on real sockets: a local process that
+"""Throttles against a running ``runservice`` on real sockets: a local process that
 sends wrong bearer tokens or wrong admin passwords locks nobody else out. The right
 ``REPLICATION_SECRET`` still gets a worker its catch-up facts, the right ``API_TOKEN`` its
 answer, and the operator signs in from another address; the guesser gets 429 / "too many

@@ -1,4 +1,4 @@
-"""Issue 14, item 4, against real processes (``runservice`` as ``make run`` starts it):
+"""Web hardening against real processes (``runservice`` as ``make run`` starts it):
 passwords in URLs never printed nor shown, ``STATE_DIR`` private, the live WebSocket admits
 its own origin only (docs/security.md)."""
 from __future__ import annotations

@@ -12,7 +12,7 @@ everybody else is upgraded to TLS if configured (after the check, so a refused p
 sees a TLS handshake either) and handed to the replication protocol, every event then passed
 through as is.
 
-Connections that squat the caps must not lock workers out (issue 14): each admitted connection
+Connections that squat the caps must not lock workers out: each admitted connection
 holds a :class:`Ticket` that the replication consumer keeps up to date. When a cap is reached,
 the newcomer takes the place of the oldest connection still in its handshake (no REPLICATE
 yet), or else of the oldest that never sent a PING (Synapse's workers PING at once; a netcat

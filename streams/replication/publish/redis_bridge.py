@@ -58,7 +58,7 @@ MAX_ECHOES = 10_000
 #: Answers wait at most this much longer; a writer's streamer thread and an endpoint were
 #: woken several times per batch of lines otherwise, and once per batch with 5 ms: at the
 #: cluster's rates (a batch every 3-10 ms) a wake-up after idling costs more CPU than the
-#: search of the bytes it brings (docs/benchmarks.md, bench_cluster, session 10). 25 ms
+#: search of the bytes it brings (docs/benchmarks.md, bench_cluster). 25 ms
 #: gathers several batches per wake-up; a REPLICATE is still answered well within what any
 #: worker waits for (seconds).
 READ_PAUSE = 0.025

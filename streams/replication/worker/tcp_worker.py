@@ -99,7 +99,7 @@ class ReplicationWorker(BaseReplicationWorker):
         # PINGs and the server's silence are looked after by a task of their own, every TICK,
         # not by a timeout around each read: a read is one await, with no task and no timer
         # of its own (a read per batch of lines; each cost the worker ~0.5 us a fact in the
-        # cluster: docs/benchmarks.md, session 10).
+        # cluster: docs/benchmarks.md).
         keepalive = asyncio.create_task(self._keepalive(conn, writer))
         try:
             while not self._stopping:

@@ -1,4 +1,4 @@
-"""Issue 36.2: a check compares the stored tables and its recomputation over one consistent
+"""A check compares the stored tables and its recomputation over one consistent
 cut, so real writers persisting events while it runs cause no differences: every check,
 repeated while ``write_facts events --rate 50`` writes (one writer on SQLite, two on
 PostgreSQL, ``STREAM_WRITERS=events=w1,w2``), reports exactly the damage planted before the

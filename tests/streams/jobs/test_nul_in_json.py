@@ -1,5 +1,5 @@
 """Events whose JSON holds ``\\u0000`` (valid JSON, stored losslessly) do not stop the topology
-and visibility jobs on PostgreSQL, whose ``jsonb`` refuses that escape (issue 16)."""
+and visibility jobs on PostgreSQL, whose ``jsonb`` refuses that escape."""
 from __future__ import annotations
 
 import pytest

@@ -84,7 +84,7 @@ def test_strayed_events_and_rooms_without_depths_in_one_run(store, spark):
 def test_the_strayed_read_parses_each_events_json_once():
     """PostgreSQL pulls a subquery's columns up as expressions wherever the outer query names
     them: the strayed read's filter names ``depth`` four times, and PostgreSQL parsed every
-    event's JSON four times (docs/benchmarks.md, session 16). With the partitions' stream
+    event's JSON four times (docs/benchmarks.md, the ordering jobs). With the partitions' stream
     bounds the read must still be an index scan of ``events``, the JSON parsed in one place."""
     from streams.jobs.definitions import _strayed_query
     from streams.jobs.dialect import for_database

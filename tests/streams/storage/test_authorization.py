@@ -55,7 +55,7 @@ def test_an_unknown_auth_event_is_a_bad_event_not_a_verdict():
         authorize(room.events[join], room.state_before[join], known, set())
 
 
-# -- the persister's caches (issue 16: the persist rate fell as they aged out) ------------------
+# -- the persister's caches (the persist rate falls if they age out) ------------------------------
 
 def _small_room(n_topics: int):
     room = RoomBuilder(KNOWN_ROOM_VERSIONS["10"], room_id="!c:a")

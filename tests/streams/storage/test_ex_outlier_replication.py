@@ -1,4 +1,4 @@
-"""A de-outliered event reaches workers on the events stream as Synapse sends it (issue 16.8):
+"""A de-outliered event reaches workers on the events stream as Synapse sends it:
 an ``ev`` row, now with ``outlier`` false, at the new position its ``ex_outlier_stream`` row
 took (the event keeps its own stream ordering). Over the real protocol: the writer persists
 in this process and publishes through Redis, ``runreplication`` serves a worker on a socket;

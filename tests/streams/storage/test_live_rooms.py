@@ -83,8 +83,8 @@ def test_the_plan_is_pure_and_continues_a_loaded_room():
 
 @pytest.mark.slow
 def test_a_fresh_embedded_install_checks_clean(tmp_path):
-    """Issue 17: on a fresh ``make run`` the checks reported 320 and 420 differences, because
-    the demo and ``write_facts events`` wrote messages into rooms with no create event."""
+    """A fresh ``make run`` checks clean: the demo and ``write_facts events`` write no messages
+    into rooms with no create event (which the checks would count as differences)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(STATE_DIR=str(tmp_path), SPARK_MASTER="local[1]", DJANGO_SETTINGS_MODULE="synapse_repl.settings")
 

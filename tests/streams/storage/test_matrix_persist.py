@@ -1,4 +1,4 @@
-"""The persist path runs the Matrix core (issue 16): the six findings as regressions.
+"""The persist path runs the Matrix core: six findings as regressions.
 
 Rooms are built by ``streams.matrix.room_builder.RoomBuilder`` (real PDUs of each room
 version: IDs per version, auth events, the verdict of the core, itself checked against

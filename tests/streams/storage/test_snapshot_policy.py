@@ -1,4 +1,4 @@
-"""The snapshot policy of state groups (base deltas, issue 19): the state of every group is the
+"""The snapshot policy of state groups (base deltas): the state of every group is the
 one a dict model gives, whatever the chain, on big and small states; no chain is longer than
 100 groups; a big state is not written again every 100 groups, a small one still is."""
 from __future__ import annotations

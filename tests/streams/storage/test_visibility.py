@@ -119,7 +119,7 @@ def test_same_result_in_one_batch(store, name):
 
 
 def copy_eras_into_user_rows(room_id):
-    """Rewrite the room's user rows as the persist path wrote them before session 9: each
+    """Rewrite the room's user rows with copied eras (rows a persist path may have stored): each
     user's own ranges with ``*shared``'s before their latest join merged in."""
     def ranges(user):
         return [((st, ss), None if et is None else (et, es)) for st, ss, et, es in rows(

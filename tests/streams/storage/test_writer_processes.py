@@ -1,5 +1,5 @@
 """Two event writer processes (``STREAM_WRITERS=events=w1,w2``, PostgreSQL) persisting the
-same room at the same time (issue 16.6): real OS processes, each its own Django and
+same room at the same time: real OS processes, each its own Django and
 ``persist_events``, each extending the room from what the other persisted (round after round
 both fork from the last merge, and the merges alternate between them). The state at every
 event and ``current_state_events`` must equal what the Matrix core computes for the same
@@ -38,7 +38,7 @@ def build_room():
     tip = room.order[-1]
     for r in range(ROUNDS):
         a = b = tip
-        for n in range(BRANCH):  # the admin's branch (w1): topics, names, in round 2 a ban of Eve
+        for n in range(BRANCH):  # the admin's branch (w1): topics, names, in the third round a ban of Eve
             if r == 2 and n == 2:
                 a = room.send(A, "m.room.member", {"membership": "ban"}, state_key=E, prev_ids=[a])
             elif n % 2:

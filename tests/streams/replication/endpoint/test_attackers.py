@@ -1,7 +1,7 @@
-"""Issue 14, items 2 and 3, as an attacker would try them: ``runreplication`` as a real process
-on a real socket. Commands whose cost the rate limit did not see (a legacy ``REPLICATE``
+"""The endpoint's limits as an attacker would try them: ``runreplication`` as a real process
+on a real socket. Commands whose cost a plain rate limit does not see (a legacy ``REPLICATE``
 storm, long user IDs, a NAME with a NUL byte) and connections that squat the caps (idle
-connections, a byte a second). Each test failed before the fix."""
+connections, a byte a second). Each test fails on an endpoint without these limits."""
 from __future__ import annotations
 
 import random

@@ -550,7 +550,7 @@ def test_next_events_refuses_what_the_peer_may_not_send():
         conn.next_events(0)
 
 
-# --- next_batch: RDATA in runs (the worker's hot path since session 9) ----------------------
+# --- next_batch: RDATA in runs (the worker's hot path) -------------------------------------
 
 _rdata_bits = st.sampled_from(
     [b"RDATA s m 1 []", b"RDATA s m batch [1]", b"RDATA s m 2 {\"a\": [1, 2]}", b"RDATA s m2 3 null",
@@ -635,7 +635,7 @@ def test_next_batch_refuses_rdata_from_a_client():
         conn.next_batch(0)
 
 
-# --- deadlines against squatters (issue 14.3) ----------------------------------------------
+# --- deadlines against squatters --------------------------------------------------------
 
 
 def test_handshake_deadline_until_a_replicate_arrives():

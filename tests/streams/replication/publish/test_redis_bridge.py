@@ -340,7 +340,7 @@ def test_transactions_completing_out_of_order_go_out_in_order(setup):
     assert tokens == ids  # each fact once, ascending
 
 
-# --- one write per batch (session 9) -----------------------------------------------------------
+# --- one write per batch -----------------------------------------------------------------------
 
 
 def test_the_layer_message_goes_out_in_the_bridges_write(setup):
