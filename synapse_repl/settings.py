@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "channels",
     "streams",
     "dashboard",
+    "synapse_attach",
 ]
 
 MIDDLEWARE = [
@@ -242,6 +243,22 @@ DASHBOARD = {
     "FEED_REFRESH_SECONDS": float(os.environ.get("FEED_REFRESH_SECONDS", "1.0")),
     # Demo dataset and trickle on the embedded default (never in full mode).
     "DEMO": _env_bool("DEMO", True),
+}
+
+# --- Attaching read-only to a live Synapse (docs/attach.md) ---------------------------------
+# Synapse's databases are never Django databases (no migration or ORM write can reach them):
+# synapse_attach opens its own connections, read-only (default_transaction_read_only=on).
+SYNAPSE_ATTACH = {
+    # Synapse's main database, as a role with SELECT only: postgres://observer:...@host/synapse.
+    "DATABASE_URL": os.environ.get("SYNAPSE_DATABASE_URL", ""),
+    # Its state database, when Synapse keeps state_groups* apart (data_stores: ["state"]).
+    "STATE_DATABASE_URL": os.environ.get("SYNAPSE_STATE_DATABASE_URL", ""),
+    # Synapse's Redis and its channel prefix (its server_name).
+    "REDIS_URL": os.environ.get("SYNAPSE_REDIS_URL", ""),
+    "SERVER_NAME": os.environ.get("SYNAPSE_SERVER_NAME", ""),
+    # Every statement on Synapse's database is cancelled after this many seconds.
+    "STATEMENT_TIMEOUT_SECONDS": _env_number("SYNAPSE_STATEMENT_TIMEOUT_SECONDS", 10.0, float),
+    "CONNECT_TIMEOUT_SECONDS": _env_number("SYNAPSE_CONNECT_TIMEOUT_SECONDS", 5, int),
 }
 
 # --- Security (docs/security.md) -------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Attaching read-only to a live Synapse: its streams, writers and sequences (docs/attach.md)."""
