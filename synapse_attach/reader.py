@@ -70,11 +70,16 @@ def connect_read_only(url: str, *, statement_timeout_seconds: float = 10.0,
             options=f"-c default_transaction_read_only=on -c statement_timeout={timeout_ms}")
     except psycopg.Error as e:
         raise AttachError(f"cannot connect to Synapse's database at {redact_url(url)}: "
-                          f"{redact_text(str(e).strip())}") from None
+                          f"{_one_line(e)}") from None
+
+
+def _one_line(e: psycopg.Error) -> str:
+    """The server's message on one line (libpq adds hints on lines of their own), redacted."""
+    return redact_text(" ".join(str(e).split()) or type(e).__name__)
 
 
 def _read_error(e: psycopg.Error, what: str) -> AttachError:
-    message = redact_text(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    message = _one_line(e)
     if isinstance(e, errors.InsufficientPrivilege):
         return AttachError(f"reading {what}: {message}; {GRANT_HINT}")
     if isinstance(e, errors.UndefinedTable):
