@@ -81,7 +81,7 @@ class Report:
             f for q in self.sequences for f in q.findings)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"postgresql": self.server_version,
+        return {"server_version": self.server_version,
                 "streams": [s.as_dict() for s in self.streams],
                 "sequences": [q.as_dict() for q in self.sequences],
                 "findings": [f.as_dict() for f in self.findings]}

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("synapse_repl", "streams", "dashboard", "testing")
+PACKAGES = ("synapse_repl", "streams", "dashboard", "synapse_attach", "testing")
 ROW = re.compile(r"^\| (`[^|]+`(?:, `[^|]+`)*) \|", re.MULTILINE)
 
 

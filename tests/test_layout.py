@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPLOYABLE = ("synapse_repl", "streams", "dashboard")
+DEPLOYABLE = ("synapse_repl", "streams", "dashboard", "synapse_attach")
 
 
 def imported_modules(path: Path) -> set[str]:
