@@ -88,21 +88,41 @@ def run_status(url: str | None, tmp_path: Path, *args: str) -> subprocess.Comple
                           capture_output=True, text=True, timeout=120)
 
 
+def status_in_process(url: str, *args: str, state_url: str = "") -> str:
+    """The command's output, run in this process (the damage cases: the subprocess path is
+    test_every_figure_is_synapses_own's)."""
+    from io import StringIO
+
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    out = StringIO()
+    with override_settings(SYNAPSE_ATTACH={**settings.SYNAPSE_ATTACH, "DATABASE_URL": url,
+                                           "STATE_DATABASE_URL": state_url}):
+        call_command("synapse_status", *args, stdout=out)
+    return out.getvalue()
+
+
 def positions(synapse) -> set[tuple[str, str, int]]:
     return {tuple(r) for r in synapse.query("SELECT stream_name, instance_name, stream_id FROM stream_positions")}
 
 
-def status_at_rest(synapse, url: str, tmp_path: Path) -> tuple[dict, set]:
-    """``synapse_status --json`` taken while Synapse's stream_positions did not move (Synapse
-    records positions in the background after each write): polled until a read fits between
-    two equal oracle reads."""
+def status_at_rest(synapse, url: str, tmp_path: Path | None = None) -> tuple[dict, set]:
+    """``synapse_status --json`` (a subprocess given ``tmp_path``, else in this process) taken
+    while Synapse's stream_positions did not move (Synapse records positions in the background
+    after each write): polled until a read fits between two equal oracle reads."""
     deadline = time.monotonic() + 60
     while True:
         before = positions(synapse)
-        done = run_status(url, tmp_path, "--json")
-        assert done.returncode == 0, done.stderr
+        if tmp_path is None:
+            output = status_in_process(url, "--json")
+        else:
+            done = run_status(url, tmp_path, "--json")
+            assert done.returncode == 0, done.stderr
+            output = done.stdout
         if positions(synapse) == before:
-            return json.loads(done.stdout), before
+            return json.loads(output), before
         assert time.monotonic() < deadline, "Synapse's stream_positions never held still"
 
 
@@ -145,22 +165,24 @@ def test_every_figure_is_synapses_own(synapse, observer_url, traffic, tmp_path):
     assert status["findings"] == []
 
 
-def test_text_output_names_each_stream_and_says_the_doctor_is_content(synapse, observer_url, traffic, tmp_path):
-    done = run_status(observer_url, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "events: persisted-upto " in done.stdout and "writer master: " in done.stdout
-    assert "typing: kept in memory" in done.stdout
-    assert "doctor: no findings" in done.stdout
+def test_text_output_names_each_stream_and_says_the_doctor_is_content(synapse, observer_url, traffic):
+    # the state database given apart (here: the same one) is read over a connection of its own
+    text = status_in_process(observer_url, state_url=observer_url)
+    assert "events: persisted-upto " in text and "writer master: " in text
+    assert "typing: kept in memory" in text
+    [(last_value, is_called)] = synapse.query("SELECT last_value, is_called FROM state_group_id_seq")
+    assert f"sequence state_group_id_seq: allocated {last_value if is_called else last_value - 1}," in text
+    assert text.rstrip().endswith("doctor: no findings (Synapse's start-up checks would pass)")
 
 
-def test_a_sequence_behind_its_table_is_reported_with_synapses_fix(synapse, observer_url, traffic, tmp_path):
+def test_a_sequence_behind_its_table_is_reported_with_synapses_fix(synapse, observer_url, traffic):
     # caches records no positions: winding its sequence back shows exactly one finding
     [(original,)] = synapse.query("SELECT last_value FROM cache_invalidation_stream_seq")
     [(stored,)] = synapse.query("SELECT MAX(stream_id) FROM cache_invalidation_stream_by_instance")
     assert stored > 2
     execute(synapse, "SELECT setval('cache_invalidation_stream_seq', %s)", stored - 2)
     try:
-        status, _ = status_at_rest(synapse, observer_url, tmp_path)
+        status, _ = status_at_rest(synapse, observer_url)
     finally:
         execute(synapse, "SELECT setval('cache_invalidation_stream_seq', GREATEST(%s, "
                       "(SELECT last_value FROM cache_invalidation_stream_seq)))", original)
@@ -172,14 +194,13 @@ def test_a_sequence_behind_its_table_is_reported_with_synapses_fix(synapse, obse
                                    "(SELECT GREATEST(MAX(stream_id), 0) FROM cache_invalidation_stream_by_instance));")
 
 
-def test_a_position_ahead_of_its_sequence_is_synapses_incorrect_database_setup(synapse, observer_url, traffic,
-                                                                               tmp_path):
+def test_a_position_ahead_of_its_sequence_is_synapses_incorrect_database_setup(synapse, observer_url, traffic):
     [(writer, original)] = synapse.query(
         "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = 'receipts'")
     [(last_value,)] = synapse.query("SELECT last_value FROM receipts_sequence")
     execute(synapse, "UPDATE stream_positions SET stream_id = %s WHERE stream_name = 'receipts'", last_value + 5)
     try:
-        status, _ = status_at_rest(synapse, observer_url, tmp_path)
+        status, _ = status_at_rest(synapse, observer_url)
     finally:
         execute(synapse, "UPDATE stream_positions SET stream_id = %s WHERE stream_name = 'receipts'", original)
     [finding] = status["findings"]
