@@ -263,3 +263,13 @@ def test_a_missing_grant_names_the_table_and_the_grant(synapse, observer_url, tm
     assert "permission denied for table events" in done.stderr
     assert "GRANT SELECT ON ALL TABLES IN SCHEMA public" in done.stderr
     assert PASSWORD not in done.stderr
+
+
+def test_a_statement_that_waits_is_cancelled_at_the_timeout(synapse, observer_url):
+    # a table locked by someone else: the read gives up after SYNAPSE_STATEMENT_TIMEOUT_SECONDS
+    with psycopg.connect(synapse.dsn) as holder:
+        holder.execute("LOCK TABLE stream_positions IN ACCESS EXCLUSIVE MODE")
+        error = call_status(DATABASE_URL=observer_url, STATEMENT_TIMEOUT_SECONDS=0.5)
+        holder.rollback()
+    assert error.startswith("reading table stream_positions: canceling statement due to statement timeout")
+    assert error.endswith("(SYNAPSE_STATEMENT_TIMEOUT_SECONDS)")
