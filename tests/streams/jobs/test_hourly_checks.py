@@ -75,7 +75,7 @@ def test_hourly_checks_on_a_writing_cluster_find_nothing_then_exactly_the_damage
                      SPARK_MASTER="local[2]", SPARK_SHUFFLE_PARTITIONS="2", SPARK_DRIVER_MEMORY="1g",
                      # the checks only: a recomputation would repair the damage it is to find
                      JOBS_CHECK_CRON=EVERY, JOBS_CHAIN_COVER_CHECK_CRON=EVERY, JOBS_RECOMPUTE_CRON="")
-    writers = [group.start(name, "manage.py", "write_facts", "events", "--count", "1000000", "--rate", "20",
+    writers = [group.start(name, "manage.py", "write_facts", "events", "--count", "1000000", "--rate", "5",
                            "--no-progress", env={"INSTANCE_NAME": name}) for name in ("w1", "w2")]
     worker = group.start("celery", *job_worker_args(tmp_path / "celerybeat-schedule"))
 
