@@ -262,7 +262,7 @@
         var reasons = Object.keys(c.disconnects).map(function (r) { return r + ": " + c.disconnects[r]; }).join(", ");
         return el("section", {className: "endpoint", "data-endpoint": e.endpoint}, [
           el("h2", null, [e.endpoint, e.stale ? el("span", {className: "warn", text: " (silent for " + e.age_seconds + " s)"}) : ""]),
-          el("p", {className: "muted", text: "since " + clock(c.started_at) + ": " + c.connections + " connection" +
+          el("p", {className: "muted", "data-figure": "Endpoint counters", text: "since " + clock(c.started_at) + ": " + c.connections + " connection" +
             (c.connections === 1 ? "" : "s") + " accepted · sent " +
             c.rdata_sent + " RDATA, " + c.position_sent + " POSITION" + (reasons ? " · disconnects: " + reasons : "")}),
           scrollBox(el("table", {className: "connections"}, [

@@ -59,13 +59,9 @@ WALK_ROOMS_IN_SQL = 1000
 
 def count_events(rooms: Sequence[str] | None, state_only: bool = False) -> int:
     """The events a job examines (its ``rows_in``): all, or ``rooms``' events; only state
-    events with ``state_only``."""
-    from django.db import connection
-
+    events with ``state_only``. Inside a check's consistent cut, those of the cut."""
     source = "(SELECT room_id FROM events WHERE state_key IS NOT NULL) AS e" if state_only else "events"
-    with connection.cursor() as cursor:
-        cursor.execute(io.Query.select("count(*)", source, rooms, io.quote))
-        return cursor.fetchone()[0]
+    return io.scalar(io.Query.select("count(*)", source, rooms, io.quote))
 
 
 def _orderings(spark: Any, rooms: Sequence[str] | None):

@@ -47,6 +47,8 @@ def try_flock(path: Path) -> IO[str] | None:
 #: the exported PostgreSQL snapshot every JDBC read of a check joins, while one is open
 #: (:meth:`JobDialect.consistent_cut`)
 _snapshot: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_snapshot", default=None)
+#: the connection holding the open cut's transaction (PostgreSQL), for the driver's own reads
+_cut_connection: contextvars.ContextVar[Any] = contextvars.ContextVar("job_cut_connection", default=None)
 
 
 def snapshot_init_statement(snapshot_id: str) -> str:
@@ -110,6 +112,13 @@ class JobDialect:
     def rooms_filter(self, rooms: Sequence[str] | None) -> tuple[str, list[Any]]:
         """``WHERE`` clause and parameters of the job's stream bounds, for ``rooms``."""
         return "", []
+
+    def scalar(self, sql: str, using: str) -> Any:
+        """The one value ``sql`` reads: in the open consistent cut if there is one, else now.
+        Here Django's connection, which holds the cut where the dialect opens it there."""
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()[0]
 
     def consistent_cut(self, using: str) -> contextlib.AbstractContextManager[int]:
         """Every read of the jobs inside sees one snapshot of the database: the committed
@@ -207,13 +216,21 @@ class PostgresJobs(JobDialect):
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             snapshot_id = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
             cut = conn.execute("SELECT coalesce(max(stream_ordering), 0) FROM events").fetchone()[0]
-            token = _snapshot.set(snapshot_id)
+            token, held = _snapshot.set(snapshot_id), _cut_connection.set(conn)
             try:
                 yield cut
             finally:
+                _cut_connection.reset(held)
                 _snapshot.reset(token)
         finally:
             conn.close()  # the snapshot goes with its transaction
+
+    def scalar(self, sql, using):
+        # inside a cut, on the connection that holds its snapshot (Django's sees commits since)
+        conn = _cut_connection.get()
+        if conn is None:
+            return super().scalar(sql, using)
+        return conn.execute(sql).fetchone()[0]
 
     def try_lock(self, job, key, using):
         conn = dedicated_connection(f"synapse_repl job lock {job}", using)

@@ -63,6 +63,12 @@ def consistent_cut(using: str = "default"):
     return for_database(using).consistent_cut(using)
 
 
+def scalar(sql: str, using: str = "default") -> Any:
+    """The one value ``sql`` reads (a count), inside an open :func:`consistent_cut` from its
+    snapshot, so a figure such as a check's ``rows_in`` describes the rows it compared."""
+    return for_database(using).scalar(sql, using)
+
+
 def read(spark, query: Query, rooms: Sequence[str] | None = None, *, using: str = "default",
          partitions: int | None = None):
     """The rows of ``query`` as a DataFrame (only ``rooms``' rows if given)."""

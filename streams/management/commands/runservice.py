@@ -278,14 +278,18 @@ def start_job_worker(supervisor) -> str:
         return "in process (Celery eager; manage.py run_job JOB)"
     if not job_worker_wanted():
         return "JOBS_WORKER=0: run `celery -A synapse_repl worker -B` elsewhere"
-    supervisor.add("celery worker", [
-        # Without gossip and mingle: one worker needs neither, and a Redis outage then costs
-        # Celery no traceback for restarting them.
-        sys.executable, "-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
-        "--without-gossip", "--without-mingle",
-        "--loglevel", "INFO", "--schedule", str(beat_schedule_path())],
-        cwd=str(settings.BASE_DIR))
+    supervisor.add("celery worker", [sys.executable, *job_worker_args(beat_schedule_path())],
+                   cwd=str(settings.BASE_DIR))
     return f"Celery worker + beat on {redact_url(settings.REDIS_URL)}"
+
+
+def job_worker_args(schedule) -> list[str]:
+    """The Celery worker with its embedded beat, after the Python executable: one job at a
+    time, beat's schedule in the file ``schedule`` (tests run exactly this)."""
+    # Without gossip and mingle: one worker needs neither, and a Redis outage then costs
+    # Celery no traceback for restarting them.
+    return ["-m", "celery", "-A", "synapse_repl", "worker", "-B", "--concurrency", "1",
+            "--without-gossip", "--without-mingle", "--loglevel", "INFO", "--schedule", str(schedule)]
 
 
 def job_worker_wanted() -> bool:

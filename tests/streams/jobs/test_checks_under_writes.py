@@ -148,3 +148,28 @@ def test_a_partition_joins_only_a_snapshot_id_it_was_given():
     for bad in ("x'; DROP TABLE events; --", "", "a b"):
         with pytest.raises(ValueError):
             snapshot_init_statement(bad)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_in_are_counted_in_the_cut():
+    """A check's ``rows_in`` counts the events of the cut it compared over, not those persisted
+    while it ran (on PostgreSQL Django's connection sees every commit; the cut's does not)."""
+    from streams.jobs import io
+    from streams.jobs.definitions import count_events
+
+    storage_caches().forget()
+    rt = StreamRuntime(instance_name="master", using="default", writers=stream_writers("", vendor="postgresql"))
+    try:
+        rooms = LiveRooms("cut-", rooms=2, users=4, rng=random.Random(3))
+        rooms.write(20, runtime=rt)
+        state_events = rows("SELECT count(*) FROM events WHERE state_key IS NOT NULL")[0][0]
+        in_first_room = rows("SELECT count(*) FROM events WHERE room_id = %s", rooms.room_ids[0])[0][0]
+        with io.consistent_cut():
+            rooms.write(15, runtime=rt)
+            assert count_events(None) == 20
+            assert count_events(None, state_only=True) == state_events
+            assert count_events(rooms.room_ids[:1]) == in_first_room
+        assert count_events(None) == events_written() == 35
+    finally:
+        rt.close()
+        storage_caches().forget()
