@@ -1,4 +1,4 @@
-"""Issue 36: the hourly checks, as full mode runs them, against a cluster that is writing.
+"""The hourly checks, as full mode runs them, against a cluster that is writing.
 
 The Celery worker with its embedded beat that ``runservice`` starts in full mode (the same
 command line, :func:`job_worker_args`) on the suite's PostgreSQL and a Redis of the test's own,
