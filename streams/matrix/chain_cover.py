@@ -76,6 +76,15 @@ class ChainIndex:
     #: every existing seq of their chain), so it is computed once per event
     _reach_cache: dict[str, dict[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
+    def copy(self) -> ChainIndex:
+        """An index of the same graph that can be extended without changing this one (a
+        placed event's reach never changes: the memo's entries are shared)."""
+        return ChainIndex(positions=dict(self.positions), keys=dict(self.keys),
+                          chains={c: list(events) for c, events in self.chains.items()},
+                          links={o: {t: list(p) for t, p in to.items()} for o, to in self.links.items()},
+                          incoming={t: {o: list(p) for o, p in fr.items()} for t, fr in self.incoming.items()},
+                          next_chain_id=self.next_chain_id, _reach_cache=dict(self._reach_cache))
+
     # -- building ---------------------------------------------------------------------------
 
     def add_position(self, event_id: str, key: tuple[str, str], chain: int, seq: int) -> None:
