@@ -237,11 +237,16 @@ class MatrixEventsBatch(Mapping[str, MatrixEvent]):
 
     def entry(self, event_id: str) -> tuple[MatrixEvent, bool] | None:
         entry = self.own.get(event_id)
-        if entry is None:
-            entry = self.base.entry(event_id)
-            if entry is None and event_id not in self._missing and self.cursor is not None:
-                self.ensure([event_id])
-                entry = self.own.get(event_id)
+        if entry is not None:
+            return entry
+        cached = self.base._d  # (``MatrixEvents.entry`` inlined: the auth rules ask ~10 times an event)
+        entry = cached.get(event_id)
+        if entry is not None:
+            cached.move_to_end(event_id)
+            return entry
+        if event_id not in self._missing and self.cursor is not None:
+            self.ensure([event_id])
+            entry = self.own.get(event_id)
         return entry
 
     def __getitem__(self, event_id: str) -> MatrixEvent:

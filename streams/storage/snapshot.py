@@ -159,13 +159,19 @@ class RoomContext:
         when the batch first changes them."""
         memberships = self.memberships
         assert isinstance(memberships, Memberships)
-        return RoomContext(
-            self.room_id, head=self.head, last_stream=self.last_stream, min_depth=self.min_depth,
-            current_group=self.current_group, current_chain=self.current_chain, current=self.current,
-            undo=list(self.undo), current_base=self.current_base, memberships=memberships.copy(),
-            visibility=self.visibility, forward=dict(self.forward), ranges=dict(self.ranges),
-            last_join=dict(self.last_join), marks=list(self.marks), info=self.info, late_stream=self.late_stream,
-            current_shared=True, shared_ranges=set(self.ranges))
+        # the fields as they are (a dict update: the dataclass's __init__ was most of a fork),
+        # then a copy of each container a batch changes
+        fork = RoomContext.__new__(RoomContext)
+        fork.__dict__.update(self.__dict__)
+        fork.undo = list(self.undo)
+        fork.memberships = memberships.copy()
+        fork.forward = dict(self.forward)
+        fork.ranges = dict(self.ranges)
+        fork.last_join = dict(self.last_join)
+        fork.marks = list(self.marks)
+        fork.current_shared = True
+        fork.shared_ranges = set(self.ranges)
+        return fork
 
     def writable_current(self) -> StateMap:
         """``current``, to be changed in place (a fork's own copy from now on)."""
