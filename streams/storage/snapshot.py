@@ -159,7 +159,7 @@ class RoomContext:
         when the batch first changes them."""
         memberships = self.memberships
         assert isinstance(memberships, Memberships)
-        # the fields as they are (a dict update: the dataclass's __init__ was most of a fork),
+        # the fields as they are (a dict update: the dataclass's __init__ would be most of a fork),
         # then a copy of each container a batch changes
         fork = RoomContext.__new__(RoomContext)
         fork.__dict__.update(self.__dict__)
