@@ -54,7 +54,16 @@ def worker(sizes: list[int], forks: int) -> dict:
         GroupLineage = None
 
     class Infos(authorization.RoomInfos):
+        def __call__(self, body):
+            return self.get(body.get("room_id"))
+
+        def created(self, room_id, info) -> None:
+            self._d.setdefault(room_id, info)
+
         def load(self, room_ids, cursor=None) -> None:
+            return None
+
+        def commit(self) -> None:
             return None
 
     class Reader:
@@ -64,7 +73,9 @@ def worker(sizes: list[int], forks: int) -> dict:
         def __init__(self, infos) -> None:
             self.matrix = authorization.MatrixEvents(infos)
             self.resolved = authorization.ResolvedStates()
-            self.chains = authorization.RoomAuthChains()
+            chains = authorization.RoomAuthChains()
+            # a checkout whose planner reads the chains through a batch view
+            self.chains = chains.batch(None) if hasattr(chains, "batch") else chains
             if GroupLineage is not None:
                 self.lineage = GroupLineage()
             self.groups: dict = {}
@@ -88,9 +99,9 @@ def worker(sizes: list[int], forks: int) -> dict:
         def chain_length(self, group):
             return self.groups[group].chain_length
 
-        def new_group(self, *, room_id, event_id, parent, parent_chain_length, delta, full_state, hint=64):
-            self.next_id += 1
-            g = plan_group(self.next_id, room_id=room_id, event_id=event_id, parent=parent,
+        def new_group(self, gid=None, *, room_id, event_id, parent, parent_chain_length, delta, full_state, hint=64):
+            self.next_id += 1  # (a checkout whose planner takes its IDs from the snapshot passes gid)
+            g = plan_group(self.next_id if gid is None else gid, room_id=room_id, event_id=event_id, parent=parent,
                            parent_chain_length=parent_chain_length, delta=delta, full_state=full_state)
             self.groups[g.id] = g
             if g.parent is None:
@@ -116,6 +127,9 @@ def worker(sizes: list[int], forks: int) -> dict:
         def visibility(self, event_id):
             return "shared" if event_id is None else self.facts.get(event_id, (None, None))[1] or "shared"
 
+        def delta(self, unused_group_ids):
+            return None  # the dicts are the caches
+
     version = KNOWN_ROOM_VERSIONS["10"]
     creator = "@creator:bench.example"
     out = {}
@@ -138,6 +152,8 @@ def worker(sizes: list[int], forks: int) -> dict:
             ctx.info = infos.get(room_id)
             wanted = {p for ev in events for p in ev.prev_events}
             snapshot = Snapshot(rooms={room_id: ctx}, known={e: known[e] for e in wanted if e in known})
+            if hasattr(snapshot, "group_ids"):  # the IDs this batch's groups take
+                snapshot.group_ids = list(range(reader.next_id + 1, reader.next_id + 1 + 2 * len(events)))
             planner.plan_batch(events, ids, snapshot, reader, backfill=backfill, now_ms=1)
             infos.commit()
             for ev in events:

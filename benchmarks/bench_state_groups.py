@@ -85,6 +85,8 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
     while made <= groups:
         with transaction.atomic(), store_cursor() as cur:
             batch = []
+            planning = store.batch(cur)  # the groups of one transaction, applied once written
+            reserved = store.reserve(cur, BATCH)
             for _ in range(min(BATCH, groups + 1 - made)):
                 if parent is None:
                     delta: dict = {}
@@ -94,9 +96,8 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
                 else:
                     delta = {("m.room.member", f"@u{rng.randrange(users)}:hs"): f"$e{made}"}
                 current.update(delta)
-                g = store.new_group(cur, room_id=room, event_id=f"${room}/{made}", parent=parent,
-                                    parent_chain_length=chain, delta=delta, full_state=lambda: current,
-                                    hint=BATCH)
+                g = planning.new_group(reserved[len(batch)], room_id=room, event_id=f"${room}/{made}", parent=parent,
+                                       parent_chain_length=chain, delta=delta, full_state=lambda: current)
                 batch.append(g)
                 ids.append(g.id)
                 full_rows += len(current)
@@ -105,7 +106,7 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
             write_state_groups(cur, batch)
             insert_rows(cur, "event_to_state_groups", ["event_id", "state_group"], ["text", "bigint"],
                         [(g.event_id, g.id) for g in batch])
-            store.written(batch)
+        store.apply(planning.delta(reserved[len(batch):]))
     return ids, full_rows
 
 

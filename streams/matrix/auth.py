@@ -17,6 +17,7 @@ mean "not allowed").
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from .event_format import Event, create_event_id_from_room_id
 from .room_versions import CREATOR_POWER_LEVEL, KNOWN_ROOM_VERSIONS, RoomVersion
@@ -49,14 +50,14 @@ def domain(user_or_event_id: str) -> str:
     return rest
 
 
-def _is_user_id(value) -> bool:
+def _is_user_id(value: object) -> bool:
     return (isinstance(value, str) and value.startswith("@")
             and len(value[1:].split(":", 1)) == 2)
 
 
 # --- power levels -------------------------------------------------------------------------
 
-def _as_int(value, version: RoomVersion) -> int:
+def _as_int(value: Any, version: RoomVersion) -> int:
     """Validate a power level in a *new* power-levels event: JSON integers only from v10;
     before that ``int()`` semantics (numeric strings, and floats up to v5)."""
     if type(value) is int:
@@ -68,7 +69,7 @@ def _as_int(value, version: RoomVersion) -> int:
     return _level(value)
 
 
-def _level(value) -> int:
+def _level(value: Any) -> int:
     """Read a level from an accepted event: ``int()`` semantics in every version (as
     Synapse reads them; the strict types only gate new power-levels events)."""
     if type(value) is int:
@@ -147,7 +148,8 @@ def auth_types_for_event(event: Event) -> set[tuple[str, str]]:
         membership = event.content.get("membership")
         if membership in ("join", "invite", "knock"):
             keys.add(JOIN_RULES)
-        keys.add((MEMBER, event.state_key))
+        if event.state_key is not None:
+            keys.add((MEMBER, event.state_key))
         content = event.content
         if membership == "invite" and "third_party_invite" in content:
             try:
@@ -271,6 +273,7 @@ def _check_membership(event: Event, state: StateMap, create: Event) -> None:
     # the creator's first join: its only prev event is the create event
     if membership == "join" and len(event.prev_event_ids) == 1 \
             and event.prev_event_ids[0] == create.event_id:
+        creator: object
         if version.implicit_room_creator:
             creator = create.sender
         else:
@@ -397,7 +400,7 @@ def _unbase64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
-def _signed_by(signed: dict, public_key: str) -> bool:
+def _signed_by(signed: dict[str, Any], public_key: str) -> bool:
     """Whether ``signed`` carries a valid ed25519 signature by ``public_key``."""
     from . import canonical_json
     try:
@@ -458,7 +461,7 @@ def _check_power_levels(event: Event, state: StateMap, sender_level: int) -> Non
         return
     old = old_event.content
 
-    def changed(old_map, new_map, name, scoped_to_users):
+    def changed(old_map: Mapping[str, Any], new_map: Mapping[str, Any], name: str, scoped_to_users: bool) -> None:
         old_level = _level(old_map[name]) if name in old_map else None
         new_level = _level(new_map[name]) if name in new_map else None
         if old_level is not None and new_level is not None and old_level == new_level:
@@ -492,17 +495,19 @@ def check_against_auth_events(event: Event, get_event: Callable[[str], Event | N
     check_state_independent(event, get_event, rejected)
     if event.type == "m.room.create" and event.state_key == "":
         return
-    state = {}
+    state: dict[tuple[str, str], Event] = {}
     for auth_id in event.auth_event_ids:
         auth_event = get_event(auth_id)
+        if auth_event is None:  # rules 1-3 checked every one is there
+            raise MissingAuthEvent(auth_id)
         state[auth_event.key] = auth_event
     check_state_dependent(event, state)
 
 
 def auth_state_from(event: Event, state: Mapping[tuple[str, str], str],
-                    get_event: Callable[[str], Event | None]) -> dict:
+                    get_event: Callable[[str], Event | None]) -> dict[tuple[str, str], Event]:
     """The part of a room state (``key -> event ID``) that ``event`` is checked against."""
-    out = {}
+    out: dict[tuple[str, str], Event] = {}
     for key in auth_types_for_event(event):
         event_id = state.get(key)
         if event_id is not None:

@@ -8,6 +8,7 @@ relaxed form only serialises.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -20,7 +21,7 @@ class InvalidCanonicalJson(ValueError):
     """The value cannot be part of a strict-canonical-JSON event (v6+)."""
 
 
-def check_strict(value, path: str = "") -> None:
+def check_strict(value: Any, path: str = "") -> None:
     """Raise :class:`InvalidCanonicalJson` if ``value`` has a float or an integer outside
     the range every JSON implementation represents exactly."""
     t = type(value)
@@ -36,7 +37,7 @@ def check_strict(value, path: str = "") -> None:
         raise InvalidCanonicalJson(f"integer out of range at {path or '.'}: {value}")
 
 
-def encode(value, *, strict: bool = False) -> bytes:
+def encode(value: Any, *, strict: bool = False) -> bytes:
     """The canonical JSON bytes of ``value`` (``strict`` for room versions 6+)."""
     if strict:
         check_strict(value)

@@ -23,10 +23,12 @@ and up to the highest position any set reaches there.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from .state_res import SplitSets
+from .event_format import Event
+from .state_res import AuthGraphFacts, SplitSets
 
 Position = tuple[int, int]  # (chain ID, sequence number)
 Link = tuple[int, int, int, int]  # (origin chain, origin seq, target chain, target seq)
@@ -73,6 +75,15 @@ class ChainIndex:
     #: event -> its reach; a placed event's reach never changes (new links start above
     #: every existing seq of their chain), so it is computed once per event
     _reach_cache: dict[str, dict[int, int]] = field(default_factory=dict, compare=False, repr=False)
+
+    def copy(self) -> ChainIndex:
+        """An index of the same graph that can be extended without changing this one (a
+        placed event's reach never changes: the memo's entries are shared)."""
+        return ChainIndex(positions=dict(self.positions), keys=dict(self.keys),
+                          chains={c: list(events) for c, events in self.chains.items()},
+                          links={o: {t: list(p) for t, p in to.items()} for o, to in self.links.items()},
+                          incoming={t: {o: list(p) for o, p in fr.items()} for t, fr in self.incoming.items()},
+                          next_chain_id=self.next_chain_id, _reach_cache=dict(self._reach_cache))
 
     # -- building ---------------------------------------------------------------------------
 
@@ -147,7 +158,8 @@ class ChainIndex:
     def _place(self, event: IndexEvent, added: Added) -> None:
         key = (event.type, event.state_key)
         auth = [a for a in dict.fromkeys(event.auth_event_ids) if a != event.event_id]
-        chain = seq = None
+        chain: int | None = None
+        seq = 0
         for auth_id in auth:
             if self.keys[auth_id] == key:
                 c, s = self.positions[auth_id]
@@ -326,13 +338,14 @@ class ChainIndex:
                     todo.append(target)
         return over
 
-    def graph_facts(self, events: Mapping) -> Callable:
+    def graph_facts(self, events: Mapping[str, Event]) -> AuthGraphFacts:
         """A ``graph_facts`` for ``state_res.resolve``: the auth difference from the index (a
         walk when an event has no position), the v2.1 conflicted subgraph by walking."""
         from .state_res import auth_difference as walked_difference
         from .state_res import conflicted_subgraph
 
-        def facts(state_sets, conflicted_ids):
+        def facts(state_sets: Sequence[Mapping[tuple[str, str], str]],
+                  conflicted_ids: set[str] | None) -> tuple[set[str], set[str] | None]:
             try:
                 difference = self.state_difference(state_sets)
             except NotIndexed:
@@ -373,7 +386,7 @@ def canonical(positions: Iterable[tuple[str, int, int]], links: Iterable[Link]
     return by_event, named_links
 
 
-def auth_events_of(pdu: Mapping, room_id: str | None = None) -> tuple[str, ...]:
+def auth_events_of(pdu: Mapping[str, Any], room_id: str | None = None) -> tuple[str, ...]:
     """An event's auth event IDs as its stored JSON lists them (v1-2 ``[id, hashes]`` pairs or
     plain IDs), plus the implied create event of a v12 room (whose room ID is ``!`` + the
     create event's hash, with no server part)."""

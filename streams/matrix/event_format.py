@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import canonical_json
 from .redaction import redact
@@ -37,20 +38,20 @@ def _b64(digest: bytes, urlsafe: bool) -> str:
     return enc(digest).rstrip(b"=").decode("ascii")
 
 
-def content_hash(pdu: dict) -> str:
+def content_hash(pdu: dict[str, Any]) -> str:
     """The ``hashes.sha256`` value a correct sender puts in ``pdu``."""
     body = {k: v for k, v in pdu.items() if k not in _NOT_CONTENT_HASHED}
     return _b64(hashlib.sha256(canonical_json.encode(body)).digest(), urlsafe=False)
 
 
-def content_hash_matches(pdu: dict) -> bool:
+def content_hash_matches(pdu: dict[str, Any]) -> bool:
     """False when the content was changed after hashing (the event must then be redacted
     before it is used; spec: server-server API, checks on receipt step 3)."""
     hashes = pdu.get("hashes")
     return isinstance(hashes, dict) and hashes.get("sha256") == content_hash(pdu)
 
 
-def reference_hash(pdu: dict, version: RoomVersion) -> bytes:
+def reference_hash(pdu: dict[str, Any], version: RoomVersion) -> bytes:
     """SHA-256 of the canonical JSON of the redacted event without signatures/unsigned.
 
     Relaxed canonical JSON: an old event with out-of-range integers still has an ID."""
@@ -60,7 +61,7 @@ def reference_hash(pdu: dict, version: RoomVersion) -> bytes:
     return hashlib.sha256(canonical_json.encode(body)).digest()
 
 
-def compute_event_id(pdu: dict, version: RoomVersion) -> str:
+def compute_event_id(pdu: dict[str, Any], version: RoomVersion) -> str:
     """The event's ID: given in v1-2, the reference hash from v3 on."""
     if version.event_id_format is EventIdFormat.GIVEN:
         event_id = pdu.get("event_id")
@@ -80,7 +81,7 @@ def create_event_id_from_room_id(room_id: str) -> str:
     return "$" + room_id[1:]
 
 
-def with_content_hash(pdu: dict) -> dict:
+def with_content_hash(pdu: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``pdu`` with its ``hashes.sha256`` set (for building events)."""
     out = dict(pdu)
     out["hashes"] = {}
@@ -100,14 +101,14 @@ class Event:
     type: str
     state_key: str | None
     sender: str
-    content: dict
+    content: dict[str, Any]
     origin_server_ts: int
     depth: int
     prev_event_ids: tuple[str, ...]
     auth_event_ids: tuple[str, ...]
     redacts: str | None
     version: RoomVersion
-    pdu: dict = field(repr=False)
+    pdu: dict[str, Any] = field(repr=False)
 
     @property
     def is_state(self) -> bool:
@@ -115,20 +116,23 @@ class Event:
 
     @property
     def key(self) -> tuple[str, str]:
+        """``(type, state_key)``: where a state event sits in a room's state."""
+        if self.state_key is None:
+            raise ValueError(f"{self.event_id} is not a state event: it has no state key")
         return (self.type, self.state_key)
 
     @property
-    def membership(self):
+    def membership(self) -> Any:
         return self.content.get("membership")
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.event_id)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Event) and other.event_id == self.event_id
 
 
-def _refs(value, name: str, pairs: bool) -> tuple[str, ...]:
+def _refs(value: object, name: str, pairs: bool) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise BadEventFormat(f"{name} must be a list")
     out = []
@@ -144,7 +148,7 @@ def _refs(value, name: str, pairs: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_event(pdu: dict, version: RoomVersion, stored_id: str | None = None) -> Event:
+def parse_event(pdu: dict[str, Any], version: RoomVersion, stored_id: str | None = None) -> Event:
     """Check ``pdu`` against ``version``'s event format and parse it.
 
     Raises :class:`BadEventFormat` with the reason; the content hash is not checked here

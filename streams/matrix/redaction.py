@@ -7,6 +7,8 @@ still has the same effect on room state.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .room_versions import RedactionRules, RoomVersion
 
 _KEPT_TOP_LEVEL = frozenset({
@@ -26,11 +28,12 @@ _PL_KEYS_V11 = _PL_KEYS + ("invite",)
 _KEPT_UNSIGNED = ("age_ts", "replaces_state")
 
 
-def _kept_content(rules: RedactionRules, aliases_special: bool, event_type, content) -> dict:
+def _kept_content(rules: RedactionRules, aliases_special: bool, event_type: object,
+                  content: object) -> dict[str, Any]:
     if not isinstance(content, dict):
         return {}
 
-    def keep(*keys):
+    def keep(*keys: str) -> dict[str, Any]:
         return {k: content[k] for k in keys if k in content}
 
     if event_type == "m.room.member":
@@ -60,7 +63,7 @@ def _kept_content(rules: RedactionRules, aliases_special: bool, event_type, cont
     return {}
 
 
-def redact(event: dict, version: RoomVersion) -> dict:
+def redact(event: dict[str, Any], version: RoomVersion) -> dict[str, Any]:
     """The redacted copy of ``event`` (a PDU dict) under ``version``'s rules; the input is
     not changed."""
     rules = version.redaction

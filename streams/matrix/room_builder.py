@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from .auth import (
     AuthFailed,
@@ -21,7 +22,7 @@ from .auth import (
 )
 from .event_format import Event, parse_event, with_content_hash
 from .room_versions import RoomVersion
-from .state_res import resolve
+from .state_res import StateKey, resolve
 
 
 @dataclass
@@ -30,13 +31,13 @@ class RoomBuilder:
     room_id: str | None = None  # v1-11: chosen by the creator; v12: from the create event
     events: dict[str, Event] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)  # event ID -> reason
-    state_before: dict[str, dict] = field(default_factory=dict)
-    state_after: dict[str, dict] = field(default_factory=dict)
+    state_before: dict[str, dict[StateKey, str]] = field(default_factory=dict)
+    state_after: dict[str, dict[StateKey, str]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
-    _clock: itertools.count = field(default_factory=lambda: itertools.count(1_700_000_000_000))
-    _serial: itertools.count = field(default_factory=itertools.count)
+    _clock: itertools.count[int] = field(default_factory=lambda: itertools.count(1_700_000_000_000))
+    _serial: itertools.count[int] = field(default_factory=itertools.count)
 
-    def state_at(self, prev_ids: list[str]) -> dict:
+    def state_at(self, prev_ids: list[str]) -> dict[StateKey, str]:
         """The state before an event with these prev events."""
         if not prev_ids:
             return {}
@@ -45,9 +46,9 @@ class RoomBuilder:
         return resolve(self.version, [self.state_after[p] for p in prev_ids], self.events,
                        self.rejected.keys())
 
-    def send(self, sender: str, event_type: str, content: dict, *, state_key: str | None = None,
-             prev_ids: list[str] | None = None, extra: dict | None = None,
-             auth_ids: list[str] | None = None, auth_from: dict | None = None) -> str:
+    def send(self, sender: str, event_type: str, content: dict[str, Any], *, state_key: str | None = None,
+             prev_ids: list[str] | None = None, extra: dict[str, Any] | None = None,
+             auth_ids: list[str] | None = None, auth_from: dict[StateKey, str] | None = None) -> str:
         """Create, authorize and add one event; returns its ID (check ``rejected``).
 
         ``auth_ids`` overrides the selection of auth events, ``auth_from`` selects them from
@@ -97,11 +98,11 @@ class RoomBuilder:
         self.state_after[event.event_id] = after
         return event.event_id
 
-    def _as_refs(self, pdu: dict) -> dict:
+    def _as_refs(self, pdu: dict[str, Any]) -> dict[str, Any]:
         if not self.version.refs_are_pairs:
             return pdu
         return dict(pdu, prev_events=[[p, {}] for p in pdu["prev_events"]],
                     auth_events=[[a, {}] for a in pdu["auth_events"]])
 
-    def pdu(self, event_id: str) -> dict:
+    def pdu(self, event_id: str) -> dict[str, Any]:
         return self.events[event_id].pdu

@@ -32,7 +32,7 @@ StateMap = Mapping[StateKey, str]
 #: ``(state_sets, conflicted_event_ids or None) -> (auth_difference, conflicted_subgraph)``
 #: (the state sets as given to :func:`resolve`; ``None`` asks for no subgraph, as in v2):
 #: a faster source of the auth-graph facts (e.g. a chain cover index) may replace the walk.
-AuthGraphFacts = Callable[[Sequence[Collection[str]], "set[str] | None"],
+AuthGraphFacts = Callable[[Sequence[StateMap], "set[str] | None"],
                           "tuple[set[str], set[str] | None]"]
 
 
@@ -82,7 +82,7 @@ def split_differing(state_sets: Sequence[StateMap], differing: Iterable[StateKey
     return conflicted
 
 
-class SplitSets(list):
+class SplitSets(list[StateMap]):
     """The state sets of one resolution with their conflicted keys: an auth-graph facts
     source that knows it (``RoomAuthChains``, ``ChainIndex.graph_facts``) takes the events
     the sets do not share from the conflicted keys instead of comparing whole sets."""
@@ -139,10 +139,10 @@ def auth_difference(state_sets: Sequence[Collection[str]], events: Mapping[str, 
     Whatever every set's chain holds cancels out, so the walk starts from the events the sets
     do not all share and stops at the closure of the shared ones."""
     sets = [set(s) for s in state_sets]
-    common = set.intersection(*sets) if sets else set()
+    common: set[str] = sets[0].intersection(*sets[1:]) if sets else set()
     common_chain = auth_closure(common, events)
     chains = [auth_closure(s - common, events, stop=common_chain) for s in sets]
-    return set.union(*chains) - set.intersection(*chains)
+    return set[str]().union(*chains) - chains[0].intersection(*chains[1:])
 
 
 def conflicted_subgraph(conflicted_ids: Collection[str], events: Mapping[str, Event]) -> set[str]:
@@ -174,7 +174,7 @@ def conflicted_subgraph(conflicted_ids: Collection[str], events: Mapping[str, Ev
 
 def graph_facts_by_walking(events: Mapping[str, Event]) -> AuthGraphFacts:
     """The auth difference and (v2.1) conflicted subgraph computed by walking the events."""
-    def facts(state_sets, conflicted_ids):
+    def facts(state_sets: Sequence[StateMap], conflicted_ids: set[str] | None) -> tuple[set[str], set[str] | None]:
         difference = auth_difference([set(s.values()) for s in state_sets], events)
         subgraph = None if conflicted_ids is None else conflicted_subgraph(conflicted_ids, events)
         return difference, subgraph
@@ -231,13 +231,13 @@ def reverse_topological_power_order(event_ids: Collection[str], events: Mapping[
         for parent in parents:
             dependants[parent].append(event_id)
 
-    def sort_key(event_id):
+    def sort_key(event_id: str) -> tuple[int, int, str]:
         event = events[event_id]
         return (-sender_power(event, events), event.origin_server_ts, event_id)
 
     ready = [sort_key(e) for e, n in waiting_on.items() if n == 0]
     heapq.heapify(ready)
-    out = []
+    out: list[str] = []
     while ready:
         _, _, event_id = heapq.heappop(ready)
         out.append(event_id)
@@ -297,8 +297,8 @@ def mainline_order(event_ids: Iterable[str], pivot: str | None,
         current = _power_levels_auth_event(events[current], events)
     position = {event_id: i for i, event_id in enumerate(reversed(mainline), start=1)}
 
-    def depth(event_id):
-        seen = event_id
+    def depth(event_id: str) -> int:
+        seen: str | None = event_id
         while seen is not None:
             if seen in position:
                 return position[seen]
@@ -412,9 +412,9 @@ def resolve_changes(version: RoomVersion, state_sets: Sequence[StateMap], events
     # conflicted ones and those no set has
     changes: dict[StateKey, str | None] = {}
     for key in conflicted:
-        event_id = taken.get(key)
-        if event_id != first.get(key):
-            changes[key] = event_id
+        chosen = taken.get(key)
+        if chosen != first.get(key):
+            changes[key] = chosen
     for key, event_id in taken.items():
         if key not in conflicted and key not in first:
             changes[key] = event_id

@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from .caches import storage_caches
 from .events import IncomingEvent, parse_events
-from .plan import Plan
-from .plan_loader import DatabaseReader, EventFacts, RoomContexts, load_snapshot
+from .plan import CacheDelta, Plan
+from .plan_loader import BatchReader, EventFacts, RoomContexts, load_snapshot
 from .plan_writer import write_plan
 from .planner import plan_batch
 from .sql import pipeline, store_cursor
@@ -125,47 +125,38 @@ class EventPersister:
 
     def persist(self, items: Sequence[IncomingEvent | bytes | str], writer: Any, *, backfill: bool) -> list[PersistedEvent]:
         with self._lock:
-            self.room_infos.using = writer.using
-            try:
-                events = parse_events(items, self.room_infos)
-            except BaseException:
-                self.room_infos.discard()
-                raise
+            room_infos = self.room_infos.batch(writer.using)
+            events = parse_events(items, room_infos)
             if not events:
                 return []
-            touched_rooms = {ev.room_id for ev in events}
-            try:
-                with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
-                    self.matrix.cursor = self.chains.cursor = cur
-                    reader = DatabaseReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains,
-                                            self.lineage)
-                    snapshot = load_snapshot(reader, events, self.rooms, self.room_infos)
-                    plan = plan_batch(events, ids, snapshot, reader, backfill=backfill,
-                                      now_ms=int(time.time() * 1000))
-                    # nothing below reads a result: send it all in one pipeline (one network wait)
-                    with pipeline(cur):
-                        write_plan(cur, writer, ids, plan)
-                    self.state.written(plan.state_groups)
-                    for ctx in snapshot.rooms.values():
-                        self.rooms.keep(ctx)
-            except BaseException:
-                for room_id in touched_rooms:  # in-memory changes went with the rollback
-                    self.rooms.drop(room_id)
-                self.state.discard_pending()
-                self.room_infos.discard()
-                self.matrix.end_transaction(committed=False)
-                self.chains.end_transaction(committed=False)
-                self.lineage.end_transaction(committed=False)
-                self.resolved.clear()
-                raise
-            self.room_infos.commit()
-            self.matrix.end_transaction(committed=True)
-            self.chains.end_transaction(committed=True)
-            self.lineage.end_transaction(committed=True)
+            with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
+                reader = BatchReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains,
+                                     self.lineage, room_infos)
+                group_ids = self.state.reserve(cur, 2 * len(events))
+                snapshot = load_snapshot(reader, events, self.rooms, group_ids)
+                plan = plan_batch(events, ids, snapshot, reader, backfill=backfill, now_ms=int(time.time() * 1000))
+                # nothing below reads a result: send it all in one pipeline (one network wait)
+                with pipeline(cur):
+                    write_plan(cur, writer, ids, plan)
+            # committed: only now do the caches learn what the batch planned and read
+            assert plan.delta is not None
+            self._apply(plan.delta)
             self._freeze()
         self._committed(plan)
         return [PersistedEvent(ev.event_id, ev.room_id, ev.stream_ordering, ev.topological_ordering,
                                ev.state_group_after) for ev in events]
+
+    def _apply(self, delta: CacheDelta) -> None:
+        """A committed batch's cache delta, into every cache (and its rooms' contexts)."""
+        self.room_infos.apply(delta.room_infos)
+        self.state.apply(delta.groups)
+        self.facts.apply(delta.facts, delta.facts_used)
+        self.matrix.apply(delta.matrix)
+        self.resolved.apply(delta.resolved)
+        self.chains.apply(delta.chains)
+        self.lineage.apply(delta.lineage)
+        for ctx in delta.rooms:
+            self.rooms.keep(ctx)
 
     def _freeze(self) -> None:
         """Every :attr:`freeze_every` batches: freeze what is alive (mostly the caches), so no

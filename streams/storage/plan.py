@@ -11,10 +11,16 @@ where building a named tuple per row would cost persist measurable time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chain_cover import ChainEvent
-from .state_groups import NewGroup
+from .state_groups import GroupsDelta, NewGroup
+
+if TYPE_CHECKING:
+    from .authorization import ChainsDelta, MatrixEventsDelta
+    from .events import RoomInfo
+    from .snapshot import RoomContext
+    from .state_deltas import LineageDelta, Resolution
 
 
 class EventRow(NamedTuple):
@@ -100,6 +106,25 @@ class RoomRow(NamedTuple):
 
 
 @dataclass
+class CacheDelta:
+    """What a batch adds to the persister's caches, applied only once its transaction
+    commits (``EventPersister``): the state groups it planned and the stored ones it read,
+    the event facts it learned, the Matrix events it planned or loaded, its resolutions,
+    the auth chains it extended, its groups' lineage, the rooms it learned the version of,
+    and its rooms' contexts after it. A batch that rolls back leaves every cache as it was."""
+
+    groups: GroupsDelta
+    facts: dict[str, tuple[str | None, str | None]]
+    facts_used: set[str]
+    matrix: MatrixEventsDelta
+    resolved: dict[frozenset[int], Resolution]
+    chains: ChainsDelta
+    lineage: LineageDelta
+    room_infos: dict[str, RoomInfo]
+    rooms: list[RoomContext] = field(default_factory=list)
+
+
+@dataclass
 class Plan:
     """Every row one batch writes, in the order the writer sends them."""
 
@@ -135,3 +160,9 @@ class Plan:
     #: for the change caches after commit: the last stream position per room and per member
     room_changes: dict[str, int] = field(default_factory=dict)
     member_changes: dict[str, int] = field(default_factory=dict)
+    #: how many of the snapshot's reserved state group IDs the plan took (the first ones)
+    group_ids_used: int = 0
+    #: the rooms' contexts after the batch (the persister keeps them once it commits)
+    rooms_after: list[RoomContext] = field(default_factory=list)
+    #: what the caches learn from the batch once it commits (None: the reader keeps none)
+    delta: CacheDelta | None = None

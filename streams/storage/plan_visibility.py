@@ -128,8 +128,8 @@ def point(ctx: RoomContext, touched: Touched, user: str, want: bool, k: Key) -> 
     has = rs is not None and rs.covers(k)
     if want and not has:
         ctx.user_ranges(user).add(k, k)
-    elif rs is not None and has and not want:
-        rs.remove_point(k)
+    elif has and not want:
+        ctx.user_ranges(user).remove_point(k)
     else:
         return
     changed(ctx, touched, user)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from .events import RoomInfo, StateMap
+from .plan import CacheDelta
 from .state_deltas import StateRef
 from .state_groups import NewGroup
 from .visibility import RangeSet
@@ -88,6 +89,13 @@ class Memberships(dict[str, str]):
         self.invited.discard(user)
         return super().pop(user, *default)
 
+    def copy(self) -> Memberships:
+        """An equal, independent copy (at C speed: no pass over the members)."""
+        new = Memberships.__new__(Memberships)
+        dict.update(new, self)
+        new.invited = set(self.invited)
+        return new
+
     def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("set memberships one by one (the invited are kept apart)")
 
@@ -135,10 +143,42 @@ class RoomContext:
     #: the highest ``rooms.late_stream`` this context has set (None: none); the writer keeps
     #: the row's larger value, so a context older than the row never lowers it
     late_stream: int | None = None
+    #: copy on write, for a fork: ``current`` is the forked context's map, and these users'
+    #: range sets are its (:meth:`writable_current`, :meth:`user_ranges` copy them first)
+    current_shared: bool = field(default=False, compare=False, repr=False)
+    shared_ranges: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.memberships, Memberships):
             self.memberships = Memberships(self.memberships)
+
+    def fork(self) -> RoomContext:
+        """A context equal to this one that a batch can change while this one stays as it is
+        (the persister's cached context until the batch commits). The containers are copied
+        at C speed; a big room's current state and its users' range sets are copied only
+        when the batch first changes them."""
+        memberships = self.memberships
+        assert isinstance(memberships, Memberships)
+        # the fields as they are (a dict update: the dataclass's __init__ would be most of a fork),
+        # then a copy of each container a batch changes
+        fork = RoomContext.__new__(RoomContext)
+        fork.__dict__.update(self.__dict__)
+        fork.undo = list(self.undo)
+        fork.memberships = memberships.copy()
+        fork.forward = dict(self.forward)
+        fork.ranges = dict(self.ranges)
+        fork.last_join = dict(self.last_join)
+        fork.marks = list(self.marks)
+        fork.current_shared = True
+        fork.shared_ranges = set(self.ranges)
+        return fork
+
+    def writable_current(self) -> StateMap:
+        """``current``, to be changed in place (a fork's own copy from now on)."""
+        if self.current_shared:
+            self.current = dict(self.current)
+            self.current_shared = False
+        return self.current
 
     @property
     def invited(self) -> set[str]:
@@ -173,9 +213,13 @@ class RoomContext:
             self.late_stream = mark
 
     def user_ranges(self, user: str) -> RangeSet:
+        """``user``'s range set, to be changed (made if none; a fork's own copy)."""
         rs = self.ranges.get(user)
         if rs is None:
             rs = self.ranges[user] = RangeSet()
+        elif user in self.shared_ranges:
+            self.shared_ranges.discard(user)
+            rs = self.ranges[user] = RangeSet([list(r) for r in rs.ranges], stored=rs.stored)
         return rs
 
     def joined_at(self, user: str, key: Key) -> None:
@@ -212,6 +256,9 @@ class Snapshot:
     rooms: dict[str, RoomContext]
     known: dict[str, KnownEvent] = field(default_factory=dict)
     waiting_redactions: list[WaitingRedaction] = field(default_factory=list)
+    #: state group IDs reserved for the batch, ascending: its new groups take them in order
+    #: (at most two per event: the state before it and the state after it)
+    group_ids: list[int] = field(default_factory=list)
 
 
 class PlanReader(Protocol):
@@ -234,9 +281,9 @@ class PlanReader(Protocol):
     def chain_length(self, group: int) -> int:
         """The number of groups in ``group``'s delta chain."""
 
-    def new_group(self, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
-                  delta: StateMap, full_state: Callable[[], StateMap], hint: int = 64) -> NewGroup:
-        """A new group (its ID taken now): see ``state_groups.plan_group``."""
+    def new_group(self, gid: int, *, room_id: str, event_id: str, parent: int | None,
+                  parent_chain_length: int | None, delta: StateMap, full_state: Callable[[], StateMap]) -> NewGroup:
+        """New group ``gid`` (an ID of ``Snapshot.group_ids``): see ``state_groups.plan_group``."""
 
     def remember_state(self, group: int, state: StateMap) -> None:
         """The full state of a planned group, which the planner will not change any more."""
@@ -253,3 +300,8 @@ class PlanReader(Protocol):
     def visibility(self, event_id: str | None) -> str:
         """The history visibility an ``m.room.history_visibility`` event sets (``shared``
         for none or an unknown value)."""
+
+    def delta(self, unused_group_ids: list[int]) -> CacheDelta | None:
+        """What the batch learned (its answers and what the plan told it), for the caches
+        once it commits; ``unused_group_ids``: the reserved IDs the plan left (None: the
+        reader keeps no caches)."""

@@ -45,44 +45,23 @@ class Resolution(NamedTuple):
     keys: frozenset[StateKey] | set[StateKey]
 
 
-class GroupLineage:
-    """group -> :class:`Lineage` for the groups this persister planned (least recently added
-    go first); a rolled-back transaction's entries are dropped (on SQLite its group IDs are
-    taken again)."""
+class LineageReads:
+    """The questions asked of a lineage (``get`` is the one read of its entries)."""
 
-    def __init__(self, size: int = 400_000) -> None:
-        self.size = size
-        self._d: OrderedDict[int, Lineage] = OrderedDict()
-        self._batch: list[int] = []
-        #: how many questions the lineage could not answer (the callers compared whole maps)
-        self.unknown = 0
-
-    def scale(self, factor: float) -> None:
-        self.size = int(self.size * factor)
-
-    def add(self, group: int, parent: int | None, delta: Mapping[StateKey, str | None]) -> None:
-        if parent is None or parent == group:
-            return
-        self._d[group] = Lineage(parent, delta)
-        self._batch.append(group)
-        while len(self._d) > self.size:
-            self._d.popitem(last=False)
+    unknown: int
 
     def get(self, group: int) -> Lineage | None:
-        return self._d.get(group)
+        raise NotImplementedError
 
-    def end_transaction(self, committed: bool) -> None:
-        if not committed:
-            for group in self._batch:
-                self._d.pop(group, None)
-        self._batch.clear()
+    def add(self, group: int, parent: int | None, delta: Mapping[StateKey, str | None]) -> None:
+        raise NotImplementedError
 
     def _path(self, group: int) -> list[int]:
         """``group`` and its ancestors, nearest first (as far as known, at most MAX_HOPS up)."""
         path = [group]
-        d = self._d
+        get = self.get
         for _ in range(MAX_HOPS):
-            entry = d.get(path[-1])
+            entry = get(path[-1])
             if entry is None:
                 break
             path.append(entry.parent)
@@ -102,25 +81,96 @@ class GroupLineage:
         where = {g: i for i, g in enumerate(first)}
         keys: set[StateKey] = set()
         top = 0  # the lowest common ancestor of all is first[top]
-        d = self._d
+        get = self.get
         for group in distinct[1:]:
             g: int = group  # type: ignore[assignment]
             hops = 0
-            own: list[int] = []
+            own: list[Lineage] = []
             while g not in where:
-                entry = d.get(g)
+                entry = get(g)
                 if entry is None or hops >= MAX_HOPS:
                     self.unknown += 1
                     return None
-                own.append(g)
+                own.append(entry)
                 g = entry.parent
                 hops += 1
             top = max(top, where[g])
             for o in own:
-                keys.update(d[o].delta)
+                keys.update(o.delta)
         for g in first[:top]:
-            keys.update(d[g].delta)
+            entry = get(g)
+            assert entry is not None  # on the path: known
+            keys.update(entry.delta)
         return keys
+
+
+class GroupLineage(LineageReads):
+    """group -> :class:`Lineage` for the groups this persister planned and committed (least
+    recently added go first). A batch plans through a :class:`LineageBatch` over it, whose
+    entries are added with :meth:`apply` once the transaction commits."""
+
+    def __init__(self, size: int = 400_000) -> None:
+        self.size = size
+        self._d: OrderedDict[int, Lineage] = OrderedDict()
+        #: how many questions the lineage could not answer (the callers compared whole maps)
+        self.unknown = 0
+
+    def scale(self, factor: float) -> None:
+        self.size = int(self.size * factor)
+
+    def add(self, group: int, parent: int | None, delta: Mapping[StateKey, str | None]) -> None:
+        if parent is None or parent == group:
+            return
+        self._d[group] = Lineage(parent, delta)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def get(self, group: int) -> Lineage | None:
+        return self._d.get(group)
+
+    def batch(self) -> LineageBatch:
+        """A view for one batch: its entries kept apart until :meth:`apply`."""
+        return LineageBatch(self)
+
+    def apply(self, delta: LineageDelta) -> None:
+        """A committed batch's entries (and its unanswered questions, counted)."""
+        for group, entry in delta.entries.items():
+            self.add(group, entry.parent, entry.delta)
+        self.unknown += delta.unknown
+
+    def entries(self) -> dict[int, Lineage]:
+        """A copy of every entry (what tests compare)."""
+        return dict(self._d)
+
+
+class LineageDelta(NamedTuple):
+    """What one batch learned about the lineage: its groups' entries, and how many of its
+    questions went unanswered."""
+
+    entries: dict[int, Lineage]
+    unknown: int
+
+
+class LineageBatch(LineageReads):
+    """A batch's view of a :class:`GroupLineage`: its own groups first, the committed ones
+    under them (never changed)."""
+
+    def __init__(self, base: GroupLineage) -> None:
+        self.base = base
+        self.own: dict[int, Lineage] = {}
+        self.unknown = 0
+
+    def add(self, group: int, parent: int | None, delta: Mapping[StateKey, str | None]) -> None:
+        if parent is None or parent == group:
+            return
+        self.own[group] = Lineage(parent, delta)
+
+    def get(self, group: int) -> Lineage | None:
+        entry = self.own.get(group)
+        return entry if entry is not None else self.base.get(group)
+
+    def delta(self) -> LineageDelta:
+        return LineageDelta(dict(self.own), self.unknown)
 
 
 def keys_differing(maps: Sequence[StateMap]) -> set[StateKey]:

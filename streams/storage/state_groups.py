@@ -311,9 +311,8 @@ class StateGroupStore:
         #: of its own rows
         self._chains = _LRU(2_000_000, weigh=len)
         self._own_keys = _LRU(400_000, weigh=lambda keys: len(keys) + 1)
+        #: IDs taken from the sequence and not used yet, ascending (:meth:`reserve`)
         self._id_pool: list[int] = []
-        #: groups planned in the open transaction, not yet in the database
-        self._pending: dict[int, NewGroup] = {}
         self.hits = 0
         self.misses = 0
 
@@ -335,12 +334,6 @@ class StateGroupStore:
             self.hits += 1
             return state
         self.misses += 1
-        pending = self._pending.get(group)
-        if pending is not None:
-            state = dict(self.get_state(cursor, pending.parent)) if pending.parent is not None else {}
-            state.update(pending.rows)
-            self._states.put(group, state)
-            return state
         state = read_state(cursor, group)
         self._states.put(group, state)
         return state
@@ -405,22 +398,172 @@ class StateGroupStore:
             self._chain_lengths.put(group, n)
         return found
 
-    def snapshot_of(self, cursor: Any, group: int) -> tuple[int, StateMap, StateMap | None]:
+    def forget(self) -> None:
+        self._states.clear()
+        self._chain_lengths.clear()
+        self._snapshots.clear()
+        self._deltas.clear()
+        self._chains.clear()
+        self._own_keys.clear()
+
+    # -- the groups of a batch ------------------------------------------------------------------
+
+    def reserve(self, cursor: Any, n: int) -> list[int]:
+        """At least ``n`` group IDs for a batch, ascending: the pool's, then new ones from the
+        sequence if it holds fewer (on SQLite a bump of ``stream_sequences`` inside the open
+        transaction, undone with it). The pool is not changed here: :meth:`apply` keeps the
+        IDs a committed batch left unused (those after the ones it took, in order); after a
+        rollback the pool is as it was (on PostgreSQL the new IDs are skipped)."""
+        ids = list(self._id_pool)
+        if len(ids) < n:
+            more = max(n - len(ids), 64)
+            if is_sqlite(cursor):
+                ids += self._sqlite_ids(cursor, more)
+            else:
+                cursor.execute("SELECT nextval('state_group_id_seq') FROM generate_series(1, %s)", [more])
+                ids += sorted(r[0] for r in cursor.fetchall())
+        return ids
+
+    @staticmethod
+    def _sqlite_ids(cursor: Any, n: int) -> list[int]:
+        """``n`` new ids, ascending. The bump belongs to the write transaction (a rollback undoes
+        it); the row starts past any stored group."""
+        cursor.execute(
+            "INSERT INTO stream_sequences (name, last_value) SELECT %s, coalesce(max(id), 0) FROM state_groups "
+            "WHERE true ON CONFLICT (name) DO NOTHING", [_SQLITE_SEQUENCE])
+        cursor.execute("UPDATE stream_sequences SET last_value = last_value + %s WHERE name = %s RETURNING last_value",
+                       [n, _SQLITE_SEQUENCE])
+        last = int(cursor.fetchone()[0])
+        return list(range(last - n + 1, last + 1))
+
+    def batch(self, cursor: Any) -> StateGroupsBatch:
+        """A view for one batch on the open transaction's ``cursor``: what it reads and plans
+        is kept apart until :meth:`apply`."""
+        return StateGroupsBatch(self, cursor)
+
+    def apply(self, delta: GroupsDelta) -> None:
+        """A committed batch's groups and what it read: cached like any other (groups never
+        change); the IDs it left unused are the pool."""
+        for group, n in delta.chain_lengths.items():
+            self._chain_lengths.put(group, n)
+        for group, snapshot in delta.snapshots.items():
+            self._snapshots.put(group, snapshot)
+        for group, entry in delta.deltas.items():
+            self._deltas.put(group, entry)
+        for group, state in delta.states.items():
+            self._states.put(group, state)
+        if delta.unused_ids is not None:
+            self._id_pool = list(delta.unused_ids)
+
+    def remember(self, group: int, state: StateMap) -> None:
+        """Cache a state the caller will not change any more."""
+        self._states.put(group, state)
+
+    def cached(self) -> dict[str, dict[Any, Any]]:
+        """A copy of every cache's entries and the ID pool (what tests compare)."""
+        return {"states": dict(self._states._d), "chain_lengths": dict(self._chain_lengths._d),
+                "snapshots": dict(self._snapshots._d), "deltas": dict(self._deltas._d),
+                "chains": dict(self._chains._d), "own_keys": dict(self._own_keys._d),
+                "id_pool": dict.fromkeys(self._id_pool)}
+
+
+@dataclass
+class GroupsDelta:
+    """What one batch adds to a :class:`StateGroupStore`: its groups' states, chain lengths,
+    snapshots and rows, the stored states it read, and the reserved IDs it left unused (None:
+    the pool as it is)."""
+
+    states: dict[int, StateMap]
+    chain_lengths: dict[int, int]
+    snapshots: dict[int, int]
+    deltas: dict[int, tuple[int, StateMap]]
+    unused_ids: list[int] | None = None
+
+
+class StateGroupsBatch:
+    """One batch's view of a :class:`StateGroupStore`: reads go to its own entries, then the
+    store's caches, then the database (through the open transaction's cursor); what it
+    plans or reads is kept in its own entries. The store is never changed."""
+
+    def __init__(self, store: StateGroupStore, cursor: Any) -> None:
+        self.store = store
+        self.cursor = cursor
+        self.states: dict[int, StateMap] = {}
+        self.chain_lengths: dict[int, int] = {}
+        self.snapshots: dict[int, int] = {}
+        self.deltas: dict[int, tuple[int, StateMap]] = {}
+        #: the groups planned in this batch (not in the database until it commits)
+        self.planned: dict[int, NewGroup] = {}
+
+    def get_state(self, group: int) -> StateMap:
+        """The full state of ``group``. The returned map is shared: do not change it."""
+        state = self.states.get(group)
+        if state is not None:
+            return state
+        store = self.store
+        cached: StateMap | None = store._states.get(group)
+        if cached is not None:
+            store.hits += 1
+            return cached
+        store.misses += 1
+        planned = self.planned.get(group)
+        if planned is not None:
+            state = dict(self.get_state(planned.parent)) if planned.parent is not None else {}
+            state.update(planned.rows)
+        else:
+            state = read_state(self.cursor, group)
+        self.states[group] = state
+        return state
+
+    def remember(self, group: int, state: StateMap) -> None:
+        """A state the caller will not change any more."""
+        self.states[group] = state
+
+    def chain_length(self, group: int) -> int:
+        n = self.chain_lengths.get(group)
+        if n is None:
+            n = self.store._chain_lengths.get(group)
+        return n if n is not None else self.load_chain_lengths([group])[group]
+
+    def load_chain_lengths(self, groups: Iterable[int]) -> dict[int, int]:
+        """The chain lengths of ``groups`` not known yet, in one query (a batch reloading
+        many rooms' contexts asked for each room's current group one by one)."""
+        cached = self.store._chain_lengths
+        missing = {g for g in groups if g not in self.chain_lengths and cached.get(g) is None}
+        if not missing:
+            return {}
+        cursor = self.cursor
+        cursor.execute("SELECT id, chain_length FROM state_groups WHERE " + in_array(cursor, "id"),
+                       [array(cursor, sorted(missing))])
+        found = dict.fromkeys(missing, MAX_STATE_DELTA_HOPS)  # (as before: a group not stored)
+        found.update(cursor.fetchall())
+        self.chain_lengths.update(found)
+        return found
+
+    def _snapshot(self, group: int) -> int | None:
+        snapshot = self.snapshots.get(group)
+        return snapshot if snapshot is not None else self.store._snapshots.get(group)
+
+    def _delta(self, group: int) -> tuple[int, StateMap] | None:
+        entry = self.deltas.get(group)
+        return entry if entry is not None else self.store._deltas.get(group)
+
+    def snapshot_of(self, group: int) -> tuple[int, StateMap, StateMap | None]:
         """The snapshot ``group``'s chain ends in, its state, and the rows of the chain's
-        groups after it up to ``group`` (nearest winning; None when one is not cached)."""
-        snapshot = self._snapshots.get(group)
+        groups after it up to ``group`` (nearest winning; None when one is not known)."""
+        snapshot = self._snapshot(group)
         if snapshot is None:
             chain = [group]
-            while chain[-1] in self._pending:
-                parent = self._pending[chain[-1]].parent
+            while chain[-1] in self.planned:
+                parent = self.planned[chain[-1]].parent
                 if parent is None:
                     break
                 chain.append(parent)
-            if chain[-1] not in self._pending:  # stored groups' parents are stored
-                chain[-1:] = [g for (g,) in fetch_all(cursor, _CHAIN, [chain[-1]])]
+            if chain[-1] not in self.planned:  # stored groups' parents are stored
+                chain[-1:] = [g for (g,) in fetch_all(self.cursor, _CHAIN, [chain[-1]])]
             snapshot = chain[-1]
-            self._snapshots.put(group, snapshot)
-        return snapshot, self.get_state(cursor, snapshot), self._rows_since(group, snapshot)
+            self.snapshots[group] = snapshot
+        return snapshot, self.get_state(snapshot), self._rows_since(group, snapshot)
 
     def _rows_since(self, group: int, snapshot: int) -> StateMap | None:
         parts: list[StateMap] = []
@@ -431,84 +574,32 @@ class StateGroupStore:
                 for rows in reversed(parts):
                     since.update(rows)
                 return since
-            entry = self._deltas.get(g)
+            entry = self._delta(g)
             if entry is None:
                 return None
             g, rows = entry
             parts.append(rows)
         return None
 
-    def forget(self) -> None:
-        self._states.clear()
-        self._chain_lengths.clear()
-        self._snapshots.clear()
-        self._deltas.clear()
-        self._chains.clear()
-        self._own_keys.clear()
-
-    # -- planning new groups ----------------------------------------------------------------
-
-    def _next_id(self, cursor: Any, hint: int) -> int:
-        if not self._id_pool:
-            n = max(hint, 64)
-            if is_sqlite(cursor):
-                self._id_pool = self._sqlite_ids(cursor, n)
-            else:
-                cursor.execute("SELECT nextval('state_group_id_seq') FROM generate_series(1, %s)", [n])
-                self._id_pool = sorted(r[0] for r in cursor.fetchall())
-            self._id_pool.reverse()
-        return self._id_pool.pop()
-
-    @staticmethod
-    def _sqlite_ids(cursor: Any, n: int) -> list[int]:
-        """``n`` new ids, ascending. The bump belongs to the write transaction (a rollback undoes
-        it, so :meth:`discard_pending` drops the pool); the row starts past any stored group."""
-        cursor.execute(
-            "INSERT INTO stream_sequences (name, last_value) SELECT %s, coalesce(max(id), 0) FROM state_groups "
-            "WHERE true ON CONFLICT (name) DO NOTHING", [_SQLITE_SEQUENCE])
-        cursor.execute("UPDATE stream_sequences SET last_value = last_value + %s WHERE name = %s RETURNING last_value",
-                       [n, _SQLITE_SEQUENCE])
-        last = int(cursor.fetchone()[0])
-        return list(range(last - n + 1, last + 1))
-
-    def new_group(self, cursor: Any, *, room_id: str, event_id: str, parent: int | None,
-                  parent_chain_length: int | None, delta: StateMap, full_state: Any,
-                  hint: int = 64) -> NewGroup:
-        """:func:`plan_group` with the next ID of this writer's pool (``hint``: how many IDs
-        to take at once when the pool is empty); kept as pending until it is written."""
-        group = plan_group(self._next_id(cursor, hint), room_id=room_id, event_id=event_id, parent=parent,
+    def new_group(self, gid: int, *, room_id: str, event_id: str, parent: int | None,
+                  parent_chain_length: int | None, delta: StateMap, full_state: Callable[[], StateMap]) -> NewGroup:
+        """:func:`plan_group` as group ``gid`` (an ID the batch reserved)."""
+        group = plan_group(gid, room_id=room_id, event_id=event_id, parent=parent,
                            parent_chain_length=parent_chain_length, delta=delta, full_state=full_state,
-                           snapshot_of=(lambda g: self.snapshot_of(cursor, g)) if self.base_deltas else None)
-        self._chain_lengths.put(group.id, group.chain_length)
+                           snapshot_of=self.snapshot_of if self.store.base_deltas else None)
+        self.chain_lengths[group.id] = group.chain_length
         if group.parent is None:
             # the next base deltas of its chain compare with it: keep it (the rows are not
             # changed any more; on the fast path the room's map would be)
-            self._snapshots.put(group.id, group.id)
-            self._states.put(group.id, group.rows)
+            self.snapshots[group.id] = group.id
+            self.states[group.id] = group.rows
         else:
-            self._deltas.put(group.id, (group.parent, group.rows))
-            snapshot = group.parent if group.chain_length == 2 else self._snapshots.get(group.parent)
+            self.deltas[group.id] = (group.parent, group.rows)
+            snapshot = group.parent if group.chain_length == 2 else self._snapshot(group.parent)
             if snapshot is not None:
-                self._snapshots.put(group.id, snapshot)
-        self._pending[group.id] = group
+                self.snapshots[group.id] = snapshot
+        self.planned[group.id] = group
         return group
 
-    def discard_pending(self) -> None:
-        """The transaction rolled back: its groups never existed (nor, on SQLite, the ids taken
-        in it; on PostgreSQL the unused ids of the pool are simply skipped), nor what was cached
-        of them (on SQLite their ids are given out again)."""
-        for gid in self._pending:
-            for cache in (self._states, self._chain_lengths, self._snapshots, self._deltas, self._chains,
-                          self._own_keys):
-                cache.discard(gid)
-        self._pending.clear()
-        self._id_pool.clear()
-
-    def remember(self, group: int, state: StateMap) -> None:
-        """Cache a state the caller will not change any more."""
-        self._states.put(group, state)
-
-    def written(self, groups: Sequence[NewGroup]) -> None:
-        """These groups are in the database now (read back like any other)."""
-        for g in groups:
-            self._pending.pop(g.id, None)
+    def delta(self, unused_ids: list[int] | None = None) -> GroupsDelta:
+        return GroupsDelta(self.states, self.chain_lengths, self.snapshots, self.deltas, unused_ids)

@@ -143,26 +143,32 @@ def test_room_auth_chains_reload_once_then_walk_for_an_event_never_placed():
         return IndexEvent(event_id, key, "", auth)
 
     events = [ev("C", "create"), ev("P1", "pl", "C"), ev("P2", "pl", "C", "P1"), ev("X", "x", "C", "missing")]
-    chains = RoomAuthChains()  # no cursor: a load starts from the transaction's events
+    chains = RoomAuthChains()
+    batch = chains.batch(None)  # no cursor: a load starts from the transaction's events
     for e in events:
-        chains.add("!r", e)
+        batch.add("!r", e)
     walkable = {e.event_id: SimpleNamespace(auth_event_ids=e.auth_event_ids) for e in events}
-    facts = chains.graph_facts("!r", walkable)
+    facts = batch.graph_facts("!r", walkable)
     indexed = [{("pl", ""): "P1"}, {("pl", ""): "P2"}]
-    assert facts(indexed, None) == ({"P2"}, None) and (chains.loads, chains.walks) == (1, 0)
+    assert facts(indexed, None) == ({"P2"}, None) and (batch.loads, batch.walks) == (1, 0)
     unplaced = [{("pl", ""): "P1", ("x", ""): "X"}, {("pl", ""): "P2"}]
     want = auth_difference([set(s.values()) for s in unplaced], walkable)
-    assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (2, 1)
-    assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (2, 2)
-    for _ in range(RoomAuthChains.RELOAD_AFTER):
-        chains.end_transaction(committed=True)
-    assert facts(unplaced, None) == (want, None) and (chains.loads, chains.walks) == (3, 3)
+    assert facts(unplaced, None) == (want, None) and (batch.loads, batch.walks) == (2, 1)
+    assert facts(unplaced, None) == (want, None) and (batch.loads, batch.walks) == (2, 2)
+    chains.apply(batch.delta())
+    assert (chains.loads, chains.walks) == (2, 2) and "!r" in chains._rooms
+    later = chains.batch(None)
+    for _ in range(RoomAuthChains.RELOAD_AFTER - 1):  # the throttle counts committed batches
+        chains.apply(later.delta())
+    facts = later.graph_facts("!r", walkable)
+    assert facts(unplaced, None) == (want, None) and (later.loads, later.walks) == (1, 1)
 
 
 def test_room_auth_chains_keep_their_bound_on_positions_as_rooms_load_grow_and_roll_back():
     """The index cache is bounded by the rooms' positions in all, kept as a running count:
-    after loads, events added to cached rooms, evictions and a rolled-back transaction it is
-    the sum over the cached rooms, and never over the bound with two rooms or more."""
+    after loads, events added to cached rooms, evictions and a rolled-back batch (never
+    applied: the cache as it was) it is the sum over the cached rooms, and never over the
+    bound with two rooms or more."""
     from streams.matrix.chain_cover import IndexEvent
     from streams.storage.authorization import RoomAuthChains
 
@@ -173,14 +179,25 @@ def test_room_auth_chains_keep_their_bound_on_positions_as_rooms_load_grow_and_r
 
     for r in range(6):
         room = f"!r{r}"
-        chains.add(room, IndexEvent(f"C{r}", "create", "", ()))
-        chains.index(room)
-        for i in range(3):  # grows while cached
-            chains.add(room, IndexEvent(f"M{r}.{i}", "member", f"@u{i}", (f"C{r}",)))
+        batch = chains.batch(None)
+        batch.add(room, IndexEvent(f"C{r}", "create", "", ()))
+        batch.index(room)
+        for i in range(3):  # grows while loaded
+            batch.add(room, IndexEvent(f"M{r}.{i}", "member", f"@u{i}", (f"C{r}",)))
+        before = chains.cached()
+        if r == 4:  # room 4's transaction rolls back: its batch is never applied
+            assert chains.cached() == before
+            continue
+        chains.apply(batch.delta())
         assert chains._positions == exact()
         assert len(chains._rooms) == 1 or exact() <= 12
-        chains.end_transaction(committed=r != 4)  # room 4's transaction rolls back
-        assert chains._positions == exact()
     assert "!r4" not in chains._rooms and "!r5" in chains._rooms
-    chains.index("!r5", reload=True)  # a reload replaces the room's index
+    grow = chains.batch(None)
+    grow.add("!r5", IndexEvent("M5.x", "member", "@x", ("C5",)))
+    assert "M5.x" not in chains._rooms["!r5"].positions  # the cached index is not the batch's
+    chains.apply(grow.delta())
+    assert "M5.x" in chains._rooms["!r5"].positions and chains._positions == exact()
+    reload = chains.batch(None)
+    reload.index("!r5", reload=True)  # a reload replaces the room's index
+    chains.apply(reload.delta())
     assert chains._positions == exact()

@@ -403,7 +403,8 @@ def test_forks_resolve_from_the_chain_cover_index_also_after_another_writer(stor
     # and each auth difference the index gave equals the walk's
     from streams.matrix.state_res import auth_difference
 
-    index = ours.chains.index(room.room_id)
+    index = ours.chains.room_index(room.room_id)
+    assert index is not None
     for e in room.order:
         prevs = room.events[e].prev_event_ids
         if len(prevs) > 1:

@@ -1,6 +1,8 @@
 """The persist path on PostgreSQL: orderings, DAG, extremities, state, stream rows, bad input."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 
 import pytest
@@ -8,6 +10,7 @@ from django.db import connection
 
 from streams.models import CurrentStateDelta, Event
 from streams.storage import BadEvent, IncomingEvent
+from streams.storage.persist import EventPersister, persister_for
 from streams.storage.synthetic import RoomBuilder
 
 from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
@@ -302,3 +305,82 @@ def test_scale_caches_multiplies_every_cache_bound_of_the_persister():
         with pytest.raises(ValueError, match="above 0"):
             p.scale_caches(bad)
     assert p.matrix.size == 5 * before[1]  # a refused scale changes nothing
+
+
+# -- a transaction that fails: the caches as they were ------------------------------------------
+
+@contextlib.contextmanager
+def failing_inserts(table: str):
+    """Every insert into ``table`` fails in the database (a trigger), until the block ends."""
+    with connection.cursor() as c:
+        if connection.vendor == "sqlite":
+            c.execute(f"CREATE TRIGGER fail_inserts BEFORE INSERT ON {table} BEGIN "
+                      "SELECT RAISE(ABORT, 'injected failure'); END")
+        else:
+            c.execute("CREATE FUNCTION fail_inserts() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN RAISE EXCEPTION 'injected failure'; END $$")
+            c.execute(f"CREATE TRIGGER fail_inserts BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION fail_inserts()")
+    try:
+        yield
+    finally:
+        with connection.cursor() as c:
+            if connection.vendor == "sqlite":
+                c.execute("DROP TRIGGER fail_inserts")
+            else:
+                c.execute(f"DROP TRIGGER fail_inserts ON {table}")
+                c.execute("DROP FUNCTION fail_inserts()")
+
+
+def cache_values(persister: EventPersister) -> dict:
+    """Every cache of the persister, by value (deep-copied by the caller to compare)."""
+    def context(ctx):
+        return (ctx.head, ctx.last_stream, ctx.min_depth, ctx.current_group, ctx.current_chain, dict(ctx.current),
+                list(ctx.undo), ctx.current_base, dict(ctx.memberships), set(ctx.invited), ctx.visibility,
+                dict(ctx.forward), {u: (rs.as_tuples(), rs.stored) for u, rs in ctx.ranges.items()},
+                dict(ctx.last_join), list(ctx.marks), ctx.info, ctx.late_stream)
+
+    return {"state groups": persister.state.cached(), "event facts": persister.facts.cached(),
+            "room infos": persister.room_infos.cached(), "matrix events": persister.matrix.cached(),
+            "resolutions": persister.resolved.cached(), "auth chains": persister.chains.cached(),
+            "lineage": persister.lineage.entries(),
+            "room contexts": {r: context(ctx) for r, ctx in persister.rooms.cached().items()}}
+
+
+def test_a_persist_failing_in_its_transaction_leaves_every_cache_as_it_was(store):
+    """The database refuses a row of the batch (a trigger): the transaction rolls back, and
+    every cache of the persister -- state groups and their ID pool, event facts, room
+    versions, Matrix events, resolutions, auth chains, lineage, room contexts -- is what it
+    was before the batch. The same batch then persists, to the Matrix core's states, and
+    changes each of those caches (so the comparison above could fail)."""
+    from .test_matrix_persist import A, current_state, new_room, pdu_bytes
+
+    B = "@bob:a.example"
+    room = new_room("10")
+    room.send(B, "m.room.member", {"membership": "join"}, state_key=B)
+    fork_at = room.order[-1]
+    a = room.send(A, "m.room.topic", {"topic": "a"}, state_key="", prev_ids=[fork_at])
+    b = room.send(B, "m.room.name", {"name": "b"}, state_key="", prev_ids=[fork_at])
+    room.send(A, "m.room.message", {"body": "merge"}, prev_ids=[a, b])
+    store.persist(*[pdu_bytes(room, e) for e in room.order])  # committed: the caches warm, a fork resolved
+    done = len(room.order)
+    # the batch that fails: more state, a fork and its merge, a new room
+    c = room.send(A, "m.room.history_visibility", {"history_visibility": "joined"}, state_key="")
+    d = room.send(B, "m.room.topic", {"topic": "d"}, state_key="", prev_ids=[room.order[done - 1]])
+    merge = room.send(A, "m.room.message", {"body": "merge again"}, prev_ids=[c, d])
+    other = new_room("10", "!other:a.example")
+    batch = [pdu_bytes(room, e) for e in room.order[done:]] + [pdu_bytes(other, e) for e in other.order]
+
+    persister = persister_for(store.runtime)
+    before = copy.deepcopy(cache_values(persister))
+    with failing_inserts("event_edges"):
+        with pytest.raises(Exception, match="injected failure"):
+            store.persist(*batch)
+    assert cache_values(persister) == before
+    assert rows("SELECT count(*) FROM events WHERE event_id IN (%s, %s)", c, merge) == [(0,)]
+
+    store.persist(*batch)
+    assert current_state(room.room_id) == room.state_after[merge]
+    assert current_state(other.room_id) == other.state_after[other.order[-1]]
+    after = cache_values(persister)
+    changed = {name for name in before if after[name] != before[name]}
+    assert changed == set(before), set(before) - changed

@@ -13,8 +13,9 @@ from typing import Any, Callable
 from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
 from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
-from streams.storage.events import IncomingEvent, StateMap, parse_events
+from streams.storage.events import IncomingEvent, ParsedEvent, StateMap, parse_events
 from streams.storage.plan import CurrentStateRow, ExOutlierRow, Plan, RedactionRow, VisibilityRangeRow
+from streams.storage.plan_progress import Progress
 from streams.storage.planner import plan_batch
 from streams.storage.snapshot import KnownEvent, RoomContext, Snapshot
 from streams.storage.state_deltas import GroupLineage
@@ -27,6 +28,12 @@ MEMBER = "m.room.member"
 
 class MemoryRoomInfos(RoomInfos):
     """Room versions from the create events planned so far (no database to ask)."""
+
+    def __call__(self, body: dict):
+        return self.get(body.get("room_id"))
+
+    def created(self, room_id: str, info) -> None:
+        self._d.setdefault(room_id, info)
 
     def load(self, room_ids, cursor=None) -> None:
         return None
@@ -55,12 +62,11 @@ class MemoryReader:
     def __init__(self, rooms: RoomInfos) -> None:
         self.matrix = MemoryMatrixEvents(rooms)  # no cursor: the events planned so far
         self.resolved = ResolvedStates()
-        self.chains = RoomAuthChains()  # no cursor: the rooms' auth graphs as planned so far
+        self.chains = RoomAuthChains().batch(None)  # no cursor: the rooms' auth graphs as planned so far
         self.lineage = GroupLineage()  # the planned groups' parents and deltas
         self.groups: dict[int, StateMap] = {}
         self.lengths: dict[int, int] = {}
         self.facts: dict[str, tuple[str | None, str | None]] = {}
-        self._next_id = 100
         #: groups whose state the planner handed over (the database reader caches them) and
         #: the others it asked for (the database reader would read them from the tables)
         self.remembered: set[int] = set()
@@ -74,10 +80,9 @@ class MemoryReader:
     def chain_length(self, group: int) -> int:
         return self.lengths[group]
 
-    def new_group(self, *, room_id: str, event_id: str, parent: int | None, parent_chain_length: int | None,
-                  delta: StateMap, full_state: Callable[[], StateMap], hint: int = 64) -> NewGroup:
-        self._next_id += 1
-        g = plan_group(self._next_id, room_id=room_id, event_id=event_id, parent=parent,
+    def new_group(self, gid: int, *, room_id: str, event_id: str, parent: int | None,
+                  parent_chain_length: int | None, delta: StateMap, full_state: Callable[[], StateMap]) -> NewGroup:
+        g = plan_group(gid, room_id=room_id, event_id=event_id, parent=parent,
                        parent_chain_length=parent_chain_length, delta=delta, full_state=full_state)
         self.groups[g.id] = {**(self.groups[g.parent] if g.parent is not None else {}), **g.rows}
         self.lengths[g.id] = g.chain_length
@@ -101,6 +106,9 @@ class MemoryReader:
     def visibility(self, event_id: str | None) -> str:
         return "shared" if event_id is None else self.facts.get(event_id, (None, None))[1] or "shared"
 
+    def delta(self, unused_group_ids: list[int]) -> None:
+        return None  # the dicts are the "database" and the caches at once
+
 
 class MemoryStore:
     """Plans batches one after the other, keeping what the database would: stored events,
@@ -112,8 +120,27 @@ class MemoryStore:
         self.known: dict[str, KnownEvent] = {}
         self.rooms: dict[str, RoomContext] = {}
         self.next_stream = 1
+        self.next_group = 101
 
     def plan(self, *items: Any, backfill: bool = False) -> Plan:
+        events, ids, snapshot = self.snapshot_for(*items)
+        plan = plan_batch(events, ids, snapshot, self.reader, backfill=backfill, now_ms=1)
+        assert [g.id for g in plan.state_groups] == snapshot.group_ids[:plan.group_ids_used]
+        self.next_group += plan.group_ids_used
+        self.rooms.update({ctx.room_id: ctx for ctx in plan.rooms_after})
+        for ev in events:
+            self.known[ev.event_id] = KnownEvent(ev.event_id, ev.room_id, ev.topological_ordering,
+                                                 ev.stream_ordering, ev.outlier, bool(ev.rejected_reason),
+                                                 ev.state_group_after)
+        return plan
+
+    def progress(self, *items: Any, backfill: bool = False) -> Progress:
+        """The planner's working state for a batch, before any step (to run steps one by one)."""
+        events, _, snapshot = self.snapshot_for(*items)
+        return Progress.start(events, snapshot, self.reader, backfill=backfill, now_ms=1)
+
+    def snapshot_for(self, *items: Any) -> tuple[list[ParsedEvent], list[int], Snapshot]:
+        """The batch's events, stream IDs and snapshot (as the loader would make them)."""
         events = parse_events(list(items), self.room_infos)
         ids = list(range(self.next_stream, self.next_stream + len(events)))
         self.next_stream += len(events)
@@ -128,15 +155,9 @@ class MemoryStore:
         wanted = {ev.event_id for ev in events} | {p for ev in events for p in ev.prev_events} \
             | {ev.redacts for ev in events if ev.redacts} \
             | {e for ev in events if ev.state_before for e in ev.state_before.values()}
-        snapshot = Snapshot(rooms=rooms, known={e: self.known[e] for e in wanted if e in self.known})
-        plan = plan_batch(events, ids, snapshot, self.reader, backfill=backfill, now_ms=1)
-        self.room_infos.commit()
-        self.rooms.update(rooms)
-        for ev in events:
-            self.known[ev.event_id] = KnownEvent(ev.event_id, ev.room_id, ev.topological_ordering,
-                                                 ev.stream_ordering, ev.outlier, bool(ev.rejected_reason),
-                                                 ev.state_group_after)
-        return plan
+        snapshot = Snapshot(rooms=rooms, known={e: self.known[e] for e in wanted if e in self.known},
+                            group_ids=list(range(self.next_group, self.next_group + 2 * len(events))))
+        return events, ids, snapshot
 
 
 def pdu(room: RoomBuilder, event_id: str) -> bytes:

@@ -58,3 +58,35 @@ def test_marks_are_never_lowered():
     ctx = _room(late=300)
     ctx.note_order((4, 105), live=True)
     assert ctx.late_stream == 300
+
+
+def test_a_fork_is_equal_and_changes_to_it_leave_the_original_as_it_was():
+    """What a batch plans on (``RoomContext.fork``): the cached context must stay as it was
+    until the batch commits, whatever the batch changes."""
+    from streams.storage.snapshot import Extremity
+    from streams.storage.visibility import RangeSet
+
+    key = ("m.room.topic", "")
+    original = RoomContext("!r", head=(3, 3), last_stream=3, current_group=5, current={key: "$t"},
+                           memberships={"@a": "join", "@i": "invite"}, forward={"$x": Extremity((3, 3), 5)},
+                           ranges={"@a": RangeSet([[(1, 1), None]], stored=1)}, last_join={"@a": (1, 1)},
+                           undo=[(4, key, None)])
+    original.remark()
+    marks = list(original.marks)
+    fork = original.fork()
+    assert fork == original and fork.invited == {"@i"} and fork.ranges["@a"] is original.ranges["@a"]
+    own = fork.user_ranges("@a")  # the fork's own copy once it is to be changed, stored count kept
+    assert own is not original.ranges["@a"] and own == original.ranges["@a"] and own.stored == 1
+    fork.writable_current()[("m.room.name", "")] = "$n"
+    fork.memberships["@i"] = "join"
+    fork.forward.pop("$x")
+    fork.user_ranges("@a").close_at((4, 4))
+    fork.user_ranges("@b").add((4, 4), None)
+    fork.joined_at("@b", (4, 4))
+    fork.undo.append((5, key, "$t"))
+    fork.head = (4, 4)
+    assert original.current == {key: "$t"} and original.invited == {"@i"} and "$x" in original.forward
+    assert original.ranges["@a"].as_tuples() == [((1, 1), None)] and "@b" not in original.ranges
+    assert original.last_join == {"@a": (1, 1)} and original.marks == marks
+    assert original.undo == [(4, key, None)] and original.head == (3, 3)
+    assert fork.invited == set() and original.ranges["@a"].stored == 1

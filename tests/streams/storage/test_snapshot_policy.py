@@ -27,6 +27,29 @@ def member(i: int) -> tuple[str, str]:
     return (MEMBER, f"@u{i}:hs")
 
 
+class Planning:
+    """Groups planned as the persister plans them: on a batch view of ``store`` with IDs it
+    reserved, applied to the store once written (:meth:`written`)."""
+
+    def __init__(self, store: StateGroupStore, cur) -> None:
+        self.store, self.cur = store, cur
+        self._open()
+
+    def _open(self) -> None:
+        self.batch = self.store.batch(self.cur)
+        self.ids = self.store.reserve(self.cur, 64)
+        self.used = 0
+
+    def new_group(self, **kwargs):
+        g = self.batch.new_group(self.ids[self.used], **kwargs)
+        self.used += 1
+        return g
+
+    def written(self) -> None:
+        self.store.apply(self.batch.delta(self.ids[self.used:]))
+        self._open()
+
+
 class Model:
     """Groups planned by :func:`plan_group` with a dict per group: the state every group must
     have (``expected``), and what was stored (parent, rows, chain length)."""
@@ -136,10 +159,11 @@ def store_groups(store: StateGroupStore, cur, size: int, steps: list[tuple[int, 
     """Groups made by ``store`` (its policy: base deltas) and written, in batches of 50, the
     model's state of each beside it."""
     expected: dict[int, dict] = {}
+    planning = Planning(store, cur)
     if start is None:
         state = {member(i): f"$m{i}" for i in range(size)}
-        first = store.new_group(cur, room_id="!r:hs", event_id="$0", parent=None, parent_chain_length=None,
-                                delta={}, full_state=lambda: state)
+        first = planning.new_group(room_id="!r:hs", event_id="$0", parent=None, parent_chain_length=None,
+                                   delta={}, full_state=lambda: state)
         groups, users = [first], size
         expected[first.id] = state
     else:
@@ -154,18 +178,18 @@ def store_groups(store: StateGroupStore, cur, size: int, steps: list[tuple[int, 
         else:
             delta = {member(rng.randrange(users)): f"$c{n_op}.{i}.{rng.random()}" for i in range(n)}
         state = {**expected[parent], **delta}
-        g = store.new_group(cur, room_id="!r:hs", event_id=f"$e{n_op}", parent=parent,
-                            parent_chain_length=store.chain_length(cur, parent), delta=delta,
-                            full_state=lambda: state)
+        g = planning.new_group(room_id="!r:hs", event_id=f"$e{n_op}", parent=parent,
+                               parent_chain_length=planning.batch.chain_length(parent), delta=delta,
+                               full_state=lambda: state)
         expected[g.id] = state
         ids.append(g.id)
         groups.append(g)
         if len(groups) >= 50:
             write_state_groups(cur, groups)
-            store.written(groups)
+            planning.written()
             groups = []
     write_state_groups(cur, groups)
-    store.written(groups)
+    planning.written()
     return ids, expected, users
 
 
@@ -196,28 +220,37 @@ def test_stored_groups_read_back_as_the_model_on_both_databases(default_database
 
 
 @ON_BOTH_DATABASES
-def test_a_rolled_back_group_leaves_nothing_cached(default_database):
-    """On SQLite a rolled-back transaction gives its group ids back: what was cached of its
-    groups (states, chain lengths, snapshots) must go with it, or the next group with the
-    same id would be read with the old state."""
+def test_a_rolled_back_batch_leaves_the_store_as_it_was(default_database):
+    """A batch's groups and IDs are its own until it is applied: after a rollback the store
+    is exactly as before, its ID pool included, so the next batch takes the same ID again
+    and reads that group back with its own state, not the rolled-back one's."""
     store = StateGroupStore()
     with store_cursor() as cur:
+        with transaction.atomic():
+            kept = Planning(store, cur)
+            k = kept.new_group(room_id="!r:hs", event_id="$k", parent=None, parent_chain_length=None,
+                               delta={}, full_state=lambda: {member(0): "$kept"})
+            write_state_groups(cur, [k])
+            kept.written()
+        before = store.cached()
         try:
             with transaction.atomic():
-                g = store.new_group(cur, room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
-                                    delta={}, full_state=lambda: {member(1): "$old"})
-                store.remember(g.id, {member(1): "$old"})  # as the planner does with the states it plans
+                planning = Planning(store, cur)
+                g = planning.new_group(room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
+                                       delta={}, full_state=lambda: {member(1): "$old"})
+                planning.batch.remember(g.id, {member(1): "$old"})  # as the planner does with the states it plans
                 write_state_groups(cur, [g])
                 raise RuntimeError("roll back")
         except RuntimeError:
-            store.discard_pending()
+            pass
+        assert store.cached() == before
         with transaction.atomic():
-            h = store.new_group(cur, room_id="!r:hs", event_id="$b", parent=None, parent_chain_length=None,
-                                delta={}, full_state=lambda: {member(2): "$new"})
+            planning = Planning(store, cur)
+            h = planning.new_group(room_id="!r:hs", event_id="$b", parent=None, parent_chain_length=None,
+                                   delta={}, full_state=lambda: {member(2): "$new"})
             write_state_groups(cur, [h])
-            store.written([h])
-        if default_database == "sqlite":
-            assert h.id == g.id  # the id is given out again
+            planning.written()
+        assert h.id == g.id  # the pool is as it was before the rolled-back batch: its first ID again
         assert store.get_state(cur, h.id) == {member(2): "$new"}
         assert StateGroupStore().get_state(cur, h.id) == {member(2): "$new"}
 
@@ -229,14 +262,14 @@ def test_keys_holding_the_read_separator_read_back(default_database):
     base = {member(i): f"$m{i}" for i in range(50)}
     odd = {(MEMBER, "@a\x1fb:hs"): "$x", ("m.room.name", "\x1f"): "$y\x1f", ("t\x1fu", ""): "$z"}
     with transaction.atomic(), store_cursor() as cur:
-        store = StateGroupStore()
-        first = store.new_group(cur, room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
-                                delta={}, full_state=lambda: {**base, **odd})
-        second = store.new_group(cur, room_id="!r:hs", event_id="$b", parent=first.id, parent_chain_length=1,
-                                 delta={(MEMBER, "@c\x1f:hs"): "$w", member(3): "$n\x1f"},
-                                 full_state=lambda: {})
-        third = store.new_group(cur, room_id="!r:hs", event_id="$c", parent=second.id, parent_chain_length=2,
-                                delta={member(4): "$plain"}, full_state=lambda: {})
+        planning = Planning(StateGroupStore(), cur)
+        first = planning.new_group(room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
+                                   delta={}, full_state=lambda: {**base, **odd})
+        second = planning.new_group(room_id="!r:hs", event_id="$b", parent=first.id, parent_chain_length=1,
+                                    delta={(MEMBER, "@c\x1f:hs"): "$w", member(3): "$n\x1f"},
+                                    full_state=lambda: {})
+        third = planning.new_group(room_id="!r:hs", event_id="$c", parent=second.id, parent_chain_length=2,
+                                   delta={member(4): "$plain"}, full_state=lambda: {})
         write_state_groups(cur, [first, second, third])
         assert read_state(cur, first.id) == {**base, **odd}
         assert read_state(cur, third.id) == {**base, **odd, (MEMBER, "@c\x1f:hs"): "$w", member(3): "$n\x1f",
@@ -315,11 +348,11 @@ def test_any_keys_read_back_through_packed_copies_or_rows(packed_everywhere, sna
     """A packed copy is written exactly when its strings split back (no separator in a key
     or an ID), and the state reads back the same either way."""
     with transaction.atomic(), store_cursor() as cur:
-        store = StateGroupStore()
-        first = store.new_group(cur, room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
-                                delta={}, full_state=lambda: snapshot)
-        second = store.new_group(cur, room_id="!r:hs", event_id="$b", parent=first.id, parent_chain_length=1,
-                                 delta=delta, full_state=lambda: {})
+        planning = Planning(StateGroupStore(), cur)
+        first = planning.new_group(room_id="!r:hs", event_id="$a", parent=None, parent_chain_length=None,
+                                   delta={}, full_state=lambda: snapshot)
+        second = planning.new_group(room_id="!r:hs", event_id="$b", parent=first.id, parent_chain_length=1,
+                                    delta=delta, full_state=lambda: {})
         write_state_groups(cur, [first, second])
         assert read_state(cur, first.id) == snapshot
         assert read_state(cur, second.id) == {**snapshot, **delta}

@@ -55,13 +55,17 @@ def test_lineage_names_every_key_where_group_states_differ(spec, picks):
 
 def test_lineage_without_a_common_ancestor_says_so():
     lineage = GroupLineage()
-    lineage.add(2, 1, {KEYS[0]: "$a"})
-    lineage.add(4, 3, {KEYS[0]: "$b"})
+    batch = lineage.batch()
+    batch.add(2, 1, {KEYS[0]: "$a"})
+    batch.add(4, 3, {KEYS[0]: "$b"})
+    assert batch.differing_keys([2, 1]) == {KEYS[0]}
+    assert batch.differing_keys([2, 4]) is None and batch.differing_keys([2, None]) is None
+    assert batch.differing_keys([2, 2]) == set()
+    # a batch's groups are its own: a rolled-back one (never applied) leaves nothing
+    assert lineage.differing_keys([2, 1]) is None and lineage.entries() == {}
+    lineage.apply(batch.delta())  # once it commits they are everyone's
     assert lineage.differing_keys([2, 1]) == {KEYS[0]}
-    assert lineage.differing_keys([2, 4]) is None and lineage.differing_keys([2, None]) is None
-    assert lineage.differing_keys([2, 2]) == set()
-    lineage.end_transaction(committed=False)  # a rolled-back batch's groups never existed
-    assert lineage.differing_keys([2, 1]) is None
+    assert lineage.unknown == 3  # the batch's two unanswered questions, and the one asked of it before
 
 
 class WholeMaps(GroupLineage):
