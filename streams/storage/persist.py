@@ -27,10 +27,11 @@ from typing import Any, Callable, Sequence
 from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from .caches import storage_caches
 from .events import IncomingEvent, parse_events
-from .plan import CacheDelta, Plan
+from .plan import Plan
 from .plan_loader import BatchReader, EventFacts, RoomContexts, load_snapshot
 from .plan_writer import write_plan
 from .planner import plan_batch
+from .snapshot import CacheDelta
 from .sql import pipeline, store_cursor
 from .state_deltas import GroupLineage
 from .state_groups import StateGroupStore

@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chain_cover import ChainEvent
-from .state_groups import GroupsDelta, NewGroup
+from .state_groups import NewGroup
 
 if TYPE_CHECKING:
-    from .authorization import ChainsDelta, MatrixEventsDelta
-    from .events import RoomInfo
-    from .snapshot import RoomContext
-    from .state_deltas import LineageDelta, Resolution
+    from .snapshot import CacheDelta, RoomContext
 
 
 class EventRow(NamedTuple):
@@ -103,25 +100,6 @@ class RoomRow(NamedTuple):
     room_version: str | None
     authorized: bool
     late_stream: int | None
-
-
-@dataclass
-class CacheDelta:
-    """What a batch adds to the persister's caches, applied only once its transaction
-    commits (``EventPersister``): the state groups it planned and the stored ones it read,
-    the event facts it learned, the Matrix events it planned or loaded, its resolutions,
-    the auth chains it extended, its groups' lineage, the rooms it learned the version of,
-    and its rooms' contexts after it. A batch that rolls back leaves every cache as it was."""
-
-    groups: GroupsDelta
-    facts: dict[str, tuple[str | None, str | None]]
-    facts_used: set[str]
-    matrix: MatrixEventsDelta
-    resolved: dict[frozenset[int], Resolution]
-    chains: ChainsDelta
-    lineage: LineageDelta
-    room_infos: dict[str, RoomInfo]
-    rooms: list[RoomContext] = field(default_factory=list)
 
 
 @dataclass

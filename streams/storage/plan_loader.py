@@ -10,9 +10,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfosBatch
 from .events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
-from .plan import CacheDelta
 from .plan_visibility import HV_KEY
-from .snapshot import Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
+from .snapshot import CacheDelta, Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
 from .sql import array, for_update, in_array, is_sqlite
 from .state_deltas import GroupLineage
 from .state_groups import NewGroup, StateGroupStore

@@ -9,10 +9,10 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
+from .authorization import ChainsDelta, MatrixEventsDelta
 from .events import RoomInfo, StateMap
-from .plan import CacheDelta
-from .state_deltas import StateRef
-from .state_groups import NewGroup
+from .state_deltas import LineageDelta, Resolution, StateRef
+from .state_groups import GroupsDelta, NewGroup
 from .visibility import RangeSet
 
 Key = tuple[int, int]
@@ -21,6 +21,25 @@ Key = tuple[int, int]
 #: walks ``*shared``'s ranges, and each range's walk has no stream-ordering bounds, as before
 #: the column existed
 LATE_ALWAYS = 2**63 - 1
+
+
+@dataclass
+class CacheDelta:
+    """What a batch adds to the persister's caches, applied only once its transaction
+    commits (``EventPersister``): the state groups it planned and the stored ones it read,
+    the event facts it learned, the Matrix events it planned or loaded, its resolutions,
+    the auth chains it extended, its groups' lineage, the rooms it learned the version of,
+    and its rooms' contexts after it. A batch that rolls back leaves every cache as it was."""
+
+    groups: GroupsDelta
+    facts: dict[str, tuple[str | None, str | None]]
+    facts_used: set[str]
+    matrix: MatrixEventsDelta
+    resolved: dict[frozenset[int], Resolution]
+    chains: ChainsDelta
+    lineage: LineageDelta
+    room_infos: dict[str, RoomInfo]
+    rooms: list[RoomContext] = field(default_factory=list)
 
 
 @dataclass(slots=True)
