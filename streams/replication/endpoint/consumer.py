@@ -3,7 +3,8 @@
 
 The TCP adapter (:mod:`streams.replication.endpoint.tcp`) turns socket events into
 ``replication.connect`` / ``replication.receive`` / ``replication.disconnect``; the relay's
-line batches arrive as ``replication.lines`` group messages. Parsing, direction checks and
+batches arrive by a call each (:meth:`ReplicationConsumer.relayed`, a numbered
+:class:`~streams.replication.protocol.line_batch.LineBatch`). Parsing, direction checks and
 keepalive decisions are :class:`ReplicationConnection`'s; this class only acts on them.
 """
 from __future__ import annotations

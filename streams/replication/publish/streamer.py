@@ -1,11 +1,12 @@
 """The sending side of a writer process (Synapse's ``ReplicationStreamer``). See
 docs/replication.md.
 
-Every time this process's position on a stream advances, the streamer turns the facts it
-wrote in ``(prev, new]`` into RDATA lines (``batch`` tokens for multi-row facts), adds
-``POSITION prev new`` when the position moved past the last row (or without rows), and
-publishes them as **one** channel-layer message on the cluster group
-``replication.lines``. Every endpoint relays those messages to its connections.
+Every time this process's position on a stream advances, the streamer encodes the facts it
+wrote in ``(prev, new]`` once, as a :class:`~streams.replication.protocol.line_batch.WriterRun`
+(``encode_run``: RDATA lines, ``batch`` tokens for multi-row facts, ``POSITION prev new`` when
+the position moved past the last row or without rows), and publishes it as **one**
+channel-layer message (``WriterRun.to_message``) on the cluster group ``replication.lines``.
+Every endpoint relays those runs to its connections.
 
 The rows come with the advance (``PositionAdvanced.facts``: what the writer just wrote, kept
 in its :class:`~streams.notifier.WireJournal` until the advance), not from the database.
