@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from streams.replication.protocol.commands import (
     MAX_LINE_LENGTH,
@@ -174,13 +174,23 @@ class WriterRun:
                    data, counts)
 
 
+class EncodedRun(NamedTuple):
+    """:func:`encode_run`'s answer: the run, its lines one by one (what the Synapse channel
+    publishes, without splitting ``run.data`` again), and the line kept back, if any."""
+
+    run: WriterRun
+    lines: list[bytes]
+    oversized: OversizedLine | None
+
+
 def encode_run(stream_name: str, writer: str, prev: int, new: int,
-               facts: Sequence[tuple[int, Sequence[Any]]]) -> tuple[WriterRun, OversizedLine | None]:
+               facts: Sequence[tuple[int, Sequence[Any]]]) -> EncodedRun:
     """A writer's ``facts`` (wire tokens, ascending) covering ``(prev, new]`` as one run,
     encoded once; and the line kept back as too long for a peer (:func:`fit_lines`), if any."""
     lines, oversized = fit_lines(stream_name, writer, prev, new,
                                  [line.encode() for line in build_lines(stream_name, writer, prev, new, facts)])
-    return WriterRun(stream_name, writer, prev, new, b"\n".join(lines) + b"\n", _run_counts(lines)), oversized
+    run = WriterRun(stream_name, writer, prev, new, b"\n".join(lines) + b"\n", _run_counts(lines))
+    return EncodedRun(run, lines, oversized)
 
 
 #: What a batch's lines are, in order: whole writer runs, or single commands (repairs, the

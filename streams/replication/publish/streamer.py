@@ -156,7 +156,7 @@ class ReplicationStreamer:
         stream_name, writer = advance.stream_name, advance.instance_name
         signs = get_stream(stream_name).direction
         prev, new = signs.to_wire(advance.prev_token), signs.to_wire(advance.new_token)
-        run, oversized = encode_run(stream_name, writer, prev, new, signs.pairs_to_wire(advance.facts))
+        run, lines, oversized = encode_run(stream_name, writer, prev, new, signs.pairs_to_wire(advance.facts))
         if oversized is not None:
             self.oversized_lines += 1
             logger.error("replication streamer: RDATA %s %s %d is %d bytes, over the %d a line may carry: "
@@ -165,7 +165,7 @@ class ReplicationStreamer:
                          stream_name, writer, oversized.token, new)
         publisher, bridge = self._group_publisher, self.bridge
         return _Batch(run, publisher.serialize(run.to_message()) if publisher is not None else None,
-                      bridge.pack_lines(run.lines()) if bridge is not None else None)
+                      bridge.pack_lines(lines) if bridge is not None else None)
 
     async def _publish(self, layer: Any, run: WriterRun, data: bytes | None = None) -> None:
         for attempt in range(5):

@@ -185,7 +185,7 @@ def test_relayed_batches_are_counted_by_their_counts():
         proto.connection_made(transport)
         proto.data_received(b"NAME w1\nREPLICATE\n")
         await settle()
-        run, _ = encode_run("receipts", "master", 5, 8, [(6, [["a"]]), (7, [["b"], ["c"]])])
+        run, _, _ = encode_run("receipts", "master", 5, 8, [(6, [["a"]]), (7, [["b"], ["c"]])])
         await ep.relay.on_run(run)
         await settle()
         proto.connection_lost(None)

@@ -99,11 +99,11 @@ def test_fitted_lines_are_within_the_limit_and_a_follower_catches_up_on_what_was
 
 def test_a_run_is_the_lines_encoded_once_and_its_message_is_the_one_endpoints_always_read():
     facts = [(5, [["a"]]), (6, []), (7, [["b"], {"c": 1}])]
-    run, cut = encode_run("receipts", "w2", 4, 8, facts)
+    run, encoded, cut = encode_run("receipts", "w2", 4, 8, facts)
     lines = build_lines("receipts", "w2", 4, 8, facts)
     assert cut is None
     assert run == WriterRun("receipts", "w2", 4, 8, ("\n".join(lines) + "\n").encode(), {"RDATA": 3, "POSITION": 1})
-    assert run.lines() == [line.encode() for line in lines] and run.count == 4
+    assert encoded == run.lines() == [line.encode() for line in lines] and run.count == 4
     # the channel-layer message, key for key and in the same order (its serialized bytes
     # are the same as a writer of the previous version published)
     message = run.to_message()
@@ -126,11 +126,11 @@ def test_a_message_that_is_not_a_run_is_refused():
 
 
 def test_consecutive_runs_add_up_to_one_and_runs_of_two_writers_do_not():
-    a, _ = encode_run("events", "w1", 1, 2, [(2, [[1]])])
-    b, _ = encode_run("events", "w1", 2, 4, [(3, [[2]])])
+    a, _, _ = encode_run("events", "w1", 1, 2, [(2, [[1]])])
+    b, _, _ = encode_run("events", "w1", 2, 4, [(3, [[2]])])
     ab = a + b
     assert (ab.prev, ab.new, ab.data, dict(ab.counts)) == (1, 4, a.data + b.data, {"RDATA": 2, "POSITION": 1})
-    other, _ = encode_run("events", "w2", 4, 5, [(5, [[3]])])
+    other, _, _ = encode_run("events", "w2", 4, 5, [(5, [[3]])])
     try:
         ab + other
     except ValueError:
@@ -145,7 +145,7 @@ def test_a_batch_of_commands_counts_them_by_name_and_keeps_them_as_its_parts():
     batch = LineBatch.of_commands(cmds)
     assert batch.data == "".join(c.to_line() + "\n" for c in cmds).encode()
     assert dict(batch.counts) == {"POSITION": 1, "RDATA": 2} and batch.parts == tuple(cmds)
-    run, _ = encode_run("receipts", "w", 4, 5, [(5, [["c"]])])
+    run, _, _ = encode_run("receipts", "w", 4, 5, [(5, [["c"]])])
     both = batch + LineBatch.of_run(run)
     assert both.data == batch.data + run.data and both.parts == (*cmds, run) and both.count == 4
     assert LineBatch.of_commands([]) == LineBatch(b"", {})
@@ -154,6 +154,6 @@ def test_a_batch_of_commands_counts_them_by_name_and_keeps_them_as_its_parts():
 def test_an_oversized_line_is_kept_back_by_the_run_too():
     from streams.replication.protocol.commands import MAX_LINE_LENGTH
 
-    run, cut = encode_run("caches", "w1", 4, 9, [(5, [["a"]]), (6, [["x" * MAX_LINE_LENGTH]]), (7, [["d"]])])
+    run, _, cut = encode_run("caches", "w1", 4, 9, [(5, [["a"]]), (6, [["x" * MAX_LINE_LENGTH]]), (7, [["d"]])])
     assert run.data == b'RDATA caches w1 5 ["a"]\nPOSITION caches w1 6 9\n' and cut is not None and cut.token == 6
     assert dict(run.counts) == {"RDATA": 1, "POSITION": 1}

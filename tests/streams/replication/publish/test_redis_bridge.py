@@ -156,7 +156,7 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
                 bridge._publisher = None
             prev = upto[("events", "w1")]
             new = prev + 3
-            run, _ = encode_run("events", "w1", prev, new, [(t, [["x", t]]) for t in range(prev + 1, new + 1)])
+            run, _, _ = encode_run("events", "w1", prev, new, [(t, [["x", t]]) for t in range(prev + 1, new + 1)])
 
             async def streamer() -> None:
                 upto[("events", "w1")] = new
