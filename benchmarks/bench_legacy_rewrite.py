@@ -1,4 +1,4 @@
-"""CPU of the legacy rewrite (``legacy.to_legacy``): relayed lines turned into the older
+"""CPU of the legacy rewrite (``legacy_rewrite.to_legacy``): relayed lines turned into the older
 generation's form for a ``REPLICATE <stream> <token>`` subscriber, once per batch and legacy
 connection.
 
@@ -55,9 +55,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from streams.replication.endpoint.legacy import to_legacy
-    from streams.replication.protocol.line_batch import WriterRun
-    from streams.replication.publish.streamer import build_counts, build_lines
+    from streams.replication.protocol.legacy_rewrite import to_legacy
+    from streams.replication.protocol.line_batch import WriterRun, build_counts, build_lines
 
     facts = [(t, [ROW] * (3 if t % 10 == 0 else 1)) for t in range(101, 201)]
     lines = build_lines("receipts", "w1", 100, 205, facts)

@@ -10,7 +10,7 @@ database, then measures on those servers:
 * **throughput, ours**: RDATA lines/s delivered to 1 and to 10 workers through the replication
   endpoint (``manage.py runreplication``, a fresh process for every run). A *feeder* process
   publishes pre-built line batches the way writers do: one ``replication.lines`` message per
-  batch (``streamer.build_lines`` output for ``B`` receipts rows, ~340 bytes a line) on the group
+  batch (``line_batch.build_lines`` output for ``B`` receipts rows, ~340 bytes a line) on the group
   ``replication.lines`` through ``channels_redis.pubsub.RedisPubSubChannelLayer``. Its writer
   (``receipts``/``bench``) is unknown to the fresh endpoint, so a first one-fact message primes
   the relay (which answers it with a POSITION, not counted); the timed messages follow with
@@ -100,7 +100,7 @@ def build_batches(n_batches: int, batch: int, path: str) -> dict:
     _django_setup()
     from streams.models import Receipt
     from streams.registry import get_stream
-    from streams.replication.publish.streamer import build_lines
+    from streams.replication.protocol.line_batch import build_lines
 
     table = get_stream(STREAM).tables[0]
     rng = random.Random(7)

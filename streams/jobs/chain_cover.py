@@ -12,11 +12,14 @@ difference, while any other difference in a position or a link does.
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pandas as pd
 
 from ..matrix.chain_cover import ChainIndex, IndexEvent, auth_events_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 EVENTS_COLUMNS = ("room_id", "event_id", "stream_ordering", "type", "state_key", "auth_events")
 #: one row per position (kind 'p': event, chain, seq) or link (kind 'l': chain, seq -> target)
@@ -50,7 +53,12 @@ def room_chain_cover(events: pd.DataFrame) -> pd.DataFrame:
     index = ChainIndex()
     added = index.extend(index_events_of_room(events))
     room = events["room_id"].iloc[0] if len(events) else None
-    kinds, event_ids, chains, seqs, targets, target_seqs = [], [], [], [], [], []
+    kinds: list[str] = []
+    event_ids: list[str | None] = []
+    chains: list[int] = []
+    seqs: list[int] = []
+    targets: list[int | None] = []
+    target_seqs: list[int | None] = []
     for event_id, chain, seq in added.positions:
         kinds.append("p"); event_ids.append(event_id); chains.append(chain); seqs.append(seq)  # noqa: E702
         targets.append(None); target_seqs.append(None)  # noqa: E702
@@ -96,7 +104,7 @@ def rooms_of_sorted_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.Data
             yield out
 
 
-def chain_cover(events, by_room: bool = False):
+def chain_cover(events: DataFrame, by_room: bool = False) -> tuple[DataFrame, DataFrame]:
     """``events`` (room_id, event_id, stream_ordering, type, state_key, auth_events JSON) ->
     (positions (room_id, event_id, chain_id, sequence_number), links (room_id,
     origin_chain_id, origin_sequence_number, target_chain_id, target_sequence_number)), chain
@@ -116,11 +124,12 @@ def chain_cover(events, by_room: bool = False):
     # one row per room: numbered on the driver, joined back as a broadcast
     counts = sorted((r.room_id, r.n) for r in rows.where(F.col("kind") == "p").groupBy("room_id")
                     .agg(F.max("chain").alias("n")).collect())
-    offsets, total = [], 0
+    firsts: list[tuple[str, int]] = []
+    total = 0
     for room_id, n in counts:
-        offsets.append((room_id, total))
+        firsts.append((room_id, total))
         total += n
-    offsets = events.sparkSession.createDataFrame(offsets, "room_id string, offset long")
+    offsets = events.sparkSession.createDataFrame(firsts, "room_id string, offset long")
     rows = rows.join(F.broadcast(offsets), on="room_id", how="left")
     positions = rows.where(F.col("kind") == "p").select(
         "room_id", "event_id", (F.col("chain") + F.col("offset")).alias("chain_id"),
@@ -133,7 +142,7 @@ def chain_cover(events, by_room: bool = False):
     return positions, links
 
 
-def _named(positions, links):
+def _named(positions: DataFrame, links: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Positions as (room, event, chain's first event, seq) and links with both ends named so."""
     from pyspark.sql import functions as F
 
@@ -154,7 +163,8 @@ def _named(positions, links):
     return named_positions, named_links
 
 
-def chain_cover_differences(expected_positions, expected_links, stored_positions, stored_links):
+def chain_cover_differences(expected_positions: DataFrame, expected_links: DataFrame,
+                            stored_positions: DataFrame, stored_links: DataFrame) -> DataFrame:
     """Every position and link on one side only, chains named by their first event: rows of
     (room_id, event_id, user_id null, expected, found). A position reads ``first-event seq``;
     a link ``first-event seq -> first-event seq`` with the origin chain's first event as
@@ -190,7 +200,8 @@ def chain_cover_differences(expected_positions, expected_links, stored_positions
     return position_diffs.unionByName(link_diffs)
 
 
-def chain_cover_in_python(events: Iterable[tuple]) -> tuple[list[tuple], list[tuple]]:
+def chain_cover_in_python(events: Iterable[tuple[Any, ...]]
+                          ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, int, int, int, int]]]:
     """The same computation in one process without Spark (the benchmark's baseline):
     (positions, links) rows with per-room chain numbers made unique by an offset."""
     ev = pd.DataFrame(list(events), columns=list(EVENTS_COLUMNS))

@@ -8,15 +8,18 @@ split across buckets, so a room of a million events is still one call with all i
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 BUCKETS_PER_CORE = 8
 
 
-def cogroup_rooms(left, right, per_room: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame],
-                  schema: str, buckets: int | None = None):
+def cogroup_rooms(left: DataFrame, right: DataFrame, per_room: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame],
+                  schema: str, buckets: int | None = None) -> DataFrame:
     """``per_room(left rows of a room, right rows of the room)`` over every room of either side."""
     from pyspark.sql import functions as F
 

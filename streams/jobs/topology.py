@@ -12,9 +12,12 @@ Spark join), so a room of a million events is one pass over its rows.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 MAX_DEPTH = 2**53 - 1
 
@@ -72,25 +75,25 @@ def _per_room(events: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
     return room_orderings(events, edges) if len(events) else events.iloc[0:0]
 
 
-def rooms_to_walk(events: pd.DataFrame) -> set:
+def rooms_to_walk(events: pd.DataFrame) -> set[str]:
     """Rooms holding an event without a declared depth: only they need the walk over the DAG."""
     return set(events.loc[events["depth"].isna(), "room_id"])
 
 
-def declared_orderings(events):
+def declared_orderings(events: DataFrame) -> DataFrame:
     """Events that all declare their depth -> (room_id, event_id, topological_ordering): Spark SQL."""
     from pyspark.sql import functions as F
 
     return events.select("room_id", "event_id", _clamped(F.col("depth")).alias("topological_ordering"))
 
 
-def _clamped(column):
+def _clamped(column: Column) -> Column:
     from pyspark.sql import functions as F
 
     return F.least(F.greatest(column, F.lit(0)), F.lit(MAX_DEPTH))
 
 
-def resolved_in_sql(events, edges):
+def resolved_in_sql(events: DataFrame, edges: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Rooms with events without a depth -> (orderings of the rooms Spark SQL settles, the
     rooms it cannot: their IDs).
 
@@ -119,7 +122,7 @@ def resolved_in_sql(events, edges):
     return orderings, blocked
 
 
-def topological_ordering(events, edges):
+def topological_ordering(events: DataFrame, edges: DataFrame | None) -> DataFrame:
     """``events`` (room_id, event_id, stream_ordering, depth) and ``edges`` (room_id,
     event_id, prev_event_id) -> (room_id, event_id, topological_ordering), one row per event.
 
@@ -150,7 +153,7 @@ def topological_ordering(events, edges):
     return declared.unionByName(settled).unionByName(walked)
 
 
-def orderings_in_python(events: Iterable[tuple], edges: Iterable[tuple]) -> dict[str, int]:
+def orderings_in_python(events: Iterable[tuple[Any, ...]], edges: Iterable[tuple[Any, ...]]) -> dict[str, int]:
     """The same computation in one process without Spark (the benchmark's baseline): declared
     depths vectorised in pandas, the walk for the rooms that need it."""
     ev = pd.DataFrame(list(events), columns=list(EVENTS_COLUMNS))

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import bisect
 import json
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 ANYONE, SHARED_ERAS = "*", "*shared"
 HV, MEMBER = "m.room.history_visibility", "m.room.member"
@@ -41,6 +44,16 @@ GROUPS_SCHEMA = ("room_id string, state_group long, prev_state_group long, type 
 RANGES_SCHEMA = ("room_id string, user_id string, start_topological long, start_stream long, "
                  "end_topological long, end_stream long")
 DIFF_SCHEMA = "room_id string, event_id string, user_id string, expected string, found string"
+
+#: A key of a room's state as this job reads it: ``("v",)`` (history visibility) or
+#: ``("m", user)`` (a membership).
+StateKey = tuple[str, ...]
+#: Those keys' values: the visibility, or the membership.
+State = dict[StateKey, Any]
+#: An event's place in the room: (topological ordering, stream ordering).
+EventKey = tuple[int, int]
+#: Event indices ``[first, last]`` (both included), extended in place as events are read.
+Run = list[int]
 
 
 def _vis(value: Any) -> str:
@@ -64,7 +77,7 @@ class _States:
 
     def __init__(self, groups: pd.DataFrame) -> None:
         self.parent: dict[int, int | None] = {}
-        self.rows: dict[int, dict] = {}
+        self.rows: dict[int, State] = {}
         for g, p, t, k, m, hv in zip(groups["state_group"], groups["prev_state_group"], groups["type"],
                                      groups["state_key"], groups["membership"], groups["history_visibility"]):
             g = int(g)
@@ -74,9 +87,9 @@ class _States:
                 rows[("v",)] = _vis(_none(hv))
             elif t == MEMBER:
                 rows[("m", k)] = _none(m) or "leave"
-        self._recent: dict[int, dict] = {}  # a few reconstructed states (forks revisit them)
+        self._recent: dict[int, State] = {}  # a few reconstructed states (forks revisit them)
 
-    def state(self, g: int | None) -> dict:
+    def state(self, g: int | None) -> State:
         """The state of group ``g``, rebuilt from its snapshot (at most 100 hops away); the
         caller must not change it."""
         if g is None:
@@ -89,7 +102,7 @@ class _States:
         while h is not None:
             chain.append(h)
             h = self.parent.get(h)
-        state: dict = {}
+        state: State = {}
         for h in reversed(chain):  # ids grow along chains: snapshot first
             state.update(self.rows.get(h, {}))
         if len(self._recent) >= 32:
@@ -97,11 +110,11 @@ class _States:
         self._recent[g] = state
         return state
 
-    def values_at(self, g: int | None, keys: Iterable[tuple]) -> dict:
+    def values_at(self, g: int | None, keys: Iterable[StateKey]) -> State:
         """The values of ``keys`` in group ``g``'s state (a key it lacks is left out): each
         from the nearest group of the chain holding it, without building the state -- a big
         room's is ~80,000 members, and a fork in it needs a handful of keys."""
-        out: dict = {}
+        out: State = {}
         pending = set(keys)
         h = g
         while h is not None and pending:
@@ -114,7 +127,7 @@ class _States:
             h = self.parent.get(h)
         return out
 
-    def fork(self, a: int, b: int) -> tuple[dict, set] | None:
+    def fork(self, a: int, b: int) -> tuple[State, set[StateKey]] | None:
         """Going from group ``a``'s state to group ``b``'s: the keys that may differ (those in
         the rows of the groups between their nearest common ancestor and each of them) and
         their values in ``b``'s state (a key it lacks is left out); None when the two share
@@ -134,10 +147,10 @@ class _States:
         if h is None:
             return None
         ancestor = h
-        keys: set = set()
+        keys: set[StateKey] = set()
         for x in path_a[:up_from_a[ancestor]]:
             keys.update(self.rows.get(x, ()))
-        values: dict = {}
+        values: State = {}
         for x in reversed(path_b):  # from the ancestor's child down to b: the nearest row wins
             values.update(self.rows.get(x, {}))
         keys.update(values)
@@ -146,7 +159,7 @@ class _States:
 
 
 def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
-        list[tuple], dict[str, list[list]], dict[str, bool], dict[str, int]]:
+        list[EventKey], dict[str, list[Run]], dict[str, bool], dict[str, int]]:
     """One room: the ordered event keys, each holder's runs of event indices (a user's: what
     their own membership grants), whether each holder's last run stays open for events after
     the last one, and each user's latest join (an event index)."""
@@ -157,7 +170,7 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
     group_of = {e: (None if _none(g) is None else int(g)) for e, g in zip(events["event_id"], events["state_group"])}
     usable = events[~events["outlier"].astype(bool)]
     key_of = dict(zip(usable["event_id"], zip(usable["topological_ordering"], usable["stream_ordering"])))
-    runs: dict[str, list[list]] = {}
+    runs: dict[str, list[Run]] = {}
     open_from: dict[str, int] = {}  # user -> index where their current grant began
     last_join: dict[str, int] = {}
 
@@ -179,12 +192,13 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
             else:
                 r.append([start, i - 1])
 
-    cur: dict = {}  # the state after the previous event (mutated in place along a chain)
+    cur: State = {}  # the state after the previous event (mutated in place along a chain)
     cur_group: int | None = -1
     # The members of ``cur`` whose membership is "invite": the only ones a change of history
     # visibility can grant or stop granting (a join grants whatever it is, nothing else
     # ever does), so such a change re-checks them, not every member (~80,000 in a big room).
     invited: set[str] = set()
+    users: list[str] | set[str]  # whose grant may have changed with the state
 
     def member_set(user: str, m: str | None) -> None:  # keeps ``invited`` in step with ``cur``
         if m == "invite":
@@ -194,7 +208,7 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
     for i, (eid, etype, skey, membership, prevs) in enumerate(zip(
             ev["event_id"], ev["type"], ev["state_key"], ev["membership"], ev["prev_events"])):
         g = group_of.get(eid)
-        before: dict | None = None
+        before: State | None = None
         if g != cur_group:
             parent = states.parent.get(g) if g is not None else None
             own = states.rows.get(g, {}) if g is not None else {}
@@ -218,11 +232,11 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
                     users = {k[1] for k in cur if k[0] == "m"} | {k[1] for k in old if k[0] == "m"} | set(open_from)
                     invited = {k[1] for k, m in cur.items() if k[0] == "m" and m == "invite"}
                 else:  # only the keys on the two paths from the common ancestor can differ
-                    values, may_differ = moved
+                    theirs, may_differ = moved
                     users = set()
                     vis_changed = False
                     for k in may_differ:
-                        v = values.get(k)
+                        v = theirs.get(k)
                         if cur.get(k) == v:
                             continue
                         if v is None:
@@ -291,7 +305,7 @@ def room_visibility(events: pd.DataFrame, groups: pd.DataFrame) -> tuple[
     return keys, runs, still_open, last_join
 
 
-def seen_runs(runs: list[list], shared: list[list], join: int | None) -> list[list]:
+def seen_runs(runs: list[Run], shared: list[Run], join: int | None) -> list[Run]:
     """What a user sees by their own runs and the shared-era runs before their latest join
     ``join`` (an event index; None: never joined) -- the reads' rule, ``*`` aside."""
     if join is None:
@@ -308,14 +322,15 @@ def latest_joins(ev: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def _resolve_before(prevs, group_of, key_of, states, keys: list[tuple]) -> dict:
+def _resolve_before(prevs: Any, group_of: dict[str, int | None], key_of: dict[str, EventKey], states: _States,
+                    keys: list[StateKey]) -> State:
     """``keys`` in the state before an event, from the states after its prev_events: the
     latest prev's, then the others' for keys it lacks (the persist path's resolution)."""
     if isinstance(prevs, str):  # the job reads them as a JSON array
         prevs = json.loads(prevs)
     cands = sorted(((key_of[p], group_of.get(p)) for p in (prevs if _none(prevs) is not None else [])
                     if p in key_of), key=lambda c: c[0], reverse=True)
-    result: dict = {}
+    result: State = {}
     for _, g in cands:
         missing = [k for k in keys if k not in result]
         if not missing:
@@ -324,8 +339,8 @@ def _resolve_before(prevs, group_of, key_of, states, keys: list[tuple]) -> dict:
     return result
 
 
-def _merge(runs: list[list]) -> list[list]:
-    out: list[list] = []
+def _merge(runs: list[Run]) -> list[Run]:
+    out: list[Run] = []
     for s, e in sorted(runs):
         if out and s <= out[-1][1] + 1:
             out[-1][1] = max(out[-1][1], e)
@@ -338,7 +353,7 @@ def ranges_of_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
     """One room's visibility as table rows (what ``room_visibility_ranges`` holds)."""
     keys, runs, still_open, _ = room_visibility(events, groups)
     room = events["room_id"].iloc[0]
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     n = len(keys)
     for user, user_runs in runs.items():
         for s, e in user_runs:
@@ -351,11 +366,12 @@ def ranges_of_room(events: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
                                        "end_topological", "end_stream"], dtype=object)
 
 
-def canonical_runs(keys: list[tuple], ranges: Iterable[tuple]) -> tuple[list[list], bool]:
+def canonical_runs(keys: list[EventKey], ranges: Iterable[tuple[Any, ...]]) -> tuple[list[Run], bool]:
     """Ranges of keys -> the runs of event indices they cover, and whether they stay open.
 
     Two range sets that cover the same events (with different bounds) give the same runs."""
-    runs, is_open, n = [], False, len(keys)
+    runs: list[Run] = []
+    is_open, n = False, len(keys)
     for st, ss, et, es in ranges:
         s = bisect.bisect_left(keys, (st, ss))
         if _none(et) is None:
@@ -367,7 +383,7 @@ def canonical_runs(keys: list[tuple], ranges: Iterable[tuple]) -> tuple[list[lis
     return _merge(runs), is_open
 
 
-def _expand(runs: list[list]) -> set[int]:
+def _expand(runs: list[Run]) -> set[int]:
     return {i for s, e in runs for i in range(s, e + 1)}
 
 
@@ -382,14 +398,14 @@ def differences_of_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFr
     keys = list(zip(ev["topological_ordering"].tolist(), ev["stream_ordering"].tolist()))
     ids = ev["event_id"].tolist()
     room = events["room_id"].iloc[0] if len(events) else ranges["room_id"].iloc[0]
-    sides: dict[tuple[str, str], list] = {}
+    sides: dict[tuple[str, str], list[tuple[int, int, Any, Any]]] = {}
     for side, user, st, ss, et, es in zip(ranges["side"], ranges["user_id"], ranges["start_topological"],
                                           ranges["start_stream"], ranges["end_topological"], ranges["end_stream"]):
         sides.setdefault((side, user), []).append((int(st), int(ss), _none(et), _none(es)))
     joins = latest_joins(ev)
     shared = {side: canonical_runs(keys, sides.get((side, SHARED_ERAS), []))[0] for side in ("expected", "found")}
     shared_alike = shared["expected"] == shared["found"]  # (once: ~2,300 eras in a big room)
-    out = []
+    out: list[tuple[Any, ...]] = []
     for user in sorted({u for _, u in sides}):
         exp_runs, exp_open = canonical_runs(keys, sides.get(("expected", user), []))
         got_runs, got_open = canonical_runs(keys, sides.get(("found", user), []))
@@ -419,14 +435,14 @@ def _diffs_per_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     return differences_of_room(events, ranges)
 
 
-def visibility_ranges(events, groups):
+def visibility_ranges(events: DataFrame, groups: DataFrame) -> DataFrame:
     """events (EVENTS_SCHEMA) and state groups (GROUPS_SCHEMA) -> ranges (RANGES_SCHEMA)."""
     from .rooms import cogroup_rooms
 
     return cogroup_rooms(events, groups, _ranges_per_room, RANGES_SCHEMA)
 
 
-def visibility_differences(events, expected, found):
+def visibility_differences(events: DataFrame, expected: DataFrame, found: DataFrame) -> DataFrame:
     """Per-event differences between two range tables of the same rooms (DIFF_SCHEMA)."""
     from pyspark.sql import functions as F
 

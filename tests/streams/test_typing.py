@@ -103,27 +103,30 @@ def test_writer_announces_changes_in_order_with_their_rows():
 
 def test_relay_passes_a_typing_writer_restart_on_as_a_position_below():
     from streams.replication.endpoint.relay import ReplicationRelay
+    from streams.replication.protocol.line_batch import WriterRun
 
     async def run() -> list[str]:
         relay = ReplicationRelay(poll_interval=3600)
         sent: list[str] = []
 
-        async def deliver(message):
-            sent.extend(message["data"].decode().splitlines())
+        async def deliver(seq, batch):
+            sent.extend(batch.data.decode().splitlines())
 
         relay.attach("c", deliver)
 
         def batch(stream, prev, new, *lines):
-            return {"stream": stream, "writer": "tw", "prev": prev, "new": new,
-                    "data": "".join(line + "\n" for line in lines).encode(), "count": len(lines)}
+            # as a writer publishes it, read back as the relay reads it
+            return WriterRun.from_message({"stream": stream, "writer": "tw", "prev": prev, "new": new,
+                                           "data": "".join(line + "\n" for line in lines).encode(),
+                                           "count": len(lines)})
 
         # first heard: where it starts, then the rows
-        await relay.on_lines(batch("typing", 0, 2, 'RDATA typing tw 2 ["!r",["@a"]]'))
-        await relay.on_lines(batch("typing", 2, 3, 'RDATA typing tw 3 ["!r",[]]'))  # contiguous: relayed
-        await relay.on_lines(batch("typing", 0, 1, 'RDATA typing tw 1 ["!r",["@b"]]'))  # the writer restarted
-        await relay.on_lines(batch("typing", 1, 2, 'RDATA typing tw 2 ["!r",[]]'))
-        await relay.on_lines(batch("receipts", 0, 5, "POSITION receipts tw 0 5"))
-        await relay.on_lines(batch("receipts", 0, 3, "POSITION receipts tw 0 3"))  # old news: dropped
+        await relay.on_run(batch("typing", 0, 2, 'RDATA typing tw 2 ["!r",["@a"]]'))
+        await relay.on_run(batch("typing", 2, 3, 'RDATA typing tw 3 ["!r",[]]'))  # contiguous: relayed
+        await relay.on_run(batch("typing", 0, 1, 'RDATA typing tw 1 ["!r",["@b"]]'))  # the writer restarted
+        await relay.on_run(batch("typing", 1, 2, 'RDATA typing tw 2 ["!r",[]]'))
+        await relay.on_run(batch("receipts", 0, 5, "POSITION receipts tw 0 5"))
+        await relay.on_run(batch("receipts", 0, 3, "POSITION receipts tw 0 3"))  # old news: dropped
         return sent
 
     # The first batch heard is passed on after a POSITION where it starts: a bare POSITION at

@@ -31,7 +31,7 @@ import logging
 import socket
 import ssl
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -234,13 +234,15 @@ class AdmissionProtocol(asyncio.Protocol):
         self.inner: asyncio.Protocol | None = None
         self.host: str | None = None
         self.ticket: Ticket | None = None  # set while counted by the policy
-        self.upgrade: asyncio.Task | None = None
+        self.upgrade: asyncio.Task[None] | None = None
         #: Data decrypted before the TLS hand-over finished (a client speaks right after its
         #: handshake, maybe in the same packet): delivered first, in order.
         self.early: list[bytes] = []
         self.lost = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # a listening socket's protocol is handed a (socket) Transport
+        transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if peer else "?"
         verdict, ticket, evicted = self.policy.admit(host)
@@ -251,7 +253,7 @@ class AdmissionProtocol(asyncio.Protocol):
         if verdict != ADMITTED:
             _throttled.warning(verdict, "replication: refused %s: %s", host, verdict)
             if self.ssl_context is None:  # (a TLS client could not read it)
-                transport.write(b"ERROR Too many connections\n")  # type: ignore[attr-defined]
+                transport.write(b"ERROR Too many connections\n")
             transport.close()
             return
         if evicted is not None:
@@ -259,6 +261,7 @@ class AdmissionProtocol(asyncio.Protocol):
                                "handshake or never PINGing", host, evicted.host)
             if evicted.evict is not None:
                 evicted.evict()
+        assert ticket is not None  # admitted
         self.host, self.ticket = host, ticket
         ticket.evict = transport.abort  # until the replication protocol takes over
         if self.send_buffer > 0:
@@ -268,11 +271,12 @@ class AdmissionProtocol(asyncio.Protocol):
         if self.ssl_context is None:
             self._hand_over(transport)
         else:
-            transport.pause_reading()  # type: ignore[attr-defined]
+            transport.pause_reading()
             self.upgrade = asyncio.create_task(self._start_tls(transport))
 
     async def _start_tls(self, transport: Any) -> None:
         loop = asyncio.get_running_loop()
+        assert self.ssl_context is not None  # only a TLS listener upgrades
         try:
             tls_transport = await loop.start_tls(transport, self, self.ssl_context, server_side=True)
         except (OSError, ssl.SSLError, ConnectionError, asyncio.TimeoutError) as e:
@@ -286,6 +290,7 @@ class AdmissionProtocol(asyncio.Protocol):
         self._hand_over(tls_transport)
 
     def _hand_over(self, transport: asyncio.BaseTransport) -> None:
+        assert self.ticket is not None  # set on admission, before any hand-over
         self.inner = self.make_protocol(self.ticket)
         self.inner.connection_made(transport)
         early, self.early = self.early, []

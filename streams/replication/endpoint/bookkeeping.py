@@ -91,7 +91,7 @@ class EndpointCounters:
     other_sent: int = 0
     #: times a connection's history read waited for its command budget (HISTORY_PAGE_COST)
     throttled: int = 0
-    disconnects: collections.Counter = field(default_factory=collections.Counter)
+    disconnects: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def batch_sent(self, counts: Mapping[str, int]) -> None:
         """A batch went out to one connection: its counts, from where its lines were made

@@ -42,7 +42,14 @@ from channels.layers import get_channel_layer
 
 from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER
 from streams.replication.endpoint.validation import check_inbound
-from streams.replication.protocol.commands import LockReleasedCommand, RemoteProtocolError, RemoteServerUpCommand, parse_line
+from streams.replication.protocol.commands import (
+    Command,
+    LockReleasedCommand,
+    RemoteProtocolError,
+    RemoteServerUpCommand,
+    parse_line,
+)
+from streams.replication.protocol.line_batch import LineBatch
 
 if TYPE_CHECKING:
     from streams.replication.publish.redis_bridge import SynapseRedisBridge
@@ -83,10 +90,11 @@ class CommandBroadcast:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def from_worker(self, origin: str, line: str) -> None:
-        """``line`` came from the connection ``origin`` of this endpoint: pass it on."""
+    async def from_worker(self, origin: str, cmd: Command) -> None:
+        """``cmd`` came from the connection ``origin`` of this endpoint: pass it on."""
         self.from_workers += 1
-        await self._to_connections(line, origin)
+        await self._to_connections(cmd, origin)
+        line = cmd.to_line()
         bridge = self.bridge
         if bridge is not None:
             if not await bridge.publish_command_lines([line]):
@@ -112,7 +120,7 @@ class CommandBroadcast:
             logger.warning("ignoring a command heard on Redis: %s", e.error_text)
             return
         self.from_redis += 1
-        await self._to_connections(cmd.to_line(), None)
+        await self._to_connections(cmd, None)
 
     async def _listen(self, channel: str) -> None:
         while True:
@@ -123,13 +131,19 @@ class CommandBroadcast:
             if not isinstance(line, str) or "\n" in line:
                 logger.warning("ignoring a malformed broadcast message %r", message)
                 continue
+            try:
+                cmd = parse_line(line)
+            except RemoteProtocolError as e:
+                logger.warning("ignoring a malformed broadcast command: %s", e.error_text)
+                continue
             self.from_endpoints += 1
             try:
-                await self._to_connections(line, None)
+                await self._to_connections(cmd, None)
             except Exception:
                 logger.exception("relaying a broadcast command failed")
 
-    async def _to_connections(self, line: str, origin: str | None) -> None:
+    async def _to_connections(self, cmd: Command, origin: str | None) -> None:
+        batch = LineBatch.of_commands([cmd])
         await self.local_layer.group_send(CONNECTIONS_GROUP, {
-            "type": "replication.relay_command", "data": (line + "\n").encode(), "origin": origin,
+            "type": "replication.relay_command", "data": batch.data, "counts": dict(batch.counts), "origin": origin,
         })

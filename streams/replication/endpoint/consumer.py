@@ -3,7 +3,8 @@
 
 The TCP adapter (:mod:`streams.replication.endpoint.tcp`) turns socket events into
 ``replication.connect`` / ``replication.receive`` / ``replication.disconnect``; the relay's
-line batches arrive as ``replication.lines`` group messages. Parsing, direction checks and
+batches arrive by a call each (:meth:`ReplicationConsumer.relayed`, a numbered
+:class:`~streams.replication.protocol.line_batch.LineBatch`). Parsing, direction checks and
 keepalive decisions are :class:`ReplicationConnection`'s; this class only acts on them.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ from channels.consumer import AsyncConsumer, get_handler_name
 
 from streams.conf import instance_name, repl_setting, stream_writers
 from streams.replication.endpoint.bookkeeping import ConnectionInfo
-from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.endpoint.ratelimit import TokenBucket, command_cost
 from streams.replication.endpoint.relay import CONNECTIONS_GROUP, LOCAL_LAYER, replicate_positions
 from streams.replication.endpoint.state import Endpoint
@@ -40,6 +40,7 @@ from streams.replication.protocol.commands import (
     UserSyncCommand,
 )
 from streams.replication.protocol.connection import ReplicationConnection
+from streams.replication.protocol.legacy_rewrite import to_legacy
 from streams.replication.protocol.line_batch import LineBatch
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is o
         self.endpoint.counters.connections += 1
         self.expected_seq: int | None = None
         await self.channel_layer.group_add(CONNECTIONS_GROUP, self.channel_name)
-        self.endpoint.relay.attach(self.channel_name, self.replication_lines)
+        self.endpoint.relay.attach(self.channel_name, self.relayed)
         await self.send_commands([ServerCommand(self.endpoint.server_name), PingCommand(str(int(now * 1000)))])
         self.ticker = asyncio.create_task(self._tick())
 
@@ -154,32 +155,33 @@ class ReplicationConsumer(AsyncConsumer):  # type: ignore[misc]  # Channels is o
             self.endpoint.user_ip(cmd)
         elif isinstance(cmd, (RemoteServerUpCommand, LockReleasedCommand)):
             # Every instance of the cluster must hear of it (broadcast.py).
-            await self.endpoint.broadcast.from_worker(self.channel_name, cmd.to_line())
+            await self.endpoint.broadcast.from_worker(self.channel_name, cmd)
         elif isinstance(cmd, ErrorCommand):
             logger.warning("replication %s (%s) reported error: %r", self.info.name, self.info.peer,
                            cmd.data[:MAX_LOGGED_ERROR])
 
     # -- lines from the relay ---------------------------------------------------------------
 
-    async def replication_lines(self, event: dict[str, Any]) -> None:
-        seq = event["seq"]
+    async def relayed(self, seq: int, batch: LineBatch) -> None:
+        """The relay's batch number ``seq``, for this connection as it subscribed."""
         if self.expected_seq is not None and seq != self.expected_seq:
-            # A batch never reached us (the local layer dropped it): this worker would miss
-            # facts. Close; it catches up on reconnect.
+            # A batch never reached us: this worker would miss facts. Close; it catches up
+            # on reconnect.
             await self.error_and_close("Failed to keep up", reason="failed to keep up")
             return
         self.expected_seq = seq + 1
         for read in self.legacy_reads.values():
-            read.offer(event["parts"])  # lines of a stream whose history is being read wait for it
+            read.offer(batch.parts)  # lines of a stream whose history is being read wait for it
         if self.info.legacy_streams:
-            await self._send_batch(to_legacy(event["parts"], self.info.legacy_streams))
+            await self._send_batch(to_legacy(batch.parts, self.info.legacy_streams))
         elif self.info.replicating:
-            await self._send_batch(LineBatch(event["data"], event["counts"]))
+            await self._send_batch(batch)
 
     async def replication_relay_command(self, event: dict[str, Any]) -> None:
+        """A cluster command from another worker or endpoint (broadcast.py): ``data`` and
+        ``counts`` of its LineBatch."""
         if event["origin"] != self.channel_name:
-            data = event["data"]
-            await self._send_batch(LineBatch(data, {data.split(b" ", 1)[0].decode(): 1}))
+            await self._send_batch(LineBatch(event["data"], event["counts"]))
 
     # -- helpers ----------------------------------------------------------------------------
 

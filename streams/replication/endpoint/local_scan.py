@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from streams.id_store import pid_alive
 from streams.registry import STREAMS, StreamSpec
@@ -34,7 +34,7 @@ SCAN_PAGE_TOKENS = 1000
 
 
 def safe_bounds(last_ids: dict[str, int], pending: Iterable[tuple[str, Iterable[int], int | None]],
-                *, alive=pid_alive) -> dict[str, int]:
+                *, alive: Callable[[int | None], bool] = pid_alive) -> dict[str, int]:
     """Per stream: the highest wire token up to which every ID is finished.
 
     ``last_ids``: per stream, the last ID its ID table handed out; ``pending``: ``(stream,
@@ -87,11 +87,11 @@ def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict
                 key = (name, row["instance_name"])
                 result[key] = max(result.get(key, 0), signs.to_wire(row["last"]))
     for row in StreamPosition.objects.using(using).all():
-        spec = STREAMS.get(row.stream_name)
-        if spec is None or not spec.db_backed or row.stream_name not in bounds:
+        recorded = STREAMS.get(row.stream_name)
+        if recorded is None or not recorded.db_backed or row.stream_name not in bounds:
             continue
         key = (row.stream_name, row.instance_name)
-        token = min(spec.to_wire(row.stream_id), bounds[row.stream_name])
+        token = min(recorded.to_wire(row.stream_id), bounds[row.stream_name])
         result[key] = max(result.get(key, 0), token)
     return result
 

@@ -12,6 +12,7 @@ import asyncio
 import gc
 import logging
 import time
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class GcPauses:
         self.worst_ms = [0.0, 0.0, 0.0]
         self._started = 0.0
 
-    def __call__(self, phase: str, info: dict) -> None:
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         else:

@@ -68,8 +68,8 @@ class RedisUserIps:
         self._conn: RespConnection | None = None
         self._subscription: RedisSubscription | None = None
         self._outage = OutageNotice("USER_IP lease on Redis")
-        self._subscription_task: asyncio.Task | None = None
-        self._task: asyncio.Task | None = None
+        self._subscription_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._buf = b""
 
     def start(self) -> None:
@@ -128,7 +128,7 @@ class RedisUserIps:
             if renewed == 1:
                 return True
         taken = await self._conn.command("SET", self.key, self.holder_id, "NX", "PX", ms, timeout=CONFIRM_TIMEOUT)
-        return taken == b"OK"
+        return bool(taken == b"OK")
 
     def _subscribe(self) -> None:
         self._subscription = RedisSubscription(

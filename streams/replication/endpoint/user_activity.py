@@ -173,7 +173,7 @@ class UserIpRecorder:
         self.written = 0
         self.in_flight = 0
         self.writes = 0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def record(self, cmd: Any) -> bool:
         self.received += 1
@@ -192,7 +192,7 @@ class UserIpRecorder:
         # neither pending nor written
         self.in_flight = len(rows)
         try:
-            written = await sync_to_async(write_user_ips, thread_sensitive=False)(rows, self.using)
+            written: int = await sync_to_async(write_user_ips, thread_sensitive=False)(rows, self.using)
         except Exception:
             # Sightings are refreshed by the next request of the same client: log, move on.
             logger.exception("could not write %d user_ips row(s)", len(rows))

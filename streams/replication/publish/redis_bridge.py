@@ -36,6 +36,7 @@ from streams.replication.protocol.commands import (
     ReplicateCommand,
     UserIpCommand,
 )
+from streams.replication.protocol.line_batch import WriterRun
 from streams.replication.protocol.redis_session import CONFIRM_TIMEOUT, RedisSubscription, SubscriptionPolicy
 from streams.replication.protocol.resp import LineSniffer, RespConnection, RespError, pack_publish, pack_publish_to
 
@@ -148,35 +149,35 @@ class SynapseRedisBridge:
             self._publisher = None
 
     def pack_lines(self, lines: Iterable[bytes]) -> bytes:
-        """``PUBLISH <server_name> <line>`` for each line, as :meth:`publish_batch` takes them
+        """``PUBLISH <server_name> <line>`` for each line, as :meth:`publish_run` takes them
         (pure: a writer's thread packs its batch before handing it over)."""
         return pack_publish_to(self._channel, lines)
 
-    async def publish_batch(self, stream: str, writer: str, prev: int, new: int,
-                            lines: list[str | bytes], packed: bytes | None = None,
-                            also: bytes = b"", also_count: int = 0) -> bool:
-        """Publish one writer's lines for ``(prev, ...]``, keeping subscribers gap-free.
+    async def publish_run(self, run: WriterRun, packed: bytes | None = None,
+                          also: bytes = b"", also_count: int = 0) -> bool:
+        """Publish one writer's run, line by line, keeping subscribers gap-free.
 
         While we are not subscribed, lines are dropped ("discard and advance", as Synapse's
-        streamer does): we re-announce our positions when we subscribe again. After a batch
+        streamer does): we re-announce our positions when we subscribe again. After a run
         of this writer was lost, the next one starts with ``POSITION s w prev prev``, so a
         subscriber that missed the lost lines notices and catches up before taking these.
-        ``packed``: ``lines`` already packed by :meth:`pack_lines` (else they are packed here).
+        ``packed``: the run's lines already packed by :meth:`pack_lines` (else they are packed here).
 
         ``also``: ``also_count`` other PUBLISH commands (on other channels: the streamer's
         channel-layer message) to send in the same write, so that a batch costs one write and
         one wait for replies. Returns whether they reached Redis: not while we are not
         subscribed (then nothing is sent) or when the write failed.
         """
+        stream, writer, prev, new = run.stream, run.writer, run.prev, run.new
         key = (stream, writer)
         async with self._lock:
+            count = run.count
             if not self.subscribed.is_set():
                 self._stale[key] = max(new, self._stale.get(key, new))
-                self.dropped += len(lines)
+                self.dropped += count
                 return False
             if packed is None:
-                packed = self.pack_lines([line.encode() if isinstance(line, str) else line for line in lines])
-            count = len(lines)
+                packed = self.pack_lines(run.lines())
             if key in self._stale or key not in self._announced:
                 # Subscribers accept a writer's RDATA only after a POSITION for it: a writer
                 # not announced on this subscription (new, or its lines were lost) starts with one.

@@ -1,11 +1,12 @@
 """The sending side of a writer process (Synapse's ``ReplicationStreamer``). See
 docs/replication.md.
 
-Every time this process's position on a stream advances, the streamer turns the facts it
-wrote in ``(prev, new]`` into RDATA lines (``batch`` tokens for multi-row facts), adds
-``POSITION prev new`` when the position moved past the last row (or without rows), and
-publishes them as **one** channel-layer message on the cluster group
-``replication.lines``. Every endpoint relays those messages to its connections.
+Every time this process's position on a stream advances, the streamer encodes the facts it
+wrote in ``(prev, new]`` once, as a :class:`~streams.replication.protocol.line_batch.WriterRun`
+(``encode_run``: RDATA lines, ``batch`` tokens for multi-row facts, ``POSITION prev new`` when
+the position moved past the last row or without rows), and publishes it as **one**
+channel-layer message (``WriterRun.to_message``) on the cluster group ``replication.lines``.
+Every endpoint relays those runs to its connections.
 
 The rows come with the advance (``PositionAdvanced.facts``: what the writer just wrote, kept
 in its :class:`~streams.notifier.WireJournal` until the advance), not from the database.
@@ -20,14 +21,14 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from channels.layers import get_channel_layer
 
 from streams.notifier import PositionAdvanced, PositionNotifier
 from streams.registry import get_stream
-from streams.replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand, RdataCommand, encode_json
-from streams.replication.protocol.line_batch import add_counts
+from streams.replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand
+from streams.replication.protocol.line_batch import WriterRun, encode_run
 from streams.replication.publish.layer_publish import GroupPublisher
 
 logger = logging.getLogger(__name__)
@@ -39,80 +40,13 @@ LINES_GROUP = "replication.lines"
 SETTLE_TIMEOUT = 10.0
 
 
-def build_lines(stream_name: str, writer: str, prev: int, new: int,
-                facts: Sequence[tuple[int, list[list[Any]]]]) -> list[str]:
-    """RDATA/POSITION lines for ``facts`` (wire tokens, ascending) covering ``(prev, new]``."""
-    lines: list[str] = []
-    last = None
-    # RdataCommand(...).to_line() without a command object per row (hot path; tests check
-    # the lines are the same)
-    batch_prefix = f"{RdataCommand.NAME} {stream_name} {writer} batch "
-    prefix = f"{RdataCommand.NAME} {stream_name} {writer} "
-    append = lines.append
-    for token, rows in facts:
-        if len(rows) == 1:
-            append(f"{prefix}{token} {encode_json(rows[0])}")
-            last = token
-            continue
-        for row in rows[:-1]:
-            append(batch_prefix + encode_json(row))
-        if rows:
-            append(f"{prefix}{token} {encode_json(rows[-1])}")
-            last = token
-    if last is None:
-        lines.append(PositionCommand(stream_name, writer, prev, new).to_line())
-    elif last < new:
-        lines.append(PositionCommand(stream_name, writer, last, new).to_line())
-    return lines
-
-
-@dataclass(frozen=True)
-class OversizedLine:
-    """A line :func:`fit_lines` kept back: the fact's token and the line's length in bytes."""
-
-    token: int
-    length: int
-
-
-def fit_lines(stream_name: str, writer: str, prev: int, new: int,
-              lines: list[bytes]) -> tuple[list[bytes], OversizedLine | None]:
-    """``lines`` (:func:`build_lines`' output, encoded) if none is longer than
-    :data:`MAX_LINE_LENGTH`; otherwise the lines before the first fact with a longer line,
-    then ``POSITION <stream> <writer> t new`` with ``t`` that fact's token, and what was cut.
-
-    A peer (Synapse's ``LineOnlyReceiver`` as ours) hangs up on a longer line, so sending one
-    would disconnect every worker of every endpoint. The POSITION starts above what the lines
-    before it leave a worker at, so each worker fetches ``(its token, new]`` from the catch-up
-    endpoint (an HTTP answer, which has no line limit): the facts are delivered, not lost."""
-    limit = MAX_LINE_LENGTH
-    if not lines or max(map(len, lines)) <= limit:
-        return lines, None
-    first = next(i for i, line in enumerate(lines) if len(line) > limit)
-    # the fact's token: the line's own, or (a ``batch`` row) the next numbered line's
-    token = next(int(line.split(b" ", 4)[3]) for line in lines[first:] if line.split(b" ", 4)[3] != b"batch")
-    kept = lines[:first]
-    while kept and kept[-1].split(b" ", 4)[3] == b"batch":
-        kept.pop()  # the fact's other rows: it comes whole by catch-up
-    position = PositionCommand(stream_name, writer, token, new).to_line().encode()
-    return [*kept, position], OversizedLine(token, len(lines[first]))
-
-
-def build_counts(lines: list[str]) -> dict[str, int]:
-    """Commands per name of :func:`build_lines`' output, without reading every line: RDATA
-    lines, then at most one POSITION, last."""
-    positions = 1 if lines and lines[-1].startswith("POSITION ") else 0
-    counts = {"RDATA": len(lines) - positions, "POSITION": positions}
-    return {name: n for name, n in counts.items() if n}
-
-
 @dataclass
 class _Batch:
-    """One writer's lines for ``(prev, new]`` of one stream, ready to publish."""
+    """One writer's run for ``(prev, new]`` of one stream, ready to publish."""
 
-    message: dict[str, Any]  #: the channel-layer message (``data``: the lines, newline-ended)
-    lines: list[bytes]
-    layer_data: bytes | None = None  #: ``message`` serialized for the GroupPublisher
-    packed: bytes | None = None  #: PUBLISH commands of ``lines`` for the Synapse channel
+    run: WriterRun
+    layer_data: bytes | None = None  #: the run's channel-layer message, serialized for the GroupPublisher
+    packed: bytes | None = None  #: PUBLISH commands of the run's lines for the Synapse channel
 
 
 def _coalesce(batches: list[_Batch]) -> list[_Batch]:
@@ -121,15 +55,12 @@ def _coalesce(batches: list[_Batch]) -> list[_Batch]:
     out: list[_Batch] = []
     for batch in batches:
         last = out[-1] if out else None
-        m = batch.message
-        if last is None or (last.message["stream"], last.message["writer"]) != (m["stream"], m["writer"]):
+        run = batch.run
+        if last is None or (last.run.stream, last.run.writer) != (run.stream, run.writer):
             out.append(batch)
             continue
-        lm = last.message
-        merged = {**lm, "new": m["new"], "data": lm["data"] + m["data"], "count": lm["count"] + m["count"],
-                  "counts": add_counts(lm["counts"], m["counts"])}
         packed = last.packed + batch.packed if last.packed is not None and batch.packed is not None else None
-        out[-1] = _Batch(merged, last.lines + batch.lines, None, packed)
+        out[-1] = _Batch(last.run + run, None, packed)
     return out
 
 
@@ -196,70 +127,59 @@ class ReplicationStreamer:
                 # the bridge's PUBLISH write, one wait for the replies (docs/benchmarks.md).
                 together = (publisher is not None and bridge is not None and publisher.url == bridge.url)
                 for batch in _coalesce(queued):
-                    message = batch.message
+                    run = batch.run
                     if together:
                         assert publisher is not None and bridge is not None
-                        data = batch.layer_data if batch.layer_data is not None else publisher.serialize(message)
+                        data = batch.layer_data if batch.layer_data is not None else publisher.serialize(run.to_message())
                         # published_upto first: a REPLICATE answered while this write waits
                         # for its replies is published after it (the bridge's lock)
-                        self.published_upto[(message["stream"], message["writer"])] = message["new"]
-                        if await bridge.publish_batch(message["stream"], message["writer"], message["prev"],
-                                                      message["new"], batch.lines, batch.packed,
-                                                      also=publisher.pack(data), also_count=1):
+                        self.published_upto[(run.stream, run.writer)] = run.new
+                        if await bridge.publish_run(run, batch.packed, also=publisher.pack(data), also_count=1):
                             self.published_messages += 1
-                            self.published_lines += message["count"]
+                            self.published_lines += run.count
                         else:  # not subscribed to the Synapse channel, or Redis failed: on its own
-                            await self._publish(layer, message, data)
+                            await self._publish(layer, run, data)
                         continue
-                    await self._publish(layer, message, batch.layer_data)
-                    self.published_upto[(message["stream"], message["writer"])] = message["new"]
+                    await self._publish(layer, run, batch.layer_data)
+                    self.published_upto[(run.stream, run.writer)] = run.new
                     if bridge is not None:
-                        await bridge.publish_batch(message["stream"], message["writer"], message["prev"],
-                                                   message["new"], batch.lines, batch.packed)
+                        await bridge.publish_run(run, batch.packed)
             except Exception:
                 logger.exception("replication streamer failed; endpoints will fall back to positions")
             finally:
                 self._busy = False
 
-    def _prepare(self, advance: PositionAdvanced) -> "_Batch":
-        """The lines of one advance of this writer, ready to publish: the channel-layer message
-        (serialized too, when it goes out through a GroupPublisher) and the Synapse channel's
-        PUBLISH commands (when the Redis bridge is up)."""
+    def _prepare(self, advance: PositionAdvanced) -> _Batch:
+        """The run of one advance of this writer, ready to publish: encoded once, with its
+        channel-layer message serialized (when it goes out through a GroupPublisher) and the
+        Synapse channel's PUBLISH commands (when the Redis bridge is up)."""
         stream_name, writer = advance.stream_name, advance.instance_name
         signs = get_stream(stream_name).direction
         prev, new = signs.to_wire(advance.prev_token), signs.to_wire(advance.new_token)
-        text = build_lines(stream_name, writer, prev, new, signs.pairs_to_wire(advance.facts))
-        lines, oversized = fit_lines(stream_name, writer, prev, new, [line.encode() for line in text])
+        run, lines, oversized = encode_run(stream_name, writer, prev, new, signs.pairs_to_wire(advance.facts))
         if oversized is not None:
             self.oversized_lines += 1
             logger.error("replication streamer: RDATA %s %s %d is %d bytes, over the %d a line may carry: "
                          "not sent; POSITION %s %s %d %d makes the workers fetch it by catch-up",
                          stream_name, writer, oversized.token, oversized.length, MAX_LINE_LENGTH,
                          stream_name, writer, oversized.token, new)
-            text = [line.decode() for line in lines]
-        message = {
-            "type": "replication.lines",
-            "stream": stream_name, "writer": writer, "prev": prev, "new": new,
-            "data": b"\n".join(lines) + b"\n", "count": len(lines),
-            "counts": build_counts(text),
-        }
         publisher, bridge = self._group_publisher, self.bridge
-        return _Batch(message, lines, publisher.serialize(message) if publisher is not None else None,
+        return _Batch(run, publisher.serialize(run.to_message()) if publisher is not None else None,
                       bridge.pack_lines(lines) if bridge is not None else None)
 
-    async def _publish(self, layer: Any, message: dict[str, Any], data: bytes | None = None) -> None:
+    async def _publish(self, layer: Any, run: WriterRun, data: bytes | None = None) -> None:
         for attempt in range(5):
             try:
                 if self._group_publisher is not None:
-                    await self._group_publisher.send(message, data)
+                    await self._group_publisher.send(run.to_message(), data)
                 else:
-                    await layer.group_send(LINES_GROUP, message)
+                    await layer.group_send(LINES_GROUP, run.to_message())
                 self.published_messages += 1
-                self.published_lines += message["count"]
+                self.published_lines += run.count
                 return
             except Exception:
                 # Endpoints also read stream_positions: a lost message delays, never loses.
-                logger.warning("could not publish %s lines (attempt %d)", message["stream"], attempt + 1,
+                logger.warning("could not publish %s lines (attempt %d)", run.stream, attempt + 1,
                                exc_info=True)
                 await asyncio.sleep(0.2 * (attempt + 1))
 

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from streams.replication.protocol.commands import RdataCommand, parse_line
+from streams.replication.protocol.line_batch import encode_run
 from tests.streams.replication.endpoint.test_endpoint import SERVER_NAME, handshake
 from tests.streams.replication.endpoint.test_limits import running_endpoint, self_signed
 
@@ -63,7 +64,7 @@ def test_synapse_channel_bridge_with_a_password(redis_server_with_password):
         bridge.start()
         try:
             await asyncio.wait_for(bridge.subscribed.wait(), 60)
-            await bridge.publish_batch("receipts", "master", 0, 1, ['RDATA receipts master 1 ["x"]'])
+            await bridge.publish_run(encode_run("receipts", "master", 0, 1, [(1, [["x"]])])[0])
         finally:
             await bridge.stop()
 

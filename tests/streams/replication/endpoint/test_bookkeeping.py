@@ -1,8 +1,7 @@
 """The endpoint's operator bookkeeping (pure): line counts and disconnect reasons."""
 from streams.replication.endpoint.bookkeeping import EndpointCounters, disconnect_reason
 from streams.replication.protocol.commands import PingCommand, PositionCommand, RdataCommand
-from streams.replication.protocol.line_batch import LineBatch, counts_of
-from streams.replication.publish.streamer import build_lines
+from streams.replication.protocol.line_batch import LineBatch, build_lines, counts_of
 
 
 def test_batches_are_counted_by_their_counts():

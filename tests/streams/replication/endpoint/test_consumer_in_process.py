@@ -14,8 +14,7 @@ from streams.replication.endpoint.consumer import ReplicationConsumer
 from streams.replication.endpoint.relay import ReplicationRelay
 from streams.replication.endpoint.state import Endpoint
 from streams.replication.protocol.commands import PositionCommand, parse_line
-from streams.replication.protocol.line_batch import WriterRun, counts_of
-from streams.replication.publish.streamer import build_lines
+from streams.replication.protocol.line_batch import LineBatch, WriterRun, build_lines, counts_of
 
 
 class Peer:
@@ -100,13 +99,13 @@ def test_relayed_lines_only_after_replicate(endpoint):
         peer = Peer(endpoint)
         await peer.connect()
         await peer.read()
-        run_ = WriterRun("receipts", "master", 5, 7, data, counts_of(lines))
-        await endpoint.relay._send(data, counts_of(lines), (run_,))  # before REPLICATE: not for this worker
+        batch = LineBatch.of_run(WriterRun("receipts", "master", 5, 7, data, counts_of(lines)))
+        await endpoint.relay._send(batch)  # before REPLICATE: not for this worker
         before = list(await peer.read())
         await peer.send("REPLICATE\n")
         announced = list(await peer.read())
         endpoint.relay.last_sent[("receipts", "master")] = 7
-        await endpoint.relay._send(data, counts_of(lines), (run_,))
+        await endpoint.relay._send(batch)
         got = (await peer.read())[len(announced):]
         await peer.disconnect()
         return before, got
@@ -139,8 +138,7 @@ def test_a_missed_batch_closes_the_connection(endpoint):
         await peer.read()
         deliver = endpoint.relay._connections[next(iter(endpoint.relay._connections))]
         for seq, data in ((1, b"POSITION receipts master 5 6\n"), (3, b"POSITION receipts master 6 8\n")):
-            await deliver({"type": "replication.lines", "seq": seq, "data": data, "counts": {"POSITION": 1},
-                           "parts": (parse_line(data.decode().strip()),)})
+            await deliver(seq, LineBatch.of_commands([parse_line(data.decode().strip())]))
         await peer.read()
         await peer.disconnect()
         return peer
@@ -157,13 +155,12 @@ def test_relayed_lines_count_as_sent_so_no_ping_while_they_flow(endpoint):
         await peer.connect()
         await peer.send("REPLICATE\n")
         await peer.read()
-        (deliver,) = endpoint.relay._connections.values()  # the consumer's bound replication_lines
+        (deliver,) = endpoint.relay._connections.values()  # the consumer's bound relayed
         conn = deliver.__self__.conn
         conn.last_sent -= 60  # as if the last command was sent a minute ago
         assert conn.ping_due(time.time())
         endpoint.relay.last_sent[("receipts", "master")] = 6
-        await endpoint.relay._send(b"POSITION receipts master 5 6\n", {"POSITION": 1},
-                                   (PositionCommand("receipts", "master", 5, 6),))  # delivered in this call
+        await endpoint.relay._send(LineBatch.of_commands([PositionCommand("receipts", "master", 5, 6)]))  # delivered in this call
         due = conn.ping_due(time.time())
         await peer.disconnect()
         return due

@@ -63,8 +63,8 @@ def test_relay_sends_rows_of_two_writers_sharing_a_name_without_a_gap():
         relay.scan_interval = 3600  # scanned by hand below
         await relay.start()
 
-        async def deliver(message):
-            sent.extend(message["data"].decode().splitlines())
+        async def deliver(seq, batch):
+            sent.extend(batch.data.decode().splitlines())
         relay.attach("c", deliver)
         write = lambda rt, n: rt.writer("receipts").append(  # noqa: E731
             [[(Receipt, Receipt.synthetic(rng, i))] for i in range(n)])
@@ -94,20 +94,20 @@ def test_relay_sends_rows_of_two_writers_sharing_a_name_without_a_gap():
 
 def test_scan_mode_relays_in_memory_streams_and_only_wakes_for_database_ones():
     from streams.replication.endpoint.relay import ReplicationRelay
+    from streams.replication.protocol.line_batch import WriterRun
 
     relay = ReplicationRelay(local_scan=True)
     got: list[bytes] = []
 
-    async def deliver(message):
-        got.append(message["data"])
+    async def deliver(seq, batch):
+        got.append(batch.data)
 
     async def run() -> None:
         relay.attach("c", deliver)
         relay.last_sent[("typing", "master")] = 3
-        await relay.on_lines({"stream": "typing", "writer": "master", "prev": 3, "new": 4, "count": 1,
-                              "data": b'RDATA typing master 4 ["!r:x",["@a:x"]]\n'})
-        await relay.on_lines({"stream": "receipts", "writer": "master", "prev": 3, "new": 4, "count": 1,
-                              "data": b"RDATA receipts master 4 []\n"})
+        await relay.on_run(WriterRun("typing", "master", 3, 4, b'RDATA typing master 4 ["!r:x",["@a:x"]]\n',
+                                     {"RDATA": 1}))
+        await relay.on_run(WriterRun("receipts", "master", 3, 4, b"RDATA receipts master 4 []\n", {"RDATA": 1}))
 
     asyncio.run(run())
     assert got == [b'RDATA typing master 4 ["!r:x",["@a:x"]]\n']

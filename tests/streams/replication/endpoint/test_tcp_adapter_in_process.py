@@ -10,7 +10,7 @@ from streams.replication.endpoint.consumer import ReplicationConsumer
 from streams.replication.endpoint.relay import ReplicationRelay
 from streams.replication.endpoint.state import Endpoint
 from streams.replication.endpoint.tcp import ReplicationServerProtocol
-from streams.replication.publish.streamer import build_counts, build_lines
+from streams.replication.protocol.line_batch import encode_run
 
 
 class FakeTransport(asyncio.Transport):
@@ -185,10 +185,8 @@ def test_relayed_batches_are_counted_by_their_counts():
         proto.connection_made(transport)
         proto.data_received(b"NAME w1\nREPLICATE\n")
         await settle()
-        lines = build_lines("receipts", "master", 5, 8, [(6, [["a"]]), (7, [["b"], ["c"]])])
-        data = ("\n".join(lines) + "\n").encode()
-        await ep.relay.on_lines({"stream": "receipts", "writer": "master", "prev": 5, "new": 8,
-                                 "data": data, "counts": build_counts(lines)})
+        run, _, _ = encode_run("receipts", "master", 5, 8, [(6, [["a"]]), (7, [["b"], ["c"]])])
+        await ep.relay.on_run(run)
         await settle()
         proto.connection_lost(None)
         await asyncio.wait_for(proto.task, 5)

@@ -12,6 +12,7 @@ import redis
 from streams.conf import stream_writers
 from streams.models import CurrentStateDelta, Event, Receipt
 from streams.replication.protocol.commands import PositionCommand, parse_line
+from streams.replication.protocol.line_batch import encode_run
 from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -155,11 +156,11 @@ def test_replicate_answers_never_fall_behind_published_lines(redis_server):
                 bridge._publisher = None
             prev = upto[("events", "w1")]
             new = prev + 3
-            lines = [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(prev + 1, new + 1)]
+            run, _, _ = encode_run("events", "w1", prev, new, [(t, [["x", t]]) for t in range(prev + 1, new + 1)])
 
             async def streamer() -> None:
                 upto[("events", "w1")] = new
-                await bridge.publish_batch("events", "w1", prev, new, lines)
+                await bridge.publish_run(run)
 
             # What the reading task does when it hears a REPLICATE, racing the streamer.
             await asyncio.gather(bridge.answer_replicate(), streamer())
@@ -241,8 +242,7 @@ def test_settle_waits_until_dropped_lines_are_announced(redis_server):
         assert await bridge.settle(10)  # nothing dropped: settled once subscribed
         await asyncio.to_thread(redis_server.kill)
         upto[("events", "w1")] = 5
-        await bridge.publish_batch("events", "w1", 0, 5,
-                                   [RdataCommand("events", "w1", t, ["x", t]).to_line() for t in range(1, 6)])
+        await bridge.publish_run(encode_run("events", "w1", 0, 5, [(t, [["x", t]]) for t in range(1, 6)])[0])
         assert bridge._stale == {("events", "w1"): 5}
         assert not await bridge.settle(0.5)  # Redis is still down
         await asyncio.to_thread(redis_server.start, port=redis_server.port)

@@ -1,4 +1,4 @@
-"""The legacy rewrite (``legacy.to_legacy``) reads what a batch is -- writer runs and
+"""The legacy rewrite (``legacy_rewrite.to_legacy``) reads what a batch is -- writer runs and
 commands -- not its bytes: it must send exactly what parsing every line would, for runs
 skipped whole, rewritten whole, or straddling the subscriber's token."""
 from __future__ import annotations
@@ -8,7 +8,6 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.replication.endpoint.legacy import to_legacy
 from streams.replication.protocol.commands import (
     LegacyPositionCommand,
     LegacyRdataCommand,
@@ -16,8 +15,8 @@ from streams.replication.protocol.commands import (
     RdataCommand,
     parse_line,
 )
-from streams.replication.protocol.line_batch import WriterRun, counts_of
-from streams.replication.publish.streamer import build_counts, build_lines
+from streams.replication.protocol.legacy_rewrite import to_legacy
+from streams.replication.protocol.line_batch import WriterRun, build_counts, build_lines, counts_of
 from testing.legacy_reference import rewrite_by_parsing
 
 by_parsing = rewrite_by_parsing  # the reference: every line parsed back
