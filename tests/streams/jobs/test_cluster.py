@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from streams.models import JobRun
+from testing.celery_client import client_of, wait_idle
 from testing.processes import ProcessGroup
 
 #: four JVMs per job on the cluster (the master, the worker, the executor, the job's driver)
@@ -42,15 +43,23 @@ def cluster_celery(tmp_path_factory, django_db_setup, django_db_blocker, redis_s
     group.start("celery", "-m", "celery", "-A", "synapse_repl", "worker", "--pool", "solo",
                 "--prefetch-multiplier", "1", "--loglevel", "INFO", "-Q", "celery", "--without-heartbeat",
                 "--without-mingle", "--without-gossip")
+    try:
+        with client_of(redis_server.url):
+            yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture(autouse=True)
+def worker_idle_at_the_end(transactional_db, cluster_celery):
+    """Each test ends with the worker idle, before its database is flushed (a job still running
+    would hold the flush back, and the flush its reads)."""
+    yield
     from synapse_repl.celery import app
 
-    saved = dict(app.conf)
-    app.conf.update(broker_url=redis_server.url, result_backend=redis_server.url, task_always_eager=False)
-    try:
-        yield group
-    finally:
-        app.conf.update({k: saved[k] for k in ("broker_url", "result_backend", "task_always_eager")})
-        group.stop()
+    if not wait_idle(app):
+        cluster_celery.stop()  # its connections go, so the flush can proceed
+        pytest.fail("the Celery worker still ran a job 300 s after the test", pytrace=False)
 
 
 def through_celery(job: str) -> JobRun:

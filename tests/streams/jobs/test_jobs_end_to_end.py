@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from streams.models import Event, JobRun
+from testing.celery_client import client_of
 from testing.processes import ProcessGroup
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -27,29 +28,11 @@ def celery_worker(tmp_path_factory, django_db_setup, django_db_blocker, redis_se
     group.start("celery", "-m", "celery", "-A", "synapse_repl", "worker", "--pool", "solo",
                 "--loglevel", "INFO", "-Q", "celery", "--without-heartbeat", "--without-mingle",
                 "--without-gossip")
-    from synapse_repl.celery import app
-
-    saved = dict(app.conf)
-    app.conf.update(broker_url=redis_server.url, result_backend=redis_server.url, task_always_eager=False)
-    forget_backend(app)  # an earlier test of this process may have made one without a result backend
     try:
-        yield group
+        with client_of(redis_server.url):
+            yield group
     finally:
-        app.conf.update({k: saved[k] for k in ("broker_url", "result_backend", "task_always_eager")})
-        forget_backend(app)
         group.stop()
-
-
-def forget_backend(app) -> None:
-    """Celery keeps the result backend it first made (per thread, or shared): after a change of
-    ``result_backend`` it must be made anew."""
-    app._backend_cache = None
-    app._local.__dict__.pop("backend", None)
-    # and the broker connections it pooled (another test may have pooled the memory broker's)
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
 
 
 def through_celery(job: str, rooms=None) -> JobRun:
