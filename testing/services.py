@@ -6,6 +6,7 @@ directory and is stopped and removed by :meth:`stop`. A missing binary raises
 """
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import pwd
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -103,9 +105,17 @@ class PostgresServer:
         for name, value in self.settings.items():
             options += ["-c", f"{name}={value}"]
         log = os.path.join(self.directory, "postgres.log")
+        def start_child() -> None:  # as the postgres user, then: a killed run leaves no server
+            if run_as is not None:
+                run_as()
+            if from_main_thread:
+                die_with_parent(signal.SIGQUIT)  # an immediate shutdown: no wait for clients
+
+        from_main_thread = threading.current_thread() is threading.main_thread()
+
         self.proc = subprocess.Popen(
             [postgres, "-D", data, *options], stdout=subprocess.DEVNULL,
-            stderr=open(log, "wb"), preexec_fn=run_as,
+            stderr=open(log, "wb"), preexec_fn=start_child,
         )
         _wait_for_port(self.port, self.proc, "postgres", log=log)
         self._wait_ready()
@@ -199,6 +209,7 @@ class RedisServer:
             [binary, *options, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.directory],
             stdout=open(os.path.join(self.directory, "redis.log"), "ab"), stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
         _wait_for_port(self.port, self.proc, "redis-server")
         return self
@@ -225,13 +236,18 @@ class RedisServer:
 # --- A standalone Spark cluster (master + one worker) -------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that started it dies, so a
-    killed test run leaves no JVM behind (Linux's PR_SET_PDEATHSIG; kept across exec)."""
-    import ctypes
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In the child before exec: ``sig`` when the process that started it dies, so a killed
+    test run leaves no server or JVM behind (Linux's PR_SET_PDEATHSIG; kept across exec,
+    cleared by a change of user: set it after one). The kernel sends it when the *thread* that
+    started the child ends: servers started from another thread (a fault injector restarting
+    Redis) go without it. The C library is loaded beforehand, in the parent: a child that has
+    become another user may not read Python's modules any more."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -286,7 +302,7 @@ class SparkStandaloneCluster:
             ["bash", spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
              "--port", str(self.port), "--webui-port", str(self.webui_port), "--properties-file", properties],
             env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "master.log"), "ab"),
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
         try:
             _wait_for_port(self.port, self.master, "spark master", timeout)
@@ -295,7 +311,7 @@ class SparkStandaloneCluster:
                  "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
                  "--work-dir", env["SPARK_WORKER_DIR"], "--properties-file", properties],
                 env=env, cwd=self.directory, stdout=open(os.path.join(self.directory, "worker.log"), "ab"),
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
             )
             self._wait_worker_alive(timeout)
         except BaseException:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testing.services import free_port
+from testing.services import die_with_parent, free_port
 
 SYNAPSE_VERSION = "1.163.2"
 #: The first start creates Synapse's schema (a few seconds on an idle machine; a loaded CI
@@ -170,7 +171,10 @@ class SynapseHomeserver:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "synapse.app.homeserver", "-c",
              str(Path(self.directory) / "homeserver.yaml")],
-            cwd=self.directory, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=self.directory, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # a killed test run leaves no homeserver behind (started from the main thread only:
+            # the signal comes when the starting thread ends)
+            preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None)
         out.close()
         self.starts += 1
         deadline = time.monotonic() + timeout
