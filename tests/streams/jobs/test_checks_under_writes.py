@@ -1,8 +1,9 @@
 """A check compares the stored tables and its recomputation over one consistent
 cut, so real writers persisting events while it runs cause no differences: every check,
-repeated while ``write_facts events --rate 50`` writes (one writer on SQLite, two on
-PostgreSQL, ``STREAM_WRITERS=events=w1,w2``), reports exactly the damage planted before the
-writers started, every time."""
+repeated while ``write_facts events --rate 50`` writes on the embedded default's SQLite,
+reports exactly the damage planted before the writers started, every time. On PostgreSQL with
+two event writers (``STREAM_WRITERS=events=w1,w2``) the same holds of the checks as full mode
+schedules them: ``test_hourly_checks.py``."""
 from __future__ import annotations
 
 import os
@@ -80,6 +81,7 @@ def events_written() -> int:
 
 
 @ON_BOTH_DATABASES
+@pytest.mark.parametrize("default_database", ["sqlite"], indirect=True)
 @pytest.mark.slow
 def test_checks_find_only_the_planted_damage_while_writers_write(default_database, redis_server, spark, tmp_path,
                                                                 settings):
