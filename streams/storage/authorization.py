@@ -142,7 +142,28 @@ class _Rejected:
         return 0
 
 
-class MatrixEvents(Mapping[str, MatrixEvent]):
+class _ByEntry(Mapping[str, MatrixEvent]):
+    """Matrix events by ID, read through :meth:`entry` (the event and whether it was rejected):
+    the cache and a batch's view of it answer alike."""
+
+    def entry(self, event_id: str) -> tuple[MatrixEvent, bool] | None:
+        raise NotImplementedError
+
+    def __getitem__(self, event_id: str) -> MatrixEvent:
+        entry = self.entry(event_id)
+        if entry is None:
+            raise KeyError(event_id)
+        return entry[0]
+
+    def get(self, event_id: str, default: Any = None) -> Any:  # type: ignore[override]
+        entry = self.entry(event_id)
+        return default if entry is None else entry[0]
+
+    def __contains__(self, event_id: object) -> bool:
+        return self.entry(event_id) is not None  # type: ignore[arg-type]
+
+
+class MatrixEvents(_ByEntry):
     """event_id -> the core's ``Event`` (and whether it was rejected): a bounded cache in front
     of the ``events`` table. A batch reads through a :class:`MatrixEventsBatch` (a miss reads
     the row with the open transaction's cursor, so events persisted by another process are
@@ -165,19 +186,6 @@ class MatrixEvents(Mapping[str, MatrixEvent]):
             # (they did at 200,000 events, and every later read was a query)
             self._d.move_to_end(event_id)
         return entry
-
-    def __getitem__(self, event_id: str) -> MatrixEvent:
-        entry = self.entry(event_id)
-        if entry is None:
-            raise KeyError(event_id)
-        return entry[0]
-
-    def get(self, event_id: str, default: Any = None) -> Any:  # type: ignore[override]
-        entry = self.entry(event_id)
-        return default if entry is None else entry[0]
-
-    def __contains__(self, event_id: object) -> bool:
-        return self.entry(event_id) is not None  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._d))
@@ -220,7 +228,7 @@ class MatrixEventsDelta(NamedTuple):
     loads: int
 
 
-class MatrixEventsBatch(Mapping[str, MatrixEvent]):
+class MatrixEventsBatch(_ByEntry):
     """One batch's view of :class:`MatrixEvents`: the events it plans and loads are its own
     (a miss is read with :attr:`cursor`, the open transaction's); the cache under it is
     only read."""
@@ -248,19 +256,6 @@ class MatrixEventsBatch(Mapping[str, MatrixEvent]):
             self.ensure([event_id])
             entry = self.own.get(event_id)
         return entry
-
-    def __getitem__(self, event_id: str) -> MatrixEvent:
-        entry = self.entry(event_id)
-        if entry is None:
-            raise KeyError(event_id)
-        return entry[0]
-
-    def get(self, event_id: str, default: Any = None) -> Any:  # type: ignore[override]
-        entry = self.entry(event_id)
-        return default if entry is None else entry[0]
-
-    def __contains__(self, event_id: object) -> bool:
-        return self.entry(event_id) is not None  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self.own) + [e for e in self.base if e not in self.own])
