@@ -29,7 +29,7 @@ from testing.process_tree import descendants, kill_all, wait_all_gone
 from testing.processes import ProcessGroup, tail
 
 from ..storage.helpers import rows
-from .test_checks_under_writes import damage, named
+from .test_checks_under_writes import damage, named, seed_rooms
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -59,14 +59,7 @@ def test_hourly_checks_on_a_writing_cluster_find_nothing_then_exactly_the_damage
     assert {"check_topological_ordering", "check_visibility", "check_chain_cover"} <= set(CHECKS)
     # Rooms of their own that the writers never write (their rooms are !live-w1-*, !live-w2-*):
     # the damage goes there, so what each check must name is known.
-    storage_caches().forget()
-    rt = StreamRuntime(instance_name="w1", using="default", writers=stream_writers("events=w1,w2", vendor="postgresql"))
-    try:
-        seeded = LiveRooms("seed-", rooms=3, users=6, rng=random.Random(7))
-        seeded.write(90, runtime=rt)
-    finally:
-        rt.close()
-        storage_caches().forget()
+    seeded = seed_rooms("w1", "postgresql")
 
     group = ProcessGroup(tmp_path)
     group.env = {k: v for k, v in os.environ.items() if k not in ("INSTANCE_NAME", "JOB_MODULES")}
