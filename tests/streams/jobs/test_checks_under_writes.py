@@ -22,6 +22,7 @@ from streams.models import JobRun
 from streams.runtime import StreamRuntime
 from streams.storage.caches import storage_caches
 from streams.storage.synthetic import LiveRooms
+from testing.processes import stop_process
 
 from ..storage.helpers import ON_BOTH_DATABASES, rows
 
@@ -137,13 +138,7 @@ def test_checks_find_only_the_planted_damage_while_writers_write(default_databas
         assert all(p.poll() is None for p in procs), [p.stderr.read() for p in procs if p.poll() is not None]
     finally:
         for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, timeout=30)
 
 
 def test_a_partition_joins_only_a_snapshot_id_it_was_given():

@@ -29,7 +29,7 @@ from testing.process_tree import descendants, kill_all, wait_all_gone
 from testing.processes import ProcessGroup, tail
 
 from ..storage.helpers import rows
-from .test_checks_under_writes import damage, named, seed_rooms
+from .test_checks_under_writes import damage, events_written, named, seed_rooms
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -40,10 +40,6 @@ CHECKS = sorted(name for name in built_in_jobs() if name.startswith("check_"))
 EVERY = "@every 3s"
 #: how long a condition may take on a loaded machine (two cores shared with other suites)
 DEADLINE = 400
-
-
-def events_written() -> int:
-    return rows("SELECT count(*) FROM events")[0][0]
 
 
 def beat_runs(job: str) -> list[JobRun]:
