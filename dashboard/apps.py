@@ -10,7 +10,7 @@ class DashboardConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib import admin
 
-        from . import endpoint_status  # noqa: F401  (publishes endpoint snapshots)
+        from dashboard import endpoint_status  # noqa: F401  (publishes endpoint snapshots)
 
         # The admin index carries the live stream-positions panel.
         admin.site.index_template = "admin/live_index.html"

@@ -11,8 +11,8 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .access import is_staff
-from .feed import LIVE_GROUP, LOCAL_LAYER, live_feed
+from dashboard.access import is_staff
+from dashboard.feed import LIVE_GROUP, LOCAL_LAYER, live_feed
 
 #: Close code for a refused (not signed in as staff) socket; the page then goes to sign in.
 NOT_STAFF = 4403

@@ -19,11 +19,10 @@ from typing import Any, Callable
 
 from django.dispatch import receiver
 
+from dashboard.facts_history import minute_of, record_minute
+from dashboard.process_stats import process_stats
 from streams.replication.endpoint.bookkeeping import endpoint_started
 from streams.replication.endpoint.server import endpoint_snapshot
-
-from .facts_history import minute_of, record_minute
-from .process_stats import process_stats
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
     """The endpoint's row, as one UPDATE (an INSERT the first time)."""
     from django.db import IntegrityError, transaction
 
-    from .models import EndpointStatus
+    from dashboard.models import EndpointStatus
 
     values = {"server_name": server_name, "pid": os.getpid(), "updated_at": datetime.now(timezone.utc),
               # what the process costs, refreshed with the row (at least every HEARTBEAT_SECONDS)
@@ -114,7 +113,7 @@ def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
 
 def endpoint_statuses(now: datetime | None = None) -> list[dict[str, Any]]:
     """Every endpoint heard of within the last hour, with its snapshot and whether it is stale."""
-    from .models import EndpointStatus
+    from dashboard.models import EndpointStatus
 
     now = now or datetime.now(timezone.utc)
     result = []

@@ -27,7 +27,7 @@ def stream_totals() -> dict[str, int]:
 
 def record_minute(now: datetime | None = None, totals: dict[str, int] | None = None) -> datetime:
     """Record this minute's totals (once per minute and stream whoever calls) and prune."""
-    from .models import FactsPerMinute
+    from dashboard.models import FactsPerMinute
 
     minute = minute_of(now or datetime.now(timezone.utc))
     totals = stream_totals() if totals is None else totals
@@ -42,7 +42,7 @@ def facts_per_minute(since: datetime) -> list[dict[str, Any]]:
     """Facts/s per stream for each recorded minute after ``since``: ``{"t": unix seconds,
     "rates": {stream: facts/s}}``, averaged since the stream's previous sample (a gap
     while nothing recorded is spread over its minutes, not shown as a spike)."""
-    from .models import FactsPerMinute
+    from dashboard.models import FactsPerMinute
 
     rows = FactsPerMinute.objects.filter(minute__gte=minute_of(since) - timedelta(minutes=1)).order_by("minute", "stream")
     previous: dict[str, tuple[datetime, int]] = {}

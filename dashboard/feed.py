@@ -27,9 +27,8 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from dashboard.facts_history import minute_of, record_minute
 from streams.replication.publish.streamer import LINES_GROUP
-
-from .facts_history import minute_of, record_minute
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +76,11 @@ def _close_connection() -> None:
 def _collect_state(now: float | None) -> dict[str, Any]:
     from datetime import datetime, timezone
 
+    from dashboard.endpoint_status import endpoint_statuses
+    from dashboard.jobs import recent_job_runs
+    from dashboard.stream_status import streams_as_served
     from streams.conf import instance_name, repl_setting
     from streams.status import BACKWARDS_NOTE
-
-    from .endpoint_status import endpoint_statuses
-    from .jobs import recent_job_runs
-    from .stream_status import streams_as_served
 
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .access import metrics_allowed
+from dashboard.access import metrics_allowed
 
 PREFIX = "synapse_repl"
 
@@ -29,8 +29,8 @@ class ClusterCollector(Collector):
     """Streams and endpoints as the database records them, at every scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from .endpoint_status import endpoint_statuses
-        from .stream_status import streams_as_served
+        from dashboard.endpoint_status import endpoint_statuses
+        from dashboard.stream_status import streams_as_served
 
         position = GaugeMetricFamily(f"{PREFIX}_stream_position", "A writer's position on a stream",
                                      labels=["stream", "writer"])
@@ -123,7 +123,7 @@ class ClusterCollector(Collector):
 
 def _worker_metrics() -> Iterator[Metric]:
     """Every worker that reported (TCP or Redis): its lag per stream and whether it reports."""
-    from .worker_status import worker_statuses
+    from dashboard.worker_status import worker_statuses
 
     lag = GaugeMetricFamily(f"{PREFIX}_worker_lag", "Stream IDs written that the worker has not applied yet",
                             labels=["worker", "transport", "stream"])
@@ -143,11 +143,10 @@ def _process_metrics() -> Iterator[Metric]:
     each live endpoint's and worker's as it last published them (stale ones left out)."""
     import socket
 
+    from dashboard.endpoint_status import endpoint_statuses
+    from dashboard.process_stats import process_stats
+    from dashboard.worker_status import worker_statuses
     from streams.conf import instance_name
-
-    from .endpoint_status import endpoint_statuses
-    from .process_stats import process_stats
-    from .worker_status import worker_statuses
 
     labels = ["role", "name"]
     cpu = CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "CPU time of the process (user and system)",

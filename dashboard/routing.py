@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .consumers import LiveConsumer
+from dashboard.consumers import LiveConsumer
 
 websocket_urlpatterns = [
     path("ws/live/", LiveConsumer.as_asgi()),

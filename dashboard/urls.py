@@ -1,8 +1,8 @@
 from django.urls import path
 
-from . import views
-from .jobs import cancel_job, job_log, start_job
-from .metrics import metrics_view
+from dashboard import views
+from dashboard.jobs import cancel_job, job_log, start_job
+from dashboard.metrics import metrics_view
 
 app_name = "dashboard"
 urlpatterns = [

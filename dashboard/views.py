@@ -3,12 +3,11 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
+from dashboard.access import staff_json
+from dashboard.endpoint_status import endpoint_statuses
+from dashboard.feed import writer_json
+from dashboard.stream_status import streams_as_served
 from streams.conf import instance_name, repl_setting
-
-from .access import staff_json
-from .endpoint_status import endpoint_statuses
-from .feed import writer_json
-from .stream_status import streams_as_served
 
 
 def _context(**extra):
@@ -22,7 +21,7 @@ def _context(**extra):
 
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
-    from .jobs import job_names, job_schedule, recent_job_runs
+    from dashboard.jobs import job_names, job_schedule, recent_job_runs
 
     return render(request, "dashboard/streams.html", _context(
         streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
@@ -32,7 +31,7 @@ def streams_page(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 def connections_page(request: HttpRequest) -> HttpResponse:
-    from .worker_status import worker_statuses
+    from dashboard.worker_status import worker_statuses
 
     return render(request, "dashboard/connections.html", _context(
         endpoints=endpoint_statuses(), workers=worker_statuses(), page="connections"))
@@ -79,7 +78,7 @@ def facts_per_minute_json(request: HttpRequest) -> JsonResponse:
     """The facts/s history kept in the database: ``?hours=`` back (default 24, at most 25)."""
     from datetime import datetime, timedelta, timezone
 
-    from .facts_history import RETENTION, facts_per_minute
+    from dashboard.facts_history import RETENTION, facts_per_minute
 
     try:
         hours = float(request.GET.get("hours", "24"))

@@ -25,11 +25,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
 
-from synapse_repl.wrapping import breakable
-
-from .admin_panels import EVENT_DETAIL_PANELS
-from .identifiers import fits_stream_id
-from .models import (
+from streams.admin_panels import EVENT_DETAIL_PANELS
+from streams.identifiers import fits_stream_id
+from streams.models import (
     AccountData,
     CacheInvalidation,
     CurrentStateDelta,
@@ -41,6 +39,7 @@ from .models import (
     StreamReservation,
     UserIp,
 )
+from synapse_repl.wrapping import breakable
 
 
 class InputFilter(admin.SimpleListFilter):

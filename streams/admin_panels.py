@@ -10,10 +10,9 @@ from urllib.parse import urlencode
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from streams.models import Event
+from streams.models.storage import EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge, StateGroupState
 from synapse_repl.wrapping import breakable
-
-from .models import Event
-from .models.storage import EventAuth, EventEdge, EventToStateGroup, Rejection, StateGroup, StateGroupEdge, StateGroupState
 
 
 def _event_link(event_id: str):
@@ -58,8 +57,8 @@ def state_group_panel(event: Event) -> str:
 
 
 def state_panel(event: Event) -> str:
-    from .storage.reads import NotFound, state_at_event
-    from .storage.sql import StorageUnsupported
+    from streams.storage.reads import NotFound, state_at_event
+    from streams.storage.sql import StorageUnsupported
 
     try:
         state = state_at_event(event.event_id)

@@ -10,6 +10,6 @@ class StreamsConfig(AppConfig):
     def ready(self) -> None:
         # Fail at start-up, not at the first write, on a cluster layout the database cannot
         # support (several writers of one stream on SQLite) or the stream does not allow.
-        from .conf import stream_writers
+        from streams.conf import stream_writers
 
         stream_writers()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from django.db import connections
 
 if TYPE_CHECKING:
-    from .id_store import IdStore
+    from streams.id_store import IdStore
 
 POSTGRESQL = "postgresql"
 SQLITE = "sqlite"
@@ -81,7 +81,7 @@ def vendor_allows_several_writers(vendor: str) -> bool:
 
 def id_store_for(using: str, **kwargs: Any) -> "IdStore":
     """The ID store of a stream on database ``using`` (``kwargs``: the store's arguments)."""
-    from .id_store import PostgresIdStore, SQLiteIdStore
+    from streams.id_store import PostgresIdStore, SQLiteIdStore
 
     return PostgresIdStore(using=using, **kwargs) if _vendor(using) == POSTGRESQL else SQLiteIdStore(
         using=using, **kwargs)

@@ -14,10 +14,10 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-from .direction import direction
-from .id_store import IdStore, PipelinedReservation, Reservation
-from .notifier import PositionAdvanced, PositionNotifier, WireJournal
-from .positions import PendingId, SignedPositions, StreamPositions
+from streams.direction import direction
+from streams.id_store import IdStore, PipelinedReservation, Reservation
+from streams.notifier import PositionAdvanced, PositionNotifier, WireJournal
+from streams.positions import PendingId, SignedPositions, StreamPositions
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .direction import FORWARDS, IdDirection
+from streams.direction import FORWARDS, IdDirection
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from .direction import IdDirection, direction
+from streams.direction import IdDirection, direction
 
 
 @dataclass(frozen=True)

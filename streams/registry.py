@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .direction import IdDirection, direction
-from .models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, ExOutlier, Receipt
-from .models.base import FactModel
+from streams.direction import IdDirection, direction
+from streams.models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, ExOutlier, Receipt
+from streams.models.base import FactModel
 
 
 @dataclass(frozen=True)

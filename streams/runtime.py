@@ -9,14 +9,14 @@ from typing import Any, Callable
 from django.apps import apps
 from django.conf import settings
 
-from .conf import instance_name as configured_instance_name
-from .conf import stream_writers
-from .dialect import id_store_for
-from .id_generator import MultiWriterIdGenerator
-from .id_store import table_refs
-from .notifier import PositionNotifier, WireJournal
-from .registry import STREAMS, get_stream
-from .writer import StreamWriter
+from streams.conf import instance_name as configured_instance_name
+from streams.conf import stream_writers
+from streams.dialect import id_store_for
+from streams.id_generator import MultiWriterIdGenerator
+from streams.id_store import table_refs
+from streams.notifier import PositionNotifier, WireJournal
+from streams.registry import STREAMS, get_stream
+from streams.writer import StreamWriter
 
 
 class StreamRuntime:
@@ -93,8 +93,8 @@ class StreamRuntime:
     def typing(self):
         """This process's typing writer (in memory, streams/typing.py); built on first use,
         when it announces that it starts from 0. Raises ``NotAWriter`` elsewhere."""
-        from .id_generator import NotAWriter
-        from .typing import TypingWriter
+        from streams.id_generator import NotAWriter
+        from streams.typing import TypingWriter
 
         with self._lock:
             if self._typing is None:

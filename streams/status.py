@@ -10,12 +10,12 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .conf import repl_setting, stream_writers
-from .direction import IdDirection
-from .id_store import pid_alive
-from .models import StreamPosition, StreamReservation
-from .positions import RecordedLinear, linear_from_records
-from .registry import STREAMS
+from streams.conf import repl_setting, stream_writers
+from streams.direction import IdDirection
+from streams.id_store import pid_alive
+from streams.models import StreamPosition, StreamReservation
+from streams.positions import RecordedLinear, linear_from_records
+from streams.registry import STREAMS
 
 #: what a backwards stream's negative positions mean, for the pages that show them
 BACKWARDS_NOTE = ("backfill's stream IDs count down from -2, as Synapse's do (its backfilled events get "

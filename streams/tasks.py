@@ -17,8 +17,8 @@ def run_job_task(job: str, rooms: Sequence[str] | None = None, trigger: str = "c
 
     ``run_id``: the ``queued`` record the dashboard made when it was clicked; filled in here,
     unless it is no longer queued (cancelled while it waited)."""
-    from .jobs.runner import run_job
-    from .models import JobRun
+    from streams.jobs.runner import run_job
+    from streams.models import JobRun
 
     if run_id is None:
         run = run_job(job, rooms, trigger=trigger)
@@ -42,7 +42,7 @@ class kept_log:
     job's log records and a line per change of its progress, in ``jobs.child.log_path``."""
 
     def __init__(self, run_id: int) -> None:
-        from .jobs.child import log_path
+        from streams.jobs.child import log_path
 
         self.path = log_path(run_id)
         self._last = ""
@@ -58,7 +58,7 @@ class kept_log:
         return self.progress
 
     def progress(self, progress: dict) -> None:
-        from .jobs.monitor import summary
+        from streams.jobs.monitor import summary
 
         line = summary(progress)
         if line != self._last:

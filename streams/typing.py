@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .notifier import PositionAdvanced, PositionNotifier, WireJournal
-from .replication.protocol.commands import MAX_LINE_LENGTH, encode_json, rdata_row_budget
+from streams.notifier import PositionAdvanced, PositionNotifier, WireJournal
+from streams.replication.protocol.commands import MAX_LINE_LENGTH, encode_json, rdata_row_budget
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .direction import IdDirection
-from .registry import BackingTable, StreamSpec
+from streams.direction import IdDirection
+from streams.registry import BackingTable, StreamSpec
 
 #: Synapse's ``_STREAM_UPDATE_TARGET_ROW_COUNT``.
 TARGET_ROW_COUNT = 100

@@ -26,13 +26,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from django.db import connections, transaction
 
-from .dialect import bulk_insert_sql, commits_in_one_pipeline
-from .id_generator import MultiWriterIdGenerator
-from .id_store import Reservation
-from .models.base import FactModel
-from .notifier import WireJournal
-from .pg import explicit_prepares
-from .registry import StreamSpec
+from streams.dialect import bulk_insert_sql, commits_in_one_pipeline
+from streams.id_generator import MultiWriterIdGenerator
+from streams.id_store import Reservation
+from streams.models.base import FactModel
+from streams.notifier import WireJournal
+from streams.pg import explicit_prepares
+from streams.registry import StreamSpec
 
 #: A row of a fact: the backing model and its field values (stream ID and writer excluded).
 Row = tuple[type[FactModel], Mapping[str, Any]]

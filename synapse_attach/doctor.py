@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .catalogue import CheckedSequence, StreamSpec, StreamTable
-from .snapshot import PositionRow, SequenceState, TableFacts
+from synapse_attach.catalogue import CheckedSequence, StreamSpec, StreamTable
+from synapse_attach.snapshot import PositionRow, SequenceState, TableFacts
 
 #: A table's largest ID is above its sequence's last allocated ID (repaired at start-up).
 SEQUENCE_BEHIND_TABLE = "sequence_behind_table"

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from .catalogue import StreamSpec
-from .snapshot import PositionRow, TableFacts
+from synapse_attach.catalogue import StreamSpec
+from synapse_attach.snapshot import PositionRow, TableFacts
 
 
 def writer_positions(spec: StreamSpec, rows: Iterable[PositionRow]) -> dict[str, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .catalogue import StreamTable
+from synapse_attach.catalogue import StreamTable
 
 
 @dataclass(frozen=True)

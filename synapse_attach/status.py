@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalogue import CHECKED_SEQUENCES, OTHER_GENERATORS, STREAMS, CheckedSequence, StreamSpec
-from .doctor import Finding, check_generator, check_sequence
-from .progress import PersistedUpto, max_stored, persisted_upto, writer_positions
-from .snapshot import SequenceState, Snapshot
+from synapse_attach.catalogue import CHECKED_SEQUENCES, OTHER_GENERATORS, STREAMS, CheckedSequence, StreamSpec
+from synapse_attach.doctor import Finding, check_generator, check_sequence
+from synapse_attach.progress import PersistedUpto, max_stored, persisted_upto, writer_positions
+from synapse_attach.snapshot import SequenceState, Snapshot
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """synapse_repl: the stream and replication backbone of a Matrix homeserver cluster."""
-from .lifeline import hold_from_environment
+from synapse_repl.lifeline import hold_from_environment
 
 # Every process of the service imports this package first (manage.py's settings, ``celery -A
 # synapse_repl``): one started on a lifeline dies with its parent (synapse_repl/lifeline.py).
 hold_from_environment()
 
-from .celery import app as celery_app  # noqa: E402
+from synapse_repl.celery import app as celery_app  # noqa: E402
 
 __all__ = ("celery_app",)

@@ -20,7 +20,7 @@ import logging
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
-from .login_throttle import LoginThrottle
+from synapse_repl.login_throttle import LoginThrottle
 
 logger = logging.getLogger(__name__)
 

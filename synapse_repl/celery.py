@@ -10,7 +10,7 @@ from pathlib import Path
 
 from celery import Celery, signals
 
-from .redaction import RedactingWrapper
+from synapse_repl.redaction import RedactingWrapper
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
 
@@ -33,7 +33,7 @@ def redact_celery_logs(logger, **kwargs) -> None:
 def hold_the_schedule(sender, **kwargs) -> None:
     """Before beat opens its schedule file: take its lock, or exit with one line naming the
     beat that holds it (the lock stays held as long as the beat process lives)."""
-    from .state_lock import StateLockHeld, hold
+    from synapse_repl.state_lock import StateLockHeld, hold
 
     try:
         sender.schedule_lock = hold(beat_lock_path(sender.schedule_filename), BEAT_LOCK_WHAT)

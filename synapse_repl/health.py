@@ -32,9 +32,8 @@ from datetime import datetime, timezone
 from typing import Callable, Iterator
 
 from streams.id_store import pid_alive
-
-from .single_flight import Reuse, SingleFlight, Start
-from .startup import _one_line, ping_redis
+from synapse_repl.single_flight import Reuse, SingleFlight, Start
+from synapse_repl.startup import _one_line, ping_redis
 
 #: Seconds a check may take (a probe that hangs is itself a failure): Redis's connect and
 #: reply, the Celery ping, each database statement. PostgreSQL's connect takes whole seconds,
@@ -125,7 +124,7 @@ def check_endpoint(listen: str, now: datetime | None = None) -> Check:
 
 
 def check_celery() -> Check:
-    from .celery import app
+    from synapse_repl.celery import app
 
     try:
         # limit=1: the first worker's answer is enough (without it, every ping waits the timeout)

@@ -11,11 +11,11 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from .schedules import beat_schedule, half_an_hour_later
-from .secret import load_or_create_secret_key
-from .security import celery_redis_ssl, replication_secret
-from .startup import database_url_problem, redis_url_problem
-from .state_dir import secure_state_dir
+from synapse_repl.schedules import beat_schedule, half_an_hour_later
+from synapse_repl.secret import load_or_create_secret_key
+from synapse_repl.security import celery_redis_ssl, replication_secret
+from synapse_repl.startup import database_url_problem, redis_url_problem
+from synapse_repl.state_dir import secure_state_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))

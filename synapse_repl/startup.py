@@ -16,7 +16,7 @@ import os
 import shutil
 import socket
 
-from .redaction import redact_url  # (error lines end up in logs)
+from synapse_repl.redaction import redact_url  # (error lines end up in logs)
 
 #: The ``DATABASE_URL`` schemes this project runs on (PostgreSQL, or SQLite embedded).
 DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")

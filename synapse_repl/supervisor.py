@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .lifeline import Lifeline
+from synapse_repl.lifeline import Lifeline
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from streams.api import views
 
 urlpatterns = [
     path("rooms/<str:room_id>/state", views.room_state, name="api-room-state"),

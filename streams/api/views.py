@@ -6,13 +6,12 @@ from typing import Any, Callable
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
+from streams.api.auth import api_view
+from streams.api.render import json_response
 from streams.identifiers import bad_identifier, is_whole_number
 from streams.storage import reads
 from streams.storage.sql import StorageUnsupported
 from streams.storage.tokens import BadToken, RoomStreamToken
-
-from .auth import api_view
-from .render import json_response
 
 
 class BadParam(ValueError):

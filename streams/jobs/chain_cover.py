@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pandas as pd
 
-from ..matrix.chain_cover import ChainIndex, IndexEvent, auth_events_of
+from streams.matrix.chain_cover import ChainIndex, IndexEvent, auth_events_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

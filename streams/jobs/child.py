@@ -25,12 +25,11 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from streams.jobs.dialect import for_database, try_flock
+from streams.jobs.lock import JobLock
+from streams.models import JobRun
 from synapse_repl.lifeline import Lifeline
 from synapse_repl.supervisor import kill_group
-
-from ..models import JobRun
-from .dialect import for_database, try_flock
-from .lock import JobLock
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,12 +6,12 @@ from typing import Any, Sequence
 
 from pyspark.sql import functions as F
 
-from ..storage.snapshot import LATE_ALWAYS
-from . import io
-from .consistency import ordering_differences
-from .dialect import JobDialect, for_database
-from .outcome import SAMPLE_LIMIT, Outcome
-from .topology import MAX_DEPTH, topological_ordering
+from streams.jobs import io
+from streams.jobs.consistency import ordering_differences
+from streams.jobs.dialect import JobDialect, for_database
+from streams.jobs.outcome import SAMPLE_LIMIT, Outcome
+from streams.jobs.topology import MAX_DEPTH, topological_ordering
+from streams.storage.snapshot import LATE_ALWAYS
 
 
 def _events_query(dialect: JobDialect) -> io.Query:
@@ -189,7 +189,7 @@ RANGE_COLUMNS = [("room_id", "text"), ("user_id", "text"), ("start_topological",
 
 
 def _visibility(spark: Any, rooms: Sequence[str] | None):
-    from .visibility import visibility_ranges
+    from streams.jobs.visibility import visibility_ranges
 
     events = io.read(spark, _vis_events_query(for_database()), rooms).cache()
     groups = io.read(spark, _groups_query(for_database()), rooms)
@@ -261,7 +261,7 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def _check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-    from .visibility import visibility_differences
+    from streams.jobs.visibility import visibility_differences
 
     events, expected = _visibility(spark, rooms)
     found = io.read(spark, RANGES, rooms)
@@ -311,7 +311,7 @@ LINK_COLUMNS = [("room_id", "text"), ("origin_chain_id", "bigint"), ("origin_seq
 def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
     """(state events examined, positions, links). The events are read once, straight into the
     per-room pass (not cached: their count is the database's)."""
-    from .chain_cover import chain_cover
+    from streams.jobs.chain_cover import chain_cover
 
     rows_in = count_events(rooms, state_only=True)
     positions, links = chain_cover(io.read_by_room(spark, _chain_events_query(for_database()), rooms), by_room=True)
@@ -382,7 +382,7 @@ def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def _check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-    from .chain_cover import chain_cover_differences
+    from streams.jobs.chain_cover import chain_cover_differences
 
     rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     # the stored positions name both sides' chains (read once, not once per use)

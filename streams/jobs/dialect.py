@@ -28,9 +28,9 @@ from urllib.parse import quote as url_quote
 from django.conf import settings
 from django.db import connections
 
-from ..dialect import POSTGRESQL, SQLITE
-from ..pg import connection_kwargs, dedicated_connection
-from .copy_in import copy_arrow_batches
+from streams.dialect import POSTGRESQL, SQLITE
+from streams.jobs.copy_in import copy_arrow_batches
+from streams.pg import connection_kwargs, dedicated_connection
 
 
 def try_flock(path: Path) -> IO[str] | None:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from django.db import connections, transaction
 
-from .dialect import for_database
+from streams.jobs.dialect import for_database
 
 
 @dataclass(frozen=True)

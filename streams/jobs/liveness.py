@@ -17,8 +17,8 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from ..id_store import pid_alive as process_exists
-from ..models import JobRun
+from streams.id_store import pid_alive as process_exists
+from streams.models import JobRun
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .dialect import Closable, for_database
+from streams.jobs.dialect import Closable, for_database
 
 
 class JobLock:

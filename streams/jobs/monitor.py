@@ -10,7 +10,7 @@ from typing import Any, Callable
 from django.db import connection
 from django.utils import timezone
 
-from ..models import JobRun
+from streams.models import JobRun
 
 logger = logging.getLogger(__name__)
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import importlib
 
-from .outcome import Job
+from streams.jobs.outcome import Job
 
 #: name -> job; filled by :func:`load_jobs` (tests may add jobs of their own)
 JOBS: dict[str, Job] = {}
 
 
 def built_in_jobs() -> dict[str, Job]:
-    from . import definitions as d
+    from streams.jobs import definitions as d
 
     return {
         "topological_ordering": d.recompute_topological_ordering,

@@ -10,11 +10,11 @@ from typing import Any, Callable, Sequence
 
 from django.utils import timezone
 
-from ..models import JobRun
-from . import io
-from .lock import JobLock
-from .outcome import SAMPLE_LIMIT
-from .registry import JOBS, load_jobs
+from streams.jobs import io
+from streams.jobs.lock import JobLock
+from streams.jobs.outcome import SAMPLE_LIMIT
+from streams.jobs.registry import JOBS, load_jobs
+from streams.models import JobRun
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def missing_rooms(rooms: Sequence[str] | None) -> list[str]:
     and "succeed", which reads as if the room were fine."""
     if not rooms:
         return []
-    from ..models import Room
+    from streams.models import Room
 
     known = set(Room.objects.filter(room_id__in=list(rooms)).values_list("room_id", flat=True))
     return [r for r in dict.fromkeys(rooms) if r not in known]
@@ -49,7 +49,7 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
     run is written to ``run.progress`` (and given to ``on_progress``); a run whose
     ``cancel_requested`` is set has its Spark jobs cancelled and ends ``cancelled``.
     """
-    from .liveness import this_host
+    from streams.jobs.liveness import this_host
 
     load_jobs()
     if name not in JOBS:
@@ -91,8 +91,8 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
             run.error = (f"room{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                          f"{'do' if len(missing) > 1 else 'does'} not exist: nothing was checked or written")
             return run
-        from .monitor import JobMonitor
-        from .session import spark_session, ui_url
+        from streams.jobs.monitor import JobMonitor
+        from streams.jobs.session import spark_session, ui_url
 
         spark = spark_session()
         # Unique in this Spark context, not only in this database: the status tracker keeps

@@ -133,7 +133,7 @@ def topological_ordering(events: DataFrame, edges: DataFrame | None) -> DataFram
     Python at all)."""
     from pyspark.sql import functions as F
 
-    from .rooms import cogroup_rooms
+    from streams.jobs.rooms import cogroup_rooms
 
     events = events.select(*EVENTS_COLUMNS)
     if edges is None:  # the caller knows that every event declares its depth

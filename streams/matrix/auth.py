@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from .event_format import Event, create_event_id_from_room_id
-from .room_versions import CREATOR_POWER_LEVEL, KNOWN_ROOM_VERSIONS, RoomVersion
+from streams.matrix.event_format import Event, create_event_id_from_room_id
+from streams.matrix.room_versions import CREATOR_POWER_LEVEL, KNOWN_ROOM_VERSIONS, RoomVersion
 
 CREATE = ("m.room.create", "")
 POWER_LEVELS = ("m.room.power_levels", "")
@@ -402,7 +402,7 @@ def _unbase64(text: str) -> bytes:
 
 def _signed_by(signed: dict[str, Any], public_key: str) -> bool:
     """Whether ``signed`` carries a valid ed25519 signature by ``public_key``."""
-    from . import canonical_json
+    from streams.matrix import canonical_json
     try:
         from nacl.exceptions import BadSignatureError
         from nacl.signing import VerifyKey

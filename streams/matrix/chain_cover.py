@@ -27,8 +27,8 @@ from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .event_format import Event
-from .state_res import AuthGraphFacts, SplitSets
+from streams.matrix.event_format import Event
+from streams.matrix.state_res import AuthGraphFacts, SplitSets
 
 Position = tuple[int, int]  # (chain ID, sequence number)
 Link = tuple[int, int, int, int]  # (origin chain, origin seq, target chain, target seq)
@@ -341,8 +341,8 @@ class ChainIndex:
     def graph_facts(self, events: Mapping[str, Event]) -> AuthGraphFacts:
         """A ``graph_facts`` for ``state_res.resolve``: the auth difference from the index (a
         walk when an event has no position), the v2.1 conflicted subgraph by walking."""
-        from .state_res import auth_difference as walked_difference
-        from .state_res import conflicted_subgraph
+        from streams.matrix.state_res import auth_difference as walked_difference
+        from streams.matrix.state_res import conflicted_subgraph
 
         def facts(state_sets: Sequence[Mapping[tuple[str, str], str]],
                   conflicted_ids: set[str] | None) -> tuple[set[str], set[str] | None]:

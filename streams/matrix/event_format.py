@@ -14,9 +14,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import canonical_json
-from .redaction import redact
-from .room_versions import EventIdFormat, RoomVersion
+from streams.matrix import canonical_json
+from streams.matrix.redaction import redact
+from streams.matrix.room_versions import EventIdFormat, RoomVersion
 
 #: Top-level keys the content hash does not cover (they change in transit or hold the hash).
 #: The spec names the first three; Synapse also leaves out the legacy transit keys, and a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .room_versions import RedactionRules, RoomVersion
+from streams.matrix.room_versions import RedactionRules, RoomVersion
 
 _KEPT_TOP_LEVEL = frozenset({
     "event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",

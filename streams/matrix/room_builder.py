@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .auth import (
+from streams.matrix.auth import (
     AuthFailed,
     MissingAuthEvent,
     auth_state_from,
@@ -20,9 +20,9 @@ from .auth import (
     check_against_auth_events,
     check_state_dependent,
 )
-from .event_format import Event, parse_event, with_content_hash
-from .room_versions import RoomVersion
-from .state_res import StateKey, resolve
+from streams.matrix.event_format import Event, parse_event, with_content_hash
+from streams.matrix.room_versions import RoomVersion
+from streams.matrix.state_res import StateKey, resolve
 
 
 @dataclass

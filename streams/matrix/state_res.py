@@ -22,9 +22,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from .auth import CREATE, POWER_LEVELS, AuthFailed, auth_types_for_event, check_state_dependent, creators
-from .event_format import Event
-from .room_versions import CREATOR_POWER_LEVEL, RoomVersion, StateResAlgorithm
+from streams.matrix.auth import CREATE, POWER_LEVELS, AuthFailed, auth_types_for_event, check_state_dependent, creators
+from streams.matrix.event_format import Event
+from streams.matrix.room_versions import CREATOR_POWER_LEVEL, RoomVersion, StateResAlgorithm
 
 StateKey = tuple[str, str]
 StateMap = Mapping[StateKey, str]

@@ -1,11 +1,11 @@
 """Backing tables of the streams, and the tables that track their positions."""
-from .base import FactModel, FactsAreAppendOnly
-from .chain_cover import EventAuthChain, EventAuthChainLink, EventAuthChainToCalculate
-from .events import CurrentStateDelta, Event
-from .facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
-from .jobs import JobRun
-from .positions import StreamPosition, StreamReservation, StreamSequence
-from .storage import (
+from streams.models.base import FactModel, FactsAreAppendOnly
+from streams.models.chain_cover import EventAuthChain, EventAuthChainLink, EventAuthChainToCalculate
+from streams.models.events import CurrentStateDelta, Event
+from streams.models.facts import AccountData, CacheInvalidation, DeviceInbox, Receipt
+from streams.models.jobs import JobRun
+from streams.models.positions import StreamPosition, StreamReservation, StreamSequence
+from streams.models.storage import (
     BackwardExtremity,
     CurrentStateEvent,
     EventAuth,
@@ -23,7 +23,7 @@ from .storage import (
     StateGroupState,
     VisibilityRange,
 )
-from .user_ips import UserIp
+from streams.models.user_ips import UserIp
 
 __all__ = (
     "BackwardExtremity",

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .base import FactModel
+from streams.models.base import FactModel
 
 
 class Event(FactModel):

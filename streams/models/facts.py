@@ -14,7 +14,7 @@ from typing import Any
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .base import FactModel
+from streams.models.base import FactModel
 
 _PAD = "abcdefghijklmnopqrstuvwxyz0123456789"
 

@@ -13,7 +13,7 @@ import json
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from ..matrix.auth import (
+from streams.matrix.auth import (
     AuthFailed,
     MissingAuthEvent,
     auth_state_from,
@@ -22,11 +22,11 @@ from ..matrix.auth import (
     check_state_dependent,
     redaction_takes_effect,
 )
-from ..matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed
-from ..matrix.event_format import Event as MatrixEvent
-from ..matrix.event_format import parse_event as parse_pdu
-from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
-from ..matrix.state_res import (
+from streams.matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed
+from streams.matrix.event_format import Event as MatrixEvent
+from streams.matrix.event_format import parse_event as parse_pdu
+from streams.matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
+from streams.matrix.state_res import (
     AuthGraphFacts,
     SplitSets,
     UnsupportedStateRes,
@@ -36,12 +36,12 @@ from ..matrix.state_res import (
     split,
     split_differing,
 )
-from ..matrix.state_res import auth_difference as walked_difference
-from .chain_cover import load_room
-from .events import BadEvent, RoomInfo, StateKey, StateMap
-from .sql import array, in_array, store_cursor
-from .state_deltas import LineageReads, Resolution
-from .state_groups import _LRU
+from streams.matrix.state_res import auth_difference as walked_difference
+from streams.storage.chain_cover import load_room
+from streams.storage.events import BadEvent, RoomInfo, StateKey, StateMap
+from streams.storage.sql import array, in_array, store_cursor
+from streams.storage.state_deltas import LineageReads, Resolution
+from streams.storage.state_groups import _LRU
 
 
 def _load_room_infos(cursor: Any, room_ids: Sequence[str]) -> dict[str, RoomInfo]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .change_cache import StreamChangeCache
-from .state_groups import _LRU, StateGroupStore
+from streams.storage.change_cache import StreamChangeCache
+from streams.storage.state_groups import _LRU, StateGroupStore
 
 
 class ChangeCaches:
@@ -95,7 +95,7 @@ def storage_caches(runtime: Any = None) -> StorageCaches:
     """The caches of ``runtime`` (a ``StreamRuntime``, which holds them; None: the process
     runtime)."""
     if runtime is None:
-        from ..runtime import runtime as process_runtime
+        from streams.runtime import runtime as process_runtime
 
         runtime = process_runtime()
     caches = runtime.storage_caches

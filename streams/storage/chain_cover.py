@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..matrix.chain_cover import Added, ChainIndex, IndexEvent, auth_events_of
-from .sql import array, delete_rows, in_array, insert_rows, is_sqlite
+from streams.matrix.chain_cover import Added, ChainIndex, IndexEvent, auth_events_of
+from streams.storage.sql import array, delete_rows, in_array, insert_rows, is_sqlite
 
 #: chain numbers of a batch before real IDs are allocated (above any real one)
 _LOCAL_CHAINS = 1 << 62

@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from ..matrix.event_format import BadEventFormat, content_hash_matches
-from ..matrix.event_format import Event as MatrixEvent
-from ..matrix.event_format import parse_event as parse_pdu
-from ..matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
+from streams.matrix.event_format import BadEventFormat, content_hash_matches
+from streams.matrix.event_format import Event as MatrixEvent
+from streams.matrix.event_format import parse_event as parse_pdu
+from streams.matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 
 #: Depths outside [0, 2^53 - 1] are refused: a canonical JSON integer's range (Synapse's
 #: ``event_from_pdu_json``, ``synapse/federation/federation_base.py``, refuses negative depths

@@ -17,9 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..matrix.room_versions import KNOWN_ROOM_VERSIONS, StateResAlgorithm
-from .events import IncomingEvent
-from .pdus import PduRoom
+from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS, StateResAlgorithm
+from streams.storage.events import IncomingEvent
+from streams.storage.pdus import PduRoom
 
 #: the room versions rooms cycle through (the big rooms get the first ones). The first is not
 #: 12: a v12 room's ID is its create event's hash, and ``generate_rooms`` recognises an

@@ -13,8 +13,8 @@ import itertools
 import json
 from typing import Any
 
-from ..matrix.event_format import compute_event_id, room_id_from_create_event_id, with_content_hash
-from ..matrix.room_versions import RoomVersion
+from streams.matrix.event_format import compute_event_id, room_id_from_create_event_id, with_content_hash
+from streams.matrix.room_versions import RoomVersion
 
 CREATE, PL, JR, MEMBER = ("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", ""), "m.room.member"
 

@@ -24,17 +24,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
-from .caches import storage_caches
-from .events import IncomingEvent, parse_events
-from .plan import Plan
-from .plan_loader import BatchReader, EventFacts, RoomContexts, load_snapshot
-from .plan_writer import write_plan
-from .planner import plan_batch
-from .snapshot import CacheDelta
-from .sql import pipeline, store_cursor
-from .state_deltas import GroupLineage
-from .state_groups import StateGroupStore
+from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
+from streams.storage.caches import storage_caches
+from streams.storage.events import IncomingEvent, parse_events
+from streams.storage.plan import Plan
+from streams.storage.plan_loader import BatchReader, EventFacts, RoomContexts, load_snapshot
+from streams.storage.plan_writer import write_plan
+from streams.storage.planner import plan_batch
+from streams.storage.snapshot import CacheDelta
+from streams.storage.sql import pipeline, store_cursor
+from streams.storage.state_deltas import GroupLineage
+from streams.storage.state_groups import StateGroupStore
 
 
 @dataclass
@@ -225,7 +225,7 @@ def persist_events(events: Sequence[IncomingEvent | bytes | str], *, backfill: b
     ``backfill`` stream), no change to forward extremities or current state.
     """
     if runtime is None:
-        from ..runtime import runtime as process_runtime
+        from streams.runtime import runtime as process_runtime
 
         runtime = process_runtime()
     writer = runtime.writer("backfill" if backfill else "events")

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .chain_cover import ChainEvent
-from .state_groups import NewGroup
+from streams.storage.chain_cover import ChainEvent
+from streams.storage.state_groups import NewGroup
 
 if TYPE_CHECKING:
-    from .snapshot import CacheDelta, RoomContext
+    from streams.storage.snapshot import CacheDelta, RoomContext
 
 
 class EventRow(NamedTuple):

@@ -8,14 +8,14 @@ import json
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Sequence
 
-from .authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfosBatch
-from .events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
-from .plan_visibility import HV_KEY
-from .snapshot import CacheDelta, Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
-from .sql import array, for_update, in_array, is_sqlite
-from .state_deltas import GroupLineage
-from .state_groups import NewGroup, StateGroupStore
-from .visibility import SHARED_ERAS, RangeSet, normalise_visibility
+from streams.storage.authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfosBatch
+from streams.storage.events import HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateMap
+from streams.storage.plan_visibility import HV_KEY
+from streams.storage.snapshot import CacheDelta, Extremity, KnownEvent, RoomContext, Snapshot, WaitingRedaction
+from streams.storage.sql import array, for_update, in_array, is_sqlite
+from streams.storage.state_deltas import GroupLineage
+from streams.storage.state_groups import NewGroup, StateGroupStore
+from streams.storage.visibility import SHARED_ERAS, RangeSet, normalise_visibility
 
 
 def _load_facts(cursor: Any, event_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:

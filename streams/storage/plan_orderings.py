@@ -8,10 +8,10 @@ room's head, forward extremities, depth and joins. Functions over the batch's
 """
 from __future__ import annotations
 
-from .events import CREATE, MEMBER, BadEvent, ParsedEvent
-from .plan_progress import Progress
-from .plan_room_state import redaction_applies
-from .snapshot import Extremity, PrevInfo, RoomContext
+from streams.storage.events import CREATE, MEMBER, BadEvent, ParsedEvent
+from streams.storage.plan_progress import Progress
+from streams.storage.plan_room_state import redaction_applies
+from streams.storage.snapshot import Extremity, PrevInfo, RoomContext
 
 #: the largest depth a computed topological ordering takes (the spec's integer bound)
 MAX_DEPTH = 2**53 - 1

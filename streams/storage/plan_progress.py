@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import ParsedEvent, StateMap
-from .plan import CurrentStateRow, RedactionRow
-from .plan_visibility import Touched
-from .snapshot import KnownEvent, PlanReader, RoomContext, Snapshot
-from .state_deltas import GroupLineage, LineageReads
-from .state_groups import NewGroup
+from streams.storage.events import ParsedEvent, StateMap
+from streams.storage.plan import CurrentStateRow, RedactionRow
+from streams.storage.plan_visibility import Touched
+from streams.storage.snapshot import KnownEvent, PlanReader, RoomContext, Snapshot
+from streams.storage.state_deltas import GroupLineage, LineageReads
+from streams.storage.state_groups import NewGroup
 
 
 class OutOfGroupIds(RuntimeError):

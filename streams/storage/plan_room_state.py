@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..matrix.chain_cover import IndexEvent
-from ..matrix.state_res import apply_changes
-from .authorization import authorize, resolve_state_changes
-from .authorization import redaction_applies as matrix_redaction_applies
-from .events import CREATE, MEMBER, ParsedEvent, RoomInfo, StateKey, StateMap
-from .plan import CurrentStateRow, RedactionRow
-from .plan_progress import Progress
-from .plan_visibility import HV_KEY, set_open
-from .snapshot import Key, PrevInfo, RoomContext
-from .state_deltas import Resolution, StateRef, changes_between, keys_differing
-from .state_groups import NewGroup
-from .visibility import ANYONE, SHARED_ERAS, grants, shared_era
+from streams.matrix.chain_cover import IndexEvent
+from streams.matrix.state_res import apply_changes
+from streams.storage.authorization import authorize, resolve_state_changes
+from streams.storage.authorization import redaction_applies as matrix_redaction_applies
+from streams.storage.events import CREATE, MEMBER, ParsedEvent, RoomInfo, StateKey, StateMap
+from streams.storage.plan import CurrentStateRow, RedactionRow
+from streams.storage.plan_progress import Progress
+from streams.storage.plan_visibility import HV_KEY, set_open
+from streams.storage.snapshot import Key, PrevInfo, RoomContext
+from streams.storage.state_deltas import Resolution, StateRef, changes_between, keys_differing
+from streams.storage.state_groups import NewGroup
+from streams.storage.visibility import ANYONE, SHARED_ERAS, grants, shared_era
 
 #: how many in-place changes of a room's current state can be undone to give a recent group's
 #: state (a fork's branches start a few events back)

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..matrix.chain_cover import IndexEvent
-from .chain_cover import ChainEvent
-from .events import MEMBER, ParsedEvent
-from .plan import ALL_RANGES, EventRow, ExOutlierRow, Plan, RejectionRow, RoomRow, VisibilityCut, VisibilityRangeRow
-from .plan_progress import Progress
-from .snapshot import RoomContext
+from streams.matrix.chain_cover import IndexEvent
+from streams.storage.chain_cover import ChainEvent
+from streams.storage.events import MEMBER, ParsedEvent
+from streams.storage.plan import (
+    ALL_RANGES,
+    EventRow,
+    ExOutlierRow,
+    Plan,
+    RejectionRow,
+    RoomRow,
+    VisibilityCut,
+    VisibilityRangeRow,
+)
+from streams.storage.plan_progress import Progress
+from streams.storage.snapshot import RoomContext
 
 
 def rows(p: Progress) -> Plan:

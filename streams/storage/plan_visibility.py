@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from .events import CREATE, HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateKey, StateMap
-from .snapshot import Key, PlanReader, RoomContext
-from .visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, shared_era, visible_to_member
+from streams.storage.events import CREATE, HISTORY_VISIBILITY, MEMBER, ParsedEvent, StateKey, StateMap
+from streams.storage.snapshot import Key, PlanReader, RoomContext
+from streams.storage.visibility import ANYONE, SHARED_ERAS, grants, normalise_visibility, shared_era, visible_to_member
 
 HV_KEY: StateKey = (HISTORY_VISIBILITY, "")
 Touched = set[tuple[str, str]]

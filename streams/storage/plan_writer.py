@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..models import CurrentStateDelta, Event
-from .chain_cover import index_events
-from .plan import EVENT_AUTH_COLUMNS, EVENT_EDGES_COLUMNS, EVENT_TO_STATE_GROUPS_COLUMNS, MEMBERSHIP_COLUMNS, Plan
-from .redactions import mark_redacted
-from .sql import array, delete_rows, delete_rows_after, in_array, insert_rows
-from .state_groups import NewGroup, packed_copies
+from streams.models import CurrentStateDelta, Event
+from streams.storage.chain_cover import index_events
+from streams.storage.plan import EVENT_AUTH_COLUMNS, EVENT_EDGES_COLUMNS, EVENT_TO_STATE_GROUPS_COLUMNS, MEMBERSHIP_COLUMNS, Plan
+from streams.storage.redactions import mark_redacted
+from streams.storage.sql import array, delete_rows, delete_rows_after, in_array, insert_rows
+from streams.storage.state_groups import NewGroup, packed_copies
 
 
 def write_plan(cur: Any, writer: Any, ids: Sequence[int], plan: Plan) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .events import MEMBER, BadEvent, ParsedEvent
-from .plan import Plan
-from .plan_orderings import check_known, order, room_bookkeeping
-from .plan_progress import Progress
-from .plan_room_state import (
+from streams.storage.events import MEMBER, BadEvent, ParsedEvent
+from streams.storage.plan import Plan
+from streams.storage.plan_orderings import check_known, order, room_bookkeeping
+from streams.storage.plan_progress import Progress
+from streams.storage.plan_room_state import (
     authorize_event,
     current_changed,
     current_ref,
@@ -28,11 +28,11 @@ from .plan_room_state import (
     state_after,
     state_before,
 )
-from .plan_rows import rows
-from .plan_visibility import HV_KEY, at_head, off_head
-from .snapshot import PlanReader, PrevInfo, Snapshot
-from .state_deltas import StateRef
-from .visibility import normalise_visibility
+from streams.storage.plan_rows import rows
+from streams.storage.plan_visibility import HV_KEY, at_head, off_head
+from streams.storage.snapshot import PlanReader, PrevInfo, Snapshot
+from streams.storage.state_deltas import StateRef
+from streams.storage.visibility import normalise_visibility
 
 
 def plan_batch(events: Sequence[ParsedEvent], ids: Sequence[int], snapshot: Snapshot, reader: PlanReader, *,

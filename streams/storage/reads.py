@@ -17,13 +17,13 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from django.db import transaction
 
-from ..matrix.room_versions import UnknownRoomVersion, room_version
-from .caches import StorageCaches, storage_caches
-from .change_cache import StreamChangeCache
-from .events import StateKey, StateMap
-from .redactions import client_json
-from .sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor, text_list
-from .tokens import RoomStreamToken
+from streams.matrix.room_versions import UnknownRoomVersion, room_version
+from streams.storage.caches import StorageCaches, storage_caches
+from streams.storage.change_cache import StreamChangeCache
+from streams.storage.events import StateKey, StateMap
+from streams.storage.redactions import client_json
+from streams.storage.sql import array, fetch_all, in_array, is_sqlite, json_list, store_cursor, text_list
+from streams.storage.tokens import RoomStreamToken
 
 MAX_LIMIT = 1000
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from ..matrix.redaction import redact
-from ..matrix.room_versions import UnknownRoomVersion, room_version
-from .events import CREATE
-from .sql import array, in_array
+from streams.matrix.redaction import redact
+from streams.matrix.room_versions import UnknownRoomVersion, room_version
+from streams.storage.events import CREATE
+from streams.storage.sql import array, in_array
 
 
 def mark_redacted(cursor: Any, event_ids: Sequence[str]) -> None:

@@ -9,11 +9,11 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
-from .authorization import ChainsDelta, MatrixEventsDelta
-from .events import RoomInfo, StateMap
-from .state_deltas import LineageDelta, Resolution, StateRef
-from .state_groups import GroupsDelta, NewGroup
-from .visibility import RangeSet
+from streams.storage.authorization import ChainsDelta, MatrixEventsDelta
+from streams.storage.events import RoomInfo, StateMap
+from streams.storage.state_deltas import LineageDelta, Resolution, StateRef
+from streams.storage.state_groups import GroupsDelta, NewGroup
+from streams.storage.visibility import RangeSet
 
 Key = tuple[int, int]
 #: ``rooms.late_stream`` for a room whose orderings cannot be trusted to follow the stream

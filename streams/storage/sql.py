@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from django.db import connections
 
-from ..dialect import POSTGRESQL, SQLITE
+from streams.dialect import POSTGRESQL, SQLITE
 
 
 class StorageUnsupported(RuntimeError):

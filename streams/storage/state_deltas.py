@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Iterable, NamedTuple
 
-from .events import StateKey, StateMap
+from streams.storage.events import StateKey, StateMap
 
 #: how far up the group tree a common ancestor is looked for (forks start a few groups back)
 MAX_HOPS = 64

@@ -23,8 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from .events import StateKey, StateMap
-from .sql import array, fetch_all, in_array, is_sqlite
+from streams.storage.events import StateKey, StateMap
+from streams.storage.sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
 MAX_STATE_DELTA_HOPS = 100

@@ -212,10 +212,10 @@ class LiveRooms:
 
     def write(self, count: int, *, runtime: Any = None, rooms: list[str] | None = None) -> list:
         """Persist ``count`` events (one transaction) into ``rooms`` (default: all)."""
-        from . import persist_events
+        from streams.storage import persist_events
 
         if runtime is None:
-            from ..runtime import runtime as process_runtime
+            from streams.runtime import runtime as process_runtime
 
             runtime = process_runtime()
         loaded = self.load(rooms or self.room_ids, runtime.using)

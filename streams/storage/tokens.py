@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..identifiers import fits_stream_id
+from streams.identifiers import fits_stream_id
 
 # ASCII digits only: \d would also take digits of other scripts, which int() accepts.
 _LIVE = re.compile(r"s(-?[0-9]+)")

@@ -21,8 +21,7 @@ import pytest
 
 from testing.processes import stop_process, wait_port
 from testing.services import free_port
-
-from .page_layout import layout_faults
+from tests.dashboard.page_layout import layout_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

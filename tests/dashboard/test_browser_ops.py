@@ -24,9 +24,8 @@ import pytest
 
 from testing.processes import stop_process, wait_port
 from testing.services import free_port
-
-from .page_layout import layout_faults
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, SCREENSHOTS, WAIT_MS
+from tests.dashboard.page_layout import layout_faults
+from tests.dashboard.test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, SCREENSHOTS, WAIT_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = (1400, 760)

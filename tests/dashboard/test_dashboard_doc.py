@@ -16,8 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard import worker_status
 from streams.models import JobRun
-
-from .test_views import endpoint_row, receipts_written  # noqa: F401 (a fixture)
+from tests.dashboard.test_views import endpoint_row, receipts_written  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

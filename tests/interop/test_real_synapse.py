@@ -33,8 +33,7 @@ import pytest
 from testing.processes import ROOT, jsonl_records, stop_process
 from testing.services import free_port
 from testing.synapse_homeserver import ClientApi, SynapseHomeserver
-
-from .conftest import SERVER_NAME
+from tests.interop.conftest import SERVER_NAME
 
 #: Streams Synapse and this project both have, followed by the worker.
 STREAMS = "events,backfill,typing,receipts,caches,to_device,account_data"

@@ -8,8 +8,7 @@ from django.db import connections
 
 from streams.storage.sql import store_cursor
 from streams.storage.state_groups import read_state
-
-from .test_migration_natural_keys import _migrate, _migrate_to_latest
+from tests.streams.test_migration_natural_keys import _migrate, _migrate_to_latest
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 

@@ -21,8 +21,7 @@ from streams.typing import TypingRefused, TypingState, TypingWriter
 from streams.writer import WireJournal
 from testing.processes import ProcessGroup, jsonl_records, wait_port
 from testing.services import free_port
-
-from .replication.endpoint.test_endpoint import LineClient
+from tests.streams.replication.endpoint.test_endpoint import LineClient
 
 SERVER_NAME = "test.example"
 WAIT = 30

@@ -27,9 +27,8 @@ from streams.replication.protocol.commands import (
 from streams.typing import MAX_ADVANCE_BYTES, MAX_TYPERS, TypingRefused, TypingState, TypingWriter
 from streams.writer import WireJournal
 from testing.processes import jsonl_records
-
-from .replication.endpoint.test_endpoint import LineClient
-from .test_typing import SERVER_NAME, WAIT, typing_cluster  # noqa: F401  (the fixture)
+from tests.streams.replication.endpoint.test_endpoint import LineClient
+from tests.streams.test_typing import SERVER_NAME, WAIT, typing_cluster  # noqa: F401  (the fixture)
 
 #: The longest IDs the typing view takes are 255 characters; an astral character is 12 bytes
 #: of JSON (a \\uXXXX surrogate pair), a non-ASCII BMP one 6.

@@ -13,9 +13,8 @@ from streams.jobs.chain_cover import EVENTS_COLUMNS, chain_cover, chain_cover_in
 from streams.jobs.runner import run_job
 from streams.matrix.chain_cover import IndexEvent, build, canonical
 from streams.models import JobRun
-
-from ..storage.chain_helpers import generated_room, store, store_room, stored_rows
-from ..storage.helpers import ON_BOTH_DATABASES, rows
+from tests.streams.storage.chain_helpers import generated_room, store, store_room, stored_rows
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows
 
 EVENTS_SCHEMA = "room_id string, event_id string, stream_ordering long, type string, state_key string, auth_events string"
 

@@ -23,8 +23,7 @@ from streams.runtime import StreamRuntime
 from streams.storage.caches import storage_caches
 from streams.storage.synthetic import LiveRooms
 from testing.processes import stop_process
-
-from ..storage.helpers import ON_BOTH_DATABASES, rows
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows
 
 ROOT = Path(__file__).resolve().parents[3]
 CHECKS = ("check_topological_ordering", "check_visibility", "check_chain_cover")

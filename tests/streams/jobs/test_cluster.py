@@ -188,9 +188,8 @@ def test_chain_cover_jobs_on_the_cluster_match_local(cluster_celery, spark_clust
     on the same damaged index: the same outcomes and the same repaired index."""
     from streams.jobs.runner import run_job
     from streams.matrix.chain_cover import canonical
-
-    from ..storage.chain_helpers import generated_room, store_room, stored_rows
-    from .test_chain_cover_job import damage
+    from tests.streams.jobs.test_chain_cover_job import damage
+    from tests.streams.storage.chain_helpers import generated_room, store_room, stored_rows
 
     for room in (generated_room("10", seed=31, n=30), generated_room("12", seed=32, n=30)):
         store_room(room)

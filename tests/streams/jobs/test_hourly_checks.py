@@ -27,9 +27,8 @@ from streams.storage.caches import storage_caches
 from streams.storage.synthetic import LiveRooms
 from testing.process_tree import descendants, kill_all, wait_all_gone
 from testing.processes import ProcessGroup, tail
-
-from ..storage.helpers import rows
-from .test_checks_under_writes import damage, events_written, named, seed_rooms
+from tests.streams.jobs.test_checks_under_writes import damage, events_written, named, seed_rooms
+from tests.streams.storage.helpers import rows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

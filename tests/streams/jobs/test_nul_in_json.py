@@ -7,8 +7,7 @@ import pytest
 from streams.jobs.runner import run_job
 from streams.models import JobRun
 from streams.storage.synthetic import RoomBuilder
-
-from ..storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
 
 A, J = "@resident:hs", "@joiner:hs"
 

@@ -7,8 +7,7 @@ import pytest
 from django.db import connection
 
 from streams.jobs import io
-
-from ..storage.helpers import ON_BOTH_DATABASES  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES  # noqa: F401
 
 ROWS = [
     ("", 0, None),  # an empty string is not a null

@@ -12,8 +12,7 @@ from streams.jobs.runner import run_job
 from streams.models import JobRun
 from streams.storage.snapshot import LATE_ALWAYS
 from streams.storage.synthetic import RoomBuilder
-
-from ..storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
 
 A, B = "@a:hs", "@b:hs"
 

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from streams.matrix.chain_cover import ChainIndex, IndexEvent, NotIndexed, auth_events_of, build, canonical
 from streams.matrix.state_res import auth_closure, auth_difference, resolve
 from testing.synapse_oracle import SynapseEvents
-
-from .test_generated_rooms import action, play, start_room
+from tests.streams.matrix.test_generated_rooms import action, play, start_room
 
 
 def ev(event_id, key, *auth):

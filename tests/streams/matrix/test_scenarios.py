@@ -10,8 +10,7 @@ from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
 from streams.matrix.state_res import resolve
 from testing.synapse_oracle import SynapseEvents
-
-from .test_generated_rooms import check_against_synapse
+from tests.streams.matrix.test_generated_rooms import check_against_synapse
 
 A, B, C, E, Z = "@alice:example.com", "@bob:example.com", "@charlie:example.com", \
     "@evelyn:example.com", "@zara:example.com"

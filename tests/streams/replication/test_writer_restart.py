@@ -22,8 +22,7 @@ from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
 from streams.status import stream_status
 from testing.processes import ROOT
-
-from .test_redis_faults import CONNECTED, RedisCluster
+from tests.streams.replication.test_redis_faults import CONNECTED, RedisCluster
 
 WRITERS = "receipts=w1,w2"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.faults]

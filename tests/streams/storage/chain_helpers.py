@@ -10,9 +10,8 @@ from django.db import transaction
 
 from streams.storage.chain_cover import chain_event, index_events
 from streams.storage.sql import insert_rows, store_cursor
-
-from ..matrix.test_generated_rooms import play, start_room
-from .helpers import rows
+from tests.streams.matrix.test_generated_rooms import play, start_room
+from tests.streams.storage.helpers import rows
 
 _stream = iter(range(1, 10**9))
 

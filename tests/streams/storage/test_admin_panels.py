@@ -5,8 +5,7 @@ import pytest
 
 from streams.models import Event
 from streams.storage.synthetic import RoomBuilder
-
-from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 

@@ -10,8 +10,7 @@ from streams.matrix.room_builder import RoomBuilder
 from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
 from streams.storage.authorization import authorize, resolve_state
 from streams.storage.events import BadEvent
-
-from .test_matrix_persist import _random_actions
+from tests.streams.storage.test_matrix_persist import _random_actions
 
 
 @pytest.mark.parametrize("version_id, seed", [("2", 11), ("10", 12), ("11", 13), ("12", 14), ("12", 15)])

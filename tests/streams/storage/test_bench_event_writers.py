@@ -15,9 +15,8 @@ import pytest
 
 from benchmarks._event_writers import EventWriterPool, WriterFailed, route, shard_of, stream_writers
 from streams.storage.generator import Batch, RoomGenerator
-
-from .helpers import rows as db_rows
-from .test_bench_storage_resume import DATASET, ROOT, kept_dirs  # noqa: F401 (a fixture)
+from tests.streams.storage.helpers import rows as db_rows
+from tests.streams.storage.test_bench_storage_resume import DATASET, ROOT, kept_dirs  # noqa: F401 (a fixture)
 
 #: per room in stream order: everything but the positions two writers draw at once
 EVENTS = ("SELECT room_id, event_id, type, state_key, sender, membership, redacts, rejected, outlier, redacted, "

@@ -11,9 +11,8 @@ from streams.matrix.chain_cover import build, canonical
 from streams.matrix.state_res import auth_difference
 from streams.storage.chain_cover import chain_event, index_events, load_room, reset_chain_id_sequence
 from streams.storage.sql import store_cursor
-
-from .chain_helpers import generated_room, store, store_room, stored_rows
-from .helpers import ON_BOTH_DATABASES, rows
+from tests.streams.storage.chain_helpers import generated_room, store, store_room, stored_rows
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows
 
 pytestmark = ON_BOTH_DATABASES
 

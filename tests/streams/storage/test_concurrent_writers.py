@@ -15,8 +15,7 @@ from streams.runtime import StreamRuntime
 from streams.storage import persist_events
 from streams.storage.caches import storage_caches
 from streams.storage.reads import state_at_event
-
-from .test_matrix_persist import A, E, M, current_state, new_room
+from tests.streams.storage.test_matrix_persist import A, E, M, current_state, new_room
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,9 +22,8 @@ from streams.storage.caches import storage_caches
 from streams.updates import get_updates_since
 from testing.processes import stop_process, wait_port
 from testing.services import free_port
-
-from .helpers import rows
-from .test_matrix_persist import A, M, new_room, pdu_bytes
+from tests.streams.storage.helpers import rows
+from tests.streams.storage.test_matrix_persist import A, M, new_room, pdu_bytes
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVER_NAME = "test.example"

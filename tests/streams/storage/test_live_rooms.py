@@ -16,8 +16,7 @@ from streams.matrix.event_format import content_hash_matches, parse_event
 from streams.matrix.room_versions import room_version
 from streams.models import Event
 from streams.storage.synthetic import LIVE_ROOM_VERSION, LiveRooms
-
-from .helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -23,8 +23,7 @@ from streams.runtime import StreamRuntime
 from streams.storage import IncomingEvent, persist_events
 from streams.storage.reads import NotFound, get_event, room_messages, state_at_event
 from streams.storage.synthetic import RoomBuilder as LegacyBuilder
-
-from .helpers import ON_BOTH_DATABASES, Store, rows, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, Store, rows, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 

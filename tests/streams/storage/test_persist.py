@@ -12,8 +12,7 @@ from streams.models import CurrentStateDelta, Event
 from streams.storage import BadEvent, IncomingEvent
 from streams.storage.persist import EventPersister, persister_for
 from streams.storage.synthetic import RoomBuilder
-
-from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 
@@ -352,7 +351,7 @@ def test_a_persist_failing_in_its_transaction_leaves_every_cache_as_it_was(store
     versions, Matrix events, resolutions, auth chains, lineage, room contexts -- is what it
     was before the batch. The same batch then persists, to the Matrix core's states, and
     changes each of those caches (so the comparison above could fail)."""
-    from .test_matrix_persist import A, current_state, new_room, pdu_bytes
+    from tests.streams.storage.test_matrix_persist import A, current_state, new_room, pdu_bytes
 
     B = "@bob:a.example"
     room = new_room("10")

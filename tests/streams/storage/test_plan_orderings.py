@@ -11,8 +11,7 @@ from streams.storage.events import BadEvent, IncomingEvent
 from streams.storage.plan_orderings import MAX_DEPTH, check_known, order, room_bookkeeping
 from streams.storage.plan_progress import Progress
 from streams.storage.snapshot import Extremity, KnownEvent, PrevInfo, RoomContext, Snapshot, WaitingRedaction
-
-from .test_planner import A, B, MemoryStore
+from tests.streams.storage.test_planner import A, B, MemoryStore
 
 ROOM = "!legacy:a.example"
 

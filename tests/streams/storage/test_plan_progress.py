@@ -8,8 +8,7 @@ import pytest
 from streams.storage.plan_progress import OutOfGroupIds, Progress
 from streams.storage.snapshot import Snapshot
 from streams.storage.state_groups import NewGroup
-
-from .test_planner import MemoryStore
+from tests.streams.storage.test_planner import MemoryStore
 
 
 def test_group_ids_are_the_reserved_ones_in_order():

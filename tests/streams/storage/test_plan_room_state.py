@@ -21,9 +21,8 @@ from streams.storage.plan_room_state import (
 )
 from streams.storage.snapshot import Extremity, PrevInfo, RoomContext, Snapshot
 from streams.storage.state_deltas import StateRef
-
-from .test_plan_orderings import ROOM, raw, stored_room
-from .test_planner import A, B, M, MemoryStore, new_room, pdu
+from tests.streams.storage.test_plan_orderings import ROOM, raw, stored_room
+from tests.streams.storage.test_planner import A, B, M, MemoryStore, new_room, pdu
 
 CREATE, TOPIC, NAME = ("m.room.create", ""), ("m.room.topic", ""), ("m.room.name", "")
 

@@ -8,9 +8,8 @@ from streams.storage.plan_rows import backward_extremities, room_row, rows
 from streams.storage.planner import state_and_visibility
 from streams.storage.snapshot import RoomContext
 from streams.storage.visibility import RangeSet
-
-from .test_plan_orderings import ROOM, raw, stored_room
-from .test_planner import A, B
+from tests.streams.storage.test_plan_orderings import ROOM, raw, stored_room
+from tests.streams.storage.test_planner import A, B
 
 
 def decided(store, *items, ids=(100, 101, 102, 103)):

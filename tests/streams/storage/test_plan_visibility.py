@@ -20,8 +20,7 @@ from streams.storage.visibility import (
     shared_era,
     visible_to_member,
 )
-
-from .test_planner import A, B, M, MemoryStore, new_room, pdu
+from tests.streams.storage.test_planner import A, B, M, MemoryStore, new_room, pdu
 
 
 def off_head_every_user(ctx: RoomContext, touched: Touched, reader: PlanReader, ev: ParsedEvent,

@@ -23,8 +23,7 @@ from streams.storage.reads import (
 )
 from streams.storage.synthetic import RoomBuilder
 from streams.storage.tokens import BadToken
-
-from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 A, B, C = "@alice:hs", "@bob:hs", "@carol:hs"

@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from streams.storage.plan_writer import write_state_groups
 from streams.storage.sql import fetch_all, is_sqlite, store_cursor
 from streams.storage.state_groups import _CHAIN, MAX_STATE_DELTA_HOPS, SNAPSHOT_FRACTION, StateGroupStore, plan_group, read_state
-
-from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
-from .test_state_groups import build, check
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.streams.storage.test_state_groups import build, check
 
 ROOMS = itertools.count()
 

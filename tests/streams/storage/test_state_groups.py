@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from streams.storage.reads import state_at_event
 from streams.storage.synthetic import RoomBuilder
-
-from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 ROOMS = itertools.count()

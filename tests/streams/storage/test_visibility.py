@@ -12,8 +12,7 @@ from streams.storage import IncomingEvent
 from streams.storage.reads import room_messages
 from streams.storage.synthetic import RoomBuilder
 from streams.storage.visibility import RangeSet
-
-from .helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, rows, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from streams.storage.reads import incremental_sync, initial_sync, room_messages
 from streams.storage.synthetic import RoomBuilder
 from streams.storage.tokens import RoomStreamToken
-
-from .helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
 pytestmark = ON_BOTH_DATABASES
 ROOMS = itertools.count()

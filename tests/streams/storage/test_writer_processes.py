@@ -18,9 +18,8 @@ import pytest
 
 from streams.storage.caches import storage_caches
 from streams.storage.reads import state_at_event
-
-from .helpers import rows
-from .test_matrix_persist import A, E, M, current_state, new_room
+from tests.streams.storage.helpers import rows
+from tests.streams.storage.test_matrix_persist import A, E, M, current_state, new_room
 
 ROOT = Path(__file__).resolve().parents[3]
 WRITERS = "events=w1,w2"

@@ -23,8 +23,7 @@ from streams.replication.endpoint.user_activity import (
 from streams.replication.protocol.commands import ClearUserSyncCommand, UserIpCommand, UserSyncCommand, parse_line
 from testing.processes import wait_port
 from testing.services import free_port
-
-from .test_endpoint import ROOT, SERVER_NAME, LineClient
+from tests.streams.replication.endpoint.test_endpoint import ROOT, SERVER_NAME, LineClient
 
 WAIT = 30
 

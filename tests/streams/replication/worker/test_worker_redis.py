@@ -28,8 +28,7 @@ from redis.exceptions import RedisError
 from streams.replication.protocol.commands import batch_updates
 from streams.replication.worker.redis_worker import RedisReplicationWorker
 from synapse_repl.redaction import redact_url
-
-from .test_worker import MANAGE_PY, RecordingHarness, _jsonl, catchup, run, wait_until  # noqa: F401 (fixture)
+from tests.streams.replication.worker.test_worker import MANAGE_PY, RecordingHarness, _jsonl, catchup, run, wait_until  # noqa: F401 (fixture)
 
 STREAMS = ["events", "receipts", "caches", "typing"]
 
