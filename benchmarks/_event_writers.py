@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 if TYPE_CHECKING:  # (imported when used: the writer processes import this before Django is set up)
-    from streams.storage.generator import Batch
+    from rooms.storage.generator import Batch
 
 #: batches queued ahead of each writer: enough that one writer's slower batch (a big room's
 #: fork) does not leave the other waiting for the router
@@ -34,7 +34,7 @@ def route(batches: Iterable[Batch], writers: int, size: int) -> Iterator[tuple[i
     """Each writer's batches, ``(writer, batch)``: the items of its rooms, ``size`` at most
     per batch, in the generator's order. A writer's pending items go out before a batch of
     the other kind (live then backfill: never one transaction of both), and at the end."""
-    from streams.storage.generator import Batch
+    from rooms.storage.generator import Batch
 
     pending: list[Batch] = [Batch([]) for _ in range(writers)]
     for batch in batches:
@@ -61,7 +61,7 @@ def configure_persister(persister: Any, *, freeze_every: int | None, bulk_gc: st
                         cache_scale: float, room_cache: int | None) -> None:
     """A bulk-loading persister as ``bench_storage``'s options set it (in its process or a
     writer process)."""
-    from streams.storage.persist import FREEZE_EVERY
+    from rooms.storage.persist import FREEZE_EVERY
 
     persister.freeze_every = FREEZE_EVERY if freeze_every is None else freeze_every
     if bulk_gc is not None:
@@ -103,9 +103,9 @@ def _writer_main(conn: Any, instance: str, options: dict[str, Any]) -> None:
 
         django.setup()
         from benchmarks.bench_storage import backend_cpu_seconds, rss_mb
+        from rooms.storage import persist_events
+        from rooms.storage.persist import persister_for
         from streams.runtime import runtime
-        from streams.storage import persist_events
-        from streams.storage.persist import persister_for
 
         rt = runtime()
         persister = persister_for(rt)

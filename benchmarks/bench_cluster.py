@@ -7,7 +7,7 @@
 
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on) and a throwaway Redis,
 migrates a fresh database, then runs a whole cluster as separate OS processes, the way
-``tests/streams/replication/test_redis_faults.py`` does (env ``DATABASE_URL``, ``REDIS_URL``,
+``tests/replication/test_redis_faults.py`` does (env ``DATABASE_URL``, ``REDIS_URL``,
 ``SERVER_NAME``, ``STREAM_WRITERS=receipts=w1,w2,w3,w4``, ``INSTANCE_NAME``):
 
 * one replication endpoint (``manage.py runreplication``) and daphne (the catch-up endpoint);
@@ -294,8 +294,8 @@ def _count_worker_child(env: dict, name: str, transport: str, port: int, web_por
     import asyncio
     import signal
 
-    from streams.replication.worker.redis_worker import RedisReplicationWorker
-    from streams.replication.worker.tcp_worker import ReplicationWorker
+    from replication.worker.redis_worker import RedisReplicationWorker
+    from replication.worker.tcp_worker import ReplicationWorker
 
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, struct.calcsize(COUNT_FMT))
@@ -467,7 +467,7 @@ def run_raw(ctx, url: str, redis_pid: int, per_publisher: list[list[bytes]], bat
 def raw_payloads(updates: dict[str, list[list]]) -> dict[str, list[bytes]]:
     """Per writer, the RDATA lines its streamer publishes for these facts (``batch`` tokens
     for all but the last row of a multi-row fact)."""
-    from streams.replication.protocol.commands import RdataCommand
+    from replication.protocol.commands import RdataCommand
 
     out = {}
     for writer, pairs in updates.items():
@@ -744,7 +744,7 @@ def _checkpoint(url: str) -> None:
 def run_e2e(ctx, cluster: Cluster, env: dict, url: str, pids: dict, n: int, facts: int,
             seed: int, timeout: float, pregenerate: bool) -> E2EResult:
     from streams.registry import get_stream
-    from streams.updates import get_updates_since
+    from streams.updates_since import get_updates_since
 
     expected = n * facts
     before = _positions(url)

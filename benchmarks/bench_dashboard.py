@@ -74,8 +74,8 @@ def run(args) -> None:
     from dashboard.feed import collect_state
     from dashboard.metrics import REGISTRY
     from dashboard.models import EndpointStatus
+    from replication.endpoint.connection_records import EndpointCounters
     from streams.registry import STREAMS
-    from streams.replication.endpoint.bookkeeping import EndpointCounters
     from streams.runtime import runtime
 
     rt = runtime()

@@ -40,16 +40,16 @@ def worker(sizes: list[int], forks: int) -> dict:
     import django
 
     django.setup()
-    from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS
-    from streams.storage import authorization, planner
-    from streams.storage.events import parse_events
-    from streams.storage.pdus import PduRoom
-    from streams.storage.snapshot import KnownEvent, RoomContext, Snapshot
-    from streams.storage.state_groups import plan_group
-    from streams.storage.visibility import SHARED_ERAS, RangeSet
+    from rooms.matrix.room_versions import KNOWN_ROOM_VERSIONS
+    from rooms.storage import authorization, planner
+    from rooms.storage.incoming_events import parse_events
+    from rooms.storage.pdus import PduRoom
+    from rooms.storage.plan_snapshot import KnownEvent, RoomContext, Snapshot
+    from rooms.storage.state_groups import plan_group
+    from rooms.storage.visibility_ranges import SHARED_ERAS, RangeSet
 
     try:
-        from streams.storage.state_deltas import GroupLineage
+        from rooms.storage.state_deltas import GroupLineage
     except ImportError:  # a checkout from before forks were decided from deltas
         GroupLineage = None
 

@@ -92,7 +92,7 @@ def _read(query) -> "object":  # -> pandas.DataFrame
     """``query`` (an ``io.Query``) read whole with psycopg, as the jobs' JDBC read does in partitions."""
     from django.db import connection
 
-    from streams.jobs import io
+    from jobs import io
 
     with connection.cursor() as cursor:
         return _fetch(cursor, query.sql(None, io.quote))
@@ -103,16 +103,16 @@ def _read(query) -> "object":  # -> pandas.DataFrame
 
 def _orderings_in_python():
     """As the job: the strayed events, and the rooms to walk whole with their edges."""
-    from streams.jobs import definitions
-    from streams.jobs.dialect import for_database
-    from streams.jobs.topology import orderings_in_python, rooms_to_walk
+    from jobs import definitions
+    from jobs.job_dialect import for_database
+    from jobs.topology import orderings_in_python, rooms_to_walk
 
     events = _read(definitions._strayed_query(for_database()))
     walk = sorted(rooms_to_walk(events))
     if walk:
         from django.db import connection
 
-        from streams.jobs import io
+        from jobs import io
 
         in_sql = walk if len(walk) <= definitions.WALK_ROOMS_IN_SQL else None
         with connection.cursor() as cursor:
@@ -132,7 +132,7 @@ def _orderings_in_python():
 
 def python_topological_ordering() -> tuple[int, int]:
     """Twin of ``topological_ordering``: (rows read, events changed)."""
-    from streams.jobs import definitions, io
+    from jobs import definitions, io
 
     rows_in = definitions.count_events(None)
     _, result = _orderings_in_python()
@@ -147,7 +147,7 @@ def python_topological_ordering() -> tuple[int, int]:
 
 def python_check_topological_ordering() -> tuple[int, int]:
     """Twin of ``check_topological_ordering``: (rows read, differences)."""
-    from streams.jobs import definitions
+    from jobs import definitions
 
     rows_in = definitions.count_events(None)
     events, result = _orderings_in_python()
@@ -171,7 +171,7 @@ def _by_room(queries):
 
     from django.db import connection, transaction
 
-    from streams.jobs import io
+    from jobs import io
 
     def rows_of(k, query):
         sql = f"SELECT * FROM ({query.sql(None, io.quote)}) AS q ORDER BY room_id COLLATE \"C\""
@@ -193,8 +193,8 @@ def _by_room(queries):
 
 def _vis_queries():
     """The visibility job's two queries (events, state groups), as the job reads them."""
-    from streams.jobs import definitions
-    from streams.jobs.dialect import for_database
+    from jobs import definitions
+    from jobs.job_dialect import for_database
 
     dialect = for_database()
     return definitions._vis_events_query(dialect), definitions._groups_query(dialect)
@@ -209,8 +209,8 @@ def _room_frame(rows: list, query) -> "object":  # -> pandas.DataFrame of one ro
 def python_visibility() -> tuple[int, int]:
     """Twin of ``visibility``: (rows read, range rows inserted). Streams the rooms
     (:func:`_by_room`), their ranges COPYed into the staging table as they come."""
-    from streams.jobs import definitions, io
-    from streams.jobs.visibility import ranges_of_room
+    from jobs import definitions, io
+    from jobs.visibility_job import ranges_of_room
 
     events_q, groups_q = _vis_queries()
     low, high = definitions._stream_bounds(None)
@@ -239,8 +239,8 @@ def python_check_visibility() -> tuple[int, int]:
     :func:`python_visibility` does, with their stored ranges."""
     import pandas as pd
 
-    from streams.jobs import definitions
-    from streams.jobs.visibility import differences_of_room, ranges_of_room
+    from jobs import definitions
+    from jobs.visibility_job import differences_of_room, ranges_of_room
 
     events_q, groups_q = _vis_queries()
     found_q = definitions.RANGES
@@ -264,7 +264,7 @@ def python_check_visibility() -> tuple[int, int]:
 def range_pairs() -> tuple[int, int]:
     """(range rows, visible (event, user) pairs: every real user's covered events, world-readable
     ones included) of a recomputation, for the encoding's size (``--count-pairs``)."""
-    from streams.jobs.visibility import ANYONE, SHARED_ERAS, room_visibility, seen_runs
+    from jobs.visibility_job import ANYONE, SHARED_ERAS, room_visibility, seen_runs
 
     events_q, groups_q = _vis_queries()
     rows = pairs = 0
@@ -297,9 +297,9 @@ def _copy(stage, rows: list[tuple]) -> None:
 
 
 def _chain_cover_in_python():
-    from streams.jobs import definitions
-    from streams.jobs.chain_cover import chain_cover_in_python
-    from streams.jobs.dialect import for_database
+    from jobs import definitions
+    from jobs.chain_cover_job import chain_cover_in_python
+    from jobs.job_dialect import for_database
 
     events = _read(definitions._chain_events_query(for_database()))
     positions, links = chain_cover_in_python(events.itertuples(index=False, name=None))
@@ -308,7 +308,7 @@ def _chain_cover_in_python():
 
 def python_rebuild_chain_cover() -> tuple[int, int]:
     """Twin of ``rebuild_chain_cover``: (rows read, positions + links inserted)."""
-    from streams.jobs import definitions, io
+    from jobs import definitions, io
 
     low, high = definitions._stream_bounds(None)
     events, positions, links = _chain_cover_in_python()
@@ -339,7 +339,7 @@ def _named_index(positions, links) -> tuple[dict, "object"]:
 
 def python_check_chain_cover() -> tuple[int, int]:
     """Twin of ``check_chain_cover``: (rows read, differences)."""
-    from streams.jobs import definitions
+    from jobs import definitions
 
     events, positions, links = _chain_cover_in_python()
     stored_positions = _read(definitions.CHAIN_POSITIONS).drop(columns="id")
@@ -553,14 +553,14 @@ class _Steps:
 
 def profile_job(spark, job: str) -> None:
     """Where a job's time goes, step by step (``--profile JOB``)."""
-    from streams.jobs import definitions as d
-    from streams.jobs import io
-    from streams.jobs.dialect import for_database
+    from jobs import definitions as d
+    from jobs import io
+    from jobs.job_dialect import for_database
 
     step = _Steps(spark)
     low, high = step("stream bounds (one query)", lambda: d._stream_bounds(None))
     if job == "visibility":
-        from streams.jobs.visibility import visibility_ranges
+        from jobs.visibility_job import visibility_ranges
 
         events = io.read(spark, d._vis_events_query(for_database())).cache()
         step("read events + state group + prev events (JDBC)", events.count)
@@ -574,7 +574,7 @@ def profile_job(spark, job: str) -> None:
     elif job == "topological_ordering":
         from pyspark.sql import functions as F
 
-        from streams.jobs.topology import topological_ordering
+        from jobs.topology import topological_ordering
 
         events = io.read(spark, d._strayed_query(for_database())).cache()
         step("read the strayed events (JDBC; compared in the scan)", events.count)
@@ -611,7 +611,7 @@ def compare_masters(run_job, spark_version: str, repeat: int) -> None:
     warms up); medians."""
     import statistics
 
-    from streams.jobs.session import spark_session, stop_spark
+    from jobs.session import spark_session, stop_spark
     from testing.services import SparkStandaloneCluster
 
     t0 = time.monotonic()
@@ -781,8 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         django.setup()
         from pyspark import __version__ as spark_version
 
-        from streams.jobs.runner import run_job
-        from streams.jobs.session import spark_session
+        from jobs.runner import run_job
+        from jobs.session import spark_session
 
         try:
             if args.profile:

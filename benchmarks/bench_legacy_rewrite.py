@@ -31,7 +31,7 @@ ROW = ["!room1:bench.example", "m.read", "@user123:bench.example", "$0123456789a
 
 def parsing_every_line(data: bytes, subscribed: dict[str, str]):
     """The rewrite before this change (the baseline)."""
-    from streams.replication.protocol.line_batch import LineBatch
+    from replication.protocol.line_batch import LineBatch
     from testing.legacy_reference import rewrite_by_parsing
 
     return LineBatch.of(rewrite_by_parsing(data, subscribed))
@@ -55,8 +55,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from streams.replication.protocol.legacy_rewrite import to_legacy
-    from streams.replication.protocol.line_batch import WriterRun, build_counts, build_lines
+    from replication.protocol.legacy_rewrite import to_legacy
+    from replication.protocol.line_batch import WriterRun, build_counts, build_lines
 
     facts = [(t, [ROW] * (3 if t % 10 == 0 else 1)) for t in range(101, 201)]
     lines = build_lines("receipts", "w1", 100, 205, facts)

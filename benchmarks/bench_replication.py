@@ -98,9 +98,9 @@ def build_batches(n_batches: int, batch: int, path: str) -> dict:
     import random
 
     _django_setup()
+    from replication.protocol.line_batch import build_lines
     from streams.models import Receipt
     from streams.registry import get_stream
-    from streams.replication.protocol.line_batch import build_lines
 
     table = get_stream(STREAM).tables[0]
     rng = random.Random(7)
@@ -251,7 +251,7 @@ def _feeder(redis_url: str, path: str, n_messages: int, window: int, counts, loa
         batches, batch = data["batches"], data["batch"]
         layer = RedisPubSubChannelLayer(hosts=[redis_url])
 
-        from streams.replication.protocol.line_batch import counts_of
+        from replication.protocol.line_batch import counts_of
 
         # commands per name of each payload, as the writer's streamer sends them
         kinds = {payload: counts_of(payload.decode().splitlines()) for payload, _ in [*batches, data["prime"]]}

@@ -71,8 +71,8 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
     """The room's groups (ids, in order) and the rows they would take as full snapshots."""
     from django.db import transaction
 
-    from streams.storage.plan_writer import write_state_groups
-    from streams.storage.sql import insert_rows, store_cursor
+    from rooms.storage.plan_writer import write_state_groups
+    from rooms.storage.sql import insert_rows, store_cursor
 
     rng = random.Random(seed)
     current = {("m.room.member", f"@u{i}:hs"): f"$join{i}" for i in range(size)}
@@ -116,8 +116,8 @@ POLICIES = ("old", "new")
 def state_at_event_by_rows(event_id: str) -> dict:
     """``reads.state_at_event`` reading a group by rows (the baseline of the
     read): the chain, then its rows, a tuple each, applied in a loop."""
-    from streams.storage.sql import fetch_all, store_cursor
-    from streams.storage.state_groups import _CHAIN
+    from rooms.storage.sql import fetch_all, store_cursor
+    from rooms.storage.state_groups import _CHAIN
 
     with store_cursor() as cur:
         cur.execute("SELECT state_group FROM event_to_state_groups WHERE event_id = %s", [event_id])
@@ -137,7 +137,7 @@ def build_all(sizes: list[int], groups: int) -> dict[tuple[str, int], dict]:
     """Every room, of both policies: what each stored."""
     from django.db import connection
 
-    from streams.storage.state_groups import StateGroupStore
+    from rooms.storage.state_groups import StateGroupStore
 
     out = {}
     for size in sizes:
@@ -168,10 +168,10 @@ def read_all(rooms: dict[tuple[str, int], dict], sizes: list[int], samples: int)
     alternated call by call (so both run in the same heap and under the same load)."""
     from django.db import connection
 
-    from streams.storage import reads
-    from streams.storage.caches import storage_caches
-    from streams.storage.sql import fetch_all, store_cursor
-    from streams.storage.state_groups import _CHAIN
+    from rooms.storage import reads
+    from rooms.storage.caches import storage_caches
+    from rooms.storage.sql import fetch_all, store_cursor
+    from rooms.storage.state_groups import _CHAIN
 
     with connection.cursor() as c:
         c.execute("ANALYZE state_groups_state")

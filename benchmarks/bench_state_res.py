@@ -1,4 +1,4 @@
-"""State resolution of a fork in a big room: ours (``streams.matrix.state_res``) against
+"""State resolution of a fork in a big room: ours (``rooms.matrix.state_res``) against
 Synapse's Python implementation (``synapse.state.v2``), on the same events, in the same run.
 
     .venv/bin/python benchmarks/bench_state_res.py [--members 10000] [--repeat 7] [--quick]
@@ -39,11 +39,11 @@ from synapse.state import v2 as synapse_v2  # noqa: E402
 from synapse.storage.databases.main.event_federation import StateDifference  # noqa: E402
 
 from benchmarks._machine import cpu_description, load_average  # noqa: E402
-from streams.matrix import chain_cover  # noqa: E402
-from streams.matrix.auth import auth_types_for_event  # noqa: E402
-from streams.matrix.event_format import parse_event, with_content_hash  # noqa: E402
-from streams.matrix.room_versions import KNOWN_ROOM_VERSIONS  # noqa: E402
-from streams.matrix.state_res import auth_difference, conflicted_subgraph, resolve, split  # noqa: E402
+from rooms.matrix import chain_index  # noqa: E402
+from rooms.matrix.auth_rules import auth_types_for_event  # noqa: E402
+from rooms.matrix.event_format import parse_event, with_content_hash  # noqa: E402
+from rooms.matrix.room_versions import KNOWN_ROOM_VERSIONS  # noqa: E402
+from rooms.matrix.state_res import auth_difference, conflicted_subgraph, resolve, split  # noqa: E402
 from testing.synapse_oracle import NoWaitClock, run_sync  # noqa: E402  (Synapse called synchronously, as the tests do)
 
 ADMIN, MOD = "@admin:s1", "@mod:s2"
@@ -170,7 +170,7 @@ def bench(version_id: str, members: int, repeat: int) -> dict:
     def precomputed(sets, conflicted_or_none):
         return difference, (subgraph if conflicted_or_none is not None else None)
 
-    index = chain_cover.build(chain_cover.IndexEvent(e.event_id, e.type, e.state_key, e.auth_event_ids)
+    index = chain_index.build(chain_index.IndexEvent(e.event_id, e.type, e.state_key, e.auth_event_ids)
                               for e in room.events.values() if e.is_state)  # as the persist path keeps it
     indexed = index.graph_facts(room.events)
     store = _Store(synapse_events, difference, subgraph)

@@ -7,7 +7,7 @@
 Starts a throwaway PostgreSQL (``PostgresServer(fast=False)``: fsync on, as a real server),
 migrates a fresh database, then on that one server:
 
-* **persist**: ``generate_rooms``' dataset (streams.storage.generator: big churny rooms,
+* **persist**: ``generate_rooms``' dataset (rooms.storage.generator: big churny rooms,
   small rooms, four visibilities, invites, redactions, backfill) through ``persist_events``
   in batches; events/s counts only the time inside ``persist_events``, printed per slice
   (100,000 events at full size) so that a cost growing with the tables shows, and per million
@@ -348,11 +348,11 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         read_partial: bool = False, stopping=lambda: False, keep=None) -> int:
     from django.db import connection
 
+    from rooms.storage import reads
+    from rooms.storage.caches import storage_caches
+    from rooms.storage.sql import store_cursor
+    from rooms.storage.tokens import RoomStreamToken
     from streams.runtime import runtime
-    from streams.storage import reads
-    from streams.storage.caches import storage_caches
-    from streams.storage.sql import store_cursor
-    from streams.storage.tokens import RoomStreamToken
 
     print(f"machine: {cpu_description()}; load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}")
@@ -373,7 +373,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
         finally:
             if isinstance(stopping, StopOnSigterm):
                 stopping.building = False
-            from streams.storage.persist import persister_for
+            from rooms.storage.persist import persister_for
 
             persister_for(rt).end_bulk()  # the reads run with the collector as a serving process has it
         if built is None:
@@ -396,7 +396,7 @@ def run(*, events: int, rooms: int, users: int, batch: int, samples: int, seed: 
 
     # the reads run in a process set up as a serving one is (synapse_repl/asgi.py): what it
     # loaded before them lives as long as it does, frozen out of the collector's way
-    from synapse_repl.long_lived import freeze_long_lived
+    from synapse_repl.gc_freeze import freeze_long_lived
 
     print(f"froze {freeze_long_lived():,} long-lived objects before the reads (as a serving process does)")
 
@@ -513,8 +513,8 @@ def state_storage(sqlite: bool) -> None:
     every group (the mean state of 2,000 sampled groups times the groups)."""
     from django.db import connection
 
-    from streams.storage.sql import store_cursor
-    from streams.storage.state_groups import StateGroupStore
+    from rooms.storage.sql import store_cursor
+    from rooms.storage.state_groups import StateGroupStore
 
     with connection.cursor() as c:
         c.execute("SELECT count(*), count(*) FILTER (WHERE chain_length = 1) FROM state_groups")
@@ -658,11 +658,11 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 
     from django.db import connection
 
-    from streams.models import Event
-    from streams.storage import persist_events, reads
-    from streams.storage.generator import RoomGenerator
-    from streams.storage.persist import persister_for
-    from streams.storage.sql import store_cursor
+    from rooms.models import Event
+    from rooms.storage import persist_events, reads
+    from rooms.storage.generator import RoomGenerator
+    from rooms.storage.persist import persister_for
+    from rooms.storage.sql import store_cursor
 
     # as generate_rooms: the persister's objects out of the collector's way every N batches
     persister = persister_for(rt)
@@ -812,7 +812,7 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 def one_writer(rt, batches, gc_s: list):
     """The persist phase's commits by this process: each batch through ``persist_events``,
     as ``(events, seconds, cpu here, cpu in the database, collector seconds)``."""
-    from streams.storage import persist_events
+    from rooms.storage import persist_events
 
     def commits(go_on, state: dict):
         for b in batches:

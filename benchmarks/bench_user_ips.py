@@ -34,7 +34,7 @@ from _setup import migrated_database
 
 
 def sightings(n: int, keys: int, seed: int = 1) -> list:
-    from streams.replication.protocol.commands import UserIpCommand
+    from replication.protocol.commands import UserIpCommand
 
     rng = random.Random(seed)
     return [UserIpCommand(f"@user{k % 500}:bench", f"token{k}", f"10.0.{k % 250}.{k % 7}", "Mozilla/5.0 bench",
@@ -43,7 +43,7 @@ def sightings(n: int, keys: int, seed: int = 1) -> list:
 
 
 def batched(commands: list, flush_every: int) -> tuple[float, int]:
-    from streams.replication.endpoint.user_activity import UserIpBatch, write_user_ips
+    from replication.endpoint.user_activity import UserIpBatch, write_user_ips
 
     batch, statements = UserIpBatch(), 0
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def one_by_one(commands: list) -> tuple[float, int]:
     baseline: the endpoint's writer closes its pool thread's connection after each batch)."""
     from django.db import transaction
 
-    from streams.models import UserIp
+    from replication.models import UserIp
 
     t0 = time.perf_counter()
     for cmd in commands:
@@ -87,8 +87,8 @@ def full_batch(keys: int, ascii_only: bool) -> tuple[int, int, int]:
     it took, bytes it counts, bytes tracemalloc saw it hold), in this process."""
     import tracemalloc
 
-    from streams.replication.endpoint.user_activity import UserIpBatch
-    from streams.replication.protocol.commands import parse_line
+    from replication.endpoint.user_activity import UserIpBatch
+    from replication.protocol.commands import parse_line
 
     batch = UserIpBatch(max_pending=keys)
     tracemalloc.start()
@@ -143,7 +143,7 @@ def endpoint_memory(args: argparse.Namespace) -> None:
     with migrated_database("bench_user_ips_memory", fast=True), tempfile.TemporaryDirectory() as tmp:
         from django.conf import settings
 
-        from streams.models import UserIp
+        from replication.models import UserIp
 
         cap = settings.SYNAPSE_REPL["REPLICATION_MAX_USER_IPS"]
         rate = settings.SYNAPSE_REPL["REPLICATION_COMMAND_RATE"] * 0.9
@@ -208,7 +208,7 @@ def main() -> None:
         return endpoint_memory(args)
     n = 2_000 if args.quick else args.commands
     with migrated_database("bench_user_ips", fast=False):
-        from streams.models import UserIp
+        from replication.models import UserIp
 
         commands = sightings(n, args.keys)
         results = {}

@@ -8,7 +8,7 @@ handshake with ``SERVER`` and ``POSITION receipts w1 0 1``, then sends N ``RDATA
 ``--per-write N`` at a time with ``--pause-ms`` after each (the cluster's shape: a batch per
 read, the worker idle in between; at 10 ms apart the same worker costs ~2.5x per fact, the
 cost of waking up after idling).
-The worker is :class:`~streams.replication.worker.tcp_worker.ReplicationWorker` in this process with a
+The worker is :class:`~replication.worker.tcp_worker.ReplicationWorker` in this process with a
 counting coroutine callback (what ``bench_cluster``'s count sink does); it is timed from
 connect until the callback has seen every fact.
 
@@ -112,7 +112,7 @@ def _counting(facts: int) -> tuple[Any, asyncio.Event]:
 
 
 async def _worker_run(port: int, facts: int) -> tuple[float, float]:
-    from streams.replication.worker.tcp_worker import ReplicationWorker
+    from replication.worker.tcp_worker import ReplicationWorker
 
     on_facts, done = _counting(facts)
 
@@ -144,10 +144,10 @@ async def _baseline_run(port: int, facts: int) -> tuple[float, float]:
 
 async def _in_process_run(transport: str, facts: int) -> float:
     """CPU per fact of one transport's receive path, fed 64 KiB chunks in this process."""
-    from streams.replication.protocol.commands import PositionCommand
-    from streams.replication.protocol.connection import ReplicationConnection
-    from streams.replication.worker.redis_worker import RedisReplicationWorker
-    from streams.replication.worker.tcp_worker import ReplicationWorker
+    from replication.protocol.commands import PositionCommand
+    from replication.protocol.connection import ReplicationConnection
+    from replication.worker.redis_worker import RedisReplicationWorker
+    from replication.worker.tcp_worker import ReplicationWorker
 
     on_facts, done = _counting(facts)
 
@@ -188,7 +188,7 @@ def _floor_run(facts: int) -> float:
     the row's JSON decoded (the C scanner the worker uses), the pairs of a chunk handed on as
     a list and dropped (as the counting callback drops them). No checks, no follower, no
     callback: a floor for the in-process figures, not a receiver."""
-    from streams.replication.protocol.commands import _scan_once
+    from replication.protocol.commands import _scan_once
 
     chunks = _chunks(b"".join(line + b"\n" for line in _rdata_lines(facts)))
     seen = 0

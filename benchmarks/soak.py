@@ -710,7 +710,7 @@ class Attackers:
                             else "USER_IP 16 KB ID not refused")
 
     def _long_typing_room(self) -> None:
-        from streams.replication.http.typing import send_typing
+        from replication.http.typing_changes import send_typing
 
         assert self.typing_url is not None
         room = "!long-typing:soak.example"
@@ -939,7 +939,7 @@ def loop_lag(tmp: Path) -> tuple[int, int]:
 
 def disconnect_reasons(tmp: Path) -> Counter:
     """``disconnected: <reason>`` lines of every endpoint log, by reason (the dashboard's names)."""
-    from streams.replication.endpoint.bookkeeping import disconnect_reason
+    from replication.endpoint.connection_records import disconnect_reason
 
     counts: Counter = Counter()
     for log in tmp.glob("endpoint*.log"):

@@ -21,8 +21,8 @@ from django.dispatch import receiver
 
 from dashboard.facts_history import minute_of, record_minute
 from dashboard.process_stats import process_stats
-from streams.replication.endpoint.bookkeeping import endpoint_started
-from streams.replication.endpoint.server import endpoint_snapshot
+from replication.endpoint.connection_records import endpoint_started
+from replication.endpoint.server import endpoint_snapshot
 
 logger = logging.getLogger(__name__)
 

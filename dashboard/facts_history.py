@@ -19,7 +19,7 @@ def minute_of(when: datetime) -> datetime:
 
 
 def stream_totals() -> dict[str, int]:
-    from streams.status import stream_status
+    from streams.stream_status import stream_status
 
     return {s.name: max((abs(p) for p in s.positions.values()), default=0)
             for s in stream_status() if s.db_backed}

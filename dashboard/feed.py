@@ -28,7 +28,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from dashboard.facts_history import minute_of, record_minute
-from streams.replication.publish.streamer import LINES_GROUP
+from replication.publish.streamer import LINES_GROUP
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +77,10 @@ def _collect_state(now: float | None) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from dashboard.endpoint_status import endpoint_statuses
-    from dashboard.jobs import recent_job_runs
-    from dashboard.stream_status import streams_as_served
+    from dashboard.job_panel import recent_job_runs
+    from dashboard.stream_table import streams_as_served
     from streams.conf import instance_name, repl_setting
-    from streams.status import BACKWARDS_NOTE
+    from streams.stream_status import BACKWARDS_NOTE
 
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)
@@ -127,7 +127,7 @@ class LiveFeed:
         self.history: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max(1, int(HISTORY_SECONDS / self.refresh)))
         self.state: dict[str, Any] | None = None
-        #: the latest readiness (synapse_repl.health.banner_view): the page's Live banner
+        #: the latest readiness (dashboard.health.banner_view): the page's Live banner
         self.health: dict[str, Any] | None = None
         self.batches_heard = 0
         self.refreshes = 0
@@ -269,7 +269,7 @@ class LiveFeed:
     async def check_health(self) -> None:
         """Run the readiness checks (on the feed's database thread) and push the result to
         the pages, so their banner turns red with the reason when a part is down."""
-        from synapse_repl.health import banner_view, readiness
+        from dashboard.health import banner_view, readiness
 
         results = await asyncio.get_running_loop().run_in_executor(self._db, readiness)
         self.health = banner_view(results)

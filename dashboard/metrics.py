@@ -30,7 +30,7 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         from dashboard.endpoint_status import endpoint_statuses
-        from dashboard.stream_status import streams_as_served
+        from dashboard.stream_table import streams_as_served
 
         position = GaugeMetricFamily(f"{PREFIX}_stream_position", "A writer's position on a stream",
                                      labels=["stream", "writer"])
@@ -178,7 +178,7 @@ def _job_metrics() -> Iterator[Metric]:
     differences it found (the alert rules page on either)."""
     from django.db.models import F
 
-    from streams.models.jobs import JobRun
+    from jobs.models import JobRun
 
     failed = GaugeMetricFamily(f"{PREFIX}_job_last_run_failed",
                                "1 if the job's latest finished run failed", labels=["job"])

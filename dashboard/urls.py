@@ -1,7 +1,7 @@
 from django.urls import path
 
 from dashboard import views
-from dashboard.jobs import cancel_job, job_log, start_job
+from dashboard.job_panel import cancel_job, job_log, start_job
 from dashboard.metrics import metrics_view
 
 app_name = "dashboard"

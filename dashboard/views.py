@@ -6,7 +6,7 @@ from django.shortcuts import render
 from dashboard.access import staff_json
 from dashboard.endpoint_status import endpoint_statuses
 from dashboard.feed import writer_json
-from dashboard.stream_status import streams_as_served
+from dashboard.stream_table import streams_as_served
 from streams.conf import instance_name, repl_setting
 
 
@@ -21,7 +21,7 @@ def _context(**extra):
 
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
-    from dashboard.jobs import job_names, job_schedule, recent_job_runs
+    from dashboard.job_panel import job_names, job_schedule, recent_job_runs
 
     return render(request, "dashboard/streams.html", _context(
         streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
@@ -41,7 +41,7 @@ def connections_page(request: HttpRequest) -> HttpResponse:
 def syncing_users_page(request: HttpRequest) -> HttpResponse:
     """Per user, which workers' syncing processes report it as syncing (USER_SYNC), from the
     endpoints' latest snapshots; ``?user=`` narrows to one user ID (or a prefix of it)."""
-    from streams.replication.endpoint.user_activity import syncing_by_user
+    from replication.endpoint.user_activity import syncing_by_user
 
     query = request.GET.get("user", "").strip()[:255]
     users = syncing_by_user(endpoint_statuses())

@@ -67,7 +67,7 @@ def lag(worker_positions: dict[str, dict[str, int]], writer_positions: dict[str,
 def worker_statuses(now: datetime | None = None) -> list[dict[str, Any]]:
     """Every worker heard of within the last hour, with its lag per stream and whether it is stale."""
     from dashboard.models import WorkerStatus
-    from streams.status import stream_status
+    from streams.stream_status import stream_status
 
     now = now or datetime.now(timezone.utc)
     rows = list(WorkerStatus.objects.filter(updated_at__gte=now - FORGET_AFTER).order_by("name"))

@@ -1,17 +1,15 @@
 """Fact tables in the Django admin: read-only, because facts never change.
 
 Every fact table can be searched and filtered by room, sender (or user), type, stream ID
-(from/to, or a number typed in the search box) and writer. An event's page shows its stored
-JSON exactly as received and pretty-printed, and the panels of ``admin_panels`` (edges,
-verdict, state group, state at the event), and when it was received (UTC; the stored
-milliseconds in its tooltip). The stream-positions and pending-IDs pages carry the live panel
-of the dashboard (same WebSocket feed). In every list, text columns (IDs, types, names) wrap
-only after their own separators (``synapse_repl.wrapping``), never mid-word.
+(from/to, or a number typed in the search box) and writer; the other apps' admins (room
+events, job runs, user IPs) build on ``ReadOnlyAdmin`` and ``FactAdmin`` here. The
+stream-positions and pending-IDs pages carry the live panel of the dashboard (same WebSocket
+feed). In every list, text columns (IDs, types, names) wrap only after their own separators
+(``common.breakable``), never mid-word.
 """
 from __future__ import annotations
 
 import datetime
-import json
 from typing import Any, Callable
 
 from django.contrib import admin, messages
@@ -21,25 +19,13 @@ from django.db import models
 from django.db.models import Q
 from django.http import HttpResponseBadRequest, QueryDict
 from django.utils.formats import date_format
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
 
-from streams.admin_panels import EVENT_DETAIL_PANELS
+from common.breakable import breakable
 from streams.identifiers import fits_stream_id
-from streams.models import (
-    AccountData,
-    CacheInvalidation,
-    CurrentStateDelta,
-    DeviceInbox,
-    Event,
-    JobRun,
-    Receipt,
-    StreamPosition,
-    StreamReservation,
-    UserIp,
-)
-from synapse_repl.wrapping import breakable
+from streams.models import AccountData, CacheInvalidation, DeviceInbox, Receipt, StreamPosition, StreamReservation
 
 
 class InputFilter(admin.SimpleListFilter):
@@ -197,47 +183,6 @@ class FactAdmin(ReadOnlyAdmin):
         return super().get_search_results(request, queryset, search_term)
 
 
-@admin.register(Event)
-class EventAdmin(FactAdmin):
-    list_display = ("stream_ordering", "event_id", "room_id", "type", "sender", "instance_name")
-    choice_filters = ("type", "instance_name", "outlier", "rejected")
-    text_filters = ((_("room"), "room_id"), (_("sender"), "sender"))
-    search_fields = ("event_id", "room_id", "sender", "type")
-    exclude = ("json", "received_ts")
-    readonly_fields = ("received_at", "json_exact", "json_pretty")
-    change_form_template = "admin/streams/event/change_form.html"
-
-    @admin.display(description=_("received at"))
-    def received_at(self, obj: Event):
-        return epoch_ms_time(obj.received_ts)
-
-    @admin.display(description=_("JSON as stored"))
-    def json_exact(self, obj: Event) -> str:
-        return format_html('<pre class="event-json exact">{}</pre>',
-                           bytes(obj.json).decode("utf-8", errors="backslashreplace"))
-
-    @admin.display(description=_("JSON, pretty"))
-    def json_pretty(self, obj: Event) -> str:
-        try:
-            pretty = json.dumps(json.loads(bytes(obj.json)), indent=2, ensure_ascii=False)
-        except ValueError as e:
-            return format_html('<p class="errornote">not valid JSON: {}</p>', e)
-        return format_html('<pre class="event-json pretty">{}</pre>', pretty)
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        obj = self.get_object(request, object_id)
-        panels = [(title, render(obj)) for title, render in EVENT_DETAIL_PANELS] if obj is not None else []
-        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "event_panels": panels})
-
-
-@admin.register(CurrentStateDelta)
-class CurrentStateDeltaAdmin(FactAdmin):
-    list_display = ("stream_id", "room_id", "type", "state_key", "event_id", "instance_name")
-    choice_filters = ("type", "instance_name")
-    text_filters = ((_("room"), "room_id"),)
-    search_fields = ("room_id", "event_id", "state_key")
-
-
 @admin.register(Receipt)
 class ReceiptAdmin(FactAdmin):
     list_display = ("stream_id", "room_id", "receipt_type", "user_id", "event_id", "instance_name")
@@ -280,67 +225,3 @@ class StreamReservationAdmin(ReadOnlyAdmin):
     list_display = ("stream_name", "instance_name", "stream_ids", "reserved_at", "pid")
     list_filter = ("stream_name", "instance_name")
     change_list_template = "admin/streams/live_change_list.html"
-
-
-@admin.register(UserIp)
-class UserIpAdmin(ReadOnlyAdmin):
-    """Where each user's clients were last seen (USER_IP from the workers, written in batches
-    by the replication endpoints). Access tokens are not shown: only their last characters."""
-
-    list_display = ("user_id", "ip", "device_id", "user_agent", "last_seen_at", "token_tail")
-    list_filter = (input_filter(_("user"), "by_user_id", "user_id"), input_filter(_("IP address"), "by_ip", "ip"),
-                   input_filter(_("device"), "by_device_id", "device_id"))
-    search_fields = ("user_id", "ip", "device_id")
-    exclude = ("access_token",)
-    readonly_fields = ("token_tail", "last_seen_at")
-    ordering = ("-last_seen",)
-    list_per_page = 50
-    show_full_result_count = False
-
-    @admin.display(description=_("last seen"), ordering="last_seen")
-    def last_seen_at(self, row: UserIp):
-        import datetime
-
-        try:
-            return datetime.datetime.fromtimestamp(row.last_seen / 1000, datetime.timezone.utc)
-        except (OverflowError, OSError, ValueError):  # a peer's odd clock: show the number
-            return row.last_seen
-
-    @admin.display(description=_("access token"))
-    def token_tail(self, row: UserIp) -> str:
-        return "…" + row.access_token[-4:] if len(row.access_token) > 8 else "…"
-
-
-@admin.register(JobRun)
-class JobRunAdmin(ReadOnlyAdmin):
-    """Batch-job runs, as the runner recorded them (start one from the dashboard)."""
-
-    list_display = ("id", "job", "outcome", "trigger", "started_at", "duration", "rows_in", "rows_out", "differences")
-    list_filter = ("job", "status", "trigger")
-    readonly_fields = ("job", "parameters", "outcome", "trigger", "started_at", "ended_at", "rows_in", "rows_out",
-                       "differences", "difference_table", "error")
-    fields = readonly_fields  # the raw sample and status stay out: the table and outcome say it better
-
-    @admin.display(description=_("status"), ordering="status")
-    def outcome(self, run: JobRun):
-        """A check with differences reads as failed (in red), not like a clean one."""
-        colour = {"failed": "#b3261e", "refused": "#b3261e", "succeeded": "#2b8a3e"}.get(run.verdict, "inherit")
-        return format_html('<span class="status-{}" style="color: {}; font-weight: 600">{}</span>',
-                           run.verdict, colour, run.verdict_text)
-
-    @admin.display(description=_("first differences"))
-    def difference_table(self, run: JobRun):
-        columns, rows = run.shown_differences()
-        if not rows:
-            return "—"
-        return format_html(
-            '<p>first {} of {}</p><div class="scroll-x"><table class="differences"><thead><tr>{}</tr></thead>'
-            '<tbody>{}</tbody></table></div>',
-            len(rows), run.differences,
-            format_html_join("", "<th>{}</th>", ((c,) for c in columns)),
-            format_html_join("", "<tr>{}</tr>", ((format_html_join("", "<td>{}</td>", ((breakable(v),) for v in row)),)
-                                                 for row in rows)))
-
-    @admin.display(description=_("duration (s)"))
-    def duration(self, run: JobRun):
-        return None if run.duration_seconds is None else round(run.duration_seconds, 1)

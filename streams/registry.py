@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from rooms.models import CurrentStateDelta, Event, ExOutlier
 from streams.direction import IdDirection, direction
-from streams.models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, ExOutlier, Receipt
-from streams.models.base import FactModel
+from streams.models import AccountData, CacheInvalidation, DeviceInbox, FactModel, Receipt
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class StreamRuntime:
         self._typing = None  # TypingWriter, when this process writes the typing stream
         self._lock = threading.Lock()
         self.streamer = None
-        #: the room event store's read caches for this database (``streams.storage.caches``),
+        #: the room event store's read caches for this database (``rooms.storage.caches``),
         #: created on first use
         self.storage_caches: Any = None
 
@@ -91,10 +91,10 @@ class StreamRuntime:
         return {"typing": {self.instance_name: typing.current_token}} if typing is not None else {}
 
     def typing(self):
-        """This process's typing writer (in memory, streams/typing.py); built on first use,
+        """This process's typing writer (in memory, replication/typing_stream.py); built on first use,
         when it announces that it starts from 0. Raises ``NotAWriter`` elsewhere."""
+        from replication.typing_stream import TypingWriter
         from streams.id_generator import NotAWriter
-        from streams.typing import TypingWriter
 
         with self._lock:
             if self._typing is None:
@@ -132,7 +132,7 @@ class StreamRuntime:
         ``loop``: the event loop to publish from when the channel layer is in-memory (it
         must be the loop of the endpoint in this process); otherwise a thread of its own.
         """
-        from streams.replication.publish.streamer import ReplicationStreamer
+        from replication.publish.streamer import ReplicationStreamer
 
         with self._lock:
             if self.streamer is not None:

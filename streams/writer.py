@@ -29,7 +29,7 @@ from django.db import connections, transaction
 from streams.dialect import bulk_insert_sql, commits_in_one_pipeline
 from streams.id_generator import MultiWriterIdGenerator
 from streams.id_store import Reservation
-from streams.models.base import FactModel
+from streams.models import FactModel
 from streams.notifier import WireJournal
 from streams.pg import explicit_prepares
 from streams.registry import StreamSpec

@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
+from common.url_redaction import redact_text, redact_url
 from synapse_attach.catalogue import CHECKED_SEQUENCES, StreamSpec, generators
 from synapse_attach.progress import walk_base, writer_positions
 from synapse_attach.snapshot import PositionRow, SequenceState, Snapshot, TableFacts
-from synapse_repl.redaction import redact_text, redact_url
 
 #: IDs read per table for the persisted-upto walk: a writer whose recorded position is far
 #: behind (idle since long ago) would otherwise make one read scan the whole stream.

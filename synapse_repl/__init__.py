@@ -1,8 +1,8 @@
 """synapse_repl: the stream and replication backbone of a Matrix homeserver cluster."""
-from synapse_repl.lifeline import hold_from_environment
+from common.lifeline import hold_from_environment
 
 # Every process of the service imports this package first (manage.py's settings, ``celery -A
-# synapse_repl``): one started on a lifeline dies with its parent (synapse_repl/lifeline.py).
+# synapse_repl``): one started on a lifeline dies with its parent (common/lifeline.py).
 hold_from_environment()
 
 from synapse_repl.celery import app as celery_app  # noqa: E402

@@ -30,7 +30,7 @@ application = TrustedRootPath(ProtocolTypeRouter({
     "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 }), root_path=settings.WEB_ROOT_PATH)
 
-# start-up is over: what it loaded lives as long as the process (synapse_repl/long_lived.py)
-from synapse_repl.long_lived import freeze_long_lived  # noqa: E402
+# start-up is over: what it loaded lives as long as the process (synapse_repl/gc_freeze.py)
+from synapse_repl.gc_freeze import freeze_long_lived  # noqa: E402
 
 freeze_long_lived()

@@ -1,7 +1,7 @@
 """The Celery app. Eager on the embedded default; Redis broker when REDIS_URL is set.
 
 One beat per schedule file: a beat holds ``<schedule file>.lock`` for its life
-(synapse_repl/state_lock.py), so two never send the same scheduled jobs.
+(common/state_lock.py), so two never send the same scheduled jobs.
 """
 import logging
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from celery import Celery, signals
 
-from synapse_repl.redaction import RedactingWrapper
+from common.url_redaction import RedactingWrapper
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
 
@@ -33,7 +33,7 @@ def redact_celery_logs(logger, **kwargs) -> None:
 def hold_the_schedule(sender, **kwargs) -> None:
     """Before beat opens its schedule file: take its lock, or exit with one line naming the
     beat that holds it (the lock stays held as long as the beat process lives)."""
-    from synapse_repl.state_lock import StateLockHeld, hold
+    from common.state_lock import StateLockHeld, hold
 
     try:
         sender.schedule_lock = hold(beat_lock_path(sender.schedule_filename), BEAT_LOCK_WHAT)

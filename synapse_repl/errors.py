@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from django.views import defaults
 
-from synapse_repl.redaction import redact_text, redact_url
+from common.url_redaction import redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from django.core import checks
 
-from synapse_repl.secret import load_or_create_secret_key
+from common.secret import load_or_create_secret_key
 
 REPLICATION_SECRET_FILE = "replication_secret"
 

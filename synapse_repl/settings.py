@@ -11,11 +11,11 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from synapse_repl.schedules import beat_schedule, half_an_hour_later
-from synapse_repl.secret import load_or_create_secret_key
+from common.secret import load_or_create_secret_key
+from common.state_dir import secure_state_dir
+from jobs.schedules import beat_schedule, half_an_hour_later
 from synapse_repl.security import celery_redis_ssl, replication_secret
 from synapse_repl.startup import database_url_problem, redis_url_problem
-from synapse_repl.state_dir import secure_state_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("STATE_DIR", BASE_DIR / "var"))
@@ -48,16 +48,21 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # the apps by subsystem, each on the floor above the ones it uses (docs/architecture.md)
     "streams",
+    "rooms",
+    "replication",
+    "jobs",
     "dashboard",
     "synapse_attach",
+    "synapse_repl",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # database refusing connections -> 503 with the reason (synapse_repl/errors.py)
     "synapse_repl.errors.DatabaseUnavailableMiddleware",
-    "streams.replication.http.auth.ReplicationSecretMiddleware",
+    "replication.http.replication_secret.ReplicationSecretMiddleware",
     # a NUL byte anywhere in the path, query or form -> 400 (PostgreSQL refuses NUL in text)
     "synapse_repl.errors.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -139,7 +144,7 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery 6's default, set now: its warning about the change took a dozen lines at every outage.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-# Batch jobs (streams/jobs): nightly recomputation, hourly consistency checks. Each schedule is
+# Batch jobs (jobs): nightly recomputation, hourly consistency checks. Each schedule is
 # a crontab "minute hour day-of-month month day-of-week" or an interval "@every 30s" (s, m, h);
 # an empty value turns it off.
 _RECOMPUTE_CRON = os.environ.get("JOBS_RECOMPUTE_CRON", "0 3 * * *")
@@ -157,7 +162,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 #: ``JOBS = {"name": function}`` (imported wherever jobs are listed or run; docs/jobs.md).
 JOB_MODULES = [m.strip() for m in os.environ.get("JOB_MODULES", "").split(",") if m.strip()]
 
-# --- /health/ready (synapse_repl/health.py) ------------------------------------------------
+# --- /health/ready (dashboard/health.py) ------------------------------------------------
 # Readiness also requires this host's replication endpoint (REPLICATION_LISTEN) to be running,
 # and, with Redis, a Celery worker answering; 0 leaves either out (a web-only process).
 HEALTH_CHECK_ENDPOINT = os.environ.get("HEALTH_CHECK_ENDPOINT", "1") != "0"
@@ -179,7 +184,7 @@ SYNAPSE_REPL = {
     "JOBS_MAX_CHILDREN": _env_number("JOBS_MAX_CHILDREN", 2),
     # A running job's process rewrites its run's heartbeat every second or so; a run on another
     # host whose heartbeat is older than this is marked failed ("interrupted") by the sweep
-    # (streams/jobs/liveness.py). Runs on this host are judged by their pid at once.
+    # (jobs/liveness.py). Runs on this host are judged by their pid at once.
     "JOBS_HEARTBEAT_STALE_SECONDS": _env_number("JOBS_HEARTBEAT_STALE_SECONDS", 120, float),
     # How often runservice sweeps for runs whose process is gone.
     "JOBS_SWEEP_SECONDS": _env_number("JOBS_SWEEP_SECONDS", 5, float),
@@ -272,11 +277,11 @@ if WEB_ROOT_PATH and not WEB_ROOT_PATH.startswith("/"):
     raise ImproperlyConfigured(f"WEB_ROOT_PATH={WEB_ROOT_PATH!r}: expected a path such as /synapse_repl")
 # The /api/ app caps its page sizes (?limit=) at this many items.
 API_MAX_LIMIT = _env_number("API_MAX_LIMIT", 1000)
-AUTHENTICATION_BACKENDS = ["synapse_repl.login_throttle.ThrottledModelBackend"]
+AUTHENTICATION_BACKENDS = ["common.login_throttle.ThrottledModelBackend"]
 LOGIN_MAX_FAILURES = _env_number("LOGIN_MAX_FAILURES", 5)
 LOGIN_FAILURE_WINDOW_SECONDS = _env_number("LOGIN_FAILURE_WINDOW_SECONDS", 300)
 # Wrong bearer tokens (API_TOKEN, REPLICATION_SECRET) per client address: beyond this many in
-# the window, 429 with Retry-After (synapse_repl/bearer_throttle.py); 0 turns it off.
+# the window, 429 with Retry-After (common/bearer_throttle.py); 0 turns it off.
 BEARER_MAX_FAILURES = _env_number("BEARER_MAX_FAILURES", 10)
 BEARER_FAILURE_WINDOW_SECONDS = _env_number("BEARER_FAILURE_WINDOW_SECONDS", 300)
 # DJANGO_PROFILE=production: served over HTTPS (directly or behind a proxy that sets
@@ -311,13 +316,13 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = STATE_DIR / "staticfiles"
 LOGIN_URL = "/admin/login/"
 # The debug error page masks URL passwords in the settings it shows, too.
-DEFAULT_EXCEPTION_REPORTER_FILTER = "synapse_repl.redaction.RedactingExceptionReporterFilter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "common.url_redaction.RedactingExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # Every line goes through redaction: no URL's password reaches a log (docs/security.md).
-    "formatters": {"plain": {"()": "synapse_repl.redaction.RedactingFormatter",
+    "formatters": {"plain": {"()": "common.url_redaction.RedactingFormatter",
                              "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},

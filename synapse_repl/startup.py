@@ -16,7 +16,9 @@ import os
 import shutil
 import socket
 
-from synapse_repl.redaction import redact_url  # (error lines end up in logs)
+from common.redis_ping import one_line as _one_line
+from common.redis_ping import ping_redis
+from common.url_redaction import redact_url  # (error lines end up in logs)
 
 #: The ``DATABASE_URL`` schemes this project runs on (PostgreSQL, or SQLite embedded).
 DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
@@ -26,10 +28,6 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 class StartupError(Exception):
     """This process cannot start: the message says why and what to do about it (one line)."""
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split()).rstrip(".")
 
 
 def database_url_problem(url: str) -> str | None:
@@ -88,17 +86,6 @@ def check_database(alias: str = "default", *, migrated: bool = True) -> None:
         raise StartupError(
             f"{_database_label(alias)} is not migrated ({len(pending)} migrations not applied): "
             "run `manage.py migrate` first (make run does)")
-
-
-def ping_redis(url: str, timeout: float) -> None:
-    """One PING to the Redis at ``url``, within ``timeout``; raises what redis-py raises."""
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
-    try:
-        client.ping()
-    finally:
-        client.close()
 
 
 def check_redis(url: str | None = None, *, timeout: float = 3.0) -> None:

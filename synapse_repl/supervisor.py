@@ -2,7 +2,7 @@
 never half-alive. A child that dies is restarted with back-off; a child that cannot start
 (it dies again and again within seconds of starting) stops the whole service, with the reason
 in one line. Nor do they outlive the service: each is started on the supervisor's lifeline
-(synapse_repl/lifeline.py), so a ``kill -9`` of the service takes each child's whole process
+(common/lifeline.py), so a ``kill -9`` of the service takes each child's whole process
 group with it.
 
 :class:`RestartPolicy` holds the decisions (no I/O, no clock of its own); :class:`Supervisor`
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from synapse_repl.lifeline import Lifeline
+from common.lifeline import Lifeline, kill_group
 
 logger = logging.getLogger(__name__)
 
@@ -211,13 +211,3 @@ def exited(process: subprocess.Popen, block: bool = False) -> bool:
         return os.waitid(os.P_PID, process.pid, flags) is not None
     except ChildProcessError:  # reaped already (by Popen's own bookkeeping)
         return True
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process left in a child's process group (its own session)."""
-    import signal
-
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

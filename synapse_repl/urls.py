@@ -4,11 +4,11 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
+from common.login_throttle import ThrottledAdminAuthenticationForm
+from dashboard import health
 from dashboard.metrics import counting_catchups
-from streams.replication.http.catchup import get_repl_stream_updates, without_txn_id
-from streams.replication.http.typing import set_typing
-from synapse_repl import health
-from synapse_repl.login_throttle import ThrottledAdminAuthenticationForm
+from replication.http.catchup import get_repl_stream_updates, without_txn_id
+from replication.http.typing_changes import set_typing
 
 # A database that refuses connections answers 503 with the reason, wherever it failed.
 handler500 = "synapse_repl.errors.server_error"
@@ -24,7 +24,7 @@ urlpatterns = [
     # Unauthenticated probes (load balancers, Kubernetes): ok/failing per part, nothing more.
     path("health/live", health.live_view, name="health-live"),
     path("health/ready", health.ready_view, name="health-ready"),
-    path("api/", include("streams.api.urls")),
+    path("api/", include("rooms.api.urls")),
     # Synapse's form carries a transaction ID as the last segment; without it: 404, as Synapse.
     path("_synapse/replication/get_repl_stream_updates/<str:stream_name>/",
          without_txn_id, name="repl-stream-updates-without-txn"),

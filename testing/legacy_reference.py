@@ -3,7 +3,7 @@ Kept as the reference that ``tests/.../test_legacy_rewrite.py`` checks the struc
 against and the baseline ``benchmarks/bench_legacy_rewrite.py`` times it against."""
 from __future__ import annotations
 
-from streams.replication.protocol.commands import (
+from replication.protocol.commands import (
     LegacyPositionCommand,
     LegacyRdataCommand,
     PositionCommand,

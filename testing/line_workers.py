@@ -8,7 +8,7 @@ the ``RDATA`` tokens of one stream and writer and when each arrived (``time.time
 compare with a writer's ``--stamps``). A *non-reading* worker never reads a byte: its receive
 buffer is shrunk so the endpoint's send buffer fills soon, as with a stuck worker.
 
-Used by tests/streams/replication/endpoint/test_limits.py and benchmarks/bench_idle_workers.py.
+Used by tests/replication/endpoint/test_limits.py and benchmarks/bench_idle_workers.py.
 """
 from __future__ import annotations
 

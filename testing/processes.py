@@ -1,7 +1,7 @@
 """Running a cluster's processes (``manage.py`` commands, daphne) from a test or a benchmark.
 
 Each process logs to ``<tmp>/<name>.log`` (appended to, so a process restarted under the same
-name keeps one log). Used by the multi-process tests (tests/streams/replication/test_cluster.py
+name keeps one log). Used by the multi-process tests (tests/replication/test_cluster.py
 and its neighbours) and by ``benchmarks/soak.py``.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 shows, without needing ``ss`` or the right to see other users' processes).
 
 Used by the tests that check a job's processes open nothing beyond loopback
-(tests/streams/jobs/test_spark_exposure.py).
+(tests/jobs/test_spark_exposure.py).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 Its events are built from the very PDU dicts ours are built from; its verdicts come from
 ``check_state_independent_auth_rules`` + ``check_state_dependent_auth_rules``, its resolved
 states from ``synapse.state.v2.resolve_events_with_store``. The auth difference its store
-hands it is computed here, independently of ``streams.matrix.state_res``, by plain walks over
+hands it is computed here, independently of ``rooms.matrix.state_res``, by plain walks over
 Synapse's own event objects; the v2.1 conflicted subgraph is left to Synapse (all events go in
 ``event_map``, the store answers ``set()``, which the spec shows gives Synapse's own answer).
 """

@@ -138,7 +138,7 @@ def spark():
     """
     import shutil
 
-    from streams.jobs.session import SparkUnavailable, spark_session, stop_spark
+    from jobs.session import SparkUnavailable, spark_session, stop_spark
 
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.fail("java not found: install the Debian package openjdk-17-jre-headless", pytrace=False)
@@ -170,7 +170,7 @@ def default_database(request, transactional_db):
         connections["default"] = postgres
 
 
-# --- Spark on a standalone cluster (streams/jobs) -----------------------------------------------
+# --- Spark on a standalone cluster (jobs) -----------------------------------------------
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("synapse_repl", "streams", "dashboard", "synapse_attach", "testing")
+PACKAGES = ("common", "streams", "rooms", "replication", "jobs", "dashboard", "synapse_attach", "synapse_repl", "testing")
 ROW = re.compile(r"^\| (`[^|]+`(?:, `[^|]+`)*) \|", re.MULTILINE)
 
 
 def named_paths(text: str) -> list[str]:
     """Every path in a table row's first cell; a relative one is in the directory of the
-    cell's first path (`streams/replication/endpoint/relay.py`, `consumer.py`)."""
+    cell's first path (`replication/endpoint/relay.py`, `consumer.py`)."""
     paths = []
     for cell in ROW.findall(text):
         directory = ""

@@ -4,9 +4,9 @@ from datetime import datetime, timezone
 from django import template
 from django.utils.html import format_html
 
-from dashboard.stream_status import streams_as_served
+from dashboard.stream_table import streams_as_served
 from streams.admin import epoch_ms_time
-from streams.status import BACKWARDS_NOTE
+from streams.stream_status import BACKWARDS_NOTE
 
 register = template.Library()
 

@@ -1,8 +1,8 @@
 """``{{ value|breakable }}``: an identifier that may wrap only after its own separators
-(synapse_repl.wrapping)."""
+(common.breakable)."""
 from django import template
 
-from synapse_repl.wrapping import breakable as _breakable
+from common.breakable import breakable as _breakable
 
 register = template.Library()
 

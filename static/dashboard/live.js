@@ -35,7 +35,7 @@
   }
 
   // An identifier that may wrap only right after its own separators (": . / _"), never inside a
-  // word: its text with a <wbr> after each (as synapse_repl/wrapping.py does on the server).
+  // word: its text with a <wbr> after each (as common/breakable.py does on the server).
   function breakable(text) {
     var nodes = [];
     String(text).split(/(?<=[:.\/_])(?=.)/).forEach(function (part, i) {

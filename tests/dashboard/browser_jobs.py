@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from streams.jobs.outcome import Outcome
+from jobs.outcome import Outcome
 
 
 def endless(spark, rooms) -> Outcome:

@@ -177,10 +177,10 @@ def test_operator_walk_in_a_real_browser(full_mode, tmp_path):
             with psycopg.connect(env["DATABASE_URL"], autocommit=True) as db:
                 check_pk = db.execute("SELECT id FROM job_runs WHERE job = 'check_topological_ordering'").fetchone()[0]
             pages = {"streams": "/", "connections": "/connections/", "syncing-users": "/connections/users/",
-                     "admin": "/admin/", "admin-events": "/admin/streams/event/",
-                     "admin-event": f"/admin/streams/event/{event_pk}/change/",
-                     "admin-positions": "/admin/streams/streamposition/", "admin-job-runs": "/admin/streams/jobrun/",
-                     "admin-job-run": f"/admin/streams/jobrun/{check_pk}/change/"}
+                     "admin": "/admin/", "admin-events": "/admin/rooms/event/",
+                     "admin-event": f"/admin/rooms/event/{event_pk}/change/",
+                     "admin-positions": "/admin/streams/streamposition/", "admin-job-runs": "/admin/jobs/jobrun/",
+                     "admin-job-run": f"/admin/jobs/jobrun/{check_pk}/change/"}
             tcp_worker = TcpWorker(env["REPLICATION_LISTEN"], "worker1", "@carol:browser.test")
             faults = {}
             try:
@@ -200,17 +200,17 @@ def test_operator_walk_in_a_real_browser(full_mode, tmp_path):
                 tcp_worker.close()
             assert faults == {}
             # the differences table, measured above, holds the wrong ordering on the run's page
-            page.goto(base + f"/admin/streams/jobrun/{check_pk}/change/")
+            page.goto(base + f"/admin/jobs/jobrun/{check_pk}/change/")
             expect(page.locator("table.differences td").last).to_have_text(re.compile(r"^10\d\d$"))
             # an event's receipt time reads as a time (UTC), the stored milliseconds in its tooltip
-            page.goto(base + f"/admin/streams/event/{event_pk}/change/")
+            page.goto(base + f"/admin/rooms/event/{event_pk}/change/")
             received = page.locator(".field-received_at time")
             expect(received).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
             expect(received).to_have_attribute("title", re.compile(r"^\d{13} ms since 1970-01-01 UTC$"))
             assert "(ms)" not in page.locator("#content").text_content()
             # the events list shows every column, the last one too, at 1,400 px
             page.set_viewport_size({"width": 1400, "height": 900})
-            page.goto(base + "/admin/streams/event/")
+            page.goto(base + "/admin/rooms/event/")
             expect(page.locator("#result_list td.field-instance_name").first).to_be_in_viewport()
 
             # The Redis worker, on the Connections page with its lag per stream: it applies what

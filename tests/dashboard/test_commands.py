@@ -79,7 +79,7 @@ def test_demo_seeds_an_empty_embedded_database_once(tmp_path):
     # the generated rooms, and the dataset's 120 events in the demo's own 8 rooms
     assert count.strip().splitlines()[-1].split() == [str(120 + rooms), "60", "28"]
     # the room store answers on SQLite: a member of a demo room gets its timeline
-    sync = manage("shell", "-c", "from streams.storage.reads import initial_sync; "
+    sync = manage("shell", "-c", "from rooms.storage.reads import initial_sync; "
                                  "from streams.models import CurrentStateEvent as C; "
                                  "u = C.objects.filter(type='m.room.member', membership='join').first().state_key; "
                                  "print(sum(len(r['timeline']['events']) for r in initial_sync(u)['rooms'].values()))")

@@ -310,7 +310,7 @@ def test_banner_health_turns_failing_with_the_reason_and_back(staff_cookie, sett
     import subprocess
     import sys
 
-    from synapse_repl.health import endpoint_key
+    from dashboard.health import endpoint_key
 
     settings.DASHBOARD = {**settings.DASHBOARD, "FEED_REFRESH_SECONDS": 0.2}
     settings.REDIS_URL = ""

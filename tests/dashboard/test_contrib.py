@@ -16,7 +16,7 @@ import yaml
 from django.utils import timezone
 
 from dashboard import worker_status
-from streams.models.jobs import JobRun
+from jobs.models import JobRun
 from tests.dashboard.test_views import endpoint_row, receipts_written, staff_client  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard import worker_status
-from streams.models import JobRun
+from jobs.models import JobRun
 from tests.dashboard.test_views import endpoint_row, receipts_written  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,8 +118,8 @@ def pages(admin_client, receipts_written):  # noqa: F811
         job="check_visibility", status=JobRun.Status.SUCCEEDED, started_at=now - timedelta(seconds=5), ended_at=now,
         rows_in=10, rows_out=0, differences=1, trigger="beat",
         difference_sample=[{"room_id": "!r:hs", "user_id": "@u:hs", "event_id": "$e", "expected": True, "found": False}])
-    paths = ["/", "/connections/", "/connections/users/", "/admin/", "/admin/streams/jobrun/",
-             f"/admin/streams/jobrun/{run.pk}/change/"]
+    paths = ["/", "/connections/", "/connections/users/", "/admin/", "/admin/jobs/jobrun/",
+             f"/admin/jobs/jobrun/{run.pk}/change/"]
     out = {}
     for path in paths:
         response = admin_client.get(path)
@@ -134,8 +134,8 @@ def test_every_figure_on_the_pages_is_documented(pages):
     shown = {(key, label) for page, html in pages.items() if page != "/metrics" for key, label in figures(html, page)}
     # what the extraction must see, or it proves nothing
     assert {("live-streams", "Linear"), ("jobs", "Rows in / out"), ("disconnects", "Reason"), ("workers", "Lag per stream"),
-            ("syncing-users", "Last sync"), ("/admin/streams/jobrun/", "Duration (s)"),
-            ("/admin/streams/jobrun/<id>/change/", "First differences"), ("/connections/", "Endpoint counters"),
+            ("syncing-users", "Last sync"), ("/admin/jobs/jobrun/", "Duration (s)"),
+            ("/admin/jobs/jobrun/<id>/change/", "First differences"), ("/connections/", "Endpoint counters"),
             ("/", "Facts per second")} <= shown, sorted(shown)
     # the tables live.js draws have the server's headers, so the doc covers both
     js = live_js_headers()

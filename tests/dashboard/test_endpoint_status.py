@@ -10,7 +10,7 @@ import pytest
 
 from dashboard.endpoint_status import endpoint_statuses
 from streams.models import Receipt
-from tests.streams.replication.endpoint.test_endpoint import endpoint, handshake, writer_runtime  # noqa: F401  (fixtures)
+from tests.replication.endpoint.test_endpoint import endpoint, handshake, writer_runtime  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

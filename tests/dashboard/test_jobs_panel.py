@@ -8,9 +8,9 @@ from datetime import timezone as dt_timezone
 import pytest
 from django.utils import timezone
 
-from dashboard.jobs import job_schedule, recent_job_runs
-from streams.models import JobRun
-from synapse_repl.schedules import beat_schedule, next_runs
+from dashboard.job_panel import job_schedule, recent_job_runs
+from jobs.models import JobRun
+from jobs.schedules import beat_schedule, next_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +63,7 @@ def test_a_start_is_refused_before_anything_starts_while_another_run_holds_the_l
     reason, no run recorded, no launcher thread."""
     import threading
 
-    from streams.jobs.lock import JobLock
+    from jobs.lock import JobLock
 
     settings.CELERY_TASK_ALWAYS_EAGER = eager
     with JobLock("check_visibility") as held:
@@ -77,7 +77,7 @@ def test_a_start_is_refused_before_anything_starts_while_another_run_holds_the_l
 
 def test_the_embedded_default_lists_no_beat_schedule(admin_client, settings):
     """No Celery beat runs without Redis: the page says so instead of listing next runs."""
-    from synapse_repl.schedules import beat_schedule
+    from jobs.schedules import beat_schedule
 
     settings.CELERY_BEAT_SCHEDULE = beat_schedule({"nightly recompute": ("0 3 * * *", "topological_ordering")})
     settings.REDIS_URL = ""
@@ -94,8 +94,8 @@ def test_a_runs_page_agrees_with_its_list(admin_client):
     breadcrumb included, never "(succeeded)" beside "failed: 4 differences"."""
     run = JobRun.objects.create(job="check_visibility", status=JobRun.Status.SUCCEEDED, differences=4,
                                 started_at=timezone.now() - timedelta(seconds=5), ended_at=timezone.now())
-    listing = admin_client.get("/admin/streams/jobrun/").content.decode()
-    page = admin_client.get(f"/admin/streams/jobrun/{run.pk}/change/").content.decode()
+    listing = admin_client.get("/admin/jobs/jobrun/").content.decode()
+    page = admin_client.get(f"/admin/jobs/jobrun/{run.pk}/change/").content.decode()
     assert "failed: 4 differences" in listing and "failed: 4 differences" in page
     assert "succeeded" not in re.sub(r"<[^>]+>", " ", page), page
     assert str(run) == f"check_visibility #{run.pk} (failed: 4 differences)"
@@ -106,7 +106,7 @@ def test_a_run_clicked_in_full_mode_is_queued_until_a_worker_takes_it_and_keeps_
     """Full mode: the click makes a ``queued`` run at once (the panel shows it, with Cancel) and
     sends its task; the worker that takes the message fills in that same record and keeps its
     log, as a child run does."""
-    from streams.tasks import run_job_task
+    from jobs.tasks import run_job_task
     from synapse_repl.celery import app
 
     settings.CELERY_TASK_ALWAYS_EAGER = False

@@ -12,7 +12,7 @@ from streams.runtime import StreamRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PROTECTED_PAGES = ["/", "/connections/", "/admin/", "/admin/streams/event/", "/admin/streams/streamposition/"]
+PROTECTED_PAGES = ["/", "/connections/", "/admin/", "/admin/rooms/event/", "/admin/streams/streamposition/"]
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
 
     from django.utils import timezone
 
-    from streams.models import JobRun
+    from jobs.models import JobRun
 
     JobRun.objects.create(job="check_visibility", status=JobRun.Status.FAILED, started_at=timezone.now(),
                           ended_at=timezone.now(), error="Traceback...\nRuntimeError: the database went away")
@@ -166,7 +166,7 @@ def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
     assert '<option>topological_ordering</option>' in page
 
     assert staff_client.post("/jobs/start", {"job": "no_such_job"}).status_code == 400
-    from streams.models import Room
+    from rooms.models import Room
 
     Room.objects.create(room_id="!quiet:hs")  # a room with no events: the check reads nothing
     answer = staff_client.post("/jobs/start", {"job": "check_topological_ordering", "rooms": "!quiet:hs"})
@@ -190,8 +190,8 @@ def test_a_check_with_differences_is_shown_as_a_failure_with_a_table(staff_clien
     panel, the live feed and the admin all show it failed, with the count and a small table."""
     from django.utils import timezone
 
-    from dashboard.jobs import recent_job_runs
-    from streams.models import JobRun
+    from dashboard.job_panel import recent_job_runs
+    from jobs.models import JobRun
 
     sample = [{"room_id": f"!r{i}:hs", "event_id": f"$e{i}", "expected": str(i), "found": None} for i in range(15)]
     bad = JobRun.objects.create(job="check_visibility", status=JobRun.Status.SUCCEEDED, started_at=timezone.now(),
@@ -212,9 +212,9 @@ def test_a_check_with_differences_is_shown_as_a_failure_with_a_table(staff_clien
 
     admin = get_user_model().objects.create_superuser("root", password="y" * 12)
     client.force_login(admin)
-    listing = client.get("/admin/streams/jobrun/").content.decode()
+    listing = client.get("/admin/jobs/jobrun/").content.decode()
     assert "failed: 420 differences" in listing and 'class="status-failed"' in listing
-    detail = client.get(f"/admin/streams/jobrun/{bad.pk}/change/").content.decode()
+    detail = client.get(f"/admin/jobs/jobrun/{bad.pk}/change/").content.decode()
     assert 'table class="differences"' in detail and "<td>!r9:<wbr>hs</td>" in detail and "!r10:hs" not in detail
 
 
@@ -222,7 +222,7 @@ def test_a_process_with_other_writers_keeps_their_rows_and_the_dashboard_warns(s
     """A process whose STREAM_WRITERS leaves out a writer others recorded must not delete that
     writer's position (the other process may be the right one); the dashboard says they disagree."""
     from streams.models import StreamPosition
-    from streams.status import stream_status
+    from streams.stream_status import stream_status
 
     for name in ("w1", "w2"):
         rt = StreamRuntime(instance_name=name, writers=stream_writers("receipts=w1,w2"))
@@ -272,7 +272,7 @@ def test_each_writer_shows_its_last_write_and_whether_its_process_runs(staff_cli
     from pathlib import Path
 
     from streams.models import StreamPosition
-    from streams.status import stream_status
+    from streams.stream_status import stream_status
 
     settings.SYNAPSE_REPL = {**settings.SYNAPSE_REPL, "STREAM_WRITERS": "receipts=w1,w2"}
     root = Path(__file__).resolve().parents[2]
@@ -361,7 +361,7 @@ def test_typing_shows_the_position_the_web_process_holds(staff_client, settings)
 
 
 def test_backfill_says_why_its_positions_are_negative(staff_client):
-    from streams.status import BACKWARDS_NOTE
+    from streams.stream_status import BACKWARDS_NOTE
 
     page = staff_client.get("/").content.decode()
     row = page.split('<tr data-stream="backfill"')[1].split("</tr>")[0]

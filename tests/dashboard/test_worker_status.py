@@ -46,7 +46,7 @@ def test_connections_page_and_metrics_show_a_redis_worker_with_its_lag(staff_cli
 
 def test_publish_loop_records_the_workers_positions():
     # A real worker object (not run): the loop reads exactly what the command hands it.
-    from streams.replication.worker.tcp_worker import ReplicationWorker
+    from replication.worker.tcp_worker import ReplicationWorker
 
     worker = ReplicationWorker(host="127.0.0.1", port=1, name="w9", server_name="localhost",
                                catchup_url="http://127.0.0.1:1", streams=["events"],

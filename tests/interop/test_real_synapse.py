@@ -259,7 +259,7 @@ def catch_up_txn_ids(homeserver: SynapseHomeserver) -> list[str]:
 def test_synapse_answers_as_the_worker_expects(synapse, users):
     """What the worker relies on, asked of Synapse itself: the form without a txn_id is 404
     M_UNRECOGNIZED, and an answer is kept under its txn_id (the ID alone: another stream's
-    path gets it too). Our endpoint does the same (tests/streams/replication/http/test_catchup.py)."""
+    path gets it too). Our endpoint does the same (tests/replication/http/test_catchup.py)."""
     auth = {"Authorization": f"Bearer {synapse.replication_secret}"}
     base = f"{synapse.replication_url}/_synapse/replication/get_repl_stream_updates"
 
@@ -354,7 +354,7 @@ def test_synapse_lock_released_reaches_a_tcp_worker_of_our_endpoint_once(synapse
     worker lock (one per message sent: the room's new-event read lock). Our endpoint on the
     same Redis and server name hands it to its TCP workers, once. Last in the module: the
     endpoint announces our (empty) positions on Synapse's channel while it runs."""
-    from tests.streams.replication.endpoint.test_endpoint import LineClient
+    from tests.replication.endpoint.test_endpoint import LineClient
 
     port = free_port()
     log_path = tmp_path / "endpoint.log"

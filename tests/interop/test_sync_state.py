@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from streams.storage.reads import get_event
+from rooms.storage.reads import get_event
 from testing.synapse_homeserver import ClientApi, SynapseHomeserver
-from tests.streams.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
+from tests.rooms.storage.helpers import ON_BOTH_DATABASES, store  # noqa: F401
 
 pytestmark = [pytest.mark.slow, ON_BOTH_DATABASES]
 AUTH = {"HTTP_AUTHORIZATION": "Bearer sync-state-token"}

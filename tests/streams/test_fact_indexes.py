@@ -7,9 +7,10 @@ import random
 import pytest
 from django.db import connection
 
-from streams.models import AccountData, CacheInvalidation, CurrentStateDelta, DeviceInbox, Event, Receipt
+from rooms.models import CurrentStateDelta, Event
+from streams.models import AccountData, CacheInvalidation, DeviceInbox, Receipt
 from streams.registry import get_stream
-from streams.updates import get_updates_since
+from streams.updates_since import get_updates_since
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -95,7 +95,7 @@ def test_rows_survive_0009_to_0011_and_back(default_database):
 
 def test_the_orm_reads_the_rebuilt_tables(default_database):
     """The models' declared keys work for what the admin panels ask (by event, by group)."""
-    from streams.models.storage import EventAuth, EventEdge, EventToStateGroup, StateGroupEdge, StateGroupState
+    from rooms.models import EventAuth, EventEdge, EventToStateGroup, StateGroupEdge, StateGroupState
 
     EventEdge.objects.create(event_id="$b", prev_event_id="$a", room_id="!r")
     EventAuth.objects.create(event_id="$b", auth_id="$a", room_id="!r")

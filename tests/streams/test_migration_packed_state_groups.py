@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import connections
 
-from streams.storage.sql import store_cursor
-from streams.storage.state_groups import read_state
+from rooms.storage.sql import store_cursor
+from rooms.storage.state_groups import read_state
 from tests.streams.test_migration_natural_keys import _migrate, _migrate_to_latest
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])

@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from streams.conf import stream_writers
 from streams.runtime import StreamRuntime
-from streams.status import stream_status
+from streams.stream_status import stream_status
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -132,7 +132,7 @@ def test_position_if_finished_is_known_only_with_nothing_else_outstanding():
     assert p.for_writer("w") == 10
 
 
-# -- the linear position from the records (any process: streams/status.py) -----------------
+# -- the linear position from the records (any process: streams/stream_status.py) -----------------
 
 
 def test_an_idle_writer_does_not_hold_the_recorded_linear_position_back():

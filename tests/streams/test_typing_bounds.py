@@ -1,4 +1,4 @@
-"""What a typing row may carry, and what the typing writer holds (streams/typing.py).
+"""What a typing row may carry, and what the typing writer holds (replication/typing_stream.py).
 
 A worker replaces a room's typing set with each row, so a row is never split: the writer
 refuses a typer whose room's row would no longer fit in one RDATA line (16 KiB, the limit
@@ -15,20 +15,20 @@ from django.conf import settings as django_settings
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streams.notifier import PositionNotifier
-from streams.replication.http.typing import send_typing
-from streams.replication.protocol.commands import (
+from replication.http.typing_changes import send_typing
+from replication.protocol.commands import (
     MAX_LINE_LENGTH,
     RdataCommand,
     encode_json,
     parse_line,
     rdata_row_budget,
 )
-from streams.typing import MAX_ADVANCE_BYTES, MAX_TYPERS, TypingRefused, TypingState, TypingWriter
+from replication.typing_stream import MAX_ADVANCE_BYTES, MAX_TYPERS, TypingRefused, TypingState, TypingWriter
+from streams.notifier import PositionNotifier
 from streams.writer import WireJournal
 from testing.processes import jsonl_records
-from tests.streams.replication.endpoint.test_endpoint import LineClient
-from tests.streams.test_typing import SERVER_NAME, WAIT, typing_cluster  # noqa: F401  (the fixture)
+from tests.replication.endpoint.test_endpoint import LineClient
+from tests.streams.test_typing_stream import SERVER_NAME, WAIT, typing_cluster  # noqa: F401  (the fixture)
 
 #: The longest IDs the typing view takes are 255 characters; an astral character is 12 bytes
 #: of JSON (a \\uXXXX surrogate pair), a non-ASCII BMP one 6.

@@ -16,9 +16,10 @@ from django.db import IntegrityError, connections
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rooms.models import Event
 from streams.conf import stream_writers
 from streams.direction import BACKWARDS
-from streams.models import Event, FactsAreAppendOnly, Receipt, StreamPosition
+from streams.models import FactsAreAppendOnly, Receipt, StreamPosition
 from streams.notifier import PositionAdvanced
 from streams.runtime import StreamRuntime
 from streams.writer import json_text_encoder
@@ -62,7 +63,7 @@ def test_append_writes_rows_and_advances(make_runtime, using):
 def test_multi_row_fact_shares_one_id(make_runtime, using):
     rt = make_runtime(using)
     w = rt.writer("events")
-    from streams.models import CurrentStateDelta
+    from rooms.models import CurrentStateDelta
 
     rng = random.Random(2)
     ev = Event.synthetic(rng, 0) | {"type": "m.room.name", "state_key": ""}
@@ -334,7 +335,7 @@ def test_wire_row_of_a_written_row_is_the_tables_row_format():
     """The writing thread's one-call wire row (``_wire_maker``) is the table's own row format
     of the wire fields, for every table any stream writes (both the plain list and the
     tables with a format of their own)."""
-    from streams.models.base import FactModel
+    from streams.models import FactModel
     from streams.registry import STREAMS
     from streams.writer import _wire_maker
 

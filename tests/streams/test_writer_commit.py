@@ -25,7 +25,7 @@ from streams.conf import stream_writers
 from streams.id_store import PostgresIdStore
 from streams.models import Receipt, StreamPosition, StreamReservation
 from streams.runtime import StreamRuntime
-from streams.status import stream_status
+from streams.stream_status import stream_status
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from streams.replication.http.auth import bearer_header
+from replication.http.replication_secret import bearer_header
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 
@@ -91,7 +91,7 @@ ADMIN_CASES = [
 
 def test_admin_bad_input_is_refused_with_a_message(staff):
     for params, status, needle in ADMIN_CASES:
-        r = staff.get("/admin/streams/event/", params)
+        r = staff.get("/admin/rooms/event/", params)
         assert r.status_code == status, (params, r.status_code, r.content[:300])
         if needle is not None:
             assert needle in r.content.decode(), params

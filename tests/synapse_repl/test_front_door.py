@@ -10,24 +10,24 @@ def help_of(app: str, name: str) -> str:
 
 
 def test_run_job_help_lists_every_job():
-    from streams.jobs.registry import JOBS, load_jobs
+    from jobs.job_registry import JOBS, load_jobs
 
     load_jobs()
-    text = " ".join(help_of("streams", "run_job").split())
+    text = " ".join(help_of("jobs", "run_job").split())
     assert JOBS and ", ...)" not in text and "JOB is one of" in text
     for name in JOBS:
         assert name in text
 
 
 def test_generate_rooms_flags_have_help():
-    parser = load_command_class("streams", "generate_rooms").create_parser("manage.py", "generate_rooms")
+    parser = load_command_class("rooms", "generate_rooms").create_parser("manage.py", "generate_rooms")
     for action in parser._actions:
         if action.dest in ("rooms", "users", "events", "seed", "batch", "no_progress"):
             assert action.help, action.dest
 
 
 def test_runservice_help_names_the_variables_it_reads():
-    text = " ".join(help_of("streams", "runservice").split())
+    text = " ".join(help_of("synapse_repl", "runservice").split())
     for variable in ("WEB_LISTEN", "REPLICATION_LISTEN", "DATABASE_URL", "REDIS_URL", "STATE_DIR",
                      "ADMIN_PASSWORD", "DEMO", "JOBS_WORKER"):
         assert variable in text

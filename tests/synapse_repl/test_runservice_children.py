@@ -1,7 +1,7 @@
 """``runservice``'s children do not outlive it, and run once per ``STATE_DIR``: a ``kill -9``
 of the service leaves none of its processes (the demo; the Celery worker, its pool process and
 its beat), and a second runservice on the same ``STATE_DIR`` while the first one's demo or beat
-runs is refused in one line naming that process (synapse_repl/lifeline.py, state_lock.py).
+runs is refused in one line naming that process (common/lifeline.py, state_lock.py).
 
 Real processes: runservice as ``make run`` starts it, killed with SIGKILL; /proc tells what is
 left (testing/process_tree.py)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_repl.state_lock import check_free
+from common.state_lock import check_free
 from testing.process_tree import descendants, kill_all, wait_all_gone
 from testing.processes import wait_port
 from testing.services import free_port

@@ -235,7 +235,7 @@ def test_login_throttled_per_address_and_username_pair(users, settings, caplog):
 
     settings.LOGIN_MAX_FAILURES = 3
     attacker = Client()
-    with caplog.at_level("WARNING", logger="synapse_repl.login_throttle"):
+    with caplog.at_level("WARNING", logger="common.login_throttle"):
         for _ in range(3):
             assert not _login(attacker, "alice", "guess", "10.0.0.1")
     # Throttled: even the right password fails now, for that username from that address ...
@@ -249,7 +249,7 @@ def test_login_throttled_per_address_and_username_pair(users, settings, caplog):
     assert _login(Client(), "alice", "right-password-a", "10.0.0.2")
     assert _login(Client(), "bob", "right-password-b", "10.0.0.1")
     # Reaching the limit was logged once: address and username, never the password.
-    lines = [r.getMessage() for r in caplog.records if r.name == "synapse_repl.login_throttle"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "common.login_throttle"]
     assert len(lines) == 1 and "'alice'" in lines[0] and "10.0.0.1" in lines[0], lines
     assert "guess" not in lines[0]
 
@@ -279,7 +279,7 @@ def test_login_counts_expire_with_the_window(users, settings):
     from django.test import Client
     from django.test.client import RequestFactory
 
-    from synapse_repl.login_throttle import LoginThrottle
+    from common.login_throttle import LoginThrottle
 
     settings.LOGIN_MAX_FAILURES = 2
     for _ in range(2):
@@ -293,7 +293,7 @@ def test_login_counts_expire_with_the_window(users, settings):
 def test_login_retry_after_is_the_rest_of_the_window():
     from django.core.cache.backends.locmem import LocMemCache
 
-    from synapse_repl.login_throttle import LoginThrottle
+    from common.login_throttle import LoginThrottle
 
     now = [1000.0]
     throttle = LoginThrottle(2, 60, cache=LocMemCache("login-test", {}), timer=lambda: now[0])

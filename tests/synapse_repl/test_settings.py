@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from synapse_repl.secret import load_or_create_secret_key
+from common.secret import load_or_create_secret_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from streams.replication.worker.catchup_client import fetch_catch_up_page
+from replication.worker.catchup_client import fetch_catch_up_page
 from tests.synapse_repl.test_web_hardening import Service, _wait_for
 
 REPLICATION_SECRET = "Zr8Kq2VxN4pLw7TfB3mYc9HdJ6sGa1Ue-live"

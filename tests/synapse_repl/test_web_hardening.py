@@ -197,7 +197,7 @@ def test_no_url_password_in_logs_pages_or_command_output(tmp_path, pg_url, redis
         service.start()
         _wait_for(lambda: "ready" in service.output() or "celery@" in service.output(), "the Celery worker")
         opener = service.signed_in("ops", admin_password)
-        for path in ("/", "/connections/", "/status.json", "/metrics", "/admin/", "/admin/streams/jobrun/",
+        for path in ("/", "/connections/", "/status.json", "/metrics", "/admin/", "/admin/jobs/jobrun/",
                      "/admin/streams/streamposition/", "/admin/dashboard/endpointstatus/",
                      "/api/sync?user_id=@u:localhost"):
             try:

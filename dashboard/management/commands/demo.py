@@ -9,7 +9,7 @@ room starts with its create event, its creator's join, power levels and join rul
 join before they speak), so the batch jobs' checks find nothing on a fresh install. It also
 persists a small room history (``generate_rooms``' generator: about a second), once, so the
 event admin and ``/api/`` have rooms to show. One demo at a time per ``STATE_DIR``: it holds
-``STATE_DIR/demo.lock`` for its life (synapse_repl/state_lock.py); a second one is refused in
+``STATE_DIR/demo.lock`` for its life (common/state_lock.py); a second one is refused in
 one line naming the first one's pid.
 """
 from __future__ import annotations
@@ -21,14 +21,14 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from common.state_lock import StateLockHeld, hold
+from rooms.models import Room
+from rooms.storage import persist_events
+from rooms.storage.generator import RoomGenerator
+from rooms.storage.synthetic import LiveRooms
 from streams.dialect import is_local_file
-from streams.models import Room
 from streams.registry import STREAMS
 from streams.runtime import runtime
-from streams.storage import persist_events
-from streams.storage.generator import RoomGenerator
-from streams.storage.synthetic import LiveRooms
-from synapse_repl.state_lock import StateLockHeld, hold
 
 #: The first-run dataset: facts per stream.
 DATASET = {"events": 120, "receipts": 60, "account_data": 20, "to_device": 10, "caches": 10}

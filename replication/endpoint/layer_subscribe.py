@@ -1,0 +1,85 @@
+"""An endpoint's side of ``replication.lines``: the channel layer's group messages, received
+over a subscription of our own. See docs/replication.md.
+
+Every writer publishes one channel-layer message per batch of lines on the group
+``replication.lines``; the relay of every endpoint takes them all. Through channels-redis
+each goes through redis-py's asyncio ``PubSub`` (its reply parser, a ``get_message`` task
+woken every 100 ms, a queue per channel): in a profile of the endpoint under
+``bench_cluster``, as much of its busy time as relaying the batches and sending them to the
+workers together. :class:`GroupSubscriber` subscribes to the very same
+Redis channel (the layer's group channel, on its shard) with
+:class:`~replication.protocol.redis_session.RedisSubscription` (the core the bridge
+and the Redis worker share) and hands each message, deserialized by the layer's own
+serializer, to its callback: the mirror of :class:`~replication.publish.layer_publish.GroupPublisher`.
+
+Only for a layer that GroupPublisher also takes (channels-redis's pub/sub layer on a plain
+URL); anything else keeps ``group_add`` and ``receive``. Messages published while the
+subscription is away are lost, as they are through channels-redis: the relay repairs gaps
+(a batch that does not start where the last ended, ``stream_positions`` ahead).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from replication.protocol.redis_session import RedisSubscription
+from replication.protocol.resp import parse_messages
+from replication.publish.layer_publish import plain_group_channel
+
+logger = logging.getLogger(__name__)
+
+
+class GroupSubscriber:
+    """Receives every message of one group of a channels-redis pub/sub layer."""
+
+    def __init__(self, layer: Any, channel: bytes, url: str, *,
+                 on_message: Callable[[dict[str, Any]], Awaitable[None]],
+                 on_subscribed: Callable[[], None] = lambda: None) -> None:
+        self._layer = layer
+        self._on_message = on_message
+        self._on_subscribed_hook = on_subscribed
+        self._buf = b""
+        self.received = 0
+        self.subscription = RedisSubscription(
+            url, [channel], on_subscribed=self._on_subscribed, on_chunk=self._on_chunk,
+            on_lost=self._on_lost, name=f"Redis subscription to {channel.decode(errors='replace')}")
+
+    @classmethod
+    def for_layer(cls, layer: Any, group: str, *, on_message: Callable[[dict[str, Any]], Awaitable[None]],
+                  on_subscribed: Callable[[], None] = lambda: None) -> "GroupSubscriber | None":
+        """A subscriber to ``group`` of ``layer``, or None if the layer's ``receive`` must be used."""
+        found = plain_group_channel(layer, group)
+        if found is None:
+            return None
+        channel, url = found
+        return cls(layer, channel, url, on_message=on_message, on_subscribed=on_subscribed)
+
+    async def run(self) -> None:
+        """Subscribe and hand over messages until cancelled (or :meth:`stop`); resubscribes
+        after every loss."""
+        await self.subscription.run()
+
+    def stop(self) -> None:
+        self.subscription.stop()
+
+    async def _on_subscribed(self) -> None:
+        self._buf = b""
+        self._on_subscribed_hook()
+
+    def _on_lost(self, reason: str | None) -> None:
+        self._buf = b""
+
+    async def _on_chunk(self, chunk: bytes) -> None:
+        buf = self._buf + chunk if self._buf else chunk
+        replies, end = parse_messages(buf)
+        self._buf = buf[end:]
+        for reply in replies:
+            if type(reply) is not bytes:
+                continue  # a PONG
+            try:
+                message = self._layer.deserialize(reply)
+            except Exception:
+                logger.exception("undecodable message on the channel layer's group channel (%d bytes)", len(reply))
+                continue
+            self.received += 1
+            await self._on_message(message)

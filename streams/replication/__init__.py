@@ -1,1 +1,0 @@
-"""Synapse-compatible stream replication (design: docs/replication.md)."""
