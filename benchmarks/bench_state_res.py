@@ -41,7 +41,7 @@ from synapse.storage.databases.main.event_federation import StateDifference  # n
 from benchmarks._machine import cpu_description, load_average  # noqa: E402
 from rooms.matrix import chain_index  # noqa: E402
 from rooms.matrix.auth_rules import auth_types_for_event  # noqa: E402
-from rooms.matrix.event_format import parse_event, with_content_hash  # noqa: E402
+from rooms.matrix.event_format import parse_pdu, with_content_hash  # noqa: E402
 from rooms.matrix.room_versions import KNOWN_ROOM_VERSIONS  # noqa: E402
 from rooms.matrix.state_res import auth_difference, conflicted_subgraph, resolve, split  # noqa: E402
 from testing.synapse_oracle import NoWaitClock, run_sync  # noqa: E402  (Synapse called synchronously, as the tests do)
@@ -69,13 +69,13 @@ class Room:
         if self.room_id is not None:
             pdu["room_id"] = self.room_id
         if prev is not None:
-            draft = parse_event(with_content_hash(pdu), self.version)
+            draft = parse_pdu(with_content_hash(pdu), self.version)
             auth = [state[k] for k in sorted(auth_types_for_event(draft)) if k in state]
             if self.version.room_id_from_create_event:
                 auth = [a for a in auth if self.events[a].key != ("m.room.create", "")]
             pdu["auth_events"] = auth
         pdu = with_content_hash(pdu)
-        event = parse_event(pdu, self.version)
+        event = parse_pdu(pdu, self.version)
         if self.room_id is None:
             self.room_id = event.room_id
         self.events[event.event_id] = event

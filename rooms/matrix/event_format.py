@@ -148,7 +148,7 @@ def _refs(value: object, name: str, pairs: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_event(pdu: dict[str, Any], version: RoomVersion, stored_id: str | None = None) -> Event:
+def parse_pdu(pdu: dict[str, Any], version: RoomVersion, stored_id: str | None = None) -> Event:
     """Check ``pdu`` against ``version``'s event format and parse it.
 
     Raises :class:`BadEventFormat` with the reason; the content hash is not checked here

@@ -20,7 +20,7 @@ from rooms.matrix.auth_rules import (
     check_against_auth_events,
     check_state_dependent,
 )
-from rooms.matrix.event_format import Event, parse_event, with_content_hash
+from rooms.matrix.event_format import Event, parse_pdu, with_content_hash
 from rooms.matrix.room_versions import RoomVersion
 from rooms.matrix.state_res import StateKey, resolve
 
@@ -70,14 +70,14 @@ class RoomBuilder:
             pdu.update(extra)
         if not self.version.event_ids_are_hashes:
             pdu["event_id"] = f"${next(self._serial)}:{sender.partition(':')[2]}"
-        draft = parse_event(with_content_hash(self._as_refs(pdu)), self.version)
+        draft = parse_pdu(with_content_hash(self._as_refs(pdu)), self.version)
         if auth_ids is None:
             source = before if auth_from is None else auth_from
             auth_ids = [source[k] for k in sorted(auth_types_for_event(draft)) if k in source]
         if self.version.room_id_from_create_event:
             auth_ids = [a for a in auth_ids if self.events[a].key != ("m.room.create", "")]
         pdu["auth_events"] = auth_ids
-        event = parse_event(with_content_hash(self._as_refs(pdu)), self.version)
+        event = parse_pdu(with_content_hash(self._as_refs(pdu)), self.version)
         if is_create and self.version.room_id_from_create_event:
             self.room_id = event.room_id
         self.events[event.event_id] = event

@@ -24,7 +24,7 @@ from rooms.matrix.auth_rules import (
 )
 from rooms.matrix.chain_index import ChainIndex, IndexEvent, NotIndexed
 from rooms.matrix.event_format import Event as MatrixEvent
-from rooms.matrix.event_format import parse_event as parse_pdu
+from rooms.matrix.event_format import parse_pdu
 from rooms.matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 from rooms.matrix.state_res import (
     AuthGraphFacts,

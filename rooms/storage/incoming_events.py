@@ -10,9 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from rooms.matrix.event_format import BadEventFormat, content_hash_matches
+from rooms.matrix.event_format import BadEventFormat, content_hash_matches, parse_pdu
 from rooms.matrix.event_format import Event as MatrixEvent
-from rooms.matrix.event_format import parse_event as parse_pdu
 from rooms.matrix.room_versions import RoomVersion, UnknownRoomVersion, room_version
 
 #: Depths outside [0, 2^53 - 1] are refused: a canonical JSON integer's range (Synapse's
@@ -122,7 +121,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_event(item: IncomingEvent | bytes | str, rooms: RoomInfoLookup | None = None) -> ParsedEvent:
+def parse_incoming(item: IncomingEvent | bytes | str, rooms: RoomInfoLookup | None = None) -> ParsedEvent:
     """Check one incoming event and pull out its indexed fields.
 
     In an authorized room (``rooms`` says so) the event is a PDU of the room's version: its
@@ -223,7 +222,7 @@ def parse_events(items: Sequence[IncomingEvent | bytes | str],
     parsed = []
     created = getattr(rooms, "created", None)
     for item in items:
-        ev = parse_event(item, rooms)
+        ev = parse_incoming(item, rooms)
         if created is not None and ev.type == CREATE and ev.state_key == "":
             created(ev.room_id, ev.room)
         parsed.append(ev)

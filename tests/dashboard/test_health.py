@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from dashboard import health
 from dashboard.health import endpoint_key
 from dashboard.models import EndpointStatus
-from dashboard import health
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from synapse.event_auth import check_state_dependent_auth_rules
 from synapse.events import make_event_from_dict
 
 from rooms.matrix.auth_rules import AuthFailed, auth_types_for_event, check_state_dependent, check_state_independent
-from rooms.matrix.event_format import parse_event, with_content_hash
+from rooms.matrix.event_format import parse_pdu, with_content_hash
 from rooms.matrix.room_versions import CREATOR_POWER_LEVEL, KNOWN_ROOM_VERSIONS
 
 USERS = ["@a:s1", "@b:s2", "@c:s3", "@d:s1"]
@@ -63,10 +63,10 @@ def situations(draw):
     if version.room_id_from_create_event:
         del create["room_id"]
         create = with_content_hash(create)
-        create_id = parse_event(create, version).event_id
+        create_id = parse_pdu(create, version).event_id
         room_id = "!" + create_id[1:]
     else:
-        create_id = parse_event(create, version).event_id
+        create_id = parse_pdu(create, version).event_id
     state = [create]
     level = _level(version)
     if draw(st.booleans()):
@@ -148,9 +148,9 @@ def test_verdicts_agree_with_synapse(case):
     version = KNOWN_ROOM_VERSIONS[version_id]
     ours_state = {}
     for p in state:
-        e = parse_event(p, version)
+        e = parse_pdu(p, version)
         ours_state[e.key] = e
-    event = parse_event(pdu, version)
+    event = parse_pdu(pdu, version)
     try:
         check_state_dependent(event, ours_state)
         ours = True
@@ -173,7 +173,7 @@ def test_auth_events_that_rules_1_to_3_refuse(problem, reason):
     v10 = KNOWN_ROOM_VERSIONS["10"]
 
     def ev(etype, state_key, content, auth=(), room="!r:s1", ts=1, sender="@a:s1"):
-        return parse_event(with_content_hash({
+        return parse_pdu(with_content_hash({
             "type": etype, "state_key": state_key, "sender": sender, "content": content,
             "depth": 1, "origin_server_ts": ts, "prev_events": [], "auth_events": list(auth),
             "room_id": room}), v10)
@@ -216,9 +216,9 @@ def test_joins_by_join_rule_and_prior_membership(version_id, rule, bob_was):
              _pdu("@b:s2", "m.room.member", {"membership": bob_was}, "@b:s2")]
     join = _pdu("@b:s2", "m.room.member", {"membership": "join"}, "@b:s2")
     version = KNOWN_ROOM_VERSIONS[version_id]
-    ours_state = {parse_event(p, version).key: parse_event(p, version) for p in state}
+    ours_state = {parse_pdu(p, version).key: parse_pdu(p, version) for p in state}
     try:
-        check_state_dependent(parse_event(join, version), ours_state)
+        check_state_dependent(parse_pdu(join, version), ours_state)
         ours = True
     except AuthFailed:
         ours = False
@@ -250,15 +250,15 @@ def test_redactions_take_effect_as_in_synapse(version_id, redacter, author, reda
     if version.room_id_from_create_event:
         del state[0]["room_id"]
         state[0] = with_content_hash(state[0])
-    room_id = parse_event(state[0], version).room_id
+    room_id = parse_pdu(state[0], version).room_id
     state.append(with_content_hash(dict(_pdu(USERS[0], "m.room.power_levels", pl, ""), room_id=room_id)))
     target = with_content_hash(dict(_pdu(author, "m.room.message", {"body": "x"}), room_id=room_id))
-    target_id = parse_event(target, version).event_id
+    target_id = parse_pdu(target, version).event_id
     content, extra = ({"redacts": target_id}, {}) if version.redaction.value >= 11 \
         else ({}, {"redacts": target_id})
     redaction = with_content_hash(dict(_pdu(redacter, "m.room.redaction", content), room_id=room_id, **extra))
-    ours_state = {parse_event(p, version).key: parse_event(p, version) for p in state}
-    ours = redaction_takes_effect(parse_event(redaction, version), parse_event(target, version), ours_state)
+    ours_state = {parse_pdu(p, version).key: parse_pdu(p, version) for p in state}
+    ours = redaction_takes_effect(parse_pdu(redaction, version), parse_pdu(target, version), ours_state)
     synapse_state = {}
     for p in state:
         e = make_event_from_dict(dict(p), rv)
@@ -295,7 +295,7 @@ def test_third_party_invites_agree_with_synapse(version_id, problem):
     if version.room_id_from_create_event:
         del state[0]["room_id"]
         state[0] = with_content_hash(state[0])
-    room_id = parse_event(state[0], version).room_id
+    room_id = parse_pdu(state[0], version).room_id
 
     def in_room(pdu):
         return with_content_hash(dict(pdu, room_id=room_id))
@@ -320,9 +320,9 @@ def test_third_party_invites_agree_with_synapse(version_id, problem):
         del content["third_party_invite"]["signed"]
     invite = in_room(_pdu(USERS[0], "m.room.member", content, USERS[1]))
 
-    ours_state = {parse_event(p, version).key: parse_event(p, version) for p in state}
+    ours_state = {parse_pdu(p, version).key: parse_pdu(p, version) for p in state}
     try:
-        check_state_dependent(parse_event(invite, version), ours_state)
+        check_state_dependent(parse_pdu(invite, version), ours_state)
         ours = True
     except AuthFailed:
         ours = False

@@ -19,7 +19,7 @@ from rooms.matrix.event_format import (
     compute_event_id,
     content_hash,
     content_hash_matches,
-    parse_event,
+    parse_pdu,
     room_id_from_create_event_id,
     with_content_hash,
 )
@@ -104,7 +104,7 @@ def test_event_id_redaction_and_content_hash_agree_with_synapse(case):
     name, digest = compute_content_hash(dict(pdu), hashlib.sha256)
     assert content_hash(pdu) == canonical_json_b64(digest)
     assert content_hash_matches(pdu) == (pdu["hashes"].get("sha256") == content_hash(pdu))
-    parsed = parse_event(pdu, ours)
+    parsed = parse_pdu(pdu, ours)
     assert parsed.room_id == synapse_event.room_id
     assert list(parsed.auth_event_ids) == list(synapse_event.auth_event_ids())
     assert list(parsed.prev_event_ids) == list(synapse_event.prev_event_ids())
@@ -150,15 +150,15 @@ def test_v12_room_id_names_the_create_event_and_the_create_event_is_implied():
     create = with_content_hash({"type": "m.room.create", "state_key": "", "sender": "@a:x",
                                 "content": {"room_version": "12"}, "depth": 1,
                                 "origin_server_ts": 1, "prev_events": [], "auth_events": []})
-    c = parse_event(create, v12)
+    c = parse_pdu(create, v12)
     assert c.room_id == room_id_from_create_event_id(c.event_id) == "!" + c.event_id[1:]
     join = with_content_hash({"type": "m.room.member", "state_key": "@a:x", "sender": "@a:x",
                               "content": {"membership": "join"}, "depth": 2,
                               "origin_server_ts": 2, "prev_events": [c.event_id],
                               "auth_events": [], "room_id": c.room_id})
-    assert parse_event(join, v12).auth_event_ids == (c.event_id,)
+    assert parse_pdu(join, v12).auth_event_ids == (c.event_id,)
     with pytest.raises(BadEventFormat, match="must not list the create event"):
-        parse_event(dict(join, auth_events=[c.event_id]), v12)
+        parse_pdu(dict(join, auth_events=[c.event_id]), v12)
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -175,7 +175,7 @@ def test_malformed_v10_events_get_a_clear_error(bad, reason):
            "hashes": {}}
     pdu.update(bad)
     with pytest.raises(BadEventFormat, match=reason):
-        parse_event(pdu, KNOWN_ROOM_VERSIONS["10"])
+        parse_pdu(pdu, KNOWN_ROOM_VERSIONS["10"])
 
 
 def test_relaxed_canonical_json_still_hashes_old_events_with_big_integers():
@@ -183,7 +183,7 @@ def test_relaxed_canonical_json_still_hashes_old_events_with_big_integers():
                              "depth": 1, "origin_server_ts": 1, "prev_events": [],
                              "auth_events": [], "room_id": "!r:x"})
     v5 = KNOWN_ROOM_VERSIONS["5"]
-    assert parse_event(pdu, v5).event_id == make_event_from_dict(dict(pdu), SYNAPSE_VERSIONS["5"]).event_id
+    assert parse_pdu(pdu, v5).event_id == make_event_from_dict(dict(pdu), SYNAPSE_VERSIONS["5"]).event_id
     with pytest.raises(canonical_json.InvalidCanonicalJson):
         canonical_json.encode(pdu, strict=True)
 
@@ -230,11 +230,11 @@ def test_malformed_pdus_get_bad_event_format_and_nothing_else(version_id, pdu):
     from rooms.matrix.auth_rules import AuthFailed, check_state_dependent
     version = KNOWN_ROOM_VERSIONS[version_id]
     try:
-        event = parse_event(pdu, version)
+        event = parse_pdu(pdu, version)
     except BadEventFormat as e:
         assert str(e)
         return
-    create = parse_event(with_content_hash({
+    create = parse_pdu(with_content_hash({
         "type": "m.room.create", "state_key": "", "sender": "@a:x", "content": {"creator": "@a:x"},
         "depth": 1, "origin_server_ts": 1, "prev_events": [], "auth_events": [], "room_id": "!r:x",
         **({} if version.event_ids_are_hashes else {"event_id": "$c:x"})}), version)
@@ -257,11 +257,11 @@ def test_an_event_read_back_under_its_stored_id_parses_the_same_without_hashing(
                              "prev_events": [], "auth_events": [], "room_id": "!r:x"})
     if not version.event_ids_are_hashes:
         pdu = dict(pdu, event_id="$given:x", prev_events=[], auth_events=[])
-    fresh = parse_event(pdu, version)
+    fresh = parse_pdu(pdu, version)
 
     def no_hashing(*args, **kw):
         raise AssertionError("hashed again")
 
     monkeypatch.setattr(event_format, "compute_event_id", no_hashing)
     monkeypatch.setattr(event_format.canonical_json, "check_strict", no_hashing)
-    assert parse_event(pdu, version, stored_id=fresh.event_id) == fresh
+    assert parse_pdu(pdu, version, stored_id=fresh.event_id) == fresh

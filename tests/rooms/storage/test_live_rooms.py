@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rooms.matrix.auth_rules import auth_state_from, check_against_auth_events, check_state_dependent
-from rooms.matrix.event_format import content_hash_matches, parse_event
+from rooms.matrix.event_format import content_hash_matches, parse_pdu
 from rooms.matrix.room_versions import room_version
 from rooms.models import Event
 from rooms.storage.synthetic import LIVE_ROOM_VERSION, LiveRooms
@@ -35,7 +35,7 @@ def test_every_event_is_authorized_and_follows_the_rooms_extremities(store):
     history = stored_history()
     assert len(history) == 150
     for body in history:
-        ev = parse_event(body, version)  # the room version's format (v2: the ID is a field)
+        ev = parse_pdu(body, version)  # the room version's format (v2: the ID is a field)
         assert ev.event_id == body["event_id"] and ev.room_id == body["room_id"]
         assert content_hash_matches(body)
         room = ev.room_id
