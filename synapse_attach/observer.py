@@ -252,3 +252,29 @@ class SynapseObserver:
             "unattributed": dict(sorted(self.unattributed.items())),
             "stuck": [s.as_dict() for s in self.stuck(now)],
         }
+
+
+def format_live(view: dict[str, Any]) -> str:
+    """:meth:`SynapseObserver.as_dict`'s view as an operator reads it in a terminal."""
+    lines = [f"live (Synapse's Redis, {view['listening_seconds']:g} s): {view['lines']} lines"
+             + (f", {view['bad_lines']} unparsable" if view["bad_lines"] else "")]
+    for stream, entry in view["streams"].items():
+        lines.append(f"{stream}: highest announced {entry['highest']}")
+        for w in entry["writers"]:
+            state = ""
+            if w["stuck"]:
+                state = f", STUCK: behind for {w['behind_seconds']:g} s"
+            lines.append(f"    writer {w['instance']}: position {w['position']}, last write {w['written']}, "
+                         f"advanced {w['advanced_seconds_ago']} s ago, {w['facts']} facts "
+                         f"({w['facts_per_second']:g}/s){state}")
+    for i in view["instances"]:
+        kinds = ", ".join(f"{k} {n}" for k, n in i["commands"].items())
+        lines.append(f"instance {i['instance']}: last seen {i['last_seen_seconds_ago']:g} s ago ({kinds})")
+    if view["unattributed"]:
+        lines.append("no instance named: " + ", ".join(f"{k} {n}" for k, n in view["unattributed"].items()))
+    if not view["streams"] and not view["instances"]:
+        lines.append("nothing heard: Synapse announces a position only when it moves")
+    for s in view["stuck"]:
+        lines.append(f"stuck: {s['instance']} on {s['stream']} at {s['position']} while another writer "
+                     f"announced {s['highest']}, for {s['behind_seconds']:g} s")
+    return "\n".join(lines)
