@@ -82,6 +82,7 @@ class Command(BaseCommand):
             require_strong_secrets()
         except ImproperlyConfigured as e:
             raise CommandError(str(e)) from None
+        observer = synapse_observer_args()
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         check_startable(database=True, redis=True,
@@ -91,7 +92,6 @@ class Command(BaseCommand):
         check_port_free(host, port, "WEB_LISTEN")  # before anything starts: one line, nothing left running
         demo = embedded_default() and settings.DASHBOARD["DEMO"]
         check_no_other_instance(demo=demo, beat=job_worker_wanted())
-        observer = synapse_observer_args()
         # The TCP endpoint runs in this process, on daphne's event loop: one in-memory channel
         # layer for what the service writes; other local processes' facts it reads from the
         # database (streams/replication/endpoint/local_scan.py).
