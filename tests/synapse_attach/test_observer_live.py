@@ -245,7 +245,7 @@ def test_the_observer_user_may_not_publish(synapse_redis, live):
 
 
 def test_positions_heard_agree_with_synapses_stream_positions(cluster, live, users, rooms, role_url, tmp_path):
-    every_kind_of_traffic(cluster, users, rooms, 3)
+    every_kind_of_traffic(cluster, users, rooms, 2)
     deadline = time.monotonic() + DEADLINE
     while True:
         problems = agrees_with_stream_positions(live.view(), stream_positions(cluster))
@@ -272,7 +272,7 @@ def test_synapse_status_listens_as_the_acl_user_and_the_select_role(cluster, syn
     env = {**os.environ, "STATE_DIR": str(tmp_path / "state"), "SYNAPSE_DATABASE_URL": role_url,
            "SYNAPSE_REDIS_URL": observer_redis_url(synapse_redis), "SYNAPSE_SERVER_NAME": SERVER_NAME}
     env.pop("DATABASE_URL", None)
-    command = subprocess.Popen([sys.executable, "manage.py", "synapse_status", "--json", "--listen", "4"],
+    command = subprocess.Popen([sys.executable, "manage.py", "synapse_status", "--json", "--listen", "3"],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # traffic while it listens (its start takes a second or two: keep sending until it ends)
@@ -370,69 +370,43 @@ def test_the_observer_resubscribes_after_redis_restarts(cluster, live, synapse_r
     poll(lambda: live.view()["lines"] > before, "lines heard after the restart", between=traffic)
 
 
-def test_synapse_observer_publishes_what_it_hears_for_the_dashboard(cluster, synapse_redis, users, rooms,
-                                                                   pg_url, client, tmp_path):
-    """``manage.py synapse_observer`` as the ACL user, its view on /status.json and /metrics of
-    a web process (this test's client, on the same database); SIGTERM stops it at once."""
+def test_runservice_runs_the_observer_and_the_dashboard_shows_it(cluster, synapse_redis, users, rooms, pg_url,
+                                                                 client, tmp_path):
+    """With SYNAPSE_REDIS_URL set, ``runservice`` runs ``synapse_observer`` (as the ACL user) as
+    a child of its own; what it hears is on /status.json and /metrics of a web process (this
+    test's client, on the same database); the service stops cleanly, its child with it."""
     from django.contrib.auth import get_user_model
     from prometheus_client.parser import text_string_to_metric_families
 
-    client.force_login(get_user_model().objects.create_user("operator", password="x" * 12, is_staff=True))
-    env = {**os.environ, "STATE_DIR": str(tmp_path / "state"), "DATABASE_URL": pg_url,
-           "SYNAPSE_REDIS_URL": observer_redis_url(synapse_redis), "SYNAPSE_SERVER_NAME": SERVER_NAME}
-    log = open(tmp_path / "observer.log", "w+")
-    observer = subprocess.Popen([sys.executable, "manage.py", "synapse_observer", "--name", "live-test"],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        def both_writers_shown() -> dict | None:
-            assert observer.poll() is None, (tmp_path / "observer.log").read_text()
-            shown = client.get("/status.json").json()["synapse"]
-            events = [s for o in shown for s in o["streams"] if s["name"] == "events"]
-            return shown[0] if events and set(events[0]["writers"]) == {"master", "persister1"} else None
-
-        def traffic() -> None:
-            users[0].send_message(rooms["master"][0], "for the dashboard")
-            users[0].send_message(rooms["persister1"][0], "for the dashboard")
-
-        shown = poll(both_writers_shown, "both event writers on /status.json", between=traffic)
-        assert shown["observer"] == "live-test" and shown["subscribed"] and shown["source"] == "synapse"
-        metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for f in text_string_to_metric_families(client.get("/metrics").content.decode())
-                   for s in f.samples}
-        assert metrics[("synapse_repl_synapse_observer_up", (("observer", "live-test"),))] == 1
-        assert metrics[("synapse_repl_synapse_writer_position", (("stream", "events"), ("writer", "persister1")))] > 0
-        started = time.monotonic()
-        observer.send_signal(signal.SIGTERM)
-        assert observer.wait(timeout=30) == 0
-        print(f"synapse_observer stopped {time.monotonic() - started:.2f} s after SIGTERM")
-    finally:
-        if observer.poll() is None:
-            observer.kill()
-            observer.wait()
-        log.close()
-    assert "Traceback" not in (tmp_path / "observer.log").read_text()
-
-
-def test_runservice_supervises_the_observer(cluster, synapse_redis, users, rooms, pg_url, client, tmp_path):
-    """With SYNAPSE_REDIS_URL set, ``runservice`` runs ``synapse_observer`` as a child: its view
-    reaches the database the web processes read."""
-    from synapse_attach.live_status import observer_statuses
     from tests.synapse_repl.test_web_hardening import Service
 
+    client.force_login(get_user_model().objects.create_user("operator", password="x" * 12, is_staff=True))
     service = Service({"DATABASE_URL": pg_url, "DEMO": "0", "REPLICATION_SECRET": secrets.token_urlsafe(32),
                        "SYNAPSE_REDIS_URL": observer_redis_url(synapse_redis), "SYNAPSE_SERVER_NAME": SERVER_NAME},
                       tmp_path / "var")
     service.start()
     try:
-        def heard() -> dict | None:
-            users[0].send_message(rooms["persister1"][0], "for runservice's observer")
-            shown = [o for o in observer_statuses() if o["subscribed"] and "events" in o["view"]["streams"]]
-            return shown[0] if shown else None
+        def both_writers_shown() -> dict | None:
+            assert service.proc.poll() is None, service.output()[-3000:]
+            users[0].send_message(rooms["master"][0], "for the dashboard")
+            users[0].send_message(rooms["persister1"][0], "for the dashboard")
+            shown = client.get("/status.json").json()["synapse"]
+            events = [s for o in shown for s in o["streams"] if s["name"] == "events"]
+            return shown[0] if events and set(events[0]["writers"]) == {"master", "persister1"} else None
 
-        shown = poll(heard, "runservice's observer publishing", every=0.5)
+        shown = poll(both_writers_shown, "both event writers on /status.json", every=0.5)
+        assert shown["subscribed"] and shown["source"] == "synapse" and not shown["stale"]
         assert shown["pid"] != service.proc.pid  # a child of its own
+        assert shown["observer"].startswith(f"{SERVER_NAME}@")
+        metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(client.get("/metrics").content.decode())
+                   for s in f.samples}
+        assert metrics[("synapse_repl_synapse_observer_up", (("observer", shown["observer"]),))] == 1
+        assert metrics[("synapse_repl_synapse_writer_position", (("stream", "events"), ("writer", "persister1")))] > 0
+        assert metrics[("synapse_repl_synapse_stuck_writer_seconds", (("stream", "events"), ("writer", "master")))] == 0
         assert "Synapse: observing redis://synapse_observer:***@" in service.output()
         assert ACL_PASSWORD not in service.output()
     finally:
         service.stop()
+    assert service.proc.returncode == 0, service.output()[-3000:]
     assert "Traceback" not in service.output(), service.output()[-3000:]
