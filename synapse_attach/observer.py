@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from streams.replication.protocol.commands import (
     ClearUserSyncCommand,
@@ -45,8 +45,10 @@ from streams.replication.protocol.commands import (
     LockReleasedCommand,
     PositionCommand,
     RdataCommand,
+    RdataRun,
     RemoteProtocolError,
     UserSyncCommand,
+    add_rdata_line,
     parse_line,
 )
 
@@ -133,6 +135,7 @@ class SynapseObserver:
         self.stuck_after = stuck_after
         self.started = started
         self.writers: dict[tuple[str, str], WriterLive] = {}
+        self._by_stream: dict[str, list[WriterLive]] = {}
         self.instances: dict[str, InstanceLive] = {}
         self.unattributed: Counter[str] = Counter()
         self.lines = 0
@@ -144,38 +147,68 @@ class SynapseObserver:
 
     def observe_line(self, line: str, now: float) -> None:
         """One line of Synapse's channel; one that does not parse is counted and dropped."""
-        self.lines += 1
-        self.last_line_at = now
-        if not line.strip():
+        self.observe_lines((line,), now)
+
+    def observe_lines(self, lines: Iterable[str], now: float) -> None:
+        """The lines of one read, in order. RDATA lines go the replication worker's way
+        (``add_rdata_line``: runs of one stream and writer, no command object per line)."""
+        items: list[Any] = []
+        seen = self.lines
+        for line in lines:
+            self.lines += 1
+            if add_rdata_line(items, line):
+                continue
+            if not line.strip():
+                continue
+            try:
+                items.append(parse_line(line))
+            except RemoteProtocolError:
+                self.bad_lines += 1
+        if self.lines != seen:
+            self.last_line_at = now
+        for item in items:
+            if type(item) is RdataRun:
+                self._observe_run(item, now)
+            else:
+                self.observe(item, now)
+
+    def _observe_run(self, run: RdataRun, now: float) -> None:
+        if self._seen(run.instance_name, "RDATA", now, len(run.entries)):
+            token = next((t for t, _ in reversed(run.entries) if t is not None), None)
+            self._rdata(run.stream_name, run.instance_name, len(run.entries), token, now)
+
+    def _rdata(self, stream: str, instance: str, count: int, token: int | None, now: float) -> None:
+        """``count`` rows of ``stream`` by ``instance``, the last numeric token ``token``."""
+        writer = self._writer(stream, instance)
+        if writer is None:
             return
-        try:
-            command = parse_line(line)
-        except RemoteProtocolError:
-            self.bad_lines += 1
-            return
-        self.observe(command, now)
+        writer._sample(now)
+        writer.facts += count
+        if token is not None:
+            writer.written = token
+            self._announce(writer, token, now)
+
+    def _seen(self, name: str, kind: str, now: float, count: int = 1) -> bool:
+        """A sign of life of instance ``name``; False when it is beyond the bound (dropped)."""
+        instance = self.instances.get(name)
+        if instance is None:
+            if len(self.instances) >= MAX_TRACKED:
+                self.untracked += 1
+                return False
+            instance = self.instances[name] = InstanceLive(name, now)
+        instance.last_seen = now
+        instance.commands[kind] += count
+        return True
 
     def observe(self, command: Command, now: float) -> None:
+        """One parsed command (an RDATA is one fact)."""
         name = _instance_of(command)
         if name is None:
             self.unattributed[command.NAME] += 1
-        else:
-            instance = self.instances.get(name)
-            if instance is None:
-                if len(self.instances) >= MAX_TRACKED:
-                    self.untracked += 1
-                    return
-                instance = self.instances[name] = InstanceLive(name, now)
-            instance.last_seen = now
-            instance.commands[command.NAME] += 1
+        elif not self._seen(name, command.NAME, now):
+            return
         if isinstance(command, RdataCommand):
-            writer = self._writer(command.stream_name, command.instance_name)
-            if writer is not None:
-                writer._sample(now)
-                writer.facts += 1
-                if command.token is not None:
-                    writer.written = command.token
-                    self._announce(writer, command.token, now)
+            self._rdata(command.stream_name, command.instance_name, 1, command.token, now)
         elif isinstance(command, PositionCommand):
             writer = self._writer(command.stream_name, command.instance_name)
             if writer is not None:
@@ -190,6 +223,7 @@ class SynapseObserver:
                 self.untracked += 1
                 return None
             writer = self.writers[key] = WriterLive(stream, instance)
+            self._by_stream.setdefault(stream, []).append(writer)
         return writer
 
     def _announce(self, writer: WriterLive, position: int, now: float) -> None:
@@ -200,10 +234,13 @@ class SynapseObserver:
         writer.position = position
         if writer.stream in NOT_ECHOED:
             return
-        peers = [w for w in self.writers.values() if w.stream == writer.stream and w.position is not None]
+        peers = self._by_stream[writer.stream]
+        if len(peers) < 2:
+            return
         highest = max(w.position for w in peers if w.position is not None)
         for peer in peers:
-            assert peer.position is not None
+            if peer.position is None:
+                continue
             if peer.position >= highest:
                 peer.behind_since = None
             elif peer.behind_since is None:
@@ -213,8 +250,7 @@ class SynapseObserver:
 
     def highest(self, stream: str) -> int | None:
         """The highest position any writer of ``stream`` announced (None: none seen)."""
-        return max((w.position for w in self.writers.values()
-                    if w.stream == stream and w.position is not None), default=None)
+        return max((w.position for w in self._by_stream.get(stream, ()) if w.position is not None), default=None)
 
     def stuck(self, now: float) -> list[StuckWriter]:
         """The writers behind the others of their stream for ``stuck_after`` seconds or more."""

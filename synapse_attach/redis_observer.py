@@ -59,11 +59,10 @@ class RedisObserver:
         buf = self._buf + data if self._buf else data
         replies, end = parse_messages(buf)
         self._buf = buf[end:]
-        now = self._clock()
-        observe = self.observer.observe_line
-        for reply in replies:
-            if isinstance(reply, bytes):  # a message's payload (a list: a PONG, a confirmation)
-                observe(reply.decode("utf-8", "replace"), now)
+        # a message's payload is bytes (a list: a PONG, a confirmation)
+        lines = [r.decode("utf-8", "replace") for r in replies if type(r) is bytes]
+        if lines:
+            self.observer.observe_lines(lines, self._clock())
 
     async def run(self) -> None:
         await self.subscription.run()
