@@ -410,3 +410,23 @@ def test_runservice_runs_the_observer_and_the_dashboard_shows_it(cluster, synaps
         service.stop()
     assert service.proc.returncode == 0, service.output()[-3000:]
     assert "Traceback" not in service.output(), service.output()[-3000:]
+
+
+def test_a_synapse_restart_is_followed(cluster, live, users, rooms):
+    """Main process and persister stopped and started again: the observer, still subscribed,
+    hears them announce their positions again and agrees with stream_positions after traffic."""
+    subscriptions = live.subscriptions()
+    restarted_at = time.monotonic()
+    cluster.restart()
+    every_kind_of_traffic(cluster, users, rooms, 1)
+
+    def heard_again() -> bool:
+        view = live.view()
+        ages = {i["instance"]: i["last_seen_seconds_ago"] for i in view["instances"]}
+        since = time.monotonic() - restarted_at
+        fresh = all(ages.get(name, 1e9) < since for name in ("master", "persister1"))
+        return fresh and not agrees_with_stream_positions(view, stream_positions(cluster))
+
+    poll(heard_again, "both processes heard again, in agreement with stream_positions")
+    assert live.subscriptions() == subscriptions  # Redis did not move: one subscription throughout
+    assert live.stuck() == []
