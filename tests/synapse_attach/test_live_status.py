@@ -72,3 +72,20 @@ def test_a_stale_observer_is_shown_down_and_its_figures_left_out(staff_client): 
     assert got[("synapse_repl_synapse_observer_up", (("observer", "attach.test@host"),))] == 0
     assert not any(name == "synapse_repl_synapse_stuck_writer_seconds" for name, _ in got)
     assert staff_client.get("/status.json").json()["synapse"][0]["stale"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_observer_publishes_again_after_its_database_connection_died():
+    """The observer process serves no request, so nothing between requests replaces a dead
+    connection: publish_or_reconnect closes it after a failure and the next try works."""
+    from django.db import InterfaceError, OperationalError, connection
+
+    from synapse_attach.live_status import observer_statuses
+    from synapse_attach.management.commands.synapse_observer import publish_or_reconnect
+
+    publish_or_reconnect("o", True, {"lines": 1})
+    connection.connection.close()  # the server side gone (a restart, a network cut)
+    with pytest.raises((InterfaceError, OperationalError)):
+        publish_or_reconnect("o", True, {"lines": 2})
+    publish_or_reconnect("o", True, {"lines": 3})
+    assert [s["view"] for s in observer_statuses()] == [{"lines": 3}]

@@ -52,14 +52,34 @@ async def observe(url: str, server_name: str, name: str, stuck_after: float) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, redis.stop)
     listening = asyncio.ensure_future(redis.run())
+    failing = False
     # one thread of its own for the database: one connection, never the loop's thread
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="observer-publish") as database:
         while not listening.done():
             view = observer.as_dict(time.monotonic())
             view["redis"] = {"url": redact_url(url), "channel": server_name, "subscriptions": redis.subscriptions}
             try:
-                await loop.run_in_executor(database, publish, name, redis.subscribed, view)
-            except Exception as e:  # the dashboard's database away: keep listening, say so
-                logger.warning("cannot publish the observer's view: %s", e)
+                await loop.run_in_executor(database, publish_or_reconnect, name, redis.subscribed, view)
+            except Exception as e:  # the dashboard's database away: keep listening, say so once
+                if not failing:
+                    logger.warning("cannot publish the observer's view (retrying every %g s, quietly): %s",
+                                   PUBLISH_INTERVAL, e)
+                failing = True
+            else:
+                if failing:
+                    logger.info("the observer's view is published again")
+                failing = False
             await asyncio.wait([listening], timeout=PUBLISH_INTERVAL)
     await listening
+
+
+def publish_or_reconnect(name: str, subscribed: bool, view: dict[str, Any]) -> None:
+    """:func:`publish`; after a failure the connection is closed, so the next try opens a new
+    one (Django reconnects only between requests, and this process serves none)."""
+    from django.db import connection
+
+    try:
+        publish(name, subscribed, view)
+    except Exception:
+        connection.close()
+        raise
