@@ -1,14 +1,14 @@
 """What a live Synapse says on its Redis, kept per stream writer and per process: the observer's
-pure core (docs/attach.md, "Watching Synapse's Redis"). Fed parsed replication commands with
-``now`` passed in (seconds, monotonic); reads no clock and touches no socket (the adapter is
-``redis_observer.py``).
+pure core (docs/attach.md, "Watching Synapse's Redis"). Fed the lines of Synapse's channel (or
+commands parsed by the project's codec) with ``now`` passed in (seconds, monotonic); reads no
+clock and touches no socket (the adapter is ``redis_observer.py``).
 
 Per (stream, instance): the last position the writer announced live (the numeric token of an
 ``RDATA``, the new token of a ``POSITION``), when it last advanced, the position of its last
 write (the last numeric ``RDATA`` token: what Synapse records in ``stream_positions`` after a
 write, or a little more, as it records the position it has reached by then), and the rows
-(facts) it sent, for facts/s. Per instance: its last sign of life and the commands seen from it. Commands
-that name no instance (``USER_IP``, ``REMOTE_SERVER_UP``, ``REPLICATE``...) are counted apart;
+(facts) it sent, for facts/s. Per instance: its last sign of life and the commands seen from
+it. Commands that name no instance (``USER_IP``, ``REMOTE_SERVER_UP``, ``REPLICATE``...) are counted apart;
 ``USER_SYNC``/``CLEAR_USER_SYNC`` name a random ID of the process run, not the instance.
 
 **Stuck (laggard) writers.** Synapse's ``MultiWriterIdGenerator`` lets a writer with nothing in
