@@ -28,6 +28,11 @@ from synapse_attach.redis_observer import RedisObserver
 from testing.services import RedisServer
 from testing.synapse_homeserver import ClientApi, MatrixError, SynapseHomeserver, SynapseUnavailable
 
+#: Every test of the module in pytest-django's transactional group (one test needs it: a
+#: service process reads what the test wrote), so they run together and the cluster, a module
+#: fixture, starts once, not once per group.
+pytestmark = pytest.mark.django_db(transaction=True)
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_NAME = "attach-live.test"
 ROLE = f"attach_live_{secrets.token_hex(3)}"
