@@ -160,9 +160,7 @@ async def _in_process_run(transport: str, facts: int) -> float:
         data = b"".join(line + b"\n" for line in lines)
     else:
         worker = RedisReplicationWorker(redis_url="redis://127.0.0.1:9", **common)
-        channel = SERVER_NAME.encode()
-        data = b"".join(b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(line), line)
-                        for line in lines)
+        data = _redis_messages(lines)
     chunks = _chunks(data)
     worker._loop = asyncio.get_running_loop()
     worker._dispatch_many([PositionCommand("receipts", "w1", 0, 1)])  # connected at 1
@@ -179,6 +177,29 @@ async def _in_process_run(transport: str, facts: int) -> float:
     cpu = _cpu() - c0
     for lane in worker._lanes.values():
         lane.task.cancel()
+    return 1e6 * cpu / facts
+
+
+def _redis_messages(lines: list[bytes]) -> bytes:
+    channel = SERVER_NAME.encode()
+    return b"".join(b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(line), line)
+                    for line in lines)
+
+
+def _observer_run(facts: int) -> float:
+    """CPU per fact of the observer of an attached Synapse (synapse_attach/redis_observer.py),
+    fed the Redis worker's chunks: RESP messages taken apart, lines parsed, the figures kept."""
+    from synapse_attach.observer import SynapseObserver
+    from synapse_attach.redis_observer import RedisObserver
+
+    observer = SynapseObserver()
+    adapter = RedisObserver("redis://127.0.0.1:9", SERVER_NAME, observer)
+    chunks = _chunks(_redis_messages(_rdata_lines(facts)))
+    c0 = _cpu()
+    for chunk in chunks:
+        adapter._chunk(chunk)
+    cpu = _cpu() - c0
+    assert observer.writers[("receipts", "w1")].facts == facts
     return 1e6 * cpu / facts
 
 
@@ -252,10 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"best: worker {w_rate:,.0f} facts/s at {w_cpu:.2f} us/fact; reading the bytes alone {b_rate:,.0f} "
           f"facts/s at {b_cpu:.2f} us/fact; the worker's own work {w_cpu - b_cpu:.2f} us/fact")
     print("in process, no socket, 64 KiB chunks (the receive path alone):")
+    best_cost = {}
     for transport in ("tcp", "redis"):
         costs = [asyncio.run(_in_process_run(transport, facts)) for _ in range(repeat)]
+        best_cost[transport] = min(costs)
         print(f"  {transport:<6} worker: {min(costs):.2f} us/fact (runs: {', '.join(f'{c:.2f}' for c in costs)})",
               flush=True)
+    costs = [_observer_run(facts) for _ in range(repeat)]
+    print(f"  Synapse observer (synapse_attach): {min(costs):.2f} us/fact, {min(costs) / best_cost['redis']:.2f}x "
+          f"the Redis worker (runs: {', '.join(f'{c:.2f}' for c in costs)})", flush=True)
     costs = [_floor_run(facts) for _ in range(repeat)]
     print(f"  floor: split, decode, int(token), the row's JSON, nothing else: {min(costs):.2f} us/fact "
           f"(runs: {', '.join(f'{c:.2f}' for c in costs)})", flush=True)

@@ -70,7 +70,22 @@ def streams_json(request: HttpRequest) -> JsonResponse:
             ],
         }
         for s in streams_as_served()
-    ], "endpoints": endpoint_statuses()})
+    ], "endpoints": endpoint_statuses(), "synapse": synapse_observers()})
+
+
+def synapse_observers() -> list[dict]:
+    """What each observer of an attached Synapse last heard (docs/attach.md): its streams in
+    the shape of ours, with ``source: synapse``, its processes and its stuck writers."""
+    from synapse_attach.live_status import observer_statuses, streams_shaped_like_ours
+
+    out = []
+    for status in observer_statuses():
+        view = status.pop("view")
+        out.append({**status, "streams": streams_shaped_like_ours({"view": view}),
+                    "instances": view.get("instances", []), "stuck": view.get("stuck", []),
+                    "lines": view.get("lines", 0), "bad_lines": view.get("bad_lines", 0),
+                    "redis": view.get("redis", {})})
+    return out
 
 
 @staff_json

@@ -3,7 +3,7 @@ endpoint, the commands, start-up) does differently on PostgreSQL and SQLite.
 
 The dialects differ in three modules and nowhere else (tests/test_layout.py checks it):
 this one, ``storage/sql.py`` (the room event store's SQL, and the list of its queries written
-twice) and ``jobs/dialect.py`` (the batch jobs' reads, writes and locks); besides these,
+twice) and ``jobs/job_dialect.py`` (the batch jobs' reads, writes and locks); besides these,
 ``synapse_repl/settings.py`` sets SQLite's connection options (write lock at ``BEGIN``).
 
 * **PostgreSQL** (full mode): any number of processes share the database, so a stream may

@@ -6,6 +6,11 @@ collation and the suite's Redis, listening on free loopback ports: a client list
 client-server API and the shared-secret admin registration) and a replication listener
 (``get_repl_stream_updates``, behind ``worker_replication_secret``). :class:`ClientApi` drives
 it with plain HTTP requests, as a Matrix client would.
+
+With ``event_persisters`` it is a small worker cluster: the main process and one
+``generic_worker`` per name, each an event persister (``stream_writers: events: [master,
+...]``, every process in ``instance_map`` with a replication listener of its own), Synapse's
+processes talking over the Redis only.
 """
 from __future__ import annotations
 
@@ -62,11 +67,14 @@ def check_installed() -> None:
 
 @dataclass
 class SynapseHomeserver:
-    """One Synapse main process (instance ``master``), started and stopped by the test.
+    """One Synapse main process (instance ``master``), and its event-persister workers, started
+    and stopped by the test.
 
     ``pg_port``: the throwaway PostgreSQL (user ``postgres``, trust authentication) where a
     C-collation database ``database`` is created. ``redis_port``/``redis_password``: the Redis
-    Synapse publishes its replication on (channel ``server_name``).
+    Synapse publishes its replication on (channel ``server_name``). ``event_persisters``:
+    names of ``generic_worker`` processes that write the events stream beside ``master``
+    (Synapse shards the rooms between the writers by room ID).
     """
 
     server_name: str
@@ -81,6 +89,9 @@ class SynapseHomeserver:
     registration_secret: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     proc: subprocess.Popen | None = field(default=None, repr=False)
     starts: int = 0
+    event_persisters: tuple[str, ...] = ()
+    worker_ports: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
     @property
     def client_url(self) -> str:
@@ -124,6 +135,7 @@ class SynapseHomeserver:
             raise SynapseUnavailable(f"synapse --generate-config failed:\n{generated.stderr[-3000:]}")
         config = yaml.safe_load(config_path.read_text())
         self.client_port, self.replication_port = free_port(), free_port()
+        self.worker_ports = {name: free_port() for name in self.event_persisters}
         config.update({
             "listeners": [
                 {"port": self.client_port, "type": "http", "tls": False, "x_forwarded": False,
@@ -137,7 +149,11 @@ class SynapseHomeserver:
             "redis": {"enabled": True, "host": "127.0.0.1", "port": self.redis_port,
                       **({"password": self.redis_password} if self.redis_password else {})},
             "worker_replication_secret": self.replication_secret,
-            "instance_map": {"main": {"host": "127.0.0.1", "port": self.replication_port}},
+            "instance_map": {"main": {"host": "127.0.0.1", "port": self.replication_port},
+                             **{name: {"host": "127.0.0.1", "port": port}
+                                for name, port in self.worker_ports.items()}},
+            **({"stream_writers": {"events": ["master", *self.event_persisters]}}
+               if self.event_persisters else {}),
             "enable_registration": False,
             "registration_shared_secret": self.registration_secret,
             "trusted_key_servers": [],
@@ -161,47 +177,79 @@ class SynapseHomeserver:
         # read the access log (catch-up requests) as they go.
         logging_config.setdefault("root", {})["handlers"] = ["file"]
         log_config.write_text(yaml.safe_dump(logging_config))
+        for name, port in self.worker_ports.items():
+            worker_log = Path(self.directory) / f"{name}.log.config"
+            logging_config["handlers"]["file"]["filename"] = str(Path(self.directory) / f"{name}.log")
+            worker_log.write_text(yaml.safe_dump(logging_config))
+            (Path(self.directory) / f"{name}.yaml").write_text(yaml.safe_dump({
+                "worker_app": "synapse.app.generic_worker", "worker_name": name,
+                "worker_listeners": [{"type": "http", "port": port, "bind_addresses": ["127.0.0.1"],
+                                      "resources": [{"names": ["replication"]}]}],
+                "worker_log_config": str(worker_log)}))
         return self
 
     # --- the process -----------------------------------------------------------------------
 
+    def _spawn(self, app: str, config: str, output: str) -> subprocess.Popen:
+        out = open(Path(self.directory) / output, "ab")
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", app, "-c", str(Path(self.directory) / "homeserver.yaml"),
+                 *(["-c", str(Path(self.directory) / config)] if config else [])],
+                cwd=self.directory, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                # a killed test run leaves no homeserver behind (started from the main thread
+                # only: the signal comes when the starting thread ends)
+                preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None)
+        finally:
+            out.close()
+
     def start(self, timeout: float = START_TIMEOUT) -> "SynapseHomeserver":
-        """Start the main process and wait until the client API answers."""
-        out = open(Path(self.directory) / "stdout.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "synapse.app.homeserver", "-c",
-             str(Path(self.directory) / "homeserver.yaml")],
-            cwd=self.directory, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            # a killed test run leaves no homeserver behind (started from the main thread only:
-            # the signal comes when the starting thread ends)
-            preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None)
-        out.close()
+        """Start the main process and wait until the client API answers, then each event
+        persister until its replication listener answers."""
+        self.proc = self._spawn("synapse.app.homeserver", "", "stdout.log")
         self.starts += 1
         deadline = time.monotonic() + timeout
+        self._wait_answers(self.proc, f"{self.client_url}/_matrix/client/versions", "Synapse", deadline)
+        for name, port in self.worker_ports.items():
+            self.workers[name] = self._spawn("synapse.app.generic_worker", f"{name}.yaml", f"{name}.stdout.log")
+            # the replication listener answers 404 at its root once the worker runs
+            self._wait_answers(self.workers[name], f"http://127.0.0.1:{port}/", f"worker {name}", deadline)
+        return self
+
+    def _wait_answers(self, proc: subprocess.Popen, url: str, what: str, deadline: float) -> None:
         while True:
-            if self.proc.poll() is not None:
-                raise SynapseUnavailable(f"Synapse exited with status {self.proc.returncode} while "
+            if proc.poll() is not None:
+                raise SynapseUnavailable(f"{what} exited with status {proc.returncode} while "
                                          f"starting:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.client_url}/_matrix/client/versions", timeout=2) as r:
+                with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
-                        return self
+                        return
+            except urllib.error.HTTPError:
+                return  # it answers
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise SynapseUnavailable(f"Synapse did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+                raise SynapseUnavailable(f"{what} did not answer in time:\n{self.log_tail()}")
             time.sleep(0.2)
 
     def stop(self) -> None:
-        """SIGTERM (Synapse shuts down cleanly), SIGKILL after 30 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """SIGTERM every process (Synapse shuts down cleanly), SIGKILL after 30 s; a stopped
+        (SIGSTOP) worker is continued first."""
+        for proc in [*self.workers.values(), self.proc]:
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+        for proc in [*self.workers.values(), self.proc]:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.workers = {}
 
     def restart(self) -> None:
         self.stop()
@@ -214,7 +262,8 @@ class SynapseHomeserver:
 
     def log_tail(self, chars: int = 4000) -> str:
         parts = []
-        for name in ("stdout.log", "homeserver.log"):
+        for name in ("stdout.log", "homeserver.log", *(f"{w}{suffix}" for w in self.event_persisters
+                                                       for suffix in (".stdout.log", ".log"))):
             path = Path(self.directory) / name
             if path.exists():
                 parts.append(f"--- {name}\n" + path.read_text(errors="replace")[-chars:])

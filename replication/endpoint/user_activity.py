@@ -1,6 +1,6 @@
 """What an endpoint does with the client activity its workers report (docs/replication.md).
 
-* ``USER_IP``: into the ``user_ips`` table (:class:`~streams.models.UserIp`), keyed as
+* ``USER_IP``: into the ``user_ips`` table (:class:`~replication.models.UserIp`), keyed as
   Synapse keys it: (user, access token, address). Commands are coalesced in memory per key
   (:class:`UserIpBatch`, pure, bounded) and written in one upsert per interval
   (:class:`UserIpRecorder`), as Synapse's main process batches its client-IP updates: a

@@ -28,3 +28,17 @@ def test_a_state_url_of_another_kind_is_refused_masked():
         AttachSettings.from_settings({"DATABASE_URL": "postgres://u:p@h/db",
                                       "STATE_DATABASE_URL": "sqlite://u:hidden@h/x"})
     assert str(raised.value).startswith("SYNAPSE_STATE_DATABASE_URL=sqlite://u:***@h/x: expected postgres://")
+
+
+@pytest.mark.parametrize("extra, line", [
+    ({"SYNAPSE_REDIS_URL": "redis://observer:hunter2@127.0.0.1:6379"},
+     "CommandError: SYNAPSE_REDIS_URL is set but SYNAPSE_SERVER_NAME is not"),
+    ({"SYNAPSE_REDIS_URL": "http://observer:hunter2@127.0.0.1:6379", "SYNAPSE_SERVER_NAME": "example.org"},
+     "CommandError: SYNAPSE_REDIS_URL=http://observer:***@127.0.0.1:6379: expected redis://"),
+])
+def test_runservice_refuses_an_observer_it_cannot_run_in_one_line(tmp_path, extra, line):
+    from tests.synapse_repl.test_runservice_children import refusal, service_env
+
+    env = service_env(tmp_path / "state", REPLICATION_SECRET="k3Jx9Qv2LmZ8rT5wN1yB7cF4hD6gS0pA", DEMO="0", **extra)
+    said = refusal(env)
+    assert said.startswith(line) and "hunter2" not in said

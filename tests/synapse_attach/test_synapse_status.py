@@ -273,3 +273,33 @@ def test_a_statement_that_waits_is_cancelled_at_the_timeout(synapse, observer_ur
         holder.rollback()
     assert error.startswith("reading table stream_positions: canceling statement due to statement timeout")
     assert error.endswith("(SYNAPSE_STATEMENT_TIMEOUT_SECONDS)")
+
+
+@pytest.mark.parametrize("redis_url, server_name, expected", [
+    ("", "attach.test", "--listen needs SYNAPSE_REDIS_URL and SYNAPSE_SERVER_NAME"),
+    ("redis://127.0.0.1:6379", "", "--listen needs SYNAPSE_REDIS_URL and SYNAPSE_SERVER_NAME"),
+    ("http://observer:hunter2@127.0.0.1:6379", "attach.test",
+     "SYNAPSE_REDIS_URL=http://observer:***@127.0.0.1:6379: expected redis://"),
+])
+def test_listen_without_a_usable_redis_says_so_in_one_line(redis_url, server_name, expected):
+    from django.conf import settings
+    from django.core.management import CommandError, call_command
+    from django.test import override_settings
+
+    with override_settings(SYNAPSE_ATTACH={**settings.SYNAPSE_ATTACH, "DATABASE_URL": "postgres://o@127.0.0.1:1/s",
+                                           "REDIS_URL": redis_url, "SERVER_NAME": server_name}):
+        with pytest.raises(CommandError) as raised:
+            call_command("synapse_status", "--listen", "1")
+    assert expected in str(raised.value) and "hunter2" not in str(raised.value)
+
+
+def test_listen_to_a_redis_that_is_not_there_exits_1_in_one_line(tmp_path):
+    env = {**os.environ, "STATE_DIR": str(tmp_path / "state"), "SYNAPSE_DATABASE_URL": "postgres://o@127.0.0.1:1/s",
+           "SYNAPSE_REDIS_URL": f"redis://observer:hunter2@127.0.0.1:{free_port()}", "SYNAPSE_SERVER_NAME": "x.test"}
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "manage.py", "synapse_status", "--listen", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("CommandError: could not subscribe to "
+                                                          "redis://observer:***@127.0.0.1:")
+    assert "Traceback" not in done.stderr and "hunter2" not in done.stderr

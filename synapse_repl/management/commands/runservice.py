@@ -6,10 +6,11 @@ Before serving it ensures the superuser operators sign in with (``ensure_admin``
 its children under supervision (synapse_repl/supervisor.py: restarted when they die, the
 service stopped with the reason when one cannot start): on the embedded default the demo
 trickle (``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it), with Redis the
-Celery worker. A port that cannot be bound stops the service with one line, and so does a demo
-or a Celery beat of the same ``STATE_DIR`` already running (each holds a lock there:
-common/state_lock.py). The children die with the service, ``kill -9`` of it included
-(common/lifeline.py).
+Celery worker, with ``SYNAPSE_REDIS_URL`` the observer of that Synapse's Redis (``manage.py
+synapse_observer``, docs/attach.md). A port that cannot be bound stops the service with one
+line, and so does a demo or a Celery beat of the same ``STATE_DIR`` already running (each
+holds a lock there: common/state_lock.py). The children die with the service, ``kill -9``
+of it included (common/lifeline.py).
 
 Shutdown (SIGTERM, SIGINT, a child that cannot start) takes at most :data:`SHUTDOWN_SECONDS`,
 whatever is in flight (:func:`bound_shutdown`): the children get their SIGTERM at once and
@@ -81,6 +82,7 @@ class Command(BaseCommand):
             require_strong_secrets()
         except ImproperlyConfigured as e:
             raise CommandError(str(e)) from None
+        observer = synapse_observer_args()
         host, port = split_listen(repl_setting("WEB_LISTEN"), "WEB_LISTEN")
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         check_startable(database=True, redis=True,
@@ -106,6 +108,11 @@ class Command(BaseCommand):
                 f"  batch jobs: {jobs}\n"
                 f"  admin:   http://{host}:{port}/admin/"
             )
+            if observer is not None:
+                supervisor.add("synapse observer", observer, cwd=str(settings.BASE_DIR))
+                attach = settings.SYNAPSE_ATTACH
+                self.stdout.write(f"  Synapse: observing {redact_url(attach['REDIS_URL'])}, channel "
+                                  f"{attach['SERVER_NAME']} (read-only; docs/attach.md)")
             call_command("ensure_admin", stdout=self.stdout)
             start_run_sweeper()
             if demo:
@@ -281,6 +288,24 @@ def start_job_worker(supervisor) -> str:
     supervisor.add("celery worker", [sys.executable, *job_worker_args(beat_schedule_path())],
                    cwd=str(settings.BASE_DIR))
     return f"Celery worker + beat on {redact_url(settings.REDIS_URL)}"
+
+
+def synapse_observer_args() -> list[str] | None:
+    """The observer of an attached Synapse's Redis, when ``SYNAPSE_REDIS_URL`` is set (None
+    otherwise); a setting it cannot work with stops the service in one line, before it starts."""
+    from synapse_attach.redis_observer import check_redis_url
+
+    attach = settings.SYNAPSE_ATTACH
+    if not attach.get("REDIS_URL"):
+        return None
+    if not attach.get("SERVER_NAME"):
+        raise CommandError("SYNAPSE_REDIS_URL is set but SYNAPSE_SERVER_NAME is not: set it to the Synapse's "
+                           "server_name, the channel its processes publish on (docs/attach.md)")
+    try:
+        check_redis_url(attach["REDIS_URL"])
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    return [sys.executable, "manage.py", "synapse_observer"]
 
 
 def job_worker_args(schedule) -> list[str]:

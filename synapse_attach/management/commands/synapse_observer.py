@@ -1,0 +1,85 @@
+"""``manage.py synapse_observer``: listens to the attached Synapse's Redis until stopped
+(SIGTERM, SIGINT) and publishes what it hears every few seconds for the dashboard
+(docs/attach.md, "On the dashboard"). Read-only: it never publishes on Synapse's Redis."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import signal
+import socket
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from common.url_redaction import redact_url
+from synapse_attach.live_status import PUBLISH_INTERVAL, publish
+from synapse_attach.observer import SynapseObserver
+from synapse_attach.redis_observer import RedisObserver, check_redis_url
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = ("Listen to Synapse's Redis (SYNAPSE_REDIS_URL, channel SYNAPSE_SERVER_NAME) until stopped and "
+            "publish the live positions, processes and stuck writers for /status.json and /metrics.")
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--name", default="", help="the observer's name on the dashboard "
+                                                       "(default: SYNAPSE_SERVER_NAME@host)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        values = settings.SYNAPSE_ATTACH
+        url, server_name = values.get("REDIS_URL", ""), values.get("SERVER_NAME", "")
+        if not url or not server_name:
+            raise CommandError("synapse_observer needs SYNAPSE_REDIS_URL and SYNAPSE_SERVER_NAME (Synapse's Redis "
+                               "and its server_name, docs/attach.md)")
+        try:
+            check_redis_url(url)
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+        name = options["name"] or f"{server_name}@{socket.gethostname()}"
+        logger.info("observing %s, channel %s, as %s", redact_url(url), server_name, name)
+        asyncio.run(observe(url, server_name, name, float(values.get("STUCK_AFTER_SECONDS", 10.0))))
+
+
+async def observe(url: str, server_name: str, name: str, stuck_after: float) -> None:
+    loop = asyncio.get_running_loop()
+    observer = SynapseObserver(stuck_after=stuck_after, started=time.monotonic())
+    redis = RedisObserver(url, server_name, observer)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, redis.stop)
+    listening = asyncio.ensure_future(redis.run())
+    failing = False
+    # one thread of its own for the database: one connection, never the loop's thread
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="observer-publish") as database:
+        while not listening.done():
+            view = observer.as_dict(time.monotonic())
+            view["redis"] = {"url": redact_url(url), "channel": server_name, "subscriptions": redis.subscriptions}
+            try:
+                await loop.run_in_executor(database, publish_or_reconnect, name, redis.subscribed, view)
+            except Exception as e:  # the dashboard's database away: keep listening, say so once
+                if not failing:
+                    logger.warning("cannot publish the observer's view (retrying every %g s, quietly): %s",
+                                   PUBLISH_INTERVAL, e)
+                failing = True
+            else:
+                if failing:
+                    logger.info("the observer's view is published again")
+                failing = False
+            await asyncio.wait([listening], timeout=PUBLISH_INTERVAL)
+    await listening
+
+
+def publish_or_reconnect(name: str, subscribed: bool, view: dict[str, Any]) -> None:
+    """:func:`publish`; after a failure the connection is closed, so the next try opens a new
+    one (Django reconnects only between requests, and this process serves none)."""
+    from django.db import connection
+
+    try:
+        publish(name, subscribed, view)
+    except Exception:
+        connection.close()
+        raise

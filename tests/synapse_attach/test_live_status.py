@@ -1,0 +1,91 @@
+"""The observer's view handed to the web processes (synapse_attach/live_status.py): published
+to the database, then read by /status.json and /metrics through the real views."""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from synapse_attach.live_status import publish
+from synapse_attach.observer import SynapseObserver
+from tests.dashboard.test_views import staff_client  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db
+
+ALERTS = Path(__file__).resolve().parents[2] / "contrib" / "prometheus" / "synapse_attach_alerts.yml"
+
+
+def stuck_view() -> dict:
+    """persister1 stopped at 10 while master moved on for 20 s (threshold 10 s)."""
+    o = SynapseObserver(stuck_after=10.0, started=0.0)
+    o.observe_line("POSITION events persister1 9 10", 0.0)
+    o.observe_line('RDATA events persister1 10 ["ev",[]]', 0.0)
+    for t in range(1, 21):
+        o.observe_line(f'RDATA events master {10 + t} ["ev",[]]', float(t))
+    o.observe_line("FEDERATION_ACK fed1 3", 20.0)
+    return o.as_dict(21.0)
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_status_json_shows_synapses_streams_in_our_shape(staff_client):  # noqa: F811
+    publish("attach.test@host", True, stuck_view())
+    body = staff_client.get("/status.json").json()
+    [observer] = body["synapse"]
+    assert observer["source"] == "synapse" and observer["observer"] == "attach.test@host"
+    assert observer["subscribed"] is True and observer["stale"] is False
+    [events] = observer["streams"]
+    assert events["source"] == "synapse" and events["name"] == "events"
+    assert events["writers"] == ["master", "persister1"]
+    assert events["positions"] == {"master": 30, "persister1": 10}
+    assert events["laggard"] == "persister1"
+    assert events["writer_status"]["persister1"]["stuck"] is True
+    assert observer["stuck"] == [{"stream": "events", "instance": "persister1", "position": 10, "highest": 30,
+                                  "behind_seconds": 20.0}]
+    assert {i["instance"] for i in observer["instances"]} == {"master", "persister1", "fed1"}
+
+
+def test_metrics_carry_the_stuck_writer_and_every_metric_the_alerts_name(staff_client):  # noqa: F811
+    publish("attach.test@host", True, stuck_view())
+    text = staff_client.get("/metrics").content.decode()
+    got = samples(text)
+    events = lambda writer: (("stream", "events"), ("writer", writer))  # noqa: E731
+    assert got[("synapse_repl_synapse_stuck_writer_seconds", events("persister1"))] == 20.0
+    assert got[("synapse_repl_synapse_stuck_writer_seconds", events("master"))] == 0
+    assert got[("synapse_repl_synapse_writer_position", events("persister1"))] == 10
+    assert got[("synapse_repl_synapse_writer_position", events("master"))] == 30
+    assert got[("synapse_repl_synapse_writer_facts_total", events("master"))] == 20
+    assert got[("synapse_repl_synapse_observer_up", (("observer", "attach.test@host"),))] == 1
+    named = set(re.findall(r"\bsynapse_repl_synapse_[a-z_]+", ALERTS.read_text()))
+    assert named and named <= {name for name, _ in got}, named - {name for name, _ in got}
+
+
+def test_a_stale_observer_is_shown_down_and_its_figures_left_out(staff_client):  # noqa: F811
+    publish("attach.test@host", True, stuck_view(), now=datetime.now(timezone.utc) - timedelta(seconds=60))
+    got = samples(staff_client.get("/metrics").content.decode())
+    assert got[("synapse_repl_synapse_observer_up", (("observer", "attach.test@host"),))] == 0
+    assert not any(name == "synapse_repl_synapse_stuck_writer_seconds" for name, _ in got)
+    assert staff_client.get("/status.json").json()["synapse"][0]["stale"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_observer_publishes_again_after_its_database_connection_died():
+    """The observer process serves no request, so nothing between requests replaces a dead
+    connection: publish_or_reconnect closes it after a failure and the next try works."""
+    from django.db import InterfaceError, OperationalError, connection
+
+    from synapse_attach.live_status import observer_statuses
+    from synapse_attach.management.commands.synapse_observer import publish_or_reconnect
+
+    publish_or_reconnect("o", True, {"lines": 1})
+    connection.connection.close()  # the server side gone (a restart, a network cut)
+    with pytest.raises((InterfaceError, OperationalError)):
+        publish_or_reconnect("o", True, {"lines": 2})
+    publish_or_reconnect("o", True, {"lines": 3})
+    assert [s["view"] for s in observer_statuses()] == [{"lines": 3}]
