@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from rooms.models import CurrentStateDelta, Event, ExOutlier
 from streams.direction import IdDirection, direction
 from streams.models import AccountData, CacheInvalidation, DeviceInbox, FactModel, Receipt
 
@@ -20,7 +19,7 @@ class BackingTable:
     """A table holding rows of a stream, keyed by the stream ID in ``id_column``."""
 
     #: a FactModel, or a derived table the stream also reads (``ex_outlier_stream``)
-    model: type[FactModel] | type[ExOutlier]
+    model: type[Any]
     wire_fields: Sequence[str] | None = None
     wire_row: Callable[[Sequence[Any]], list[Any]] | None = None
     #: the rows to read for the wire, given the database alias (default: the model's)
@@ -94,12 +93,25 @@ class StreamSpec:
 STREAMS: dict[str, StreamSpec] = {}
 
 
+#: Synapse's registration order (its ``STREAMS_MAP``): ``STREAMS`` keeps it whichever app declares
+#: a stream first (the order of POSITION commands, status tables and catch-up).
+SYNAPSE_ORDER = ("events", "backfill", "presence", "presence_federation", "typing", "receipts",
+                 "push_rules", "pushers", "caches", "device_lists", "to_device", "federation",
+                 "account_data", "thread_subscriptions", "un_partial_stated_room", "un_partial_stated_event")
+
+
 def declare(spec: StreamSpec) -> StreamSpec:
+    """Add a stream to the catalogue: the engine declares the streams of its own fact tables,
+    each other app the streams of its tables (``rooms``: events and backfill) when Django loads it."""
     if spec.name in STREAMS:
         raise ValueError(f"stream {spec.name!r} is declared twice")
     if spec.db_backed and not spec.sequence:
         raise ValueError(f"database-backed stream {spec.name!r} needs a sequence")
     STREAMS[spec.name] = spec
+    rank = {name: n for n, name in enumerate(SYNAPSE_ORDER)}
+    ordered = sorted(STREAMS.items(), key=lambda item: rank.get(item[0], len(rank)))
+    STREAMS.clear()
+    STREAMS.update(ordered)
     return spec
 
 
@@ -110,28 +122,8 @@ def get_stream(name: str) -> StreamSpec:
         raise KeyError(f"unknown stream {name!r}; known streams: {', '.join(STREAMS)}") from None
 
 
-# In Synapse's registration order (STREAMS_MAP).
-declare(StreamSpec(
-    "events",
-    # a de-outliered event is an ``ev`` row at its ex_outlier_stream position (as in Synapse)
-    # (at one token an ``ev`` row comes before the ``state`` rows, as Synapse merges them)
-    tables=(BackingTable(Event),
-            BackingTable(ExOutlier, wire_fields=Event.WIRE_FIELDS, wire_row=Event.wire_row,
-                         rows=ExOutlier.with_event_fields),
-            BackingTable(CurrentStateDelta)),
-    sequence="events_stream_seq",
-    multi_writer=True,
-    description="new events (ev rows, de-outliered events too) and current-state changes (state rows)",
-))
-declare(StreamSpec(
-    "backfill",
-    tables=(BackingTable(Event, wire_fields=Event.BACKFILL_WIRE_FIELDS, wire_row=list),),
-    sequence="events_backfill_stream_seq",
-    multi_writer=True,
-    backwards=True,
-    writers_from="events",
-    description="events fetched from the past; negative stream orderings",
-))
+# In Synapse's registration order (STREAMS_MAP); ``events`` and ``backfill`` are declared by the
+# room event store, whose tables they are (rooms/event_streams.py).
 declare(StreamSpec(
     "typing",
     memory_row_fields=("room_id", "user_ids"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from django.apps import apps
@@ -12,11 +13,32 @@ from django.conf import settings
 from streams.conf import instance_name as configured_instance_name
 from streams.conf import stream_writers
 from streams.dialect import id_store_for
-from streams.id_generator import MultiWriterIdGenerator
+from streams.id_generator import MultiWriterIdGenerator, NotAWriter
 from streams.id_store import table_refs
 from streams.notifier import PositionNotifier, WireJournal
 from streams.registry import STREAMS, get_stream
 from streams.writer import StreamWriter
+
+
+@dataclass(frozen=True)
+class RuntimeParts:
+    """What the composition root hands the runtime: the parts that live on higher floors (the
+    typing writer and the replication streamer are the replication app's). Missing, the runtime
+    says so when a process asks for one."""
+
+    #: ``TypingWriter(instance_name, notifier, clock=...)``
+    typing_writer: Callable[..., Any] | None = None
+    #: ``ReplicationStreamer(notifier, loop=, layer=, redis_url=, server_name=)``
+    streamer: Callable[..., Any] | None = None
+
+
+_PARTS = RuntimeParts()
+
+
+def provide_parts(parts: RuntimeParts) -> None:
+    """Called once per process by the composition root (``synapse_repl/apps.py``)."""
+    global _PARTS
+    _PARTS = parts
 
 
 class StreamRuntime:
@@ -27,7 +49,9 @@ class StreamRuntime:
         writers: dict[str, tuple[str, ...] | None],
         using: str = "default",
         clock: Callable[[], float] = time.time,
+        parts: RuntimeParts | None = None,
     ) -> None:
+        self.parts = parts or _PARTS
         self.instance_name = instance_name
         self.writers = writers
         self.using = using
@@ -93,15 +117,14 @@ class StreamRuntime:
     def typing(self):
         """This process's typing writer (in memory, replication/typing_stream.py); built on first use,
         when it announces that it starts from 0. Raises ``NotAWriter`` elsewhere."""
-        from replication.typing_stream import TypingWriter
-        from streams.id_generator import NotAWriter
-
         with self._lock:
             if self._typing is None:
                 if not self.is_writer_of("typing"):
                     raise NotAWriter(f"{self.instance_name} is not the writer of typing (writer: "
                                      f"{', '.join(self.writers.get('typing') or ())})")
-                self._typing = TypingWriter(self.instance_name, self.notifier, clock=self.clock)
+                if self.parts.typing_writer is None:
+                    raise RuntimeError("this process's runtime was handed no typing writer (RuntimeParts)")
+                self._typing = self.parts.typing_writer(self.instance_name, self.notifier, clock=self.clock)
                 if self.streamer is not None:
                     self._typing.journal = WireJournal()
                 typing = self._typing
@@ -132,16 +155,16 @@ class StreamRuntime:
         ``loop``: the event loop to publish from when the channel layer is in-memory (it
         must be the loop of the endpoint in this process); otherwise a thread of its own.
         """
-        from replication.publish.streamer import ReplicationStreamer
-
         with self._lock:
             if self.streamer is not None:
                 return
+            if self.parts.streamer is None:
+                raise RuntimeError("this process's runtime was handed no replication streamer (RuntimeParts)")
             for gen in self._generators.values():
                 gen.journal = WireJournal()
             if self._typing is not None:
                 self._typing.journal = WireJournal()
-            self.streamer = ReplicationStreamer(
+            self.streamer = self.parts.streamer(
                 self.notifier, loop=loop, layer=layer, redis_url=redis_url,
                 server_name=server_name or settings.SYNAPSE_REPL["SERVER_NAME"],
             )

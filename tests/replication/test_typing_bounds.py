@@ -28,7 +28,7 @@ from streams.notifier import PositionNotifier
 from streams.writer import WireJournal
 from testing.processes import jsonl_records
 from tests.replication.endpoint.test_endpoint import LineClient
-from tests.streams.test_typing_stream import SERVER_NAME, WAIT, typing_cluster  # noqa: F401  (the fixture)
+from tests.replication.test_typing_stream import SERVER_NAME, WAIT, typing_cluster  # noqa: F401  (the fixture)
 
 #: The longest IDs the typing view takes are 255 characters; an astral character is 12 bytes
 #: of JSON (a \\uXXXX surrogate pair), a non-ASCII BMP one 6.
