@@ -20,6 +20,7 @@ from typing import Any, Callable
 from django.dispatch import receiver
 
 from dashboard.facts_history import minute_of, record_minute
+from dashboard.models import EndpointStatus
 from dashboard.process_stats import process_stats
 from replication.endpoint.connection_records import endpoint_started
 from replication.endpoint.server import endpoint_snapshot
@@ -97,7 +98,6 @@ def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
     """The endpoint's row, as one UPDATE (an INSERT the first time)."""
     from django.db import IntegrityError, transaction
 
-    from dashboard.models import EndpointStatus
 
     values = {"server_name": server_name, "pid": os.getpid(), "updated_at": datetime.now(timezone.utc),
               # what the process costs, refreshed with the row (at least every HEARTBEAT_SECONDS)
@@ -113,7 +113,6 @@ def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
 
 def endpoint_statuses(now: datetime | None = None) -> list[dict[str, Any]]:
     """Every endpoint heard of within the last hour, with its snapshot and whether it is stale."""
-    from dashboard.models import EndpointStatus
 
     now = now or datetime.now(timezone.utc)
     result = []

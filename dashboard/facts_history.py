@@ -10,6 +10,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from dashboard.models import FactsPerMinute
+from streams.stream_status import stream_status
+
 #: Samples older than this are deleted (more than the day the issue asks for).
 RETENTION = timedelta(hours=25)
 
@@ -19,7 +22,6 @@ def minute_of(when: datetime) -> datetime:
 
 
 def stream_totals() -> dict[str, int]:
-    from streams.stream_status import stream_status
 
     return {s.name: max((abs(p) for p in s.positions.values()), default=0)
             for s in stream_status() if s.db_backed}
@@ -27,7 +29,6 @@ def stream_totals() -> dict[str, int]:
 
 def record_minute(now: datetime | None = None, totals: dict[str, int] | None = None) -> datetime:
     """Record this minute's totals (once per minute and stream whoever calls) and prune."""
-    from dashboard.models import FactsPerMinute
 
     minute = minute_of(now or datetime.now(timezone.utc))
     totals = stream_totals() if totals is None else totals
@@ -42,7 +43,6 @@ def facts_per_minute(since: datetime) -> list[dict[str, Any]]:
     """Facts/s per stream for each recorded minute after ``since``: ``{"t": unix seconds,
     "rates": {stream: facts/s}}``, averaged since the stream's previous sample (a gap
     while nothing recorded is spread over its minutes, not shown as a spike)."""
-    from dashboard.models import FactsPerMinute
 
     rows = FactsPerMinute.objects.filter(minute__gte=minute_of(since) - timedelta(minutes=1)).order_by("minute", "stream")
     previous: dict[str, tuple[datetime, int]] = {}

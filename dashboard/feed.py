@@ -27,8 +27,14 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from dashboard.endpoint_status import endpoint_statuses
 from dashboard.facts_history import minute_of, record_minute
+from dashboard.health import banner_view, readiness
+from dashboard.job_panel import recent_job_runs
+from dashboard.stream_table import streams_as_served
 from replication.publish.streamer import LINES_GROUP
+from streams.conf import instance_name, repl_setting
+from streams.stream_status import BACKWARDS_NOTE
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +82,6 @@ def _close_connection() -> None:
 def _collect_state(now: float | None) -> dict[str, Any]:
     from datetime import datetime, timezone
 
-    from dashboard.endpoint_status import endpoint_statuses
-    from dashboard.job_panel import recent_job_runs
-    from dashboard.stream_table import streams_as_served
-    from streams.conf import instance_name, repl_setting
-    from streams.stream_status import BACKWARDS_NOTE
 
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)
@@ -269,7 +270,6 @@ class LiveFeed:
     async def check_health(self) -> None:
         """Run the readiness checks (on the feed's database thread) and push the result to
         the pages, so their banner turns red with the reason when a part is down."""
-        from dashboard.health import banner_view, readiness
 
         results = await asyncio.get_running_loop().run_in_executor(self._db, readiness)
         self.health = banner_view(results)

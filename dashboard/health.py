@@ -34,6 +34,10 @@ from typing import Callable, Iterator
 from common.redis_ping import one_line as _one_line
 from common.redis_ping import ping_redis
 from common.single_flight import Reuse, SingleFlight, Start
+from dashboard.endpoint_status import STALE_AFTER_SECONDS
+from dashboard.models import EndpointStatus
+from streams.conf import repl_setting
+from streams.dialect import bounded_settings
 from streams.id_store import pid_alive
 
 #: Seconds a check may take (a probe that hangs is itself a failure): Redis's connect and
@@ -63,7 +67,6 @@ def bounded_database(timeout: float = CHECK_TIMEOUT) -> Iterator[None]:
     their answer."""
     from django.db import connections
 
-    from streams.dialect import bounded_settings
 
     previous = connections["default"]
     bounded = type(previous)(bounded_settings("default", timeout), "default")
@@ -106,8 +109,6 @@ def endpoint_key(listen: str, host: str | None = None) -> str:
 
 
 def check_endpoint(listen: str, now: datetime | None = None) -> Check:
-    from dashboard.endpoint_status import STALE_AFTER_SECONDS
-    from dashboard.models import EndpointStatus
 
     now = now or datetime.now(timezone.utc)
     try:
@@ -142,7 +143,6 @@ def configured_checks() -> list[tuple[str, Callable[[], Check]]]:
     up to :data:`CHECK_TIMEOUT`, the database's connect a little longer)."""
     from django.conf import settings
 
-    from streams.conf import repl_setting
 
     checks: list[tuple[str, Callable[[], Check]]] = [("database", check_database)]
     if settings.REDIS_URL:

@@ -11,13 +11,19 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
+from jobs.child import ChildRefused, claim_child, create_run, log_path, read_log, run_in_child
+from jobs.job_registry import JOBS, load_jobs
+from jobs.lock import JobLock
+from jobs.models import JobRun
+from jobs.monitor import summary
+from jobs.schedules import next_runs
+from jobs.tasks import run_job_task
+
 RECENT_RUNS = 15
 
 
 def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
     """The newest runs, newest first, as the live feed sends them."""
-    from jobs.models import JobRun
-    from jobs.monitor import summary
 
     return [{
         "id": run.pk, "job": run.job, "status": run.status, "trigger": run.trigger,
@@ -36,7 +42,6 @@ def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
 
 
 def has_log(run_pk: int) -> bool:
-    from jobs.child import log_path
 
     return log_path(run_pk).exists()
 
@@ -48,8 +53,6 @@ def job_schedule(now=None) -> list[dict[str, Any]]:
     """The beat schedule for the panel: each entry's next run, and its job's last durations."""
     from django.utils import timezone
 
-    from jobs.models import JobRun
-    from jobs.schedules import next_runs
 
     now = now or timezone.now()
     beat = getattr(settings, "CELERY_BEAT_SCHEDULE", {}) or {}
@@ -64,7 +67,6 @@ def job_schedule(now=None) -> list[dict[str, Any]]:
 
 def durations(job: str, limit: int = DURATION_HISTORY) -> list[float]:
     """The job's last finished successful runs' durations in seconds, newest first."""
-    from jobs.models import JobRun
 
     runs = JobRun.objects.filter(job=job, status=JobRun.Status.SUCCEEDED, ended_at__isnull=False)
     return [round(r.duration_seconds, 1) for r in runs.order_by("-started_at")[:limit]]
@@ -76,7 +78,6 @@ def cancel_job(request: HttpRequest, run_id: int) -> HttpResponse:
     """Ask a running job to stop; the job process notices within a second or two."""
     from django.utils import timezone
 
-    from jobs.models import JobRun
 
     updated = JobRun.objects.filter(pk=run_id, status=JobRun.Status.RUNNING).update(cancel_requested=True)
     # a queued run is cancelled here and then: no worker has it yet (the task skips it)
@@ -92,7 +93,6 @@ def cancel_job(request: HttpRequest, run_id: int) -> HttpResponse:
 @staff_member_required
 def job_log(request: HttpRequest, run_id: int) -> HttpResponse:
     """The kept output of a run started from the dashboard (plain text, its last 200 kB)."""
-    from jobs.child import read_log
 
     text = read_log(run_id)
     if text is None:
@@ -102,7 +102,6 @@ def job_log(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 def job_names() -> list[str]:
-    from jobs.job_registry import JOBS, load_jobs
 
     load_jobs()
     return sorted(JOBS)
@@ -121,10 +120,6 @@ def start_job(request: HttpRequest) -> HttpResponse:
     if job not in job_names():
         return JsonResponse({"error": f"unknown job {job!r}; known: {', '.join(job_names())}"}, status=400)
     trigger = f"dashboard ({request.user.get_username()})"
-    from jobs.child import ChildRefused, claim_child, create_run
-    from jobs.lock import JobLock
-    from jobs.models import JobRun
-    from jobs.tasks import run_job_task
 
     if settings.CELERY_TASK_ALWAYS_EAGER:
         # Embedded default: no Celery worker. The job runs in a child process (its JVM ends
@@ -155,7 +150,6 @@ def start_job(request: HttpRequest) -> HttpResponse:
 def _run_in_child(run, claim) -> None:
     from django.db import connection
 
-    from jobs.child import run_in_child
 
     try:
         run_in_child(run)

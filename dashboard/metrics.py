@@ -21,6 +21,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dashboard.access import metrics_allowed
+from dashboard.endpoint_status import endpoint_statuses
+from dashboard.process_stats import process_stats
+from dashboard.stream_table import streams_as_served
+from dashboard.worker_status import worker_statuses
+from jobs.models import JobRun
+from streams.conf import instance_name
+from streams.registry import STREAMS
 
 PREFIX = "synapse_repl"
 
@@ -29,8 +36,6 @@ class ClusterCollector(Collector):
     """Streams and endpoints as the database records them, at every scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from dashboard.endpoint_status import endpoint_statuses
-        from dashboard.stream_table import streams_as_served
 
         position = GaugeMetricFamily(f"{PREFIX}_stream_position", "A writer's position on a stream",
                                      labels=["stream", "writer"])
@@ -161,7 +166,6 @@ def _synapse_metrics() -> Iterator[Metric]:
 
 def _worker_metrics() -> Iterator[Metric]:
     """Every worker that reported (TCP or Redis): its lag per stream and whether it reports."""
-    from dashboard.worker_status import worker_statuses
 
     lag = GaugeMetricFamily(f"{PREFIX}_worker_lag", "Stream IDs written that the worker has not applied yet",
                             labels=["worker", "transport", "stream"])
@@ -181,10 +185,6 @@ def _process_metrics() -> Iterator[Metric]:
     each live endpoint's and worker's as it last published them (stale ones left out)."""
     import socket
 
-    from dashboard.endpoint_status import endpoint_statuses
-    from dashboard.process_stats import process_stats
-    from dashboard.worker_status import worker_statuses
-    from streams.conf import instance_name
 
     labels = ["role", "name"]
     cpu = CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "CPU time of the process (user and system)",
@@ -216,7 +216,6 @@ def _job_metrics() -> Iterator[Metric]:
     differences it found (the alert rules page on either)."""
     from django.db.models import F
 
-    from jobs.models import JobRun
 
     failed = GaugeMetricFamily(f"{PREFIX}_job_last_run_failed",
                                "1 if the job's latest finished run failed", labels=["job"])
@@ -253,7 +252,6 @@ def counting_catchups(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
     @functools.wraps(view)
     def wrapper(request: HttpRequest, stream_name: str, *args, **kwargs) -> HttpResponse:
         response = view(request, stream_name, *args, **kwargs)
-        from streams.registry import STREAMS
 
         CATCHUP_REQUESTS.labels(stream_name if stream_name in STREAMS else "unknown",
                                 str(response.status_code)).inc()

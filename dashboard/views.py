@@ -5,8 +5,12 @@ from django.shortcuts import render
 
 from dashboard.access import staff_json
 from dashboard.endpoint_status import endpoint_statuses
+from dashboard.facts_history import RETENTION, facts_per_minute
 from dashboard.feed import writer_json
+from dashboard.job_panel import job_names, job_schedule, recent_job_runs
 from dashboard.stream_table import streams_as_served
+from dashboard.worker_status import worker_statuses
+from replication.endpoint.user_activity import syncing_by_user
 from streams.conf import instance_name, repl_setting
 
 
@@ -21,7 +25,6 @@ def _context(**extra):
 
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
-    from dashboard.job_panel import job_names, job_schedule, recent_job_runs
 
     return render(request, "dashboard/streams.html", _context(
         streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
@@ -31,7 +34,6 @@ def streams_page(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 def connections_page(request: HttpRequest) -> HttpResponse:
-    from dashboard.worker_status import worker_statuses
 
     return render(request, "dashboard/connections.html", _context(
         endpoints=endpoint_statuses(), workers=worker_statuses(), page="connections"))
@@ -41,7 +43,6 @@ def connections_page(request: HttpRequest) -> HttpResponse:
 def syncing_users_page(request: HttpRequest) -> HttpResponse:
     """Per user, which workers' syncing processes report it as syncing (USER_SYNC), from the
     endpoints' latest snapshots; ``?user=`` narrows to one user ID (or a prefix of it)."""
-    from replication.endpoint.user_activity import syncing_by_user
 
     query = request.GET.get("user", "").strip()[:255]
     users = syncing_by_user(endpoint_statuses())
@@ -93,7 +94,6 @@ def facts_per_minute_json(request: HttpRequest) -> JsonResponse:
     """The facts/s history kept in the database: ``?hours=`` back (default 24, at most 25)."""
     from datetime import datetime, timedelta, timezone
 
-    from dashboard.facts_history import RETENTION, facts_per_minute
 
     try:
         hours = float(request.GET.get("hours", "24"))

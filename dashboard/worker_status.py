@@ -15,7 +15,9 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from dashboard.models import WorkerStatus
 from dashboard.process_stats import process_stats
+from streams.stream_status import stream_status
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +29,6 @@ FORGET_AFTER = timedelta(hours=1)
 def save(name: str, transport: str, connected: bool, positions: dict[tuple[str, str], int]) -> None:
     from django.db import connection
 
-    from dashboard.models import WorkerStatus
 
     nested: dict[str, dict[str, int]] = {}
     for (stream, writer), token in positions.items():
@@ -66,8 +67,6 @@ def lag(worker_positions: dict[str, dict[str, int]], writer_positions: dict[str,
 
 def worker_statuses(now: datetime | None = None) -> list[dict[str, Any]]:
     """Every worker heard of within the last hour, with its lag per stream and whether it is stale."""
-    from dashboard.models import WorkerStatus
-    from streams.stream_status import stream_status
 
     now = now or datetime.now(timezone.utc)
     rows = list(WorkerStatus.objects.filter(updated_at__gte=now - FORGET_AFTER).order_by("name"))

@@ -7,10 +7,12 @@ from typing import Any, Sequence
 from pyspark.sql import functions as F
 
 from jobs import io
+from jobs.chain_cover_job import chain_cover, chain_cover_differences
 from jobs.consistency import ordering_differences
 from jobs.job_dialect import JobDialect, for_database
 from jobs.outcome import SAMPLE_LIMIT, Outcome
 from jobs.topology import MAX_DEPTH, topological_ordering
+from jobs.visibility_job import visibility_differences, visibility_ranges
 from rooms.storage.plan_snapshot import LATE_ALWAYS
 
 
@@ -189,7 +191,6 @@ RANGE_COLUMNS = [("room_id", "text"), ("user_id", "text"), ("start_topological",
 
 
 def _visibility(spark: Any, rooms: Sequence[str] | None):
-    from jobs.visibility_job import visibility_ranges
 
     events = io.read(spark, _vis_events_query(for_database()), rooms).cache()
     groups = io.read(spark, _groups_query(for_database()), rooms)
@@ -261,7 +262,6 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def _check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-    from jobs.visibility_job import visibility_differences
 
     events, expected = _visibility(spark, rooms)
     found = io.read(spark, RANGES, rooms)
@@ -311,7 +311,6 @@ LINK_COLUMNS = [("room_id", "text"), ("origin_chain_id", "bigint"), ("origin_seq
 def _rebuilt_chain_cover(spark: Any, rooms: Sequence[str] | None):
     """(state events examined, positions, links). The events are read once, straight into the
     per-room pass (not cached: their count is the database's)."""
-    from jobs.chain_cover_job import chain_cover
 
     rows_in = count_events(rooms, state_only=True)
     positions, links = chain_cover(io.read_by_room(spark, _chain_events_query(for_database()), rooms), by_room=True)
@@ -382,7 +381,6 @@ def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def _check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-    from jobs.chain_cover_job import chain_cover_differences
 
     rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     # the stored positions name both sides' chains (read once, not once per use)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from jobs import definitions as d
 from jobs.outcome import Job
 
 #: name -> job; filled by :func:`load_jobs` (tests may add jobs of their own)
@@ -15,7 +16,6 @@ JOBS: dict[str, Job] = {}
 
 
 def built_in_jobs() -> dict[str, Job]:
-    from jobs import definitions as d
 
     return {
         "topological_ordering": d.recompute_topological_ordering,

@@ -12,9 +12,13 @@ from django.utils import timezone
 
 from jobs import io
 from jobs.job_registry import JOBS, load_jobs
+from jobs.liveness import this_host
 from jobs.lock import JobLock
 from jobs.models import JobRun
+from jobs.monitor import JobMonitor
 from jobs.outcome import SAMPLE_LIMIT
+from jobs.session import spark_session, ui_url
+from rooms.models import Room
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +36,6 @@ def missing_rooms(rooms: Sequence[str] | None) -> list[str]:
     and "succeed", which reads as if the room were fine."""
     if not rooms:
         return []
-    from rooms.models import Room
 
     known = set(Room.objects.filter(room_id__in=list(rooms)).values_list("room_id", flat=True))
     return [r for r in dict.fromkeys(rooms) if r not in known]
@@ -49,7 +52,6 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
     run is written to ``run.progress`` (and given to ``on_progress``); a run whose
     ``cancel_requested`` is set has its Spark jobs cancelled and ends ``cancelled``.
     """
-    from jobs.liveness import this_host
 
     load_jobs()
     if name not in JOBS:
@@ -91,8 +93,6 @@ def run_job(name: str, rooms: Sequence[str] | None = None, *, trigger: str = "ma
             run.error = (f"room{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                          f"{'do' if len(missing) > 1 else 'does'} not exist: nothing was checked or written")
             return run
-        from jobs.monitor import JobMonitor
-        from jobs.session import spark_session, ui_url
 
         spark = spark_session()
         # Unique in this Spark context, not only in this database: the status tracker keeps

@@ -7,6 +7,11 @@ from typing import Sequence
 
 from celery import shared_task
 
+from jobs.child import log_path
+from jobs.models import JobRun
+from jobs.monitor import summary
+from jobs.runner import run_job
+
 logger = logging.getLogger(__name__)
 
 
@@ -17,8 +22,6 @@ def run_job_task(job: str, rooms: Sequence[str] | None = None, trigger: str = "c
 
     ``run_id``: the ``queued`` record the dashboard made when it was clicked; filled in here,
     unless it is no longer queued (cancelled while it waited)."""
-    from jobs.models import JobRun
-    from jobs.runner import run_job
 
     if run_id is None:
         run = run_job(job, rooms, trigger=trigger)
@@ -42,7 +45,6 @@ class kept_log:
     job's log records and a line per change of its progress, in ``jobs.child.log_path``."""
 
     def __init__(self, run_id: int) -> None:
-        from jobs.child import log_path
 
         self.path = log_path(run_id)
         self._last = ""
@@ -58,7 +60,6 @@ class kept_log:
         return self.progress
 
     def progress(self, progress: dict) -> None:
-        from jobs.monitor import summary
 
         line = summary(progress)
         if line != self._last:

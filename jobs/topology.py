@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
 
+from jobs.room_groups import cogroup_rooms
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
@@ -133,7 +135,6 @@ def topological_ordering(events: DataFrame, edges: DataFrame | None) -> DataFram
     Python at all)."""
     from pyspark.sql import functions as F
 
-    from jobs.room_groups import cogroup_rooms
 
     events = events.select(*EVENTS_COLUMNS)
     if edges is None:  # the caller knows that every event declares its depth

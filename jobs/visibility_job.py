@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
 
+from jobs.room_groups import cogroup_rooms
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -437,7 +439,6 @@ def _diffs_per_room(events: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
 
 def visibility_ranges(events: DataFrame, groups: DataFrame) -> DataFrame:
     """events (EVENTS_SCHEMA) and state groups (GROUPS_SCHEMA) -> ranges (RANGES_SCHEMA)."""
-    from jobs.room_groups import cogroup_rooms
 
     return cogroup_rooms(events, groups, _ranges_per_room, RANGES_SCHEMA)
 
@@ -446,7 +447,6 @@ def visibility_differences(events: DataFrame, expected: DataFrame, found: DataFr
     """Per-event differences between two range tables of the same rooms (DIFF_SCHEMA)."""
     from pyspark.sql import functions as F
 
-    from jobs.room_groups import cogroup_rooms
 
     cols = ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"]
     both = (expected.select(*cols).withColumn("side", F.lit("expected"))

@@ -377,7 +377,6 @@ class ExOutlier(models.Model):
     def with_event_fields(cls, using: str) -> Any:
         """The rows, each annotated with its event's wire fields (``Event.WIRE_FIELDS``) read
         from the ``events`` row: what the events stream sends for it."""
-        from rooms.models import Event
 
         event = Event.objects.using(using).filter(event_id=models.OuterRef("event_id"))
         return cls.objects.using(using).annotate(**{

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from streams.dialect import several_writers, vendor_allows_several_writers
+from streams.registry import STREAMS
 
 DEFAULT_WRITER = "master"
 
@@ -39,7 +40,6 @@ def stream_writers(text: str | None = None, *, vendor: str | None = None) -> dic
     Raises ImproperlyConfigured for an unknown stream, several writers of a single-writer
     stream, or several writers of any stream on SQLite (one process writes there).
     """
-    from streams.registry import STREAMS
 
     configured = parse_stream_writers(repl_setting("STREAM_WRITERS") if text is None else text)
     several_allowed = several_writers("default") if vendor is None else vendor_allows_several_writers(vendor)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from django.db import connections
 
+from streams.id_store import PostgresIdStore, SQLiteIdStore
+
 if TYPE_CHECKING:
     from streams.id_store import IdStore
 
@@ -81,7 +83,6 @@ def vendor_allows_several_writers(vendor: str) -> bool:
 
 def id_store_for(using: str, **kwargs: Any) -> "IdStore":
     """The ID store of a stream on database ``using`` (``kwargs``: the store's arguments)."""
-    from streams.id_store import PostgresIdStore, SQLiteIdStore
 
     return PostgresIdStore(using=using, **kwargs) if _vendor(using) == POSTGRESQL else SQLiteIdStore(
         using=using, **kwargs)

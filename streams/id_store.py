@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 from django.db import connections, transaction
 
 from streams.direction import IdDirection, direction
+from streams.models import StreamPosition
 from streams.pg import dedicated_connection
 
 logger = logging.getLogger(__name__)
@@ -240,7 +241,6 @@ class IdStore:
         """This process stops writing with nothing pending: say so on its position row (only
         if the row is still this process's: a later process of the same name may have
         written since), so the pages tell a finished writer from one that died."""
-        from streams.models import StreamPosition
 
         try:
             StreamPosition.objects.using(self.using).filter(

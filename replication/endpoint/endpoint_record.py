@@ -32,6 +32,7 @@ from replication.protocol.commands import (
     UserSyncCommand,
 )
 from replication.publish.redis_bridge import SynapseRedisBridge
+from streams.conf import repl_setting
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,6 @@ class Endpoint:
     def build(cls, server_name: str, relay: ReplicationRelay, *, using: str = "default",
               bridge: SynapseRedisBridge | None = None) -> Endpoint:
         """An endpoint's state with its parts made from the settings (nothing started)."""
-        from streams.conf import repl_setting
 
         return cls(
             server_name=server_name, relay=relay, legacy=LegacyStreamer(relay.positions, using=using),

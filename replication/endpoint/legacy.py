@@ -43,6 +43,7 @@ from replication.protocol.commands import (
 )
 from replication.protocol.legacy_rewrite import to_legacy
 from replication.protocol.line_batch import BatchPart, LineBatch
+from streams.conf import repl_setting
 from streams.registry import STREAMS, StreamSpec
 from streams.updates_since import get_updates_since
 
@@ -173,7 +174,6 @@ class LegacyStreamer:
 
     def __init__(self, positions: Callable[[], dict[tuple[str, str], int]], *, using: str = "default",
                  page_rate: float | None = None) -> None:
-        from streams.conf import repl_setting
 
         #: where every (stream, writer) stands now: a read goes up to there (the relay's positions)
         self.positions = positions

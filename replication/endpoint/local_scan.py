@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 from replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand, RdataCommand
 from streams.id_store import pid_alive
+from streams.models import StreamPosition
 from streams.registry import STREAMS, StreamSpec
 
 #: Tokens read per query: bounds the work of one step, so the event loop stays responsive
@@ -71,7 +72,6 @@ def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict
     its recorded position (``caches`` records none: any process may write it)."""
     from django.db.models import Max, Min
 
-    from streams.models import StreamPosition
 
     result: dict[tuple[str, str], int] = {}
     for name, bound in bounds.items():

@@ -30,12 +30,16 @@ from channels.layers import get_channel_layer
 from django.db import DatabaseError
 
 from replication.endpoint.layer_subscribe import GroupSubscriber
+from replication.endpoint.local_scan import ScanState, fit_commands, read_bounds, read_initial_writers
 from replication.endpoint.relay_policy import RelayPolicy
 from replication.protocol.commands import MAX_LINE_LENGTH
 from replication.protocol.line_batch import LineBatch, WriterRun
 from replication.protocol.redis_session import OutageNotice
 from replication.publish.streamer import LINES_GROUP
+from streams.conf import repl_setting
+from streams.models import StreamPosition
 from streams.registry import STREAMS
+from streams.updates_since import get_all_writers_rows
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +80,6 @@ class ReplicationRelay:
         """``local_positions``: where this process's own writers stand (wire tokens), beside
         the ``stream_positions`` table (``StreamRuntime.writer_positions``; None: the table
         alone)."""
-        from streams.conf import repl_setting
 
         self.using = using
         self.local_positions = local_positions
@@ -98,7 +101,6 @@ class ReplicationRelay:
     async def start(self) -> None:
         listening = asyncio.Event()
         if self.local_scan:
-            from replication.endpoint.local_scan import ScanState
 
             self.scan = ScanState()
             await sync_to_async(self._load_scan_state, thread_sensitive=False)()
@@ -133,7 +135,6 @@ class ReplicationRelay:
         return self.policy.resets
 
     def _load_scan_state(self) -> None:
-        from replication.endpoint.local_scan import read_bounds, read_initial_writers
 
         bounds = read_bounds(self.using)
         self.scan.scanned.update(bounds)
@@ -144,7 +145,6 @@ class ReplicationRelay:
     def _load_positions(self) -> dict[tuple[str, str], int]:
         """Where every writer stands now: the relay sends from here on (earlier facts are the
         catch-up's job)."""
-        from streams.models import StreamPosition
 
         result = dict(self.local_positions()) if self.local_positions is not None else {}
         for row in StreamPosition.objects.using(self.using).all():
@@ -201,7 +201,6 @@ class ReplicationRelay:
             logger.log(*notice)
 
     async def _poll_loop(self) -> None:
-        from streams.models import StreamPosition
 
         def read() -> list[tuple[str, str, int]]:
             return list(StreamPosition.objects.using(self.using).values_list("stream_name", "instance_name", "stream_id"))
@@ -240,7 +239,6 @@ class ReplicationRelay:
             self._say(self._db_outage.up(time.monotonic()))
 
     async def scan_once(self) -> None:
-        from replication.endpoint.local_scan import fit_commands, read_bounds
 
         bounds = await sync_to_async(read_bounds, thread_sensitive=False)(self.using)
         for stream, bound in sorted(bounds.items()):
@@ -260,7 +258,6 @@ class ReplicationRelay:
                     await self._send(LineBatch.of_commands(cmds, lines))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
-        from streams.updates_since import get_all_writers_rows
 
         return get_all_writers_rows(STREAMS[stream], lo, hi, using=self.using)
 

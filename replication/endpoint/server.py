@@ -9,10 +9,15 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from replication.endpoint.connection_records import connection_snapshot, disconnect_reason, endpoint_started
+from replication.endpoint.consumer import ReplicationConsumer
 from replication.endpoint.endpoint_record import Endpoint
+from replication.endpoint.redis_user_ips import RedisUserIps
 from replication.endpoint.relay import ReplicationRelay
+from replication.endpoint.tcp import serve
+from replication.protocol.commands import PositionCommand
 from replication.publish.redis_bridge import SynapseRedisBridge
 from streams.conf import repl_setting
+from streams.dialect import is_local_file
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +39,6 @@ async def start_endpoint(host: str, port: int, *, streams: LocalStreams,
                          using: str = "default") -> tuple[Endpoint, asyncio.AbstractServer]:
     """Start the relay and listen. Writes made in this process (``streams``) reach the relay
     directly."""
-    from replication.endpoint.consumer import ReplicationConsumer
-    from replication.endpoint.tcp import serve
-    from streams.dialect import is_local_file
 
     server_name = repl_setting("SERVER_NAME")
     # Embedded default: no channel layer reaches other processes, the database does.
@@ -51,7 +53,6 @@ async def start_endpoint(host: str, port: int, *, streams: LocalStreams,
     else:
         # Answer REPLICATE on the Synapse channel for writers that have gone quiet, including
         # writers that have exited (write_facts) and so cannot answer themselves.
-        from replication.protocol.commands import PositionCommand
 
         async def heard_on_redis(line: str) -> None:
             assert endpoint is not None  # built below, before the bridge starts
@@ -71,7 +72,6 @@ async def start_endpoint(host: str, port: int, *, streams: LocalStreams,
     endpoint.user_ips.start()
     await endpoint.broadcast.start()
     if bridge is not None:
-        from replication.endpoint.redis_user_ips import RedisUserIps
 
         bridge.start()
         # USER_IP of Redis workers and Synapse's processes, by one endpoint of the cluster.

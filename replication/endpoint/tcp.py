@@ -15,6 +15,10 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from replication.endpoint.admission import AdmissionProtocol, PeerPolicy
+from replication.endpoint.tls import server_context_from_settings
+from streams.conf import repl_setting
+
 if TYPE_CHECKING:
     from replication.endpoint.endpoint_record import Endpoint
 
@@ -173,9 +177,6 @@ async def serve(endpoint: Endpoint, host: str, port: int, app: App) -> asyncio.A
     Each socket is first admitted (allowed networks, connection caps) and upgraded to TLS if
     configured: :mod:`replication.endpoint.admission`.
     """
-    from replication.endpoint.admission import AdmissionProtocol, PeerPolicy
-    from replication.endpoint.tls import server_context_from_settings
-    from streams.conf import repl_setting
 
     policy, ssl_context = PeerPolicy.from_settings(), server_context_from_settings()
     max_pending = int(repl_setting("REPLICATION_MAX_PENDING_COMMANDS"))

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from replication.models import MAX_ACCESS_TOKEN, MAX_DEVICE_ID, MAX_IP, MAX_USER_AGENT, MAX_USER_ID
+from replication.models import MAX_ACCESS_TOKEN, MAX_DEVICE_ID, MAX_IP, MAX_USER_AGENT, MAX_USER_ID, UserIp
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,6 @@ def write_user_ips(rows: Iterable[tuple[str, str, str, str, str | None, int]], u
     newer ``last_seen`` and its user agent and device. Returns the number of rows written."""
     from django.db import connections, transaction
 
-    from replication.models import UserIp
 
     rows = list(rows)
     if not rows:

@@ -27,8 +27,10 @@ from django.views.decorators.http import require_GET
 
 from replication.http.replication_secret import replication_secret_required
 from replication.http.txn_cache import TxnResponseCache, txn_id_problem
+from replication.http.typing_changes import typing_writer
 from streams.conf import instance_name as this_instance
 from streams.conf import repl_setting
+from streams.id_generator import NotAWriter
 from streams.identifiers import MAX_STREAM_ID, bad_identifier, fits_stream_id, is_whole_number
 from streams.registry import STREAMS
 from streams.updates_since import TARGET_ROW_COUNT, get_updates_since
@@ -97,8 +99,6 @@ def _updates(request: HttpRequest, stream_name: str) -> JsonResponse:
         return _error(problem)
     if spec.name == "typing":
         # In memory, in its writer: this process must be it (Synapse asks the typing writer).
-        from replication.http.typing_changes import typing_writer
-        from streams.id_generator import NotAWriter
 
         try:
             result = typing_writer().updates_since(from_token, upto_token, limit)

@@ -23,8 +23,10 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from replication.http.replication_secret import replication_secret_required
+from replication.http.replication_secret import bearer_header, replication_secret_required
 from replication.typing_stream import DEFAULT_TIMEOUT_MS, TypingRefused, TypingWriter
+from streams.id_generator import NotAWriter
+from streams.runtime import runtime
 
 MAX_UPDATES = 1000
 MAX_ID_LENGTH = 255
@@ -67,7 +69,6 @@ def parse_updates(body: bytes) -> list[tuple[str, str, bool, int]]:
 def typing_writer() -> TypingWriter:
     """This process's typing writer: the one place the replication views reach the process's
     runtime (they are its edge, as Django builds them). Raises ``NotAWriter`` elsewhere."""
-    from streams.runtime import runtime
 
     return runtime().typing()
 
@@ -76,7 +77,6 @@ def typing_writer() -> TypingWriter:
 @replication_secret_required
 @require_POST
 def set_typing(request: HttpRequest) -> JsonResponse:
-    from streams.id_generator import NotAWriter
 
     try:
         changes = parse_updates(request.body)
@@ -99,7 +99,6 @@ def send_typing(base_url: str, changes: list[dict[str, Any]], *, secret: str, ti
     import urllib.error
     import urllib.request
 
-    from replication.http.replication_secret import bearer_header
 
     request = urllib.request.Request(
         base_url.rstrip("/") + "/_synapse/replication/typing",

@@ -28,6 +28,7 @@ from channels.layers import get_channel_layer
 from replication.protocol.commands import MAX_LINE_LENGTH, PositionCommand
 from replication.protocol.line_batch import WriterRun, encode_run
 from replication.publish.layer_publish import GroupPublisher
+from replication.publish.redis_bridge import SynapseRedisBridge
 from streams.notifier import PositionAdvanced, PositionNotifier
 from streams.registry import get_stream
 
@@ -110,7 +111,6 @@ class ReplicationStreamer:
         # channels-redis's group_send without redis-py's client per message (layer_publish.py)
         self._group_publisher = GroupPublisher.for_layer(layer, LINES_GROUP)
         if self._redis is not None:
-            from replication.publish.redis_bridge import SynapseRedisBridge
 
             url, server_name = self._redis
             self.bridge = SynapseRedisBridge(url, server_name, announce=self._announce)

@@ -46,6 +46,7 @@ from replication.worker.follower import (
     StreamFollower,
     StreamKey,
 )
+from streams.registry import STREAMS
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,6 @@ class BaseReplicationWorker:
         if not name or any(c in name for c in "\r\n"):
             raise ValueError(f"invalid worker name {name!r}")
         if streams is None:
-            from streams.registry import STREAMS
 
             streams = list(STREAMS)
         self.name = name

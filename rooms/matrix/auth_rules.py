@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from rooms.matrix import canonical_json
 from rooms.matrix.event_format import Event, create_event_id_from_room_id
 from rooms.matrix.room_versions import CREATOR_POWER_LEVEL, KNOWN_ROOM_VERSIONS, RoomVersion
 
@@ -402,7 +403,6 @@ def _unbase64(text: str) -> bytes:
 
 def _signed_by(signed: dict[str, Any], public_key: str) -> bool:
     """Whether ``signed`` carries a valid ed25519 signature by ``public_key``."""
-    from rooms.matrix import canonical_json
     try:
         from nacl.exceptions import BadSignatureError
         from nacl.signing import VerifyKey

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rooms.matrix.event_format import Event
-from rooms.matrix.state_res import AuthGraphFacts, SplitSets
+from rooms.matrix.state_res import AuthGraphFacts, SplitSets, conflicted_subgraph
+from rooms.matrix.state_res import auth_difference as walked_difference
 
 Position = tuple[int, int]  # (chain ID, sequence number)
 Link = tuple[int, int, int, int]  # (origin chain, origin seq, target chain, target seq)
@@ -341,8 +342,6 @@ class ChainIndex:
     def graph_facts(self, events: Mapping[str, Event]) -> AuthGraphFacts:
         """A ``graph_facts`` for ``state_res.resolve``: the auth difference from the index (a
         walk when an event has no position), the v2.1 conflicted subgraph by walking."""
-        from rooms.matrix.state_res import auth_difference as walked_difference
-        from rooms.matrix.state_res import conflicted_subgraph
 
         def facts(state_sets: Sequence[Mapping[tuple[str, str], str]],
                   conflicted_ids: set[str] | None) -> tuple[set[str], set[str] | None]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rooms.storage.change_cache import StreamChangeCache
 from rooms.storage.state_groups import _LRU, StateGroupStore
+from streams.runtime import runtime as process_runtime
 
 
 class ChangeCaches:
@@ -95,7 +96,6 @@ def storage_caches(runtime: Any = None) -> StorageCaches:
     """The caches of ``runtime`` (a ``StreamRuntime``, which holds them; None: the process
     runtime)."""
     if runtime is None:
-        from streams.runtime import runtime as process_runtime
 
         runtime = process_runtime()
     caches = runtime.storage_caches

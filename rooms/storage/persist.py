@@ -35,6 +35,7 @@ from rooms.storage.planner import plan_batch
 from rooms.storage.sql import pipeline, store_cursor
 from rooms.storage.state_deltas import GroupLineage
 from rooms.storage.state_groups import StateGroupStore
+from streams.runtime import runtime as process_runtime
 
 
 @dataclass
@@ -225,7 +226,6 @@ def persist_events(events: Sequence[IncomingEvent | bytes | str], *, backfill: b
     ``backfill`` stream), no change to forward extremities or current state.
     """
     if runtime is None:
-        from streams.runtime import runtime as process_runtime
 
         runtime = process_runtime()
     writer = runtime.writer("backfill" if backfill else "events")

@@ -7,6 +7,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from rooms.matrix.event_format import compute_event_id, with_content_hash
+from rooms.matrix.room_versions import room_version
+from rooms.models import CurrentStateEvent, Event, ForwardExtremity
+from rooms.storage import persist_events
+from streams.runtime import runtime as process_runtime
+
 _COUNTER = itertools.count(1)
 
 
@@ -156,8 +162,6 @@ class LiveRooms:
                           {"msgtype": "m.text", "body": "hello " + "x" * rng.randrange(10, 80)}, None)
 
     def _send(self, room: LiveRoom, sender: str, type: str, content: dict[str, Any], state_key: str | None) -> bytes:
-        from rooms.matrix.event_format import compute_event_id, with_content_hash
-        from rooms.matrix.room_versions import room_version
 
         version = room_version(LIVE_ROOM_VERSION)
         keys = [] if type == "m.room.create" else [_CREATE, _POWER, (MEMBER_TYPE, sender)]
@@ -191,7 +195,6 @@ class LiveRooms:
         """The rooms as stored: current state, forward extremities and their depth."""
         from django.db.models import Max
 
-        from rooms.models import CurrentStateEvent, Event, ForwardExtremity
 
         rooms = {r: LiveRoom(r) for r in room_ids}
         for row in CurrentStateEvent.objects.using(using).filter(room_id__in=room_ids).values(
@@ -212,10 +215,8 @@ class LiveRooms:
 
     def write(self, count: int, *, runtime: Any = None, rooms: list[str] | None = None) -> list:
         """Persist ``count`` events (one transaction) into ``rooms`` (default: all)."""
-        from rooms.storage import persist_events
 
         if runtime is None:
-            from streams.runtime import runtime as process_runtime
 
             runtime = process_runtime()
         loaded = self.load(rooms or self.room_ids, runtime.using)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.models import JobRun
+
 
 class Command(BaseCommand):
     help = "Cancel a running job run (its id is on the dashboard's jobs panel and in run_job's output)."
@@ -11,7 +13,6 @@ class Command(BaseCommand):
         parser.add_argument("run_id", type=int, help="the JobRun id")
 
     def handle(self, *args, run_id: int, **options) -> None:
-        from jobs.models import JobRun
 
         try:
             run = JobRun.objects.get(pk=run_id)

@@ -37,6 +37,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from common.url_redaction import redact_text, redact_url
+from dashboard.worker_status import publish_loop
 from replication.endpoint.tls import client_context_from_settings
 from replication.worker.catchup_client import parse_instance_map
 from replication.worker.redis_worker import RedisReplicationWorker
@@ -185,7 +186,6 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
-        from dashboard.worker_status import publish_loop
 
         # Where it stands goes to the database (the Connections page, /metrics), never on
         # Synapse's Redis channel.

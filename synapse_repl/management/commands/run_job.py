@@ -10,6 +10,14 @@ from typing import NoReturn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from dashboard.job_panel import job_names
+from jobs.job_registry import JOBS, load_jobs
+from jobs.models import JobRun
+from jobs.monitor import interrupt_runs as interrupt
+from jobs.monitor import summary
+from jobs.runner import run_job
+from jobs.session import stop_spark
+from jobs.tasks import run_job_task
 from synapse_repl.startup import check_startable
 
 
@@ -19,13 +27,11 @@ def silence_py4j() -> None:
 
 
 def interrupt_runs() -> bool:
-    from jobs.monitor import interrupt_runs as interrupt
 
     return interrupt()
 
 
 def _job_names() -> list[str]:
-    from dashboard.job_panel import job_names
 
     return job_names()
 
@@ -45,7 +51,6 @@ class Command(BaseCommand):
 
     def _progress(self, progress) -> None:
         """One line per change of the counts while the job runs (stderr: stdout is the result)."""
-        from jobs.monitor import summary
 
         line = summary(progress)
         if line != getattr(self, "_last_progress", None):
@@ -64,7 +69,6 @@ class Command(BaseCommand):
 
     def _exit_interrupted(self, job: str, run) -> NoReturn:
         """One line, Spark stopped without a word, exit status 130 (a shell's for SIGINT)."""
-        from jobs.session import stop_spark
 
         silence_py4j()
         try:
@@ -79,9 +83,6 @@ class Command(BaseCommand):
         sys.exit(130)
 
     def handle(self, *args, job: str, rooms, via_celery: bool, run: int | None = None, **options) -> None:
-        from jobs.job_registry import JOBS, load_jobs
-        from jobs.models import JobRun
-        from jobs.runner import run_job
 
         load_jobs()
         if job not in JOBS:
@@ -91,7 +92,6 @@ class Command(BaseCommand):
         here = not (via_celery and settings.REDIS_URL)
         check_startable(database=True, redis=via_celery, java=here)
         if via_celery:
-            from jobs.tasks import run_job_task
 
             result = run_job_task.delay(job, rooms, trigger="run_job --via-celery").get()
             run = JobRun.objects.get(pk=result["run"])

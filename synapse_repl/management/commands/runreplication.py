@@ -8,8 +8,12 @@ import sys
 
 from django.core.management.base import BaseCommand
 
+from replication.endpoint.loop_lag import watch_loop_lag
+from replication.endpoint.server import start_endpoint
 from streams.conf import repl_setting
+from streams.runtime import runtime
 from synapse_repl.errors import database_errors_as_one_line
+from synapse_repl.gc_freeze import freeze_long_lived
 from synapse_repl.management.commands.runservice import split_listen
 from synapse_repl.startup import check_startable, listen_problem
 
@@ -42,10 +46,6 @@ class Command(BaseCommand):
     async def _serve(self, host: str, port: int) -> None:
         from asgiref.sync import sync_to_async
 
-        from replication.endpoint.loop_lag import watch_loop_lag
-        from replication.endpoint.server import start_endpoint
-        from streams.runtime import runtime
-        from synapse_repl.gc_freeze import freeze_long_lived
 
         endpoint, server = await start_endpoint(
             host, port, streams=await sync_to_async(runtime, thread_sensitive=False)())

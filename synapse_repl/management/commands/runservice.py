@@ -30,8 +30,17 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from common.state_lock import StateLockHeld, check_free
 from common.url_redaction import redact_url
+from dashboard.management.commands.demo import DEMO_LOCK_WHAT, demo_lock_path, embedded_default
+from jobs.liveness import sweep_every
+from replication.endpoint.server import start_endpoint
 from streams.conf import instance_name, repl_setting
+from streams.runtime import runtime
+from synapse_repl.celery import BEAT_LOCK_WHAT, beat_lock_path
+from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
+from synapse_repl.startup import check_startable
+from synapse_repl.supervisor import Supervisor
 
 #: Seconds from the start of shutdown until this process has exited, whatever is in flight.
 SHUTDOWN_SECONDS = 4.0
@@ -72,9 +81,6 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         from django.core.exceptions import ImproperlyConfigured
 
-        from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
-        from synapse_repl.startup import check_startable
-        from synapse_repl.supervisor import Supervisor
 
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
@@ -87,7 +93,6 @@ class Command(BaseCommand):
         rhost, rport = split_listen(repl_setting("REPLICATION_LISTEN"), "REPLICATION_LISTEN")
         check_startable(database=True, redis=True,
                         listen=((host, port, "WEB_LISTEN"), (rhost, rport, "REPLICATION_LISTEN")))
-        from dashboard.management.commands.demo import embedded_default
 
         check_port_free(host, port, "WEB_LISTEN")  # before anything starts: one line, nothing left running
         demo = embedded_default() and settings.DASHBOARD["DEMO"]
@@ -145,7 +150,6 @@ def start_run_sweeper() -> threading.Event:
     a worker killed) are marked failed now and, while the service runs, within
     ``JOBS_SWEEP_SECONDS`` of their process ending (jobs/liveness.py). Setting the
     returned event stops the sweeper."""
-    from jobs.liveness import sweep_every
 
     stop = threading.Event()
     threading.Thread(target=sweep_every, args=(float(repl_setting("JOBS_SWEEP_SECONDS")), stop),
@@ -170,9 +174,6 @@ def check_no_other_instance(*, demo: bool, beat: bool) -> None:
     """The demo and Celery beat run once per ``STATE_DIR``: if another process (another
     runservice, or one started by hand) holds one's lock, stop in one line naming
     its pid, before anything starts."""
-    from common.state_lock import StateLockHeld, check_free
-    from dashboard.management.commands.demo import DEMO_LOCK_WHAT, demo_lock_path
-    from synapse_repl.celery import BEAT_LOCK_WHAT, beat_lock_path
 
     try:
         if demo:
@@ -188,8 +189,6 @@ def start_endpoint_in_process(host: str, port: int):
     that cannot be bound stops the service here, in one line."""
     import daphne.server  # installs the asyncio reactor on daphne's loop
 
-    from replication.endpoint.server import start_endpoint
-    from streams.runtime import runtime
 
     loop = daphne.server.twisted_loop
     try:

@@ -28,7 +28,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from tqdm import tqdm
 
+from replication.http.typing_changes import send_typing
 from rooms.storage.synthetic import LiveRooms
+from streams.conf import repl_setting
 from streams.dialect import several_writers
 from streams.id_generator import NotAWriter
 from streams.registry import STREAMS
@@ -188,8 +190,6 @@ class Command(BaseCommand):
         cannot be it). Each change toggles one (room, user): every change is a new row."""
         from django.conf import settings
 
-        from replication.http.typing_changes import send_typing
-        from streams.conf import repl_setting
 
         url = url or f"http://{repl_setting('WEB_LISTEN')}"
         server = repl_setting("SERVER_NAME")
