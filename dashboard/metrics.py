@@ -28,6 +28,7 @@ from dashboard.worker_status import worker_statuses
 from jobs.models import JobRun
 from streams.conf import instance_name
 from streams.registry import STREAMS
+from synapse_attach.live_status import observer_statuses
 
 PREFIX = "synapse_repl"
 
@@ -129,7 +130,6 @@ class ClusterCollector(Collector):
 
 def _synapse_metrics() -> Iterator[Metric]:
     """What each observer of an attached Synapse last heard on its Redis (docs/attach.md)."""
-    from synapse_attach.live_status import observer_statuses
 
     up = GaugeMetricFamily(f"{PREFIX}_synapse_observer_up",
                            "1 while the observer of a Synapse reports and is subscribed to its Redis",

@@ -12,6 +12,7 @@ from dashboard.stream_table import streams_as_served
 from dashboard.worker_status import worker_statuses
 from replication.endpoint.user_activity import syncing_by_user
 from streams.conf import instance_name, repl_setting
+from synapse_attach.live_status import observer_statuses, streams_shaped_like_ours
 
 
 def _context(**extra):
@@ -77,7 +78,6 @@ def streams_json(request: HttpRequest) -> JsonResponse:
 def synapse_observers() -> list[dict]:
     """What each observer of an attached Synapse last heard (docs/attach.md): its streams in
     the shape of ours, with ``source: synapse``, its processes and its stuck writers."""
-    from synapse_attach.live_status import observer_statuses, streams_shaped_like_ours
 
     out = []
     for status in observer_statuses():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from common.url_redaction import redact_url
 from replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
 from replication.protocol.resp import parse_messages
 
@@ -73,7 +74,6 @@ class RedisObserver:
 
 def check_redis_url(url: str) -> None:
     """A clear error for a URL that is no Redis URL (ValueError, message without the password)."""
-    from common.url_redaction import redact_url
 
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"SYNAPSE_REDIS_URL={redact_url(url)}: expected redis://user:password@host:6379 "

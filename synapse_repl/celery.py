@@ -10,6 +10,7 @@ from pathlib import Path
 
 from celery import Celery, signals
 
+from common.state_lock import StateLockHeld, hold
 from common.url_redaction import RedactingWrapper
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synapse_repl.settings")
@@ -33,7 +34,6 @@ def redact_celery_logs(logger, **kwargs) -> None:
 def hold_the_schedule(sender, **kwargs) -> None:
     """Before beat opens its schedule file: take its lock, or exit with one line naming the
     beat that holds it (the lock stays held as long as the beat process lives)."""
-    from common.state_lock import StateLockHeld, hold
 
     try:
         sender.schedule_lock = hold(beat_lock_path(sender.schedule_filename), BEAT_LOCK_WHAT)

@@ -63,6 +63,8 @@ def check_database(alias: str = "default", *, migrated: bool = True) -> None:
     """The database answers, and (``migrated``) every migration has been applied."""
     from django.db import DatabaseError, connections
 
+    # deferred: manage.py imports this module before Django is set up, and the dialect module
+    # reaches the models
     from streams.dialect import is_local_file
 
     connection = connections[alias]

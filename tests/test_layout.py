@@ -13,8 +13,8 @@ FLOORS = (
     ("common",),
     ("streams",),
     ("rooms", "replication"),
-    ("jobs",),
-    ("dashboard", "synapse_attach"),
+    ("jobs", "synapse_attach"),
+    ("dashboard",),
     ("synapse_repl",),
 )
 DEPLOYABLE = tuple(package for floor in FLOORS for package in floor)
@@ -271,3 +271,55 @@ def test_one_module_per_name_across_the_tree():
                 continue
             homes.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}
+
+
+def deferred_imports(path: Path) -> list[str]:
+    """Imports of project modules inside a function of ``path`` that say nothing of why: neither
+    in an ``AppConfig.ready()`` (Django's place for what needs loaded apps) nor under a
+    ``# deferred: <why>`` comment. Such an import hides an edge of the graph and, in this tree,
+    only ever dodged load order."""
+    source = path.read_text()
+    lines = source.splitlines()
+    project = {*DEPLOYABLE}
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name == "ready":
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            if not {name.split(".")[0] for name in names} & project:
+                continue
+            above = [line.strip() for line in lines[node.lineno - 2::-1]]
+            while above and above[0].startswith(("from ", "import ")):  # the imports of one group
+                above.pop(0)
+            comments = []
+            while above and above[0].startswith("#"):
+                comments.append(above.pop(0))
+            if not any(c.startswith("# deferred:") for c in comments) and "# deferred:" not in lines[node.lineno - 1]:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_import_inside_a_function_only_dodges_load_order():
+    offenders = [where for package in DEPLOYABLE for path in (ROOT / package).rglob("*.py")
+                 if "migrations" not in path.parts for where in deferred_imports(path)]
+    assert offenders == [], "import at the top of the module, or say why not: '# deferred: <why>'"
+
+
+def test_deferred_import_finder(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "def f():\n    from streams import conf\n"
+        "def g():\n    # deferred: a reason\n    from streams import conf\n"
+        "def h():\n    import json\n"
+        "class C:\n    def ready(self):\n        from rooms import models\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert deferred_imports(tmp_path / "m.py") == ["m.py:2"]
+    finally:
+        ROOT = saved

@@ -37,6 +37,7 @@ from jobs.liveness import sweep_every
 from replication.endpoint.server import start_endpoint
 from streams.conf import instance_name, repl_setting
 from streams.runtime import runtime
+from synapse_attach.redis_observer import check_redis_url
 from synapse_repl.celery import BEAT_LOCK_WHAT, beat_lock_path
 from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
 from synapse_repl.startup import check_startable
@@ -292,7 +293,6 @@ def start_job_worker(supervisor) -> str:
 def synapse_observer_args() -> list[str] | None:
     """The observer of an attached Synapse's Redis, when ``SYNAPSE_REDIS_URL`` is set (None
     otherwise); a setting it cannot work with stops the service in one line, before it starts."""
-    from synapse_attach.redis_observer import check_redis_url
 
     attach = settings.SYNAPSE_ATTACH
     if not attach.get("REDIS_URL"):
