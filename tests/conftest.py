@@ -36,13 +36,22 @@ SUITE_SPARK_ENVIRONMENT = {"SPARK_SHUFFLE_PARTITIONS": "2"}
 def pytest_configure(config):
     """Processes a test starts (web, endpoints, workers) share this process's
     ``REPLICATION_SECRET``: a full-mode web process refuses to start without one. They (and
-    the session's ``spark``) run Spark with :data:`SUITE_SPARK_ENVIRONMENT` unless the
+    the session's ``spark``) run Spark with :data:`SUITE_SPARK_ENVIRONMENT` and their JVMs
+    start from a class archive (``testing.services.spark_class_archive``), unless the
     environment the suite was started with says otherwise."""
     from django.conf import settings
 
     os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
     for name, value in SUITE_SPARK_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+    if "SPARK_JAVA_OPTIONS" not in os.environ and not hasattr(config, "workerinput"):
+        # Made (or found) once, before any test process starts: every driver's JVM the tests
+        # start maps Spark's classes from it (xdist's workers inherit this environment).
+        from testing.services import spark_class_archive
+
+        options = spark_class_archive()
+        if options:
+            os.environ["SPARK_JAVA_OPTIONS"] = options
 
 
 @pytest.fixture(autouse=True)
