@@ -405,8 +405,10 @@ _USE_ARCHIVE = "-XX:SharedArchiveFile={} -Xlog:cds=off -Xlog:cds+dynamic=off"
 def spark_class_archive(directory: str | None = None, timeout: float = 600.0) -> str | None:
     """The JVM options (for ``SPARK_JAVA_OPTIONS``) that start a job's driver from a class-data
     sharing archive of the classes Spark loads, made here once per JDK, pyspark and JDBC
-    driver (kept in ``directory``, the system's temp directory by default; ``None`` where
-    it cannot be made: the JVMs then start as usual).
+    driver (``None`` where it cannot be made: the JVMs then start as usual). It is kept in
+    ``directory``, by default ``$XDG_CACHE_HOME/synapse_repl`` (``~/.cache/synapse_repl``),
+    of mode 0700: a JVM runs the class bytes of its archive, so it is never one in a shared
+    directory such as /tmp, nor one another user owns.
 
     A driver's JVM loads and verifies some twenty thousand classes of Spark's jars before its
     first job ends; mapped from the archive instead, a cold ``run_job`` costs about a third less
@@ -424,8 +426,16 @@ def spark_class_archive(directory: str | None = None, timeout: float = 600.0) ->
         return None
     jars = sorted(os.listdir(os.path.join(pyspark_home, "jars")))
     key = hashlib.sha256("\n".join([java, pyspark_home, jar, *jars]).encode()).hexdigest()[:16]
-    directory = directory or tempfile.gettempdir()
+    if directory is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        directory = os.path.join(cache, "synapse_repl")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        return None  # writable by others: what it holds could be anyone's
     archive = os.path.join(directory, f"synapse_repl-spark-classes-{key}.jsa")
+    if os.path.exists(archive) and os.stat(archive).st_uid != os.getuid():
+        return None
     if not os.path.exists(archive):
         partial = f"{archive}.{os.getpid()}.part"
         with tempfile.TemporaryDirectory(prefix="synapse_repl_cds_") as state:
