@@ -24,12 +24,34 @@ if os.environ.get("CI"):
     _hypothesis_settings.load_profile("ci")
 
 
+#: The suite's Spark settings (docs/jobs.md), for the session's own ``spark`` and every job
+#: process a test starts (they inherit this environment; a test may still name its own).
+#: The tests' data are tens to thousands of rows: two shuffle partitions, one per core of
+#: ``local[2]``, still split every shuffle while each job run costs a fraction of the
+#: default eight's CPU (a pandas task per partition per stage: check_visibility on 300
+#: events took 13.7 s of CPU with 8, 3.0 s with 2, in a warm driver).
+SUITE_SPARK_ENVIRONMENT = {"SPARK_SHUFFLE_PARTITIONS": "2"}
+
+
 def pytest_configure(config):
     """Processes a test starts (web, endpoints, workers) share this process's
-    ``REPLICATION_SECRET``: a full-mode web process refuses to start without one."""
+    ``REPLICATION_SECRET``: a full-mode web process refuses to start without one. They (and
+    the session's ``spark``) run Spark with :data:`SUITE_SPARK_ENVIRONMENT` and their JVMs
+    start from a class archive (``testing.services.spark_class_archive``), unless the
+    environment the suite was started with says otherwise."""
     from django.conf import settings
 
     os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
+    for name, value in SUITE_SPARK_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    if "SPARK_JAVA_OPTIONS" not in os.environ and not hasattr(config, "workerinput"):
+        # Made (or found) once, before any test process starts: every driver's JVM the tests
+        # start maps Spark's classes from it (xdist's workers inherit this environment).
+        from testing.services import spark_class_archive
+
+        options = spark_class_archive()
+        if options:
+            os.environ["SPARK_JAVA_OPTIONS"] = options
 
 
 @pytest.fixture(autouse=True)

@@ -151,7 +151,10 @@ def test_bad_metrics_network_is_a_clear_error(client, settings):
 
 
 def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
-    """The streams page lists job runs; its form starts one (eager Celery: in a child process)."""
+    """The streams page lists job runs; its form starts one (eager Celery: in a child process,
+    which records its outcome on this database). The check names a room that does not exist:
+    the child reports it without starting Spark. A dashboard start that runs Spark to success
+    in its child is test_child.py's ``test_dashboard_job_leaves_no_jvm_in_the_web_process``."""
     import threading
     import time
 
@@ -166,10 +169,7 @@ def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
     assert '<option>topological_ordering</option>' in page
 
     assert staff_client.post("/jobs/start", {"job": "no_such_job"}).status_code == 400
-    from rooms.models import Room
-
-    Room.objects.create(room_id="!quiet:hs")  # a room with no events: the check reads nothing
-    answer = staff_client.post("/jobs/start", {"job": "check_topological_ordering", "rooms": "!quiet:hs"})
+    answer = staff_client.post("/jobs/start", {"job": "check_topological_ordering", "rooms": "!nowhere:hs"})
     assert answer.status_code == 302
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -180,9 +180,13 @@ def test_job_runs_panel_lists_runs_and_starts_one(staff_client, settings):
     for thread in threading.enumerate():  # the launcher's thread records a dead child's end
         if thread.name.startswith("job check_topological_ordering"):
             thread.join(timeout=60)
-    assert run.status == JobRun.Status.SUCCEEDED, run.error
-    assert run.trigger.startswith("dashboard (") and run.parameters == {"rooms": ["!quiet:hs"]}
-    assert run.rows_in == 0 and run.differences == 0
+    run.refresh_from_db()
+    assert run.trigger.startswith("dashboard (") and run.parameters == {"rooms": ["!nowhere:hs"]}
+    # the child's own verdict (a child that never reached this database would leave the
+    # launcher's "ended without recording an outcome" instead)
+    assert (run.status, run.error) == (
+        JobRun.Status.FAILED, "room !nowhere:hs does not exist: nothing was checked or written"), run.error
+    assert run.rows_in is None and run.ended_at is not None
 
 
 def test_a_check_with_differences_is_shown_as_a_failure_with_a_table(staff_client, client):
