@@ -22,9 +22,9 @@ migrates a fresh database, then on that one server:
   every group's state size, estimated from a random sample of groups, times the measured
   bytes per row).
 * **initial sync** (20 events x 100 rooms) for the users in the most rooms, **incremental
-  sync** since a token taken before a last run of live traffic (1% more events, persisted
-  with the dataset), and after an absence (a token a tenth of the stream back, no goal),
-  **back-pagination** (20 events from a random point), p50/p99 each,
+  sync** since a token taken before a last run of live traffic (1% more events, at least 2,000
+  or the dataset's size, persisted with the dataset), and after an absence (a token a tenth of
+  the stream back, no goal), **back-pagination** (20 events from a random point), p50/p99 each,
   visibility filtered; **database size** on disk, per million events.
 
 ``--event-writers N`` persists the dataset with N event writer processes instead of this one
@@ -771,7 +771,7 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
 
     # -- more live traffic after a token, for incremental sync ---------------------------------
     if record.phase == "live":
-        more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=max(2000, events // 100), seed=seed + 1,
+        more = RoomGenerator(rooms=max(10, rooms // 10), users=users, events=live_events(events), seed=seed + 1,
                              batch=batch)
         live = more.batches()
         if record["live_written"] or stored_events > record["written"]:
@@ -807,6 +807,12 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
         record.end_session()
         record.save()
     return int(record["since"])
+
+
+def live_events(events: int) -> int:
+    """The live traffic after incremental sync's token: 1% of the dataset, at least 2,000
+    events, and never more than the dataset itself (a small test build stays small)."""
+    return max(min(2000, events), events // 100)
 
 
 def one_writer(rt, batches, gc_s: list):

@@ -1014,6 +1014,10 @@ def run(cfg: SoakConfig, pg_url: str, redis: RedisServer, tmp: Path) -> SoakResu
         threading.Thread(target=watch, name="watch", daemon=True).start()
         for w in WRITERS:
             cluster.start_writer(w)
+        # Faults start once every writer has committed: a writer killed before its first commit
+        # (a slow start on a loaded machine) has no stamps to be compared with after its restart.
+        _wait(lambda: all(cluster.stamps_path(w).exists() and cluster.stamps_path(w).stat().st_size
+                          for w in WRITERS), "every writer to commit", cfg.startup_timeout)
         start = time.monotonic()
         injector = FaultInjector(cluster, start + cfg.duration, log)
         fuzzer = Fuzzer(cluster.endpoint_ports, cfg.fuzz_interval, cfg.seed, cluster.endpoint_lock)

@@ -19,8 +19,15 @@ from testing.services import free_port
 SERVER_NAME = "faults.example"
 WRITERS = "events=w1,w2;account_data=w3"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.faults]
-#: facts each of the three writers writes
-PER_WRITER = 6_500
+#: facts each of the three writers writes, and how fast (facts/s): ~11 s of writing, so both
+#: Redis kills land while the facts flow even on a quiet machine (faster writers could finish
+#: before the second one). What a kill exercises (lines lost, writers announcing their
+#: positions again, catch-up) does not grow with the rate; every fact costs each process of
+#: the cluster CPU.
+PER_WRITER = 2_000
+RATE = 180
+#: facts the Redis worker receives between two kills (a bit over a second of the three writers)
+BETWEEN_KILLS = 600
 
 
 class RedisCluster(ProcessGroup):
@@ -103,19 +110,16 @@ def test_cluster_survives_redis_restarts(pg_url, redis_server, tmp_path):
         # Every worker follows before the first write (a loaded machine starts them slowly).
         for name in workers:
             wait_for(lambda: cluster.log_count(name, CONNECTED[name[:3]]) >= 1, f"{name} to connect")
-        # 600 facts/s each: ~11 s of writing, so both Redis kills land while the facts flow
-        # even on a quiet machine (at 1,500/s the writers could finish before the second one).
         writers = [
-            cluster.write("w1", "events", PER_WRITER, 10, 600),
-            cluster.write("w2", "events", PER_WRITER, 20, 600),
-            cluster.write("w3", "account_data", PER_WRITER, 10, 600),
+            cluster.write("w1", "events", PER_WRITER, 10, RATE),
+            cluster.write("w2", "events", PER_WRITER, 20, RATE),
+            cluster.write("w3", "account_data", PER_WRITER, 10, RATE),
         ]
         # Kill Redis twice while the facts flow (each time once the Redis worker has received
-        # another 2,000 facts, a bit over a second of the three writers), for about a second
-        # each time.
+        # another BETWEEN_KILLS facts), for about a second each time.
         progress = 0
         for fault in range(2):
-            wait_for(lambda: cluster.count("redis") >= progress + 2000, "facts to flow to the Redis worker")
+            wait_for(lambda: cluster.count("redis") >= progress + BETWEEN_KILLS, "facts to flow to the Redis worker")
             # ... and every writer subscribed again after the previous kill: a kill during its
             # resubscription is a failed attempt, not the loss of a subscription, and the
             # assertion below counts losses

@@ -19,7 +19,9 @@ from rooms.storage.generator import Batch
 from testing.services import MissingBinary, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[3]
-DATASET = ["--events", "1500", "--rooms", "24", "--users", "50", "--batch", "100", "--seed", "3", "--samples", "3"]
+#: the smallest dataset that still has every kind of event the generator makes (backfill and
+#: outliers, every membership and visibility, redactions) over 12 batches and a backfill one
+DATASET = ["--events", "600", "--rooms", "12", "--users", "30", "--batch", "50", "--seed", "3", "--samples", "3"]
 
 #: what must be equal (received_ts is the wall clock at persist time)
 EVENTS = ("SELECT id, event_id, room_id, type, state_key, sender, membership, redacts, rejected, outlier, redacted, "
@@ -67,29 +69,29 @@ def record(data_dir: Path) -> dict:
 
 def test_a_build_stopped_and_continued_stores_what_a_straight_build_stores(kept_dirs):
     parts, straight = kept_dirs / "parts", kept_dirs / "straight"
-    first = bench(parts, "--stop-after", "500")
+    first = bench(parts, "--stop-after", "200")
     assert first.returncode == 0, first.stderr
     assert "stopped after" in first.stdout and "the reads run once the build is complete" in first.stdout
     assert "state at event" not in first.stdout  # no reads on a partial build without --read-partial
-    at_500 = record(parts)
-    assert at_500["phase"] == "persist" and 500 <= at_500["written"] < 600
+    at_200 = record(parts)
+    assert at_200["phase"] == "persist" and 200 <= at_200["written"] < 250
     assert not (parts / "dataset.json").exists()
 
     # another dataset's figures: refused before anything starts, the partial build kept
     other = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_storage.py"), *DATASET,
-                            "--events", "1600", "--data-dir", str(parts)], capture_output=True, text=True, cwd=ROOT)
+                            "--events", "700", "--data-dir", str(parts)], capture_output=True, text=True, cwd=ROOT)
     assert other.returncode == 2
-    assert "partial build of another dataset" in other.stderr and "1,500 events" in other.stderr
+    assert "partial build of another dataset" in other.stderr and "600 events" in other.stderr
 
-    second = bench(parts, "--stop-after", "1000", "--read-partial")
+    second = bench(parts, "--stop-after", "400", "--read-partial")
     assert second.returncode == 0, second.stderr
     assert "regenerated and skipped the" in second.stdout
     assert "PARTIAL DATASET" in second.stdout and "state at event, cold" in second.stdout
-    at_1000 = record(parts)
-    assert at_1000["written"] >= 1000 and len(at_1000["sessions"]) == 2
+    at_400 = record(parts)
+    assert at_400["written"] >= 400 and len(at_400["sessions"]) == 2
 
     # a record claiming more than the database holds: refused, nothing written
-    claimed = {**at_1000, "written": at_1000["written"] + 500}
+    claimed = {**at_400, "written": at_400["written"] + 200}
     (parts / "build.json").write_text(json.dumps(claimed))
     refused = bench(parts)
     assert refused.returncode == 2
@@ -98,14 +100,14 @@ def test_a_build_stopped_and_continued_stores_what_a_straight_build_stores(kept_
 
     # the record falls behind the database, as after a kill between a commit and the
     # record's rewrite: the whole batches past it are taken as stored (untimed)
-    (parts / "build.json").write_text(json.dumps(at_500))
+    (parts / "build.json").write_text(json.dumps(at_200))
     third = bench(parts)
     assert third.returncode == 0, third.stderr
     assert "committed after the last record" in third.stdout
     assert "state at event, cold" in third.stdout  # complete: the reads ran
     done = record(parts)
-    assert done["phase"] == "done" and done["untimed"] == at_1000["written"] - at_500["written"]
-    assert json.loads((parts / "dataset.json").read_text())["events"] == 1500
+    assert done["phase"] == "done" and done["untimed"] == at_400["written"] - at_200["written"]
+    assert json.loads((parts / "dataset.json").read_text())["events"] == 600
     # the per-slice rates of every session are kept, each slice closed once
     assert [s["end"] for s in done["slices"]] == sorted({s["end"] for s in done["slices"]})
 
@@ -118,7 +120,7 @@ def test_a_build_stopped_and_continued_stores_what_a_straight_build_stores(kept_
     assert "CPU per event" in whole.stdout and "KiB/event" in whole.stdout
     assert "settings shared_buffers 128 MB" in third.stdout  # the throwaway server's own default
     resumed, expected = rows(parts), rows(straight)
-    assert len(expected[EVENTS]) > 1500 and expected[STATE]
+    assert len(expected[EVENTS]) > 600 and expected[STATE]
     for sql in (EVENTS, STATE, MEMBERS, GROUPS):
         assert resumed[sql] == expected[sql], sql
 
