@@ -388,7 +388,7 @@ class SparkStandaloneCluster:
 #: session, Arrow batches both ways, a shuffle, ``applyInPandas`` and ``mapInPandas``).
 _ARCHIVE_WORKLOAD = """
 import pandas as pd
-from streams.jobs.session import spark_session, stop_spark
+from jobs.session import spark_session, stop_spark
 spark = spark_session("local[1]")
 df = spark.createDataFrame(pd.DataFrame({"room_id": ["!a", "!b", "!a"], "n": [1, 2, 3]}))
 grouped = df.groupBy("room_id").applyInPandas(lambda g: g.assign(n=g.n.sum()), schema=df.schema)
@@ -416,7 +416,7 @@ def spark_class_archive(directory: str | None = None, timeout: float = 600.0) ->
     import hashlib
     import sys
 
-    from streams.jobs.session import DEFAULT_JAVA_OPTIONS, PROJECT_ROOT, jdbc_jar
+    from jobs.session import DEFAULT_JAVA_OPTIONS, PROJECT_ROOT, jdbc_jar
 
     try:
         java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
