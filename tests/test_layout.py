@@ -323,3 +323,23 @@ def test_deferred_import_finder(tmp_path):
         assert deferred_imports(tmp_path / "m.py") == ["m.py:2"]
     finally:
         ROOT = saved
+
+
+def test_each_app_has_the_ordinary_shape():
+    """Every subsystem is a Django app of the ordinary shape: ``apps.py``; its tables in its own
+    ``models.py`` with ``migrations/``, and ``admin.py`` (the dashboard's and the observer's
+    status rows are shown on the dashboard's pages instead); its tests under ``tests/<app>/``.
+    No model is defined anywhere else."""
+    from django.apps import apps as registry
+
+    ours = [config for config in registry.get_app_configs() if config.name in DEPLOYABLE]
+    assert sorted(config.name for config in ours) == sorted(set(DEPLOYABLE) - {"common"})
+    for config in ours:
+        root = ROOT / config.name
+        assert (root / "apps.py").exists(), config.name
+        assert (ROOT / "tests" / config.name).is_dir(), config.name
+        models = list(config.get_models())
+        if models:
+            assert {m.__module__ for m in models} == {f"{config.name}.models"}, config.name
+            assert (root / "migrations" / "__init__.py").exists(), config.name
+            assert (root / "admin.py").exists() or config.name in ("dashboard", "synapse_attach"), config.name
