@@ -23,7 +23,6 @@ from dashboard.facts_history import minute_of, record_minute
 from dashboard.models import EndpointStatus
 from dashboard.process_stats import process_stats
 from replication.endpoint.connection_records import endpoint_started
-from replication.endpoint.server import endpoint_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +49,10 @@ async def publish_loop(key: str, endpoint: Any, interval: float = PUBLISH_INTERV
     # while workers are fed the snapshot changes at every write, and a new connection each
     # time (a pool thread's, closed after use) was a third of the endpoint's CPU at 10,000
     # facts/s, beside a PostgreSQL backend started each time (docs/benchmarks.md).
+    # deferred: every process loads this module at start-up (its receiver), the endpoint's stack
+    # (0.6 s of imports) only a process that runs an endpoint needs, and only this loop uses it
+    from replication.endpoint.server import endpoint_snapshot
+
     executor = ThreadPoolExecutor(1, thread_name_prefix="endpoint-status")
 
     def in_thread(func: Callable[..., Any], *args: Any) -> Any:
