@@ -40,7 +40,8 @@ DEBUG = _env_bool("DEBUG", False)
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
 
 INSTALLED_APPS = [
-    "daphne",
+    # (not "daphne": it only adds `runserver`, and would load Twisted into every process;
+    # runservice and `python -m daphne` import daphne themselves, before anything else of Twisted)
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import tempfile
 
+# daphne installs Twisted's asyncio reactor when imported; the tests that serve ASGI in this
+# process need it installed before anything else of Twisted is imported.
+import daphne.server  # noqa: F401
 import pytest
 
 # Property tests explore new examples on every developer run; under CI (CI=true) they are

@@ -13,14 +13,14 @@ def test_run_job_help_lists_every_job():
     from jobs.job_registry import JOBS, load_jobs
 
     load_jobs()
-    text = " ".join(help_of("jobs", "run_job").split())
+    text = " ".join(help_of("synapse_repl", "run_job").split())
     assert JOBS and ", ...)" not in text and "JOB is one of" in text
     for name in JOBS:
         assert name in text
 
 
 def test_generate_rooms_flags_have_help():
-    parser = load_command_class("rooms", "generate_rooms").create_parser("manage.py", "generate_rooms")
+    parser = load_command_class("synapse_repl", "generate_rooms").create_parser("manage.py", "generate_rooms")
     for action in parser._actions:
         if action.dest in ("rooms", "users", "events", "seed", "batch", "no_progress"):
             assert action.help, action.dest
