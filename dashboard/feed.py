@@ -66,6 +66,20 @@ def writer_json(w: Any) -> dict[str, Any]:
             "finished": w.finished, "gone": w.gone}
 
 
+def _synapse_state() -> dict[str, Any]:
+    """An attached Synapse's section of the page, rendered as the page renders it (the page
+    replaces it whole), and its streams' facts/s for the chart as ``Synapse <stream>``."""
+    from django.template.loader import render_to_string
+
+    from synapse_attach.live_status import page_sections
+
+    sections = page_sections()
+    rates = {f"Synapse {s['name']}": s["facts_per_second"]
+             for o in sections if not o["stale"] for s in o["streams"] if any(w["live"] for w in s["writers"])}
+    return {"synapse_html": render_to_string("dashboard/_synapse_section.html", {"synapse": sections}),
+            "synapse_rates": rates}
+
+
 def _close_connection() -> None:
     """Close this thread's connection (``connection`` resolves per thread: look it up here)."""
     from django.db import connection
@@ -108,8 +122,10 @@ def _collect_state(now: float | None) -> dict[str, Any]:
             "stuck": bool(s.stuck),
             "writers_warning": s.writers_warning,
         })
+    synapse = _synapse_state()
     return {
         "t": now,
+        **synapse,
         "server_name": repl_setting("SERVER_NAME"),
         "backwards_note": BACKWARDS_NOTE,
         "instance_name": instance_name(),
@@ -290,8 +306,10 @@ class LiveFeed:
         t0, base = window[0]
         if t <= t0:
             return None
-        return {"t": t, "rates": {name: round(max(0, total - base.get(name, total)) / (t - t0), 2)
-                                  for name, total in totals.items()}}
+        return {"t": t, "rates": {**{name: round(max(0, total - base.get(name, total)) / (t - t0), 2)
+                                     for name, total in totals.items()},
+                                  # an attached Synapse's: its observer's rate over its last minute
+                                  **state.get("synapse_rates", {})}}
 
     def snapshot(self) -> dict[str, Any]:
         """What a newly connected page gets: the latest state and the chart's history."""

@@ -141,6 +141,18 @@ def _synapse_metrics() -> Iterator[Metric]:
                               "or more (0: not stuck)", labels=["stream", "writer"])
     seen = GaugeMetricFamily(f"{PREFIX}_synapse_instance_last_seen_timestamp_seconds",
                              "When a Synapse process was last heard on Redis (Unix time)", labels=["instance"])
+    unreported = GaugeMetricFamily(f"{PREFIX}_synapse_unreported_ids",
+                                   "Sequence IDs a Synapse stream handed out that no writer has reported persisted "
+                                   "(from the observer's last read of Synapse's database)", labels=["stream"])
+    unreported_age = GaugeMetricFamily(f"{PREFIX}_synapse_unreported_ids_age_seconds",
+                                       "How long the oldest of them has been handed out and unreported (0: none)",
+                                       labels=["stream"])
+    overdue = GaugeMetricFamily(f"{PREFIX}_synapse_unreported_ids_overdue",
+                                "1 once a Synapse stream's oldest unreported ID has stayed so "
+                                "SYNAPSE_UNREPORTED_AFTER_SECONDS or more", labels=["stream"])
+    persisted = GaugeMetricFamily(f"{PREFIX}_synapse_persisted_upto",
+                                  "A Synapse stream's persisted-upto position, as Synapse's MultiWriterIdGenerator "
+                                  "computes it from its database", labels=["stream"])
     for status in observer_statuses():
         up.add_metric([status["observer"]], 0 if status["stale"] or not status["subscribed"] else 1)
         if status["stale"]:
@@ -156,7 +168,16 @@ def _synapse_metrics() -> Iterator[Metric]:
                 stuck.add_metric(labels, w["behind_seconds"] if w["stuck"] else 0)
         for i in view.get("instances", []):
             seen.add_metric([i["instance"]], status["updated"] - i["last_seen_seconds_ago"])
-    yield from (up, position, facts, behind, stuck, seen)
+        database = view.get("database") or {}
+        for u in database.get("unreported", []):
+            unreported.add_metric([u["stream"]], u["count"])
+            unreported_age.add_metric([u["stream"]], u["age_seconds"])
+            overdue.add_metric([u["stream"]], 1 if u["overdue"] else 0)
+        for s in database.get("streams", []):
+            if s["persisted_upto"] is not None:
+                persisted.add_metric([s["stream"]], s["persisted_upto"])
+    yield from (up, position, facts, behind, stuck, seen, unreported, unreported_age, overdue,
+                   persisted)
 
 
 def _worker_metrics() -> Iterator[Metric]:

@@ -22,9 +22,10 @@ def _context(**extra):
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
     from dashboard.job_panel import job_names, job_schedule, recent_job_runs
+    from synapse_attach.live_status import page_sections
 
     return render(request, "dashboard/streams.html", _context(
-        streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
+        streams=streams_as_served(), synapse=page_sections(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
         # no beat runs without Redis (the embedded default): nothing is scheduled there
         beat=bool(settings.REDIS_URL), schedule=job_schedule() if settings.REDIS_URL else []))
 

@@ -9,6 +9,9 @@ from typing import Any
 
 #: How often the observer publishes its view.
 PUBLISH_INTERVAL = 2.0
+#: How often the observer reads Synapse's database for its view (when SYNAPSE_DATABASE_URL is
+#: set): one snapshot per read (``reader.py``), in the observer's process, never a web request's.
+DATABASE_INTERVAL = 5.0
 #: A view older than this is shown as stale (the observer is not running, or hangs).
 STALE_AFTER_SECONDS = 15.0
 #: Views older than this are no longer shown at all (an observer long gone).
@@ -49,4 +52,48 @@ def streams_shaped_like_ours(status: dict[str, Any]) -> list[dict[str, Any]]:
                     "positions": {w["instance"]: w["position"] for w in writers if w["position"] is not None},
                     "highest": entry["highest"], "laggard": stuck[0] if stuck else None,
                     "writer_status": {w["instance"]: w for w in writers}})
+    return out
+
+
+def page_sections(statuses: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each observer's section of the streams page (docs/dashboard.md, "Synapse streams"):
+    per stream of its database report (the catalogue's order) and of what it heard, per writer
+    the recorded position and the live one; persisted-upto, allocated and unreported IDs; its
+    stuck writers, processes and findings. Figures the observer did not get are ``None``."""
+    out = []
+    for status in observer_statuses() if statuses is None else statuses:
+        view = status["view"]
+        database = view.get("database") or {}
+        live = view.get("streams", {})
+        unreported = {u["stream"]: u for u in database.get("unreported", [])}
+        rows = []
+        names = [s["stream"] for s in database.get("streams", []) if s["replicated"]]
+        names += [n for n in live if n not in names]
+        by_name = {s["stream"]: s for s in database.get("streams", [])}
+        for name in names:
+            db = by_name.get(name, {})
+            live_writers = {w["instance"]: w for w in live.get(name, {}).get("writers", [])}
+            recorded = {w["instance"]: w["position"] for w in db.get("writers", [])}
+            writers = [{"instance": i, "recorded": recorded.get(i), "live": live_writers.get(i)}
+                       for i in sorted(set(recorded) | set(live_writers))]
+            rows.append({"name": name, "in_memory": db.get("in_memory", False), "writers": writers,
+                         "persisted_upto": db.get("persisted_upto"),
+                         "persisted_upto_complete": db.get("persisted_upto_complete", True),
+                         "allocated": db.get("allocated"), "highest": live.get(name, {}).get("highest"),
+                         "unreported": unreported.get(name),
+                         "facts_per_second": round(sum(w["facts_per_second"] for w in live_writers.values()), 2),
+                         "stuck": any(w["stuck"] for w in live_writers.values())})
+        updated = status["updated"]
+        out.append({
+            "observer": status["observer"], "stale": status["stale"], "subscribed": status["subscribed"],
+            "age_seconds": status["age_seconds"], "server_name": (view.get("redis") or {}).get("channel", ""),
+            "streams": rows, "stuck": view.get("stuck", []),
+            "stuck_after": view.get("stuck_after_seconds"),
+            "instances": [{**i, "last_seen": datetime.fromtimestamp(updated - i["last_seen_seconds_ago"], timezone.utc)}
+                          for i in view.get("instances", [])],
+            "database": database,
+            "database_read": (datetime.fromtimestamp(database["read"], timezone.utc)
+                              if database.get("read") else None),
+            "overdue": [u for u in database.get("unreported", []) if u["overdue"]],
+        })
     return out
