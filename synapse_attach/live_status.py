@@ -78,7 +78,7 @@ def page_sections(statuses: list[dict[str, Any]] | None = None) -> list[dict[str
                        for i in sorted(set(recorded) | set(live_writers))]
             rows.append({"name": name, "in_memory": db.get("in_memory", False), "writers": writers,
                          "persisted_upto": db.get("persisted_upto"),
-                         "persisted_upto_complete": db.get("persisted_upto_complete", True),
+                         "persisted_upto_complete": db.get("persisted_upto_complete") is not False,
                          "allocated": db.get("allocated"), "highest": live.get(name, {}).get("highest"),
                          "unreported": unreported.get(name),
                          "facts_per_second": round(sum(w["facts_per_second"] for w in live_writers.values()), 2),

@@ -24,6 +24,13 @@ The rule, from Synapse's ``MultiWriterIdGenerator`` (``synapse/storage/util/id_g
   raised it, with the read's time, and drops those the cover has passed. The age is therefore
   at most one read interval short, never long.
 
+A stream no writer has written yet (no ``stream_positions`` row, nothing stored) can hold IDs
+its schema handed out: Synapse's schema deltas call ``nextval`` (``92/08_thread_subscriptions_
+seq_fixup`` takes ID 2 of ``thread_subscriptions_sequence``, which no writer ever reports). For
+such a stream the allocated figure of the tracker's first read counts as covered (as if
+reported); IDs handed out after it count as any other, and once the stream is written its
+own cover passes it.
+
 Streams whose writers record no positions (``caches``) are covered by their stored IDs alone
 (each is stored in the transaction that allocates it); in-memory streams have no sequence.
 """
@@ -68,8 +75,16 @@ class UnreportedTracker:
     def __init__(self, after: float = UNREPORTED_AFTER) -> None:
         self.after = after
         self._checkpoints: dict[str, deque[tuple[int, float]]] = {}
+        #: per stream never written when first read: the IDs its schema handed out
+        self._schema_allocated: dict[str, int] = {}
 
-    def observe(self, stream: str, allocated: int, cover: int, now: float) -> Unreported:
+    def observe(self, stream: str, allocated: int, cover: int, now: float, never_written: bool = False) -> Unreported:
+        """One read of ``stream``: ``allocated`` handed out, ``cover`` the highest report of
+        persistence; ``never_written``: no writer has recorded a position or stored an ID."""
+        first = stream not in self._checkpoints
+        if first and never_written:
+            self._schema_allocated[stream] = allocated
+        cover = max(cover, self._schema_allocated.get(stream, 0))
         points = self._checkpoints.setdefault(stream, deque())
         if allocated > cover and (not points or allocated > points[-1][0]):
             points.append((allocated, now))
@@ -95,5 +110,6 @@ def observe_report(tracker: UnreportedTracker, streams: list[dict[str, Any]], li
         live = live_streams.get(s["stream"], {}) if s["replicated"] else {}
         cover = covered(*(w["position"] for w in s["writers"]), s["max_stored"], s["persisted_upto"],
                         live.get("highest"))
-        out.append(tracker.observe(s["stream"], s["allocated"], cover, now))
+        never_written = not s["writers"] and not s["max_stored"]
+        out.append(tracker.observe(s["stream"], s["allocated"], cover, now, never_written))
     return out

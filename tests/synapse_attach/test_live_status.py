@@ -147,3 +147,21 @@ def test_the_live_feed_carries_the_section_and_synapse_rates_for_the_chart():
     state = collect_state()
     assert "<h2>Synapse attach.test</h2>" in state["synapse_html"]
     assert set(state["synapse_rates"]) == {"Synapse events"} and state["synapse_rates"]["Synapse events"] > 0
+
+
+def test_the_observers_database_read_is_bounded_in_time_and_a_failure_is_one_line():
+    """Nothing listens on the port: the read fails as one line (password masked), is shown
+    with the view, and is not retried before DATABASE_INTERVAL has passed."""
+    from synapse_attach.live_status import DATABASE_INTERVAL
+    from synapse_attach.management.commands.synapse_observer import DatabaseView
+    from testing.services import free_port
+
+    database = DatabaseView({"DATABASE_URL": f"postgres://observer:s3cret-pw@127.0.0.1:{free_port()}/synapse",
+                             "CONNECT_TIMEOUT_SECONDS": 2})
+    view = database.view({}, now=100.0)
+    assert view["error"] and "\n" not in view["error"] and "s3cret-pw" not in view["error"]
+    read_at = database.read_at
+    database.view({}, now=100.0 + DATABASE_INTERVAL / 2)
+    assert database.read_at == read_at
+    database.view({}, now=100.0 + DATABASE_INTERVAL)
+    assert database.read_at == 100.0 + DATABASE_INTERVAL

@@ -54,3 +54,24 @@ def test_the_cover_is_the_highest_of_rows_stored_ids_and_live_positions():
     assert got == {"events": 1, "receipts": 0}
     got = {u.stream: u.count for u in observe_report(UnreportedTracker(), streams, {}, now=0)}
     assert got == {"events": 1, "receipts": 1}
+
+
+def test_ids_a_never_written_streams_schema_handed_out_are_not_unreported():
+    """Synapse's schema delta 92/08 calls nextval on thread_subscriptions_sequence: ID 2 is
+    handed out and no writer ever reports it (seen on the real fixture)."""
+    t = UnreportedTracker(after=60)
+    stream = {"stream": "thread_subscriptions", "replicated": True, "allocated": 2, "max_stored": 0,
+              "persisted_upto": 1, "writers": []}
+    for now in (0, 100, 200):
+        [u] = observe_report(t, [stream], {}, now=now)
+        assert (u.count, u.overdue) == (0, False)
+    # the first write taken and never finished still counts
+    for now in (205, 300):
+        [u] = observe_report(t, [{**stream, "allocated": 3}], {}, now=now)
+    assert (u.count, u.age, u.overdue) == (1, 95, True)
+    # a stream that has been written is never taken for schema IDs
+    t = UnreportedTracker(after=60)
+    written = {**stream, "allocated": 9, "max_stored": 7, "writers": [{"instance": "master", "position": 7}]}
+    for now in (0, 61):
+        [u] = observe_report(t, [written], {}, now=now)
+    assert (u.count, u.overdue) == (2, True)
