@@ -66,18 +66,19 @@ def writer_json(w: Any) -> dict[str, Any]:
             "finished": w.finished, "gone": w.gone}
 
 
-def _synapse_state() -> dict[str, Any]:
-    """An attached Synapse's section of the page, rendered as the page renders it (the page
-    replaces it whole), and its streams' facts/s for the chart as ``Synapse <stream>``."""
+def _attached_state() -> dict[str, Any]:
+    """The attached sources' sections of the page (an attached Synapse's), rendered as the page
+    renders them (the page replaces them whole), and their facts/s for the chart."""
     from django.template.loader import render_to_string
 
-    from synapse_attach.live_status import page_sections
+    from dashboard.attached_sources import SOURCES
 
-    sections = page_sections()
-    rates = {f"Synapse {s['name']}": s["facts_per_second"]
-             for o in sections if not o["stale"] for s in o["streams"] if any(w["live"] for w in s["writers"])}
-    return {"synapse_html": render_to_string("dashboard/_synapse_section.html", {"synapse": sections}),
-            "synapse_rates": rates}
+    html, rates = [], {}
+    for source in SOURCES.values():
+        sections = source.page_sections()
+        html.append(render_to_string(source.template, {"sections": sections}))
+        rates.update(source.chart_rates(sections))
+    return {"attached_html": "".join(html), "attached_rates": rates}
 
 
 def _close_connection() -> None:
@@ -122,10 +123,10 @@ def _collect_state(now: float | None) -> dict[str, Any]:
             "stuck": bool(s.stuck),
             "writers_warning": s.writers_warning,
         })
-    synapse = _synapse_state()
+    attached = _attached_state()
     return {
         "t": now,
-        **synapse,
+        **attached,
         "server_name": repl_setting("SERVER_NAME"),
         "backwards_note": BACKWARDS_NOTE,
         "instance_name": instance_name(),
@@ -309,7 +310,7 @@ class LiveFeed:
         return {"t": t, "rates": {**{name: round(max(0, total - base.get(name, total)) / (t - t0), 2)
                                      for name, total in totals.items()},
                                   # an attached Synapse's: its observer's rate over its last minute
-                                  **state.get("synapse_rates", {})}}
+                                  **state.get("attached_rates", {})}}
 
     def snapshot(self) -> dict[str, Any]:
         """What a newly connected page gets: the latest state and the chart's history."""

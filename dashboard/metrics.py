@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dashboard.access import metrics_allowed
+from dashboard.attached_sources import SOURCES
 
 PREFIX = "synapse_repl"
 
@@ -117,67 +118,10 @@ class ClusterCollector(Collector):
                 disconnects.add_metric([key, reason], n)
         yield from (up, connections, accepted, queue, sent, disconnects)
         yield from _job_metrics()
-        yield from _synapse_metrics()
+        for source in SOURCES.values():
+            yield from source.metrics()
         yield from _worker_metrics()
         yield from _process_metrics()
-
-
-def _synapse_metrics() -> Iterator[Metric]:
-    """What each observer of an attached Synapse last heard on its Redis (docs/attach.md)."""
-    from synapse_attach.live_status import observer_statuses
-
-    up = GaugeMetricFamily(f"{PREFIX}_synapse_observer_up",
-                           "1 while the observer of a Synapse reports and is subscribed to its Redis",
-                           labels=["observer"])
-    position = GaugeMetricFamily(f"{PREFIX}_synapse_writer_position",
-                                 "The last position a Synapse writer announced on Redis", labels=["stream", "writer"])
-    facts = CounterMetricFamily(f"{PREFIX}_synapse_writer_facts", "RDATA rows a Synapse writer sent, as heard",
-                                labels=["stream", "writer"])
-    behind = GaugeMetricFamily(f"{PREFIX}_synapse_writer_behind_seconds",
-                               "How long a Synapse writer has stayed below a position another writer of its "
-                               "stream announced (0: not behind)", labels=["stream", "writer"])
-    stuck = GaugeMetricFamily(f"{PREFIX}_synapse_stuck_writer_seconds",
-                              "How long a Synapse writer has been behind, once that is SYNAPSE_STUCK_AFTER_SECONDS "
-                              "or more (0: not stuck)", labels=["stream", "writer"])
-    seen = GaugeMetricFamily(f"{PREFIX}_synapse_instance_last_seen_timestamp_seconds",
-                             "When a Synapse process was last heard on Redis (Unix time)", labels=["instance"])
-    unreported = GaugeMetricFamily(f"{PREFIX}_synapse_unreported_ids",
-                                   "Sequence IDs a Synapse stream handed out that no writer has reported persisted "
-                                   "(from the observer's last read of Synapse's database)", labels=["stream"])
-    unreported_age = GaugeMetricFamily(f"{PREFIX}_synapse_unreported_ids_age_seconds",
-                                       "How long the oldest of them has been handed out and unreported (0: none)",
-                                       labels=["stream"])
-    overdue = GaugeMetricFamily(f"{PREFIX}_synapse_unreported_ids_overdue",
-                                "1 once a Synapse stream's oldest unreported ID has stayed so "
-                                "SYNAPSE_UNREPORTED_AFTER_SECONDS or more", labels=["stream"])
-    persisted = GaugeMetricFamily(f"{PREFIX}_synapse_persisted_upto",
-                                  "A Synapse stream's persisted-upto position, as Synapse's MultiWriterIdGenerator "
-                                  "computes it from its database", labels=["stream"])
-    for status in observer_statuses():
-        up.add_metric([status["observer"]], 0 if status["stale"] or not status["subscribed"] else 1)
-        if status["stale"]:
-            continue
-        view = status["view"]
-        for stream, entry in view.get("streams", {}).items():
-            for w in entry["writers"]:
-                labels = [stream, w["instance"]]
-                if w["position"] is not None:
-                    position.add_metric(labels, w["position"])
-                facts.add_metric(labels, w["facts"])
-                behind.add_metric(labels, w["behind_seconds"] or 0)
-                stuck.add_metric(labels, w["behind_seconds"] if w["stuck"] else 0)
-        for i in view.get("instances", []):
-            seen.add_metric([i["instance"]], status["updated"] - i["last_seen_seconds_ago"])
-        database = view.get("database") or {}
-        for u in database.get("unreported", []):
-            unreported.add_metric([u["stream"]], u["count"])
-            unreported_age.add_metric([u["stream"]], u["age_seconds"])
-            overdue.add_metric([u["stream"]], 1 if u["overdue"] else 0)
-        for s in database.get("streams", []):
-            if s["persisted_upto"] is not None:
-                persisted.add_metric([s["stream"]], s["persisted_upto"])
-    yield from (up, position, facts, behind, stuck, seen, unreported, unreported_age, overdue,
-                   persisted)
 
 
 def _worker_metrics() -> Iterator[Metric]:

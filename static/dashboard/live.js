@@ -166,14 +166,14 @@
   // The chart's series: our database-backed streams, then an attached Synapse's ("Synapse events").
   function chartSeries(state) {
     return state.streams.filter(function (s) { return s.db_backed; }).map(function (s) { return s.name; })
-      .concat(Object.keys(state.synapse_rates || {}));
+      .concat(Object.keys(state.attached_rates || {}));
   }
 
-  // An attached Synapse's section, rendered by the server as the page renders it (its values
+  // An attached system's sections (a Synapse's), rendered by the server as the page renders it (its values
   // escaped there), replaced whole on each update.
-  function renderSynapse(state) {
-    if (state.synapse_html === undefined) return;
-    $all("synapse").forEach(function (box) { box.innerHTML = state.synapse_html; });
+  function renderAttached(state) {
+    if (state.attached_html === undefined) return;
+    $all("attached").forEach(function (box) { box.innerHTML = state.attached_html; });
   }
 
   function renderChart(state) {
@@ -376,7 +376,7 @@
     else if (state.sample) history.push(state.sample);
     while (history.length && state.t - history[0].t > HISTORY_SECONDS) history.shift();
     renderStreams(state);
-    renderSynapse(state);
+    renderAttached(state);
     renderChart(state);
     renderEndpoints(state);
     renderJobs(state);

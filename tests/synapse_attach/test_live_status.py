@@ -145,8 +145,8 @@ def test_the_live_feed_carries_the_section_and_synapse_rates_for_the_chart():
     view["redis"] = {"channel": "attach.test"}
     publish("attach.test@host", True, view)
     state = collect_state()
-    assert "<h2>Synapse attach.test</h2>" in state["synapse_html"]
-    assert set(state["synapse_rates"]) == {"Synapse events"} and state["synapse_rates"]["Synapse events"] > 0
+    assert "<h2>Synapse attach.test</h2>" in state["attached_html"]
+    assert set(state["attached_rates"]) == {"Synapse events"} and state["attached_rates"]["Synapse events"] > 0
 
 
 def test_the_observers_database_read_is_bounded_in_time_and_a_failure_is_one_line():
