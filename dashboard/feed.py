@@ -27,6 +27,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from dashboard.attached_sources import SOURCES
 from dashboard.endpoint_status import endpoint_statuses
 from dashboard.facts_history import minute_of, record_minute
 from dashboard.health import banner_view, readiness
@@ -72,6 +73,19 @@ def writer_json(w: Any) -> dict[str, Any]:
             "finished": w.finished, "gone": w.gone}
 
 
+def _attached_state() -> dict[str, Any]:
+    """The attached sources' sections of the page (an attached Synapse's), rendered as the page
+    renders them (the page replaces them whole), and their facts/s for the chart."""
+    from django.template.loader import render_to_string
+
+    html, rates = [], {}
+    for source in SOURCES.values():
+        sections = source.page_sections()
+        html.append(render_to_string(source.template, {"sections": sections}))
+        rates.update(source.chart_rates(sections))
+    return {"attached_html": "".join(html), "attached_rates": rates}
+
+
 def _close_connection() -> None:
     """Close this thread's connection (``connection`` resolves per thread: look it up here)."""
     from django.db import connection
@@ -109,8 +123,10 @@ def _collect_state(now: float | None) -> dict[str, Any]:
             "stuck": bool(s.stuck),
             "writers_warning": s.writers_warning,
         })
+    attached = _attached_state()
     return {
         "t": now,
+        **attached,
         "server_name": repl_setting("SERVER_NAME"),
         "backwards_note": BACKWARDS_NOTE,
         "instance_name": instance_name(),
@@ -290,8 +306,10 @@ class LiveFeed:
         t0, base = window[0]
         if t <= t0:
             return None
-        return {"t": t, "rates": {name: round(max(0, total - base.get(name, total)) / (t - t0), 2)
-                                  for name, total in totals.items()}}
+        return {"t": t, "rates": {**{name: round(max(0, total - base.get(name, total)) / (t - t0), 2)
+                                     for name, total in totals.items()},
+                                  # an attached Synapse's: its observer's rate over its last minute
+                                  **state.get("attached_rates", {})}}
 
     def snapshot(self) -> dict[str, Any]:
         """What a newly connected page gets: the latest state and the chart's history."""

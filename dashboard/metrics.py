@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dashboard.access import metrics_allowed
+from dashboard.attached_sources import SOURCES
 from dashboard.endpoint_status import endpoint_statuses
 from dashboard.process_stats import process_stats
 from dashboard.stream_table import streams_as_served
@@ -28,7 +29,6 @@ from dashboard.worker_status import worker_statuses
 from jobs.models import JobRun
 from streams.conf import instance_name
 from streams.registry import STREAMS
-from synapse_attach.live_status import observer_statuses
 
 PREFIX = "synapse_repl"
 
@@ -123,45 +123,10 @@ class ClusterCollector(Collector):
                 disconnects.add_metric([key, reason], n)
         yield from (up, connections, accepted, queue, sent, disconnects)
         yield from _job_metrics()
-        yield from _synapse_metrics()
+        for source in SOURCES.values():
+            yield from source.metrics()
         yield from _worker_metrics()
         yield from _process_metrics()
-
-
-def _synapse_metrics() -> Iterator[Metric]:
-    """What each observer of an attached Synapse last heard on its Redis (docs/attach.md)."""
-
-    up = GaugeMetricFamily(f"{PREFIX}_synapse_observer_up",
-                           "1 while the observer of a Synapse reports and is subscribed to its Redis",
-                           labels=["observer"])
-    position = GaugeMetricFamily(f"{PREFIX}_synapse_writer_position",
-                                 "The last position a Synapse writer announced on Redis", labels=["stream", "writer"])
-    facts = CounterMetricFamily(f"{PREFIX}_synapse_writer_facts", "RDATA rows a Synapse writer sent, as heard",
-                                labels=["stream", "writer"])
-    behind = GaugeMetricFamily(f"{PREFIX}_synapse_writer_behind_seconds",
-                               "How long a Synapse writer has stayed below a position another writer of its "
-                               "stream announced (0: not behind)", labels=["stream", "writer"])
-    stuck = GaugeMetricFamily(f"{PREFIX}_synapse_stuck_writer_seconds",
-                              "How long a Synapse writer has been behind, once that is SYNAPSE_STUCK_AFTER_SECONDS "
-                              "or more (0: not stuck)", labels=["stream", "writer"])
-    seen = GaugeMetricFamily(f"{PREFIX}_synapse_instance_last_seen_timestamp_seconds",
-                             "When a Synapse process was last heard on Redis (Unix time)", labels=["instance"])
-    for status in observer_statuses():
-        up.add_metric([status["observer"]], 0 if status["stale"] or not status["subscribed"] else 1)
-        if status["stale"]:
-            continue
-        view = status["view"]
-        for stream, entry in view.get("streams", {}).items():
-            for w in entry["writers"]:
-                labels = [stream, w["instance"]]
-                if w["position"] is not None:
-                    position.add_metric(labels, w["position"])
-                facts.add_metric(labels, w["facts"])
-                behind.add_metric(labels, w["behind_seconds"] or 0)
-                stuck.add_metric(labels, w["behind_seconds"] if w["stuck"] else 0)
-        for i in view.get("instances", []):
-            seen.add_metric([i["instance"]], status["updated"] - i["last_seen_seconds_ago"])
-    yield from (up, position, facts, behind, stuck, seen)
 
 
 def _worker_metrics() -> Iterator[Metric]:

@@ -4,6 +4,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from dashboard.access import staff_json
+from dashboard.attached_sources import SOURCES
 from dashboard.endpoint_status import endpoint_statuses
 from dashboard.facts_history import RETENTION, facts_per_minute
 from dashboard.feed import writer_json
@@ -12,7 +13,6 @@ from dashboard.stream_table import streams_as_served
 from dashboard.worker_status import worker_statuses
 from replication.endpoint.user_activity import syncing_by_user
 from streams.conf import instance_name, repl_setting
-from synapse_attach.live_status import observer_statuses, streams_shaped_like_ours
 
 
 def _context(**extra):
@@ -24,11 +24,16 @@ def _context(**extra):
     }
 
 
+def attached_sections() -> list[dict]:
+    """Each attached source's sections of the streams page: its template and context."""
+    return [{"template": s.template, "sections": s.page_sections()} for s in SOURCES.values()]
+
+
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
 
     return render(request, "dashboard/streams.html", _context(
-        streams=streams_as_served(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
+        streams=streams_as_served(), attached=attached_sections(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
         # no beat runs without Redis (the embedded default): nothing is scheduled there
         beat=bool(settings.REDIS_URL), schedule=job_schedule() if settings.REDIS_URL else []))
 
@@ -72,21 +77,7 @@ def streams_json(request: HttpRequest) -> JsonResponse:
             ],
         }
         for s in streams_as_served()
-    ], "endpoints": endpoint_statuses(), "synapse": synapse_observers()})
-
-
-def synapse_observers() -> list[dict]:
-    """What each observer of an attached Synapse last heard (docs/attach.md): its streams in
-    the shape of ours, with ``source: synapse``, its processes and its stuck writers."""
-
-    out = []
-    for status in observer_statuses():
-        view = status.pop("view")
-        out.append({**status, "streams": streams_shaped_like_ours({"view": view}),
-                    "instances": view.get("instances", []), "stuck": view.get("stuck", []),
-                    "lines": view.get("lines", 0), "bad_lines": view.get("bad_lines", 0),
-                    "redis": view.get("redis", {})})
-    return out
+    ], "endpoints": endpoint_statuses(), **{key: source.status_json() for key, source in SOURCES.items()}})
 
 
 @staff_json

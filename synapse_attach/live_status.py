@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
+from prometheus_client.core import Metric
+
+#: The observer's figures on ``/metrics`` (docs/dashboard.md, "Metrics").
+METRIC_PREFIX = "synapse_repl_synapse"
 #: How often the observer publishes its view.
 PUBLISH_INTERVAL = 2.0
+#: How often the observer reads Synapse's database for its view (when SYNAPSE_DATABASE_URL is
+#: set): one snapshot per read (``reader.py``), in the observer's process, never a web request's.
+DATABASE_INTERVAL = 5.0
 #: A view older than this is shown as stale (the observer is not running, or hangs).
 STALE_AFTER_SECONDS = 15.0
 #: Views older than this are no longer shown at all (an observer long gone).
@@ -50,3 +57,124 @@ def streams_shaped_like_ours(status: dict[str, Any]) -> list[dict[str, Any]]:
                     "highest": entry["highest"], "laggard": stuck[0] if stuck else None,
                     "writer_status": {w["instance"]: w for w in writers}})
     return out
+
+
+def page_sections(statuses: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each observer's section of the streams page (docs/dashboard.md, "Synapse streams"):
+    per stream of its database report (the catalogue's order) and of what it heard, per writer
+    the recorded position and the live one; persisted-upto, allocated and unreported IDs; its
+    stuck writers, processes and findings. Figures the observer did not get are ``None``."""
+    out = []
+    for status in observer_statuses() if statuses is None else statuses:
+        view = status["view"]
+        database = view.get("database") or {}
+        live = view.get("streams", {})
+        unreported = {u["stream"]: u for u in database.get("unreported", [])}
+        rows = []
+        names = [s["stream"] for s in database.get("streams", []) if s["replicated"]]
+        names += [n for n in live if n not in names]
+        by_name = {s["stream"]: s for s in database.get("streams", [])}
+        for name in names:
+            db = by_name.get(name, {})
+            live_writers = {w["instance"]: w for w in live.get(name, {}).get("writers", [])}
+            recorded = {w["instance"]: w["position"] for w in db.get("writers", [])}
+            writers = [{"instance": i, "recorded": recorded.get(i), "live": live_writers.get(i)}
+                       for i in sorted(set(recorded) | set(live_writers))]
+            rows.append({"name": name, "in_memory": db.get("in_memory", False), "writers": writers,
+                         "persisted_upto": db.get("persisted_upto"),
+                         "persisted_upto_complete": db.get("persisted_upto_complete") is not False,
+                         "allocated": db.get("allocated"), "highest": live.get(name, {}).get("highest"),
+                         "unreported": unreported.get(name),
+                         "facts_per_second": round(sum(w["facts_per_second"] for w in live_writers.values()), 2),
+                         "stuck": any(w["stuck"] for w in live_writers.values())})
+        updated = status["updated"]
+        out.append({
+            "observer": status["observer"], "stale": status["stale"], "subscribed": status["subscribed"],
+            "age_seconds": status["age_seconds"], "server_name": (view.get("redis") or {}).get("channel", ""),
+            "streams": rows, "stuck": view.get("stuck", []),
+            "stuck_after": view.get("stuck_after_seconds"),
+            "instances": [{**i, "last_seen": datetime.fromtimestamp(updated - i["last_seen_seconds_ago"], timezone.utc)}
+                          for i in view.get("instances", [])],
+            "database": database,
+            "database_read": (datetime.fromtimestamp(database["read"], timezone.utc)
+                              if database.get("read") else None),
+            "overdue": [u for u in database.get("unreported", []) if u["overdue"]],
+        })
+    return out
+
+
+def chart_rates(sections: list[dict[str, Any]]) -> dict[str, float]:
+    """Facts/s per stream heard live, as the chart's series ``Synapse <stream>``."""
+    return {f"Synapse {s['name']}": s["facts_per_second"]
+            for o in sections if not o["stale"] for s in o["streams"] if any(w["live"] for w in s["writers"])}
+
+
+def status_json_entries() -> list[dict[str, Any]]:
+    """What each observer of an attached Synapse last heard (docs/attach.md): its streams in
+    the shape of ours, with ``source: synapse``, its processes and its stuck writers."""
+    out = []
+    for status in observer_statuses():
+        view = status.pop("view")
+        out.append({**status, "streams": streams_shaped_like_ours({"view": view}),
+                    "instances": view.get("instances", []), "stuck": view.get("stuck", []),
+                    "lines": view.get("lines", 0), "bad_lines": view.get("bad_lines", 0),
+                    "redis": view.get("redis", {})})
+    return out
+
+
+def synapse_metrics() -> Iterator[Metric]:
+    """What each observer of an attached Synapse last heard on its Redis (docs/attach.md)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    up = GaugeMetricFamily(f"{METRIC_PREFIX}_observer_up",
+                           "1 while the observer of a Synapse reports and is subscribed to its Redis",
+                           labels=["observer"])
+    position = GaugeMetricFamily(f"{METRIC_PREFIX}_writer_position",
+                                 "The last position a Synapse writer announced on Redis", labels=["stream", "writer"])
+    facts = CounterMetricFamily(f"{METRIC_PREFIX}_writer_facts", "RDATA rows a Synapse writer sent, as heard",
+                                labels=["stream", "writer"])
+    behind = GaugeMetricFamily(f"{METRIC_PREFIX}_writer_behind_seconds",
+                               "How long a Synapse writer has stayed below a position another writer of its "
+                               "stream announced (0: not behind)", labels=["stream", "writer"])
+    stuck = GaugeMetricFamily(f"{METRIC_PREFIX}_stuck_writer_seconds",
+                              "How long a Synapse writer has been behind, once that is SYNAPSE_STUCK_AFTER_SECONDS "
+                              "or more (0: not stuck)", labels=["stream", "writer"])
+    seen = GaugeMetricFamily(f"{METRIC_PREFIX}_instance_last_seen_timestamp_seconds",
+                             "When a Synapse process was last heard on Redis (Unix time)", labels=["instance"])
+    unreported = GaugeMetricFamily(f"{METRIC_PREFIX}_unreported_ids",
+                                   "Sequence IDs a Synapse stream handed out that no writer has reported persisted "
+                                   "(from the observer's last read of Synapse's database)", labels=["stream"])
+    unreported_age = GaugeMetricFamily(f"{METRIC_PREFIX}_unreported_ids_age_seconds",
+                                       "How long the oldest of them has been handed out and unreported (0: none)",
+                                       labels=["stream"])
+    overdue = GaugeMetricFamily(f"{METRIC_PREFIX}_unreported_ids_overdue",
+                                "1 once a Synapse stream's oldest unreported ID has stayed so "
+                                "SYNAPSE_UNREPORTED_AFTER_SECONDS or more", labels=["stream"])
+    persisted = GaugeMetricFamily(f"{METRIC_PREFIX}_persisted_upto",
+                                  "A Synapse stream's persisted-upto position, as Synapse's MultiWriterIdGenerator "
+                                  "computes it from its database", labels=["stream"])
+    for status in observer_statuses():
+        up.add_metric([status["observer"]], 0 if status["stale"] or not status["subscribed"] else 1)
+        if status["stale"]:
+            continue
+        view = status["view"]
+        for stream, entry in view.get("streams", {}).items():
+            for w in entry["writers"]:
+                labels = [stream, w["instance"]]
+                if w["position"] is not None:
+                    position.add_metric(labels, w["position"])
+                facts.add_metric(labels, w["facts"])
+                behind.add_metric(labels, w["behind_seconds"] or 0)
+                stuck.add_metric(labels, w["behind_seconds"] if w["stuck"] else 0)
+        for i in view.get("instances", []):
+            seen.add_metric([i["instance"]], status["updated"] - i["last_seen_seconds_ago"])
+        database = view.get("database") or {}
+        for u in database.get("unreported", []):
+            unreported.add_metric([u["stream"]], u["count"])
+            unreported_age.add_metric([u["stream"]], u["age_seconds"])
+            overdue.add_metric([u["stream"]], 1 if u["overdue"] else 0)
+        for s in database.get("streams", []):
+            if s["persisted_upto"] is not None:
+                persisted.add_metric([s["stream"]], s["persisted_upto"])
+    yield from (up, position, facts, behind, stuck, seen, unreported, unreported_age, overdue,
+                   persisted)

@@ -163,6 +163,19 @@
 
   // -- facts/s chart (canvas) --------------------------------------------------------------
 
+  // The chart's series: our database-backed streams, then an attached Synapse's ("Synapse events").
+  function chartSeries(state) {
+    return state.streams.filter(function (s) { return s.db_backed; }).map(function (s) { return s.name; })
+      .concat(Object.keys(state.attached_rates || {}));
+  }
+
+  // An attached system's sections (a Synapse's), rendered by the server as the page renders it (its values
+  // escaped there), replaced whole on each update.
+  function renderAttached(state) {
+    if (state.attached_html === undefined) return;
+    $all("attached").forEach(function (box) { box.innerHTML = state.attached_html; });
+  }
+
   function renderChart(state) {
     var now = state.t;
     var day = chartRange === "day";
@@ -177,7 +190,7 @@
       ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
       ctx.clearRect(0, 0, width, height);
       var left = 48, right = 8, top = 8, bottom = 22;
-      var streams = state.streams.filter(function (s) { return s.db_backed; }).map(function (s) { return s.name; });
+      var streams = chartSeries(state);
       var max = 1;
       points.forEach(function (p) {
         streams.forEach(function (name) { max = Math.max(max, p.rates[name] || 0); });
@@ -217,10 +230,10 @@
     });
     $all("legend").forEach(function (legend) {
       var last = history.length ? history[history.length - 1].rates : {};
-      legend.replaceChildren.apply(legend, state.streams.filter(function (s) { return s.db_backed; }).map(function (s) {
+      legend.replaceChildren.apply(legend, chartSeries(state).map(function (name) {
         return el("span", {className: "legend-item"}, [
-          el("span", {className: "swatch", style: "background:" + colorOf(s.name)}),
-          s.name + (s.name in last ? " " + last[s.name].toFixed(1) + "/s" : ""),
+          el("span", {className: "swatch", style: "background:" + colorOf(name)}),
+          name + (name in last ? " " + last[name].toFixed(1) + "/s" : ""),
         ]);
       }));
     });
@@ -363,6 +376,7 @@
     else if (state.sample) history.push(state.sample);
     while (history.length && state.t - history[0].t > HISTORY_SECONDS) history.shift();
     renderStreams(state);
+    renderAttached(state);
     renderChart(state);
     renderEndpoints(state);
     renderJobs(state);

@@ -16,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard import worker_status
 from jobs.models import JobRun
+from synapse_attach.live_status import publish
 from tests.dashboard.test_views import endpoint_row, receipts_written  # noqa: F401 (a fixture)
+from tests.synapse_attach.test_live_status import database_view, stuck_view
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,6 +116,9 @@ def pages(admin_client, receipts_written):  # noqa: F811
     endpoint_row(recent_disconnects=[{"at": 3.0, "name": "worker2", "peer": "127.0.0.1:6666",
                                       "reason": "bad line", "detail": "bad line"}])
     worker_status.save("redis-w1", "redis", True, {("receipts", "master"): 1})
+    view = stuck_view()
+    view["redis"], view["database"] = {"channel": "hs.test"}, database_view()
+    publish("hs.test@host", True, view)
     run = JobRun.objects.create(
         job="check_visibility", status=JobRun.Status.SUCCEEDED, started_at=now - timedelta(seconds=5), ended_at=now,
         rows_in=10, rows_out=0, differences=1, trigger="beat",
@@ -136,7 +141,8 @@ def test_every_figure_on_the_pages_is_documented(pages):
     assert {("live-streams", "Linear"), ("jobs", "Rows in / out"), ("disconnects", "Reason"), ("workers", "Lag per stream"),
             ("syncing-users", "Last sync"), ("/admin/jobs/jobrun/", "Duration (s)"),
             ("/admin/jobs/jobrun/<id>/change/", "First differences"), ("/connections/", "Endpoint counters"),
-            ("/", "Facts per second")} <= shown, sorted(shown)
+            ("/", "Facts per second"), ("synapse-streams", "Allocated (unreported)"),
+            ("synapse-processes", "Last sign of life"), ("/", "Synapse observer")} <= shown, sorted(shown)
     # the tables live.js draws have the server's headers, so the doc covers both
     js = live_js_headers()
     assert set(js) == {"connections", "disconnects"}, js
@@ -154,7 +160,8 @@ def test_every_metric_is_in_the_docs_metrics_table(pages):
     named = set(re.findall(r"`(synapse_repl_\w+)`", table))
     served = {s.name for f in text_string_to_metric_families(pages["/metrics"]) for s in f.samples
               if not s.name.endswith("_created")}
-    assert {"synapse_repl_process_resident_memory_bytes", "synapse_repl_stream_linear_position"} <= served, served
+    assert {"synapse_repl_process_resident_memory_bytes", "synapse_repl_stream_linear_position",
+            "synapse_repl_synapse_unreported_ids_overdue"} <= served, served
     assert not sorted(served - named), f"metrics docs/dashboard.md's table does not name: {sorted(served - named)}"
 
 

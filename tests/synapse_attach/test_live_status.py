@@ -52,7 +52,9 @@ def test_status_json_shows_synapses_streams_in_our_shape(staff_client):  # noqa:
 
 
 def test_metrics_carry_the_stuck_writer_and_every_metric_the_alerts_name(staff_client):  # noqa: F811
-    publish("attach.test@host", True, stuck_view())
+    view = stuck_view()
+    view["database"] = database_view()
+    publish("attach.test@host", True, view)
     text = staff_client.get("/metrics").content.decode()
     got = samples(text)
     events = lambda writer: (("stream", "events"), ("writer", writer))  # noqa: E731
@@ -89,3 +91,77 @@ def test_the_observer_publishes_again_after_its_database_connection_died():
         publish_or_reconnect("o", True, {"lines": 2})
     publish_or_reconnect("o", True, {"lines": 3})
     assert [s["view"] for s in observer_statuses()] == [{"lines": 3}]
+
+
+def database_view() -> dict:
+    """What the observer's database read adds: events with 3 IDs handed out above every cover
+    for 75 s (threshold 60 s), receipts fully reported."""
+    streams = [
+        {"stream": "events", "replicated": True, "in_memory": False, "allocated": 33, "max_stored": 30,
+         "persisted_upto": 10, "persisted_upto_complete": True,
+         "writers": [{"instance": "master", "position": 30}, {"instance": "persister1", "position": 10}]},
+        {"stream": "receipts", "replicated": True, "in_memory": False, "allocated": 7, "max_stored": 7,
+         "persisted_upto": 7, "persisted_upto_complete": True, "writers": [{"instance": "master", "position": 7}]},
+        {"stream": "typing", "replicated": True, "in_memory": True, "allocated": None, "max_stored": None,
+         "persisted_upto": None, "persisted_upto_complete": None, "writers": []},
+    ]
+    return {"read": datetime.now(timezone.utc).timestamp(), "error": None, "server_version": "16.4",
+            "streams": streams, "findings": [], "unreported_after_seconds": 60.0,
+            "unreported": [{"stream": "events", "allocated": 33, "covered": 30, "count": 3, "age_seconds": 75.0,
+                            "overdue": True},
+                           {"stream": "receipts", "allocated": 7, "covered": 7, "count": 0, "age_seconds": 0.0,
+                            "overdue": False}]}
+
+
+def test_the_streams_page_shows_the_synapse_section(staff_client):  # noqa: F811
+    view = stuck_view()
+    view["redis"] = {"channel": "attach.test"}
+    view["database"] = database_view()
+    publish("attach.test@host", True, view)
+    html = staff_client.get("/").content.decode()
+    section = html.split('<section class="synapse-source"', 1)[1].split("</section>", 1)[0]
+    assert "<h2>Synapse attach.test</h2>" in section
+    # database position / live position per writer, persisted-upto, allocated with the unreported
+    row = section.split('<tr data-stream="events"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-writer="persister1">10</span> / <span class="live-position" data-writer="persister1">10<' in row
+    assert 'data-writer="master">30</span> / <span class="live-position" data-writer="master">30<' in row
+    assert "STUCK 20 s" in row and '<td class="persisted-upto">10</td>' in row
+    assert '33 <span class="warn">(3 for 75 s)</span>' in row
+    assert "<strong>STUCK</strong> events: persister1 has stayed at 10, below 30" in section
+    assert "<strong>UNREPORTED</strong> events: 3 IDs handed out up to 33" in section
+    assert "receipts" in section and "(in memory)" in section
+    assert 'data-instance="fed1"' in section and "FEDERATION_ACK 1" in section
+    got = samples(staff_client.get("/metrics").content.decode())
+    assert got[("synapse_repl_synapse_unreported_ids", (("stream", "events"),))] == 3
+    assert got[("synapse_repl_synapse_unreported_ids_overdue", (("stream", "events"),))] == 1
+    assert got[("synapse_repl_synapse_unreported_ids_overdue", (("stream", "receipts"),))] == 0
+    assert got[("synapse_repl_synapse_persisted_upto", (("stream", "events"),))] == 10
+
+
+def test_the_live_feed_carries_the_section_and_synapse_rates_for_the_chart():
+    from dashboard.feed import collect_state
+
+    view = stuck_view()
+    view["redis"] = {"channel": "attach.test"}
+    publish("attach.test@host", True, view)
+    state = collect_state()
+    assert "<h2>Synapse attach.test</h2>" in state["attached_html"]
+    assert set(state["attached_rates"]) == {"Synapse events"} and state["attached_rates"]["Synapse events"] > 0
+
+
+def test_the_observers_database_read_is_bounded_in_time_and_a_failure_is_one_line():
+    """Nothing listens on the port: the read fails as one line (password masked), is shown
+    with the view, and is not retried before DATABASE_INTERVAL has passed."""
+    from synapse_attach.live_status import DATABASE_INTERVAL
+    from synapse_attach.management.commands.synapse_observer import DatabaseView
+    from testing.services import free_port
+
+    database = DatabaseView({"DATABASE_URL": f"postgres://observer:s3cret-pw@127.0.0.1:{free_port()}/synapse",
+                             "CONNECT_TIMEOUT_SECONDS": 2})
+    view = database.view({}, now=100.0)
+    assert view["error"] and "\n" not in view["error"] and "s3cret-pw" not in view["error"]
+    read_at = database.read_at
+    database.view({}, now=100.0 + DATABASE_INTERVAL / 2)
+    assert database.read_at == read_at
+    database.view({}, now=100.0 + DATABASE_INTERVAL)
+    assert database.read_at == 100.0 + DATABASE_INTERVAL

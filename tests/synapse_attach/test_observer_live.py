@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -43,6 +44,7 @@ ACL_PASSWORD = "acl-pw-" + secrets.token_hex(4)
 #: needs less traffic to prove anything.
 STUCK_AFTER = 5.0
 DEADLINE = 60.0
+BROWSER_PASSWORD = "browser-" + secrets.token_hex(6)
 
 
 def acl_line(server_name: str) -> list[str]:
@@ -376,10 +378,12 @@ def test_the_observer_resubscribes_after_redis_restarts(cluster, live, synapse_r
 
 
 def test_runservice_runs_the_observer_and_the_dashboard_shows_it(cluster, synapse_redis, users, rooms, pg_url,
-                                                                 client, tmp_path):
-    """With SYNAPSE_REDIS_URL set, ``runservice`` runs ``synapse_observer`` (as the ACL user) as
-    a child of its own; what it hears is on /status.json and /metrics of a web process (this
-    test's client, on the same database); the service stops cleanly, its child with it."""
+                                                                 role_url, client, tmp_path):
+    """With SYNAPSE_REDIS_URL set, ``runservice`` runs ``synapse_observer`` (as the ACL user,
+    reading the database as the SELECT-only role) as a child of its own; what it hears is on
+    /status.json and /metrics of a web process (this test's client, on the same database) and,
+    in a real browser, on the streams page of the service itself; the service stops cleanly,
+    its child with it."""
     from django.contrib.auth import get_user_model
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -387,7 +391,8 @@ def test_runservice_runs_the_observer_and_the_dashboard_shows_it(cluster, synaps
 
     client.force_login(get_user_model().objects.create_user("operator", password="x" * 12, is_staff=True))
     service = Service({"DATABASE_URL": pg_url, "DEMO": "0", "REPLICATION_SECRET": secrets.token_urlsafe(32),
-                       "SYNAPSE_REDIS_URL": observer_redis_url(synapse_redis), "SYNAPSE_SERVER_NAME": SERVER_NAME},
+                       "SYNAPSE_REDIS_URL": observer_redis_url(synapse_redis), "SYNAPSE_SERVER_NAME": SERVER_NAME,
+                       "SYNAPSE_DATABASE_URL": role_url, "ADMIN_PASSWORD": BROWSER_PASSWORD},
                       tmp_path / "var")
     service.start()
     try:
@@ -410,11 +415,69 @@ def test_runservice_runs_the_observer_and_the_dashboard_shows_it(cluster, synaps
         assert metrics[("synapse_repl_synapse_writer_position", (("stream", "events"), ("writer", "persister1")))] > 0
         assert metrics[("synapse_repl_synapse_stuck_writer_seconds", (("stream", "events"), ("writer", "master")))] == 0
         assert "Synapse: observing redis://synapse_observer:***@" in service.output()
-        assert ACL_PASSWORD not in service.output()
+        assert ACL_PASSWORD not in service.output() and ROLE_PASSWORD not in service.output()
+        # (Playwright's sync API runs an event loop in this thread: no Django ORM after this.)
+        the_page_shows_both_event_writers(service.base, users, rooms)
     finally:
         service.stop()
     assert service.proc.returncode == 0, service.output()[-3000:]
     assert "Traceback" not in service.output(), service.output()[-3000:]
+
+
+def the_page_shows_both_event_writers(base: str, users: tuple[ClientApi, ClientApi],
+                                      rooms: dict[str, list[str]]) -> None:
+    """The streams page in Debian's headless Chromium (as tests/dashboard/test_browser.py drives
+    it): the section "Synapse <server_name>" with both event writers' recorded and live
+    positions, persisted-upto from the database, the processes, and the chart's Synapse series.
+    Its screenshot is the README's (docs/attach-page.png is a copy)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.dashboard.test_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
+
+    if not os.path.exists(CHROMIUM):  # fail, never skip
+        pytest.fail(f"{CHROMIUM} not found: apt-get install chromium (.ci/run installs it)", pytrace=False)
+    wait = 30_000
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(base + "/")
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", BROWSER_PASSWORD)
+            page.click("input[type=submit]")
+            page.wait_for_url(base + "/")
+            section = page.locator("section.synapse-source")
+            expect(section.locator("h2")).to_have_text(f"Synapse {SERVER_NAME}", timeout=wait)
+            events = section.locator('tr[data-stream="events"]')
+            for writer in ("master", "persister1"):
+                # traffic to each writer's rooms while the page is open: its live position shows
+                users[0].send_message(rooms[writer][0], "for the page")
+                expect(events.locator(f'.recorded[data-writer="{writer}"]')).to_have_text(
+                    re.compile(r"^\d+$"), timeout=wait)
+                expect(events.locator(f'.live-position[data-writer="{writer}"]')).to_have_text(
+                    re.compile(r"^\d+$"), timeout=wait)
+            expect(events.locator(".persisted-upto")).to_have_text(re.compile(r"^\d+$"), timeout=wait)
+            expect(events.locator(".allocated")).to_have_text(re.compile(r"^\d+"), timeout=wait)
+            expect(section.locator('tr[data-instance="persister1"]')).to_be_visible(timeout=wait)
+            expect(section.locator('tr[data-instance="master"]')).to_be_visible(timeout=wait)
+            expect(section.locator(".stuck-warning")).to_have_count(0)
+            # a healthy Synapse: the ID its schema handed out on a stream never written (92/08's
+            # nextval on thread_subscriptions_sequence) is not unreported; in-memory streams
+            # have no persisted-upto
+            expect(section.locator('tr[data-stream="thread_subscriptions"] .allocated')).to_have_text(
+                re.compile(r"^\d+$"), timeout=wait)
+            expect(section.locator('tr[data-stream="typing"] .persisted-upto')).to_have_text("")
+            expect(page.locator('[data-live="legend"]')).to_contain_text("Synapse events", timeout=wait)
+            upto = int(events.locator(".persisted-upto").inner_text())
+            live = max(int(events.locator(f'.live-position[data-writer="{w}"]').inner_text())
+                       for w in ("master", "persister1"))
+            assert upto <= live, (upto, live)
+            page.wait_for_timeout(3000)  # a few chart samples
+            page.screenshot(path=str(SCREENSHOTS / "synapse-attach-1280.png"), full_page=True)
+            assert (SCREENSHOTS / "synapse-attach-1280.png").stat().st_size > 10_000
+        finally:
+            browser.close()
 
 
 def test_a_synapse_restart_is_followed(cluster, live, users, rooms):

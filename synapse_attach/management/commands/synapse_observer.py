@@ -15,9 +15,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from common.url_redaction import redact_url
-from synapse_attach.live_status import PUBLISH_INTERVAL, publish
+from synapse_attach.live_status import DATABASE_INTERVAL, PUBLISH_INTERVAL, publish
 from synapse_attach.observer import SynapseObserver
+from synapse_attach.reader import AttachError, AttachSettings, take_snapshot
 from synapse_attach.redis_observer import RedisObserver, check_redis_url
+from synapse_attach.status import report
+from synapse_attach.unreported import UnreportedTracker, observe_report
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +45,39 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from None
         name = options["name"] or f"{server_name}@{socket.gethostname()}"
         logger.info("observing %s, channel %s, as %s", redact_url(url), server_name, name)
-        asyncio.run(observe(url, server_name, name, float(values.get("STUCK_AFTER_SECONDS", 10.0))))
+        database = DatabaseView(values) if values.get("DATABASE_URL") else None
+        asyncio.run(observe(url, server_name, name, float(values.get("STUCK_AFTER_SECONDS", 10.0)), database))
 
 
-async def observe(url: str, server_name: str, name: str, stuck_after: float) -> None:
+class DatabaseView:
+    """Synapse's database as the observer shows it: ``synapse_status``'s report, read at most
+    every :data:`DATABASE_INTERVAL` seconds (the last one kept between reads), and the
+    unreported sequence IDs followed across reads. A failed read is shown as its one line."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+        self.tracker = UnreportedTracker(float(values.get("UNREPORTED_AFTER_SECONDS", 60.0)))
+        self.read_at: float | None = None
+        self.last: dict[str, Any] = {}
+
+    def view(self, live_streams: dict[str, Any], now: float) -> dict[str, Any]:
+        if self.read_at is None or now - self.read_at >= DATABASE_INTERVAL:
+            self.read_at = now
+            try:
+                document = report(take_snapshot(AttachSettings.from_settings(self.values))).as_dict()
+            except AttachError as e:
+                self.last = {**self.last, "error": str(e)}
+            else:
+                unreported = observe_report(self.tracker, document["streams"], live_streams, now)
+                self.last = {"read": time.time(), "error": None, "server_version": document["server_version"],
+                             "streams": document["streams"], "findings": document["findings"],
+                             "unreported_after_seconds": self.tracker.after,
+                             "unreported": [u.as_dict() for u in unreported]}
+        return self.last
+
+
+async def observe(url: str, server_name: str, name: str, stuck_after: float,
+                  database_view: DatabaseView | None = None) -> None:
     loop = asyncio.get_running_loop()
     observer = SynapseObserver(stuck_after=stuck_after, started=time.monotonic())
     redis = RedisObserver(url, server_name, observer)
@@ -59,6 +91,9 @@ async def observe(url: str, server_name: str, name: str, stuck_after: float) -> 
             view = observer.as_dict(time.monotonic())
             view["redis"] = {"url": redact_url(url), "channel": server_name, "subscriptions": redis.subscriptions}
             try:
+                if database_view is not None:
+                    view["database"] = await loop.run_in_executor(
+                        database, database_view.view, view["streams"], time.monotonic())
                 await loop.run_in_executor(database, publish_or_reconnect, name, redis.subscribed, view)
             except Exception as e:  # the dashboard's database away: keep listening, say so once
                 if not failing:
