@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -20,10 +21,21 @@ FLOORS = (
 DEPLOYABLE = tuple(package for floor in FLOORS for package in floor)
 
 
+@functools.lru_cache(maxsize=None)
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
+    """A file's syntax tree, parsed once per run. CPython 3.11's AST constructor can raise a
+    spurious SystemError ("AST constructor recursion depth mismatch") in a process whose
+    recursion depth bookkeeping an earlier test left off; one more parse is not affected."""
+    try:
+        return ast.parse(source, filename)
+    except SystemError:
+        return ast.parse(source, filename)
+
+
 def imported_modules(path: Path) -> set[str]:
     """Top-level names of every absolute import in ``path`` (relative ones stay inside)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse_source(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -55,7 +67,7 @@ def module_graph() -> dict[str, set[str]]:
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_source(path.read_text(), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -159,7 +171,7 @@ def dialect_tests(source: str) -> list[str]:
         return isinstance(node, ast.Constant) and node.value in VENDOR_NAMES
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Attribute) and node.attr == "vendor":
             found.append(f"{node.lineno}: .vendor")
         elif isinstance(node, ast.Compare) and any(map(vendor_name, [node.left, *node.comparators])):
@@ -282,7 +294,7 @@ def deferred_imports(path: Path) -> list[str]:
     lines = source.splitlines()
     project = {*DEPLOYABLE}
     found = []
-    for fn in ast.walk(ast.parse(source)):
+    for fn in ast.walk(parse_source(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name == "ready":
             continue
         for node in ast.walk(fn):

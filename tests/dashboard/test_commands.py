@@ -74,13 +74,13 @@ def test_demo_seeds_an_empty_embedded_database_once(tmp_path):
     assert rooms >= 2000
     second = manage("demo", "--seed-only")
     assert "wrote a small dataset" not in second and "persisted" not in second  # not twice
-    count = manage("shell", "-c", "from streams.models import Event, Receipt, Room; "
+    count = manage("shell", "-c", "from rooms.models import Event, Room; from streams.models import Receipt; "
                                   "print(Event.objects.count(), Receipt.objects.count(), Room.objects.count())")
     # the generated rooms, and the dataset's 120 events in the demo's own 8 rooms
     assert count.strip().splitlines()[-1].split() == [str(120 + rooms), "60", "28"]
     # the room store answers on SQLite: a member of a demo room gets its timeline
     sync = manage("shell", "-c", "from rooms.storage.reads import initial_sync; "
-                                 "from streams.models import CurrentStateEvent as C; "
+                                 "from rooms.models import CurrentStateEvent as C; "
                                  "u = C.objects.filter(type='m.room.member', membership='join').first().state_key; "
                                  "print(sum(len(r['timeline']['events']) for r in initial_sync(u)['rooms'].values()))")
     assert int(sync.strip().splitlines()[-1]) > 0

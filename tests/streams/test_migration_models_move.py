@@ -92,7 +92,8 @@ def test_every_row_moves_with_its_model_and_back(default_database):
         counts = _fill(old_apps)
         operator = User.objects.create(username="operator")
         operator.user_permissions.add(Permission.objects.get(content_type=job_type, codename="view_jobrun"))
-        LogEntry.objects.create(user=operator, content_type=event_type, object_id="1", object_repr="$e",
+        event_pk = old_apps.get_model("streams", "event").objects.order_by("pk").values_list("pk", flat=True)[0]
+        LogEntry.objects.create(user=operator, content_type=event_type, object_id=str(event_pk), object_repr="$e",
                                 action_flag=2, change_message="looked")
 
         _migrate(connection, latest)
@@ -109,7 +110,7 @@ def test_every_row_moves_with_its_model_and_back(default_database):
         for app, names in MOVED_TO.items():
             for name in names:
                 assert ContentType.objects.filter(model=name).values_list("app_label", flat=True).get() == app
-        assert LogEntry.objects.get().get_edited_object() == Event.objects.get(pk=1)
+        assert LogEntry.objects.get().get_edited_object() == Event.objects.get(pk=event_pk)
         assert User.objects.get(username="operator").has_perm("jobs.view_jobrun")
 
         _migrate(connection, BEFORE)  # and back: the rows stay, the content types return

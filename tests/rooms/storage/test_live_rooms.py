@@ -97,7 +97,7 @@ def test_a_fresh_embedded_install_checks_clean(tmp_path):
     manage("demo", "--ticks", "40", "--rate", "1000")  # the dataset, the rooms, then 40 trickle writes
     manage("write_facts", "events", "--count", "200", "--per-txn", "7", "--no-progress")
     script = ("from jobs.runner import run_job\n"
-              "from streams.models import Event\n"
+              "from rooms.models import Event\n"
               "print('events', Event.objects.count())\n"
               "for job in ('check_topological_ordering', 'check_visibility'):\n"
               "    run = run_job(job)\n"
