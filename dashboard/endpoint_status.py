@@ -101,7 +101,6 @@ def save(key: str, server_name: str, snapshot: dict[str, Any]) -> None:
     """The endpoint's row, as one UPDATE (an INSERT the first time)."""
     from django.db import IntegrityError, transaction
 
-
     values = {"server_name": server_name, "pid": os.getpid(), "updated_at": datetime.now(timezone.utc),
               # what the process costs, refreshed with the row (at least every HEARTBEAT_SECONDS)
               "snapshot": {**snapshot, "process": process_stats()}}

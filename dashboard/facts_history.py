@@ -22,7 +22,6 @@ def minute_of(when: datetime) -> datetime:
 
 
 def stream_totals() -> dict[str, int]:
-
     return {s.name: max((abs(p) for p in s.positions.values()), default=0)
             for s in stream_status() if s.db_backed}
 

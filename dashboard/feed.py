@@ -96,7 +96,6 @@ def _close_connection() -> None:
 def _collect_state(now: float | None) -> dict[str, Any]:
     from datetime import datetime, timezone
 
-
     now = time.time() if now is None else now
     when = datetime.fromtimestamp(now, timezone.utc)
     streams = []

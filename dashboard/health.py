@@ -67,7 +67,6 @@ def bounded_database(timeout: float = CHECK_TIMEOUT) -> Iterator[None]:
     their answer."""
     from django.db import connections
 
-
     previous = connections["default"]
     bounded = type(previous)(bounded_settings("default", timeout), "default")
     connections["default"] = bounded
@@ -109,7 +108,6 @@ def endpoint_key(listen: str, host: str | None = None) -> str:
 
 
 def check_endpoint(listen: str, now: datetime | None = None) -> Check:
-
     now = now or datetime.now(timezone.utc)
     try:
         row = EndpointStatus.objects.filter(endpoint=endpoint_key(listen)).first()
@@ -142,7 +140,6 @@ def configured_checks() -> list[tuple[str, Callable[[], Check]]]:
     """The parts this process's settings call for, each with its check (sync: each may block
     up to :data:`CHECK_TIMEOUT`, the database's connect a little longer)."""
     from django.conf import settings
-
 
     checks: list[tuple[str, Callable[[], Check]]] = [("database", check_database)]
     if settings.REDIS_URL:

@@ -42,7 +42,6 @@ def recent_job_runs(limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
 
 
 def has_log(run_pk: int) -> bool:
-
     return log_path(run_pk).exists()
 
 
@@ -52,7 +51,6 @@ DURATION_HISTORY = 10
 def job_schedule(now=None) -> list[dict[str, Any]]:
     """The beat schedule for the panel: each entry's next run, and its job's last durations."""
     from django.utils import timezone
-
 
     now = now or timezone.now()
     beat = getattr(settings, "CELERY_BEAT_SCHEDULE", {}) or {}
@@ -78,7 +76,6 @@ def cancel_job(request: HttpRequest, run_id: int) -> HttpResponse:
     """Ask a running job to stop; the job process notices within a second or two."""
     from django.utils import timezone
 
-
     updated = JobRun.objects.filter(pk=run_id, status=JobRun.Status.RUNNING).update(cancel_requested=True)
     # a queued run is cancelled here and then: no worker has it yet (the task skips it)
     updated += JobRun.objects.filter(pk=run_id, status=JobRun.Status.QUEUED).update(
@@ -102,7 +99,6 @@ def job_log(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 def job_names() -> list[str]:
-
     load_jobs()
     return sorted(JOBS)
 
@@ -149,7 +145,6 @@ def start_job(request: HttpRequest) -> HttpResponse:
 
 def _run_in_child(run, claim) -> None:
     from django.db import connection
-
 
     try:
         run_in_child(run)

@@ -37,7 +37,6 @@ class ClusterCollector(Collector):
     """Streams and endpoints as the database records them, at every scrape."""
 
     def collect(self) -> Iterator[Metric]:
-
         position = GaugeMetricFamily(f"{PREFIX}_stream_position", "A writer's position on a stream",
                                      labels=["stream", "writer"])
         linear = GaugeMetricFamily(f"{PREFIX}_stream_linear_position",
@@ -150,7 +149,6 @@ def _process_metrics() -> Iterator[Metric]:
     each live endpoint's and worker's as it last published them (stale ones left out)."""
     import socket
 
-
     labels = ["role", "name"]
     cpu = CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "CPU time of the process (user and system)",
                               labels=labels)
@@ -180,7 +178,6 @@ def _job_metrics() -> Iterator[Metric]:
     """The latest finished run of each job: whether it failed and, for checks, how many
     differences it found (the alert rules page on either)."""
     from django.db.models import F
-
 
     failed = GaugeMetricFamily(f"{PREFIX}_job_last_run_failed",
                                "1 if the job's latest finished run failed", labels=["job"])

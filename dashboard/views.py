@@ -31,7 +31,6 @@ def attached_sections() -> list[dict]:
 
 @staff_member_required
 def streams_page(request: HttpRequest) -> HttpResponse:
-
     return render(request, "dashboard/streams.html", _context(
         streams=streams_as_served(), attached=attached_sections(), page="streams", jobs=recent_job_runs(), job_names=job_names(),
         # no beat runs without Redis (the embedded default): nothing is scheduled there
@@ -40,7 +39,6 @@ def streams_page(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 def connections_page(request: HttpRequest) -> HttpResponse:
-
     return render(request, "dashboard/connections.html", _context(
         endpoints=endpoint_statuses(), workers=worker_statuses(), page="connections"))
 
@@ -84,7 +82,6 @@ def streams_json(request: HttpRequest) -> JsonResponse:
 def facts_per_minute_json(request: HttpRequest) -> JsonResponse:
     """The facts/s history kept in the database: ``?hours=`` back (default 24, at most 25)."""
     from datetime import datetime, timedelta, timezone
-
 
     try:
         hours = float(request.GET.get("hours", "24"))

@@ -29,7 +29,6 @@ FORGET_AFTER = timedelta(hours=1)
 def save(name: str, transport: str, connected: bool, positions: dict[tuple[str, str], int]) -> None:
     from django.db import connection
 
-
     nested: dict[str, dict[str, int]] = {}
     for (stream, writer), token in positions.items():
         nested.setdefault(stream, {})[writer] = token

@@ -191,7 +191,6 @@ RANGE_COLUMNS = [("room_id", "text"), ("user_id", "text"), ("start_topological",
 
 
 def _visibility(spark: Any, rooms: Sequence[str] | None):
-
     events = io.read(spark, _vis_events_query(for_database()), rooms).cache()
     groups = io.read(spark, _groups_query(for_database()), rooms)
     return events, visibility_ranges(events, groups)
@@ -262,7 +261,6 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def _check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-
     events, expected = _visibility(spark, rooms)
     found = io.read(spark, RANGES, rooms)
     diffs = visibility_differences(events, expected, found).cache()
@@ -381,7 +379,6 @@ def check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 
 
 def _check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
-
     rows_in, positions, links = _rebuilt_chain_cover(spark, rooms)
     # the stored positions name both sides' chains (read once, not once per use)
     stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id").cache()

@@ -16,7 +16,6 @@ JOBS: dict[str, Job] = {}
 
 
 def built_in_jobs() -> dict[str, Job]:
-
     return {
         "topological_ordering": d.recompute_topological_ordering,
         "check_topological_ordering": d.check_topological_ordering,

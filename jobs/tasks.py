@@ -45,7 +45,6 @@ class kept_log:
     job's log records and a line per change of its progress, in ``jobs.child.log_path``."""
 
     def __init__(self, run_id: int) -> None:
-
         self.path = log_path(run_id)
         self._last = ""
 
@@ -60,7 +59,6 @@ class kept_log:
         return self.progress
 
     def progress(self, progress: dict) -> None:
-
         line = summary(progress)
         if line != self._last:
             self._last = line

@@ -135,7 +135,6 @@ def topological_ordering(events: DataFrame, edges: DataFrame | None) -> DataFram
     Python at all)."""
     from pyspark.sql import functions as F
 
-
     events = events.select(*EVENTS_COLUMNS)
     if edges is None:  # the caller knows that every event declares its depth
         return declared_orderings(events)

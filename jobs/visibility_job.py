@@ -447,7 +447,6 @@ def visibility_differences(events: DataFrame, expected: DataFrame, found: DataFr
     """Per-event differences between two range tables of the same rooms (DIFF_SCHEMA)."""
     from pyspark.sql import functions as F
 
-
     cols = ["room_id", "user_id", "start_topological", "start_stream", "end_topological", "end_stream"]
     both = (expected.select(*cols).withColumn("side", F.lit("expected"))
             .unionByName(found.select(*cols).withColumn("side", F.lit("found"))))

@@ -27,7 +27,6 @@ class UserIpAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("last seen"), ordering="last_seen")
     def last_seen_at(self, row: UserIp):
-
         try:
             return datetime.datetime.fromtimestamp(row.last_seen / 1000, datetime.timezone.utc)
         except (OverflowError, OSError, ValueError):  # a peer's odd clock: show the number

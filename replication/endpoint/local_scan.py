@@ -72,7 +72,6 @@ def read_initial_writers(bounds: dict[str, int], using: str = "default") -> dict
     its recorded position (``caches`` records none: any process may write it)."""
     from django.db.models import Max, Min
 
-
     result: dict[tuple[str, str], int] = {}
     for name, bound in bounds.items():
         spec = STREAMS[name]

@@ -135,7 +135,6 @@ class ReplicationRelay:
         return self.policy.resets
 
     def _load_scan_state(self) -> None:
-
         bounds = read_bounds(self.using)
         self.scan.scanned.update(bounds)
         self.scan.last_sent.update(read_initial_writers(bounds, self.using))
@@ -201,7 +200,6 @@ class ReplicationRelay:
             logger.log(*notice)
 
     async def _poll_loop(self) -> None:
-
         def read() -> list[tuple[str, str, int]]:
             return list(StreamPosition.objects.using(self.using).values_list("stream_name", "instance_name", "stream_id"))
 
@@ -239,7 +237,6 @@ class ReplicationRelay:
             self._say(self._db_outage.up(time.monotonic()))
 
     async def scan_once(self) -> None:
-
         bounds = await sync_to_async(read_bounds, thread_sensitive=False)(self.using)
         for stream, bound in sorted(bounds.items()):
             while (span := self.scan.next_range(stream, bound)) is not None:
@@ -258,7 +255,6 @@ class ReplicationRelay:
                     await self._send(LineBatch.of_commands(cmds, lines))
 
     def _read_rows(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, Any]]:
-
         return get_all_writers_rows(STREAMS[stream], lo, hi, using=self.using)
 
     # -- output -----------------------------------------------------------------------------

@@ -149,7 +149,6 @@ class ReplicationServerProtocol(asyncio.Protocol):
                 self.pending.clear()
             self.transport.close()
 
-
     def _drop(self, error_line: bytes, reason: str) -> None:
         """Close at once with ``error_line``, whatever is queued."""
         assert self.transport is not None

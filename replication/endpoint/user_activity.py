@@ -141,7 +141,6 @@ def write_user_ips(rows: Iterable[tuple[str, str, str, str, str | None, int]], u
     newer ``last_seen`` and its user agent and device. Returns the number of rows written."""
     from django.db import connections, transaction
 
-
     rows = list(rows)
     if not rows:
         return 0

@@ -77,7 +77,6 @@ def typing_writer() -> TypingWriter:
 @replication_secret_required
 @require_POST
 def set_typing(request: HttpRequest) -> JsonResponse:
-
     try:
         changes = parse_updates(request.body)
     except ValueError as e:
@@ -98,7 +97,6 @@ def send_typing(base_url: str, changes: list[dict[str, Any]], *, secret: str, ti
     ``RuntimeError`` with the writer's message on a refusal."""
     import urllib.error
     import urllib.request
-
 
     request = urllib.request.Request(
         base_url.rstrip("/") + "/_synapse/replication/typing",

@@ -162,7 +162,6 @@ class LiveRooms:
                           {"msgtype": "m.text", "body": "hello " + "x" * rng.randrange(10, 80)}, None)
 
     def _send(self, room: LiveRoom, sender: str, type: str, content: dict[str, Any], state_key: str | None) -> bytes:
-
         version = room_version(LIVE_ROOM_VERSION)
         keys = [] if type == "m.room.create" else [_CREATE, _POWER, (MEMBER_TYPE, sender)]
         if type == MEMBER_TYPE and content.get("membership") == "join":
@@ -194,7 +193,6 @@ class LiveRooms:
     def load(self, room_ids: list[str], using: str = "default") -> dict[str, LiveRoom]:
         """The rooms as stored: current state, forward extremities and their depth."""
         from django.db.models import Max
-
 
         rooms = {r: LiveRoom(r) for r in room_ids}
         for row in CurrentStateEvent.objects.using(using).filter(room_id__in=room_ids).values(

@@ -13,7 +13,6 @@ class Command(BaseCommand):
         parser.add_argument("run_id", type=int, help="the JobRun id")
 
     def handle(self, *args, run_id: int, **options) -> None:
-
         try:
             run = JobRun.objects.get(pk=run_id)
         except JobRun.DoesNotExist:

@@ -27,12 +27,10 @@ def silence_py4j() -> None:
 
 
 def interrupt_runs() -> bool:
-
     return interrupt()
 
 
 def _job_names() -> list[str]:
-
     return job_names()
 
 
@@ -83,7 +81,6 @@ class Command(BaseCommand):
         sys.exit(130)
 
     def handle(self, *args, job: str, rooms, via_celery: bool, run: int | None = None, **options) -> None:
-
         load_jobs()
         if job not in JOBS:
             raise CommandError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")

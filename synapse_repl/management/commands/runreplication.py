@@ -46,7 +46,6 @@ class Command(BaseCommand):
     async def _serve(self, host: str, port: int) -> None:
         from asgiref.sync import sync_to_async
 
-
         endpoint, server = await start_endpoint(
             host, port, streams=await sync_to_async(runtime, thread_sensitive=False)())
         # Everything loaded so far (Django, the app, the relay's state) lives as long as the

@@ -82,7 +82,6 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         from django.core.exceptions import ImproperlyConfigured
 
-
         if not settings.REPLICATION_SECRET:
             raise CommandError(HOW_TO_SET_A_SECRET)
         try:
@@ -189,7 +188,6 @@ def start_endpoint_in_process(host: str, port: int):
     """Bind the replication endpoint on daphne's event loop before daphne runs it; a port
     that cannot be bound stops the service here, in one line."""
     import daphne.server  # installs the asyncio reactor on daphne's loop
-
 
     loop = daphne.server.twisted_loop
     try:

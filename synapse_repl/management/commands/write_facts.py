@@ -190,7 +190,6 @@ class Command(BaseCommand):
         cannot be it). Each change toggles one (room, user): every change is a new row."""
         from django.conf import settings
 
-
         url = url or f"http://{repl_setting('WEB_LISTEN')}"
         server = repl_setting("SERVER_NAME")
         rng = random.Random(seed)
