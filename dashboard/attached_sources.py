@@ -1,6 +1,6 @@
 """Streams of a system beside this one (an attached Synapse, ``synapse_attach``), shown by the
 dashboard without the dashboard importing it: the composition root (``synapse_repl.apps``)
-registers each source's parts here, on the same floor's terms (docs/architecture.md).
+registers each source's parts here (docs/architecture.md, "Apps and floors").
 
 A source hands in: its entries for ``/status.json`` (under its key), its ``/metrics`` families,
 its sections of the streams page (rendered with its template, also re-sent by the live feed),
