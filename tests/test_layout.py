@@ -285,7 +285,7 @@ def test_one_module_per_name_across_the_tree():
     assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}
 
 
-def deferred_imports(path: Path) -> list[str]:
+def deferred_imports(path: Path, root: Path = ROOT) -> list[str]:
     """Imports of project modules inside a function of ``path`` that say nothing of why: neither
     in an ``AppConfig.ready()`` (Django's place for what needs loaded apps) nor under a
     ``# deferred: <why>`` comment. Such an import hides an edge of the graph and, in this tree,
@@ -313,7 +313,7 @@ def deferred_imports(path: Path) -> list[str]:
             while above and above[0].startswith("#"):
                 comments.append(above.pop(0))
             if not any(c.startswith("# deferred:") for c in comments) and "# deferred:" not in lines[node.lineno - 1]:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
     return found
 
 
@@ -329,12 +329,7 @@ def test_deferred_import_finder(tmp_path):
         "def g():\n    # deferred: a reason\n    from streams import conf\n"
         "def h():\n    import json\n"
         "class C:\n    def ready(self):\n        from rooms import models\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert deferred_imports(tmp_path / "m.py") == ["m.py:2"]
-    finally:
-        ROOT = saved
+    assert deferred_imports(tmp_path / "m.py", root=tmp_path) == ["m.py:2"]
 
 
 def test_each_app_has_the_ordinary_shape():
