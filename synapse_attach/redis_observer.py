@@ -12,7 +12,7 @@ next write or ``POSITION``.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from common.url_redaction import redact_url
 from replication.protocol.redis_session import RedisSubscription, SubscriptionPolicy
@@ -74,10 +74,20 @@ class RedisObserver:
 
 def check_redis_url(url: str) -> None:
     """A clear error for a URL that is no Redis URL (ValueError, message without the password)."""
-
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"SYNAPSE_REDIS_URL={redact_url(url)}: expected redis://user:password@host:6379 "
                          "(Synapse's Redis)")
+
+
+def redis_settings(values: dict[str, Any], needed_by: str) -> tuple[str, str]:
+    """Synapse's Redis URL and channel from ``SYNAPSE_ATTACH``, both set and the URL a Redis
+    URL; else a ValueError naming what ``needed_by`` needs (message without the password)."""
+    url, server_name = values.get("REDIS_URL", ""), values.get("SERVER_NAME", "")
+    if not url or not server_name:
+        raise ValueError(f"{needed_by} needs SYNAPSE_REDIS_URL and SYNAPSE_SERVER_NAME (Synapse's Redis and "
+                         "its server_name, docs/attach.md)")
+    check_redis_url(url)
+    return url, server_name
 
 
 def listen(url: str, server_name: str, seconds: float, *, stuck_after: float) -> tuple[SynapseObserver, RedisObserver]:

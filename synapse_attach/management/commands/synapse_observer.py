@@ -18,7 +18,7 @@ from common.url_redaction import redact_url
 from synapse_attach.live_status import DATABASE_INTERVAL, PUBLISH_INTERVAL, publish
 from synapse_attach.observer import SynapseObserver
 from synapse_attach.reader import AttachError, AttachSettings, take_snapshot
-from synapse_attach.redis_observer import RedisObserver, check_redis_url
+from synapse_attach.redis_observer import RedisObserver, redis_settings
 from synapse_attach.status import report
 from synapse_attach.unreported import UnreportedTracker, observe_report
 
@@ -35,12 +35,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         values = settings.SYNAPSE_ATTACH
-        url, server_name = values.get("REDIS_URL", ""), values.get("SERVER_NAME", "")
-        if not url or not server_name:
-            raise CommandError("synapse_observer needs SYNAPSE_REDIS_URL and SYNAPSE_SERVER_NAME (Synapse's Redis "
-                               "and its server_name, docs/attach.md)")
         try:
-            check_redis_url(url)
+            url, server_name = redis_settings(values, "synapse_observer")
         except ValueError as e:
             raise CommandError(str(e)) from None
         name = options["name"] or f"{server_name}@{socket.gethostname()}"

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from common.url_redaction import redact_url
 from synapse_attach.observer import format_live
 from synapse_attach.reader import AttachError, AttachSettings, take_snapshot
-from synapse_attach.redis_observer import check_redis_url, listen
+from synapse_attach.redis_observer import listen, redis_settings
 from synapse_attach.status import format_text, report
 
 
@@ -54,12 +54,8 @@ class Command(BaseCommand):
 
     @staticmethod
     def _listen(values: dict[str, Any], seconds: float) -> dict[str, Any]:
-        url, server_name = values.get("REDIS_URL", ""), values.get("SERVER_NAME", "")
-        if not url or not server_name:
-            raise AttachError("--listen needs SYNAPSE_REDIS_URL and SYNAPSE_SERVER_NAME (Synapse's Redis and "
-                              "its server_name, docs/attach.md)")
         try:
-            check_redis_url(url)
+            url, server_name = redis_settings(values, "--listen")
         except ValueError as e:
             raise AttachError(str(e)) from None
         observer, redis = listen(url, server_name, seconds, stuck_after=float(values.get("STUCK_AFTER_SECONDS", 10.0)))
