@@ -41,10 +41,12 @@ def pytest_configure(config):
     ``REPLICATION_SECRET``: a full-mode web process refuses to start without one. They (and
     the session's ``spark``) run Spark with :data:`SUITE_SPARK_ENVIRONMENT` and their JVMs
     start from a class archive (``testing.services.spark_class_archive``), unless the
-    environment the suite was started with says otherwise."""
+    environment the suite was started with says otherwise. A transactional test ends with
+    :func:`_fast_fixture_teardown`."""
     from django.conf import settings
 
     os.environ.setdefault("REPLICATION_SECRET", settings.REPLICATION_SECRET)
+    _install_fast_flush()
     for name, value in SUITE_SPARK_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     if "SPARK_JAVA_OPTIONS" not in os.environ and not hasattr(config, "workerinput"):
@@ -55,6 +57,58 @@ def pytest_configure(config):
         options = spark_class_archive()
         if options:
             os.environ["SPARK_JAVA_OPTIONS"] = options
+
+
+#: the tables a flush keeps when their rows are as migrations made them: what ``post_migrate``
+#: would write back (content types and permissions)
+_MIGRATION_MADE = ("django_content_type", "auth_permission")
+#: per database alias: those rows after the last full flush (None: none yet)
+_migration_made_rows: dict[str, list] = {}
+
+
+def _fast_fixture_teardown(self):
+    """A transactional test's flush, as Django's but cheap: ``DELETE`` from every model table
+    but the content types and permissions, in one transaction, instead of ``TRUNCATE`` then
+    ``post_migrate`` writing those two back. On PostgreSQL the ``TRUNCATE`` of 43 tables cost
+    0.21 CPU-s of the server and ``post_migrate`` 0.11 of ours per test per database, against
+    0.006 for the deletes: a third of a second for each of ~800 tests. Django's own flush runs
+    whenever a test changed those two tables, or a delete fails (a constraint that is not
+    deferrable), so the state after a test is the same either way."""
+    from django.core.management import call_command
+    from django.db import connections, transaction
+
+    for alias in self._databases_names(include_mirrors=False):
+        connection = connections[alias]
+        kept = _migration_made_rows.get(alias)
+        if kept is not None and kept == _rows_of(connection):
+            tables = [t for t in connection.introspection.django_table_names(only_existing=True, include_views=False)
+                      if t not in _MIGRATION_MADE]
+            try:
+                with transaction.atomic(using=alias), connection.cursor() as cursor:
+                    if connection.vendor == "postgresql":
+                        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+                    for table in tables:
+                        cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
+                continue
+            except Exception:  # noqa: BLE001 -- Django's flush below says what is wrong, if anything
+                pass
+        call_command("flush", verbosity=0, interactive=False, database=alias, reset_sequences=False,
+                     allow_cascade=self.available_apps is not None, inhibit_post_migrate=False)
+        _migration_made_rows[alias] = _rows_of(connection)
+
+
+def _rows_of(connection) -> list:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, app_label, model FROM django_content_type ORDER BY id")
+        rows = cursor.fetchall()
+        cursor.execute("SELECT id, content_type_id, codename, name FROM auth_permission ORDER BY id")
+        return rows + cursor.fetchall()
+
+
+def _install_fast_flush() -> None:
+    from django.test.testcases import TransactionTestCase
+
+    TransactionTestCase._fixture_teardown = _fast_fixture_teardown
 
 
 @pytest.fixture(autouse=True)
