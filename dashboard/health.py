@@ -124,7 +124,8 @@ def check_endpoint(listen: str, now: datetime | None = None) -> Check:
 
 
 def check_celery() -> Check:
-    from celery import current_app as app  # the service's (synapse_repl.celery), set current at start-up
+    # deferred: Celery's imports (0.3 CPU-s) only in a process whose settings call for this check
+    from jobs.celery_app import app
 
     try:
         # limit=1: the first worker's answer is enough (without it, every ping waits the timeout)

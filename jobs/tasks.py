@@ -5,8 +5,7 @@ import logging
 import os
 from typing import Sequence
 
-from celery import shared_task
-
+from jobs.celery_app import app
 from jobs.child import log_path
 from jobs.models import JobRun
 from jobs.monitor import summary
@@ -15,7 +14,7 @@ from jobs.runner import run_job
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="streams.run_job")
+@app.task(name="streams.run_job")
 def run_job_task(job: str, rooms: Sequence[str] | None = None, trigger: str = "celery",
                  run_id: int | None = None) -> dict:
     """Run ``job`` (on ``rooms`` if given); returns the JobRun's id and status.

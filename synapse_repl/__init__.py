@@ -2,9 +2,6 @@
 from common.lifeline import hold_from_environment
 
 # Every process of the service imports this package first (manage.py's settings, ``celery -A
-# synapse_repl``): one started on a lifeline dies with its parent (common/lifeline.py).
+# synapse_repl``, which finds the app in synapse_repl/celery.py): one started on a lifeline
+# dies with its parent (common/lifeline.py).
 hold_from_environment()
-
-from synapse_repl.celery import app as celery_app  # noqa: E402
-
-__all__ = ("celery_app",)

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from common.secret import load_or_create_secret_key
 from common.state_dir import secure_state_dir
-from jobs.schedules import beat_schedule, half_an_hour_later
+from jobs.schedules import BeatSchedule, half_an_hour_later
 from synapse_repl.security import celery_redis_ssl, replication_secret
 from synapse_repl.startup import database_url_problem, redis_url_problem
 
@@ -158,7 +158,7 @@ JOB_SCHEDULES = {
     "hourly visibility check": (_CHECK_CRON, "check_visibility"),
     "hourly chain cover check": (_CHAIN_COVER_CHECK_CRON, "check_chain_cover"),
 }
-CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
+CELERY_BEAT_SCHEDULE = BeatSchedule(JOB_SCHEDULES)  # made when beat or the jobs panel first reads it
 #: More job definitions: comma-separated modules, each naming its jobs in a module-level
 #: ``JOBS = {"name": function}`` (imported wherever jobs are listed or run; docs/jobs.md).
 JOB_MODULES = [m.strip() for m in os.environ.get("JOB_MODULES", "").split(",") if m.strip()]

@@ -31,7 +31,7 @@ def forget_connections(app: Any) -> None:
 def client_of(redis_url: str) -> Iterator[Any]:
     """The project's Celery app sending to and reading results from ``redis_url``; as it was
     afterwards."""
-    from synapse_repl.celery import app
+    from jobs.celery_app import app
 
     saved = {k: app.conf[k] for k in _KEYS}
     app.conf.update(broker_url=redis_url, result_backend=redis_url, task_always_eager=False)

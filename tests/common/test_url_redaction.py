@@ -50,7 +50,7 @@ def test_debug_page_settings_are_redacted(settings):
 
 
 def test_celery_log_handlers_are_wrapped():
-    from synapse_repl.celery import redact_celery_logs
+    from jobs.celery_app import redact_celery_logs
 
     logger = logging.getLogger("celery-test")
     handler = logging.StreamHandler()

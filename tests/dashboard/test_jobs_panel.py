@@ -106,8 +106,8 @@ def test_a_run_clicked_in_full_mode_is_queued_until_a_worker_takes_it_and_keeps_
     """Full mode: the click makes a ``queued`` run at once (the panel shows it, with Cancel) and
     sends its task; the worker that takes the message fills in that same record and keeps its
     log, as a child run does."""
+    from jobs.celery_app import app
     from jobs.tasks import run_job_task
-    from synapse_repl.celery import app
 
     settings.CELERY_TASK_ALWAYS_EAGER = False
     settings.STATE_DIR = tmp_path

@@ -55,7 +55,7 @@ def worker_idle_at_the_end(transactional_db, cluster_celery):
     """Each test ends with the worker idle, before its database is flushed (a job still running
     would hold the flush back, and the flush its reads)."""
     yield
-    from synapse_repl.celery import app
+    from jobs.celery_app import app
 
     if not wait_idle(app):
         cluster_celery.stop()  # its connections go, so the flush can proceed
@@ -173,7 +173,7 @@ def test_beat_fires_a_job_on_its_schedule(cluster_celery):
     finally:
         beat.terminate()
         beat.wait(timeout=20)
-    from synapse_repl.celery import app
+    from jobs.celery_app import app
 
     app.control.purge()  # what beat queued since; then one task after anything the worker holds
     through_celery("check_topological_ordering")

@@ -78,7 +78,7 @@ def test_synapse_channel_bridge_with_a_password(redis_server_with_password):
 
 def _celery_ping(redis_url: str) -> subprocess.CompletedProcess:
     code = ("import django, os; os.environ['DJANGO_SETTINGS_MODULE']='synapse_repl.settings'; "
-            "django.setup(); from synapse_repl.celery import app; "
+            "django.setup(); from jobs.celery_app import app; "
             "conn = app.connection_for_write(); conn.ensure_connection(max_retries=1); "
             "conn.default_channel.client.ping(); print('ok')")
     env = {"PATH": os.environ["PATH"], "REDIS_URL": redis_url,

@@ -34,11 +34,11 @@ from common.state_lock import StateLockHeld, check_free
 from common.url_redaction import redact_url
 from dashboard.management.commands.demo import DEMO_LOCK_WHAT, demo_lock_path, embedded_default
 from jobs.liveness import sweep_every
+from jobs.schedules import BEAT_LOCK_WHAT, beat_lock_path
 from replication.endpoint.server import start_endpoint
 from streams.conf import instance_name, repl_setting
 from streams.runtime import runtime
 from synapse_attach.redis_observer import check_redis_url
-from synapse_repl.celery import BEAT_LOCK_WHAT, beat_lock_path
 from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
 from synapse_repl.startup import check_startable
 from synapse_repl.supervisor import Supervisor
@@ -86,6 +86,7 @@ class Command(BaseCommand):
             raise CommandError(HOW_TO_SET_A_SECRET)
         try:
             require_strong_secrets()
+            dict(settings.CELERY_BEAT_SCHEDULE)  # the schedule strings, refused here if one is bad
         except ImproperlyConfigured as e:
             raise CommandError(str(e)) from None
         observer = synapse_observer_args()
