@@ -11,8 +11,3 @@ def ping_redis(url: str, timeout: float) -> None:
         client.ping()
     finally:
         client.close()
-
-
-def one_line(text: object) -> str:
-    """An error's text on one line, without a closing full stop (it ends a sentence of ours)."""
-    return " ".join(str(text).split()).rstrip(".")

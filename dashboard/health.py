@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterator
 
-from common.redis_ping import one_line as _one_line
+from common.error_text import one_line as _one_line
 from common.redis_ping import ping_redis
 from common.single_flight import Reuse, SingleFlight, Start
 from dashboard.endpoint_status import STALE_AFTER_SECONDS

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
+from common.error_text import one_line
 from common.url_redaction import redact_text, redact_url
 from synapse_attach.catalogue import CHECKED_SEQUENCES, StreamSpec, generators
 from synapse_attach.progress import walk_base, writer_positions
@@ -69,16 +70,11 @@ def connect_read_only(url: str, *, statement_timeout_seconds: float = 10.0,
             options=f"-c default_transaction_read_only=on -c statement_timeout={timeout_ms}")
     except psycopg.Error as e:
         raise AttachError(f"cannot connect to Synapse's database at {redact_url(url)}: "
-                          f"{_one_line(e)}") from None
-
-
-def _one_line(e: psycopg.Error) -> str:
-    """The server's message on one line (libpq adds hints on lines of their own), redacted."""
-    return redact_text(" ".join(str(e).split()) or type(e).__name__)
+                          f"{redact_text(one_line(e))}") from None
 
 
 def _read_error(e: psycopg.Error, what: str) -> AttachError:
-    message = _one_line(e)
+    message = redact_text(one_line(e))
     if isinstance(e, errors.InsufficientPrivilege):
         return AttachError(f"reading {what}: {message}; {GRANT_HINT}")
     if isinstance(e, errors.UndefinedTable):

@@ -16,7 +16,7 @@ import os
 import shutil
 import socket
 
-from common.redis_ping import one_line as _one_line
+from common.error_text import one_line as _one_line
 from common.redis_ping import ping_redis
 from common.url_redaction import redact_url  # (error lines end up in logs)
 

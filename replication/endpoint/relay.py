@@ -29,6 +29,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.db import DatabaseError
 
+from common.error_text import one_line
 from replication.endpoint.layer_subscribe import GroupSubscriber
 from replication.endpoint.local_scan import ScanState, fit_commands, read_bounds, read_initial_writers
 from replication.endpoint.relay_policy import RelayPolicy
@@ -49,11 +50,6 @@ CONNECTIONS_GROUP = "replication.connections"
 
 #: A connection's intake: ``deliver(seq, batch)``, batches numbered from 1.
 Deliver = Callable[[int, LineBatch], Awaitable[None]]
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text[:300]
 
 
 def replicate_positions(sent: Mapping[tuple[str, str], int], writers: Mapping[str, tuple[str, ...] | None],
@@ -208,7 +204,8 @@ class ReplicationRelay:
             try:
                 rows = await sync_to_async(read, thread_sensitive=False)()
             except DatabaseError as e:  # an outage: said once when it starts, once when it ends
-                self._say(self._db_outage.failed(time.monotonic(), _one_line(e), was_up=self._db_outage.down_since is None))
+                self._say(self._db_outage.failed(time.monotonic(), one_line(e, limit=300),
+                                                 was_up=self._db_outage.down_since is None))
                 continue
             except Exception:
                 logger.exception("relay: could not poll stream_positions")
@@ -229,7 +226,8 @@ class ReplicationRelay:
             try:
                 await self.scan_once()
             except DatabaseError as e:  # an outage: said once when it starts, once when it ends
-                self._say(self._db_outage.failed(time.monotonic(), _one_line(e), was_up=self._db_outage.down_since is None))
+                self._say(self._db_outage.failed(time.monotonic(), one_line(e, limit=300),
+                                                 was_up=self._db_outage.down_since is None))
                 continue
             except Exception:
                 logger.exception("relay: could not read new rows from the database")
