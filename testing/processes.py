@@ -49,8 +49,10 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10, *, group: bool = F
         proc.wait()
 
 
-def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    """Until something listens on loopback ``port``; raises if ``proc`` exits or time runs out."""
+def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """Until something listens on loopback ``port``; raises if ``proc`` exits or time runs out,
+    and then stops ``proc`` first: a fixture that raises before its ``yield`` never reaches
+    its own clean-up, and a process left running would load the rest of the run."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -58,6 +60,7 @@ def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30)
             return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
+                stop_process(proc)
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise RuntimeError(f"{proc.args} did not start:\n{tail}") from None
             time.sleep(0.1)

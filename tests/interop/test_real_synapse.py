@@ -367,7 +367,7 @@ def test_synapse_lock_released_reaches_a_tcp_worker_of_our_endpoint_once(synapse
     try:
         from testing.processes import wait_port
 
-        wait_port(port, proc, log_path, timeout=30)
+        wait_port(port, proc, log_path)
         client = LineClient(port)
         assert client.read_line() == f"SERVER {SERVER_NAME}"
         client.send("NAME tcp-worker", "REPLICATE ")

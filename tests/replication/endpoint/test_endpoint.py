@@ -81,7 +81,7 @@ def endpoint(pg_url, tmp_path, redis_server):
                REDIS_URL=redis_server.url)
     proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wait_port(port, proc, tmp_path / "endpoint.log", timeout=30)
+    wait_port(port, proc, tmp_path / "endpoint.log")
     yield port, log
     stop_process(proc)
     log.close()

@@ -191,7 +191,7 @@ def two_endpoints(pg_url, tmp_path, redis_server):
         proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                                 cwd=ROOT, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
         procs.append(proc)
-        wait_port(port, proc, log_path, timeout=30)
+        wait_port(port, proc, log_path)
         ports.append(port)
     yield ports
     for proc in procs:

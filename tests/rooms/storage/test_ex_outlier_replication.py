@@ -40,7 +40,7 @@ def endpoint(pg_url, tmp_path, redis_server):
         proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_port(port, proc, tmp_path / "endpoint.log", timeout=30)
+        wait_port(port, proc, tmp_path / "endpoint.log")
         yield port
     finally:
         stop_process(proc)
