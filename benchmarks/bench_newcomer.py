@@ -134,11 +134,15 @@ def answers(base: str) -> bool:
         return False
 
 
+def stop_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through every finally: the service and servers stop
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the clone in place (its path is printed)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     readme = ROOT / "README.md"
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             base = f"http://127.0.0.1:{web}"
             wait_for(lambda: answers(base), "the web UI answering", service, output)
             t = step("3c. make run: runservice until the web UI answers", migrated)
-            login = wait_for(lambda: output.first(r"sign in: (\S+) / (\S+)"), "the sign-in line", service, output)[1]
+            login = wait_for(lambda: output.first(r"sign in:\s+(\S+) / (\S+)"), "the sign-in line", service, output)[1]
             opener = signed_in(base, login.group(1), login.group(2))
 
             def streams_shown() -> dict | None:
