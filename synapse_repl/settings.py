@@ -266,6 +266,8 @@ SYNAPSE_ATTACH = {
     "STUCK_AFTER_SECONDS": _env_number("SYNAPSE_STUCK_AFTER_SECONDS", 10.0, float),
     # A sequence ID handed out and reported persisted by no writer for this long is overdue.
     "UNREPORTED_AFTER_SECONDS": _env_number("SYNAPSE_UNREPORTED_AFTER_SECONDS", 60.0, float),
+    # How often the observer reads Synapse's database (one snapshot per read, in its own process).
+    "DATABASE_INTERVAL_SECONDS": _env_number("SYNAPSE_DATABASE_INTERVAL_SECONDS", 5.0, float),
     # Every statement on Synapse's database is cancelled after this many seconds.
     "STATEMENT_TIMEOUT_SECONDS": _env_number("SYNAPSE_STATEMENT_TIMEOUT_SECONDS", 10.0, float),
     "CONNECT_TIMEOUT_SECONDS": _env_number("SYNAPSE_CONNECT_TIMEOUT_SECONDS", 5, int),

@@ -43,6 +43,8 @@ ACL_PASSWORD = "acl-pw-" + secrets.token_hex(4)
 #: The test's threshold (the default is 10 s): the stuck case is named sooner, the idle case
 #: needs less traffic to prove anything.
 STUCK_AFTER = 5.0
+#: The test's SYNAPSE_UNREPORTED_AFTER_SECONDS (the default is 60 s).
+UNREPORTED_AFTER = 3.0
 DEADLINE = 60.0
 BROWSER_PASSWORD = "browser-" + secrets.token_hex(6)
 
@@ -478,6 +480,165 @@ def the_page_shows_both_event_writers(base: str, users: tuple[ClientApi, ClientA
             assert (SCREENSHOTS / "synapse-attach-1280.png").stat().st_size > 10_000
         finally:
             browser.close()
+
+
+def synapse_recorded_positions(cluster: SynapseHomeserver) -> dict[str, dict[str, int]]:
+    """Per stream that records positions, its writers' ``stream_positions`` rows, in tokens."""
+    rows = stream_positions(cluster)
+    out = {}
+    for spec in STREAMS:
+        if spec.records_positions and spec.positions_name is not None:
+            out[spec.name] = {inst: pos * spec.sign for (name, inst), pos in rows.items() if name == spec.positions_name}
+    return out
+
+
+def events_in_flight(cluster: SynapseHomeserver) -> tuple[int, int]:
+    """(the largest event ID ``events_stream_seq`` handed out, the highest ID reported: the
+    largest stored in the events stream's tables or recorded in stream_positions), read as
+    superuser."""
+    ((last_value, is_called),) = cluster.query("SELECT last_value, is_called FROM events_stream_seq")
+    ((cover,),) = cluster.query(
+        "SELECT GREATEST((SELECT MAX(stream_ordering) FROM events), "
+        "(SELECT MAX(stream_id) FROM current_state_delta_stream), "
+        "(SELECT MAX(event_stream_ordering) FROM ex_outlier_stream), "
+        "(SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = 'events'), 0)")
+    return (last_value if is_called else last_value - 1), cover
+
+
+def test_runservice_with_only_the_database_shows_synapses_streams_and_its_unreported_ids(
+        cluster, users, rooms, pg_url, role_url, tmp_path):
+    """With SYNAPSE_DATABASE_URL alone (the SELECT-only role; no Redis, no server name),
+    ``runservice`` runs ``synapse_observer`` reading the database only: /status.json, /metrics
+    and the streams page of the service show Synapse's streams with the positions of
+    ``stream_positions``, what only Redis tells as unknown, and no unreported ID on a healthy
+    idle Synapse. Then the persister hands out event IDs it does not store: its events
+    transaction is held by a table lock until it has taken its IDs (``nextval`` is its own
+    transaction), then the persister is stopped with SIGSTOP and the lock released, so its
+    transaction stays open in a stopped process. The IDs are named overdue once they have been
+    unreported SYNAPSE_UNREPORTED_AFTER_SECONDS (3 s here), and cleared after SIGCONT."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.synapse_repl.test_web_hardening import Service
+
+    every_kind_of_traffic(cluster, users, rooms, 1)
+    service = Service({"DATABASE_URL": pg_url, "DEMO": "0", "REPLICATION_SECRET": secrets.token_urlsafe(32),
+                       "SYNAPSE_DATABASE_URL": role_url, "ADMIN_PASSWORD": BROWSER_PASSWORD,
+                       "SYNAPSE_UNREPORTED_AFTER_SECONDS": str(UNREPORTED_AFTER),
+                       "SYNAPSE_DATABASE_INTERVAL_SECONDS": "1"}, tmp_path / "var")
+    service.start()
+    persister = cluster.workers["persister1"]
+    blocked: list[threading.Thread] = []
+    try:
+        opener = service.signed_in("admin", BROWSER_PASSWORD)
+
+        def get(path: str) -> str:
+            assert service.proc.poll() is None, service.output()[-3000:]
+            return opener.open(service.base + path, timeout=30).read().decode()
+
+        def observer() -> dict | None:
+            shown = json.loads(get("/status.json"))["synapse"]
+            return shown[0] if shown and (shown[0]["database"] or {}).get("read") else None
+
+        def agrees() -> dict | None:
+            o = observer()
+            if o is None:
+                return None
+            shown = {s["name"]: s["positions"] for s in o["streams"]}
+            expected = synapse_recorded_positions(cluster)
+            return o if all(shown.get(name, {}) == positions for name, positions in expected.items()) else None
+
+        o = poll(agrees, "Synapse's streams on /status.json with the positions of stream_positions", every=0.5)
+        assert o["sources"] == ["database"] and o["source"] == "synapse" and not o["stale"]
+        assert o["subscribed"] is None and o["instances"] is None and o["stuck"] is None and o["redis"] is None
+        assert o["pid"] != service.proc.pid  # a child of its own
+        events = next(s for s in o["streams"] if s["name"] == "events")
+        assert set(events["positions"]) == {"master", "persister1"}
+        assert events["positions_from"] == "database" and events["recorded"] == events["positions"]
+        assert events["highest"] is None and events["writer_status"] is None and events["laggard"] is None
+        assert events["persisted_upto"] >= min(events["positions"].values())
+        assert "typing" not in {s["name"] for s in o["streams"]}  # in memory: nothing in the database
+        assert o["observer"].startswith(f"{cluster.database} on 127.0.0.1:{cluster.pg_port}@")
+        out = service.output()
+        assert "no SYNAPSE_REDIS_URL: database figures only" in out and ROLE_PASSWORD not in out
+
+        # a healthy idle Synapse: nothing overdue over reads spanning more than the threshold
+        first = o["database"]["read"]
+
+        def idle_for_longer_than_the_threshold() -> dict | None:
+            current = observer()
+            assert current is not None
+            assert [u for u in current["database"]["unreported"] if u["overdue"]] == [], current["database"]
+            return current if current["database"]["read"] - first > UNREPORTED_AFTER + 2 else None
+
+        poll(idle_for_longer_than_the_threshold, "reads of an idle Synapse over the threshold", every=0.5)
+
+        page = get("/")
+        assert f"Synapse {cluster.database} on 127.0.0.1:{cluster.pg_port}" in page
+        assert "no Redis attached (SYNAPSE_REDIS_URL unset)" in page
+        recorded = synapse_recorded_positions(cluster)["events"]
+        for writer in ("master", "persister1"):
+            assert f'<span class="live-position" data-writer="{writer}">unknown</span>' in page
+            assert re.search(rf'<span class="recorded" data-writer="{writer}">{recorded[writer]}</span>', page)
+        assert "Synapse's processes are heard on its Redis" in page and "UNREPORTED" not in page
+
+        def metrics() -> dict:
+            return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                    for f in text_string_to_metric_families(get("/metrics")) for s in f.samples}
+
+        got = metrics()
+        assert got[("synapse_repl_synapse_observer_up", (("observer", o["observer"]),))] == 1
+        assert got[("synapse_repl_synapse_writer_recorded_position",
+                    (("stream", "events"), ("writer", "persister1")))] == recorded["persister1"]
+        assert not any(name == "synapse_repl_synapse_writer_position" for name, _ in got)  # unknown: absent
+
+        # the persister hands out event IDs, then holds them, stopped
+        alice = users[0]
+
+        def to_persisters_room(i: int) -> None:
+            try:
+                ClientApi(cluster.client_url, alice.token, alice.user_id, alice.device_id).send_message(
+                    rooms["persister1"][0], f"held {i}")
+            except (MatrixError, OSError):  # a request given up while the persister slept
+                pass
+
+        def events_unreported() -> dict:
+            current = observer()
+            assert current is not None
+            return next(u for u in current["database"]["unreported"] if u["stream"] == "events")
+
+        try:
+            with psycopg.connect(cluster.dsn) as lock:
+                lock.execute("LOCK TABLE events IN SHARE MODE")
+                for i in range(2):
+                    thread = threading.Thread(target=to_persisters_room, args=(i,), daemon=True)
+                    thread.start()
+                    blocked.append(thread)
+                allocated, cover = poll(lambda: (lambda a, c: (a, c) if a > c else None)(*events_in_flight(cluster)),
+                                        "the persister handed out event IDs it has not stored")
+                persister.send_signal(signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                lock.rollback()
+            named = poll(lambda: (lambda u: u if u["overdue"] else None)(events_unreported()),
+                         "the persister's event IDs named unreported", every=0.5)
+            named_after = time.monotonic() - stopped_at
+            assert named["allocated"] >= allocated and named["covered"] == cover and named["count"] >= 1
+            assert named["age_seconds"] >= UNREPORTED_AFTER
+            assert events_in_flight(cluster) == (named["allocated"], cover)  # still held: nothing stored
+            assert metrics()[("synapse_repl_synapse_unreported_ids_overdue", (("stream", "events"),))] == 1
+            assert "<strong>UNREPORTED</strong> events" in get("/")
+            print(f"unreported event IDs named after {named_after:.1f} s (threshold {UNREPORTED_AFTER:g} s)")
+        finally:
+            persister.send_signal(signal.SIGCONT)
+        poll(lambda: (lambda u: u["count"] == 0 and not u["overdue"])(events_unreported()),
+             "the persister's event IDs reported after SIGCONT", every=0.5)
+        assert metrics()[("synapse_repl_synapse_unreported_ids_overdue", (("stream", "events"),))] == 0
+        for thread in blocked:
+            thread.join(60)
+    finally:
+        service.stop()
+    assert service.proc.returncode == 0, service.output()[-3000:]
+    assert "Traceback" not in service.output(), service.output()[-3000:]
+    assert not any(t.is_alive() for t in blocked)
 
 
 def test_a_synapse_restart_is_followed(cluster, live, users, rooms):

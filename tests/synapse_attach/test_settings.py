@@ -35,6 +35,8 @@ def test_a_state_url_of_another_kind_is_refused_masked():
      "CommandError: SYNAPSE_REDIS_URL is set but SYNAPSE_SERVER_NAME is not"),
     ({"SYNAPSE_REDIS_URL": "http://observer:hunter2@127.0.0.1:6379", "SYNAPSE_SERVER_NAME": "example.org"},
      "CommandError: SYNAPSE_REDIS_URL=http://observer:***@127.0.0.1:6379: expected redis://"),
+    ({"SYNAPSE_DATABASE_URL": "mysql://observer:hunter2@127.0.0.1/synapse"},
+     "CommandError: SYNAPSE_DATABASE_URL=mysql://observer:***@127.0.0.1/synapse: expected postgres://"),
 ])
 def test_runservice_refuses_an_observer_it_cannot_run_in_one_line(tmp_path, extra, line):
     from tests.synapse_repl.test_runservice_children import refusal, service_env

@@ -6,8 +6,8 @@ Before serving it ensures the superuser operators sign in with (``ensure_admin``
 its children under supervision (synapse_repl/supervisor.py: restarted when they die, the
 service stopped with the reason when one cannot start): on the embedded default the demo
 trickle (``manage.py demo``; ``DEMO=0`` turns it off, full mode never has it), with Redis the
-Celery worker, with ``SYNAPSE_REDIS_URL`` the observer of that Synapse's Redis (``manage.py
-synapse_observer``, docs/attach.md). A port that cannot be bound stops the service with one
+Celery worker, with ``SYNAPSE_REDIS_URL`` or ``SYNAPSE_DATABASE_URL`` the observer of that
+Synapse (``manage.py synapse_observer``, docs/attach.md). A port that cannot be bound stops the service with one
 line, and so does a demo or a Celery beat of the same ``STATE_DIR`` already running (each
 holds a lock there: common/state_lock.py). The children die with the service, ``kill -9``
 of it included (common/lifeline.py).
@@ -38,6 +38,7 @@ from jobs.schedules import BEAT_LOCK_WHAT, beat_lock_path
 from replication.endpoint.server import start_endpoint
 from streams.conf import instance_name, repl_setting
 from streams.runtime import runtime
+from synapse_attach.reader import AttachError, AttachSettings
 from synapse_attach.redis_observer import check_redis_url
 from synapse_repl.security import HOW_TO_SET_A_SECRET, require_strong_secrets
 from synapse_repl.startup import check_startable
@@ -116,9 +117,8 @@ class Command(BaseCommand):
             )
             if observer is not None:
                 supervisor.add("synapse observer", observer, cwd=str(settings.BASE_DIR))
-                attach = settings.SYNAPSE_ATTACH
-                self.stdout.write(f"  Synapse: observing {redact_url(attach['REDIS_URL'])}, channel "
-                                  f"{attach['SERVER_NAME']} (read-only; docs/attach.md)")
+                self.stdout.write(f"  Synapse: {observed_synapse(settings.SYNAPSE_ATTACH)} "
+                                  "(read-only; docs/attach.md)")
             call_command("ensure_admin", stdout=self.stdout)
             start_run_sweeper()
             if demo:
@@ -290,12 +290,18 @@ def start_job_worker(supervisor) -> str:
 
 
 def synapse_observer_args() -> list[str] | None:
-    """The observer of an attached Synapse's Redis, when ``SYNAPSE_REDIS_URL`` is set (None
-    otherwise); a setting it cannot work with stops the service in one line, before it starts."""
+    """The observer of an attached Synapse, when ``SYNAPSE_REDIS_URL`` or ``SYNAPSE_DATABASE_URL``
+    is set (None otherwise); a setting it cannot work with stops the service in one line,
+    before it starts."""
 
     attach = settings.SYNAPSE_ATTACH
+    if attach.get("DATABASE_URL"):
+        try:
+            AttachSettings.from_settings(attach)
+        except AttachError as e:
+            raise CommandError(str(e)) from None
     if not attach.get("REDIS_URL"):
-        return None
+        return [sys.executable, "manage.py", "synapse_observer"] if attach.get("DATABASE_URL") else None
     if not attach.get("SERVER_NAME"):
         raise CommandError("SYNAPSE_REDIS_URL is set but SYNAPSE_SERVER_NAME is not: set it to the Synapse's "
                            "server_name, the channel its processes publish on (docs/attach.md)")
@@ -304,6 +310,18 @@ def synapse_observer_args() -> list[str] | None:
     except ValueError as e:
         raise CommandError(str(e)) from None
     return [sys.executable, "manage.py", "synapse_observer"]
+
+
+def observed_synapse(attach: dict) -> str:
+    """What the observer watches, for the start-up lines (URLs with their passwords masked)."""
+    parts = []
+    if attach.get("REDIS_URL"):
+        parts.append(f"observing {redact_url(attach['REDIS_URL'])}, channel {attach['SERVER_NAME']}")
+    if attach.get("DATABASE_URL"):
+        parts.append(f"reading {redact_url(attach['DATABASE_URL'])}")
+    if not attach.get("REDIS_URL"):
+        parts.append("no SYNAPSE_REDIS_URL: database figures only, nothing live")
+    return "; ".join(parts)
 
 
 def job_worker_args(schedule) -> list[str]:
