@@ -269,6 +269,9 @@ SYNAPSE_ATTACH = {
     # Every statement on Synapse's database is cancelled after this many seconds.
     "STATEMENT_TIMEOUT_SECONDS": _env_number("SYNAPSE_STATEMENT_TIMEOUT_SECONDS", 10.0, float),
     "CONNECT_TIMEOUT_SECONDS": _env_number("SYNAPSE_CONNECT_TIMEOUT_SECONDS", 5, int),
+    # synapse_forward_extremities lists the rooms with more forward extremities than this
+    # (Synapse's own dummy_events_threshold, default 10).
+    "EXTREMITY_THRESHOLD": _env_number("SYNAPSE_EXTREMITY_THRESHOLD", 10, int),
 }
 
 # --- Security (docs/security.md) -------------------------------------------------------------
