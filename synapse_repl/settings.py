@@ -158,6 +158,18 @@ JOB_SCHEDULES = {
     "hourly visibility check": (_CHECK_CRON, "check_visibility"),
     "hourly chain cover check": (_CHAIN_COVER_CHECK_CRON, "check_chain_cover"),
 }
+# The audits of an attached Synapse's database (docs/jobs.md, "Synapse audits"), only with
+# SYNAPSE_DATABASE_URL: its forward extremities hourly (the metric and alert follow them), the
+# four audits on JOBS_SYNAPSE_AUDIT_CRON (default off: each reads whole tables).
+if os.environ.get("SYNAPSE_DATABASE_URL"):
+    _SYNAPSE_AUDIT_CRON = os.environ.get("JOBS_SYNAPSE_AUDIT_CRON", "")
+    JOB_SCHEDULES.update({
+        "hourly Synapse forward extremities": (os.environ.get("JOBS_SYNAPSE_EXTREMITIES_CRON", "43 * * * *"),
+                                               "synapse_forward_extremities"),
+        "Synapse orderings audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_orderings"),
+        "Synapse state group health": (_SYNAPSE_AUDIT_CRON, "synapse_state_group_health"),
+        "Synapse chain cover audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_chain_cover"),
+    })
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 #: More job definitions: comma-separated modules, each naming its jobs in a module-level
 #: ``JOBS = {"name": function}`` (imported wherever jobs are listed or run; docs/jobs.md).

@@ -17,6 +17,10 @@ from jobs.synapse_source import SynapseDatabases, SynapseSourceError, synapse_cu
 from testing.synapse_homeserver import SynapseHomeserver, SynapseUnavailable
 from tests.synapse_attach.test_synapse_status import execute, observer_url  # noqa: F401  (the SELECT-only role)
 
+#: Every test in pytest-django's plain database group (the end-to-end run records a JobRun), so
+#: they stay together and the homeserver, a module fixture, starts once.
+pytestmark = pytest.mark.django_db
+
 
 @pytest.fixture(scope="module")
 def synapse(postgres_server, redis_server):
@@ -258,3 +262,30 @@ def test_a_removed_chain_link_is_found_by_reachability(spark, synapse, traffic, 
     assert found and {(f, r) for f, r, _ in found} == {("auth_chain_cover_differs", room)}
     assert ("auth_chain_cover_differs", room, link[4]) in found  # the link's own origin
     assert all(d["found"].startswith("lacks ") for d in outcome.sample if d["finding"] == "auth_chain_cover_differs")
+
+
+def test_through_celery_a_crowded_room_becomes_a_job_run_a_metric_and_an_alert_input(spark, synapse, traffic,
+                                                                                       audit, admin_client):
+    """The whole path an operator has: the Celery task (eager here: no broker) runs the audit
+    through the runner, which records it; /metrics shows the room it listed."""
+    from jobs.models import JobRun
+    from jobs.tasks import run_job_task
+
+    room = traffic["busy"]
+    extra = message_in(synapse, room, nth=0)
+    execute(synapse, "INSERT INTO event_forward_extremities (event_id, room_id) VALUES (%s, %s)", extra, room)
+    try:
+        with override_settings(SYNAPSE_ATTACH={**settings.SYNAPSE_ATTACH, "EXTREMITY_THRESHOLD": 1}):
+            answer = run_job_task.delay("synapse_forward_extremities", [room], trigger="test").get()
+    finally:
+        execute(synapse, "DELETE FROM event_forward_extremities WHERE event_id = %s", extra)
+    run = JobRun.objects.get(pk=answer["run"])
+    assert (run.status, run.trigger, run.parameters, run.differences) == (
+        JobRun.Status.SUCCEEDED, "test", {"rooms": [room]}, 2)
+    assert [(d["finding"], d["room_id"], d["event_id"]) for d in run.difference_sample] == [
+        ("too_many_forward_extremities", room, None), ("forward_extremity_has_children", room, extra)]
+    assert run.verdict_text == "failed: 2 differences"
+    metrics = admin_client.get("/metrics").content.decode()
+    assert f'synapse_repl_synapse_room_forward_extremities{{room_id="{room}"}} 2.0' in metrics
+    assert "synapse_repl_synapse_rooms_over_extremity_threshold 1.0" in metrics
+    assert 'synapse_repl_job_last_run_differences{job="synapse_forward_extremities"} 2.0' in metrics
