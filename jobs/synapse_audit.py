@@ -10,9 +10,15 @@ A healthy Synapse gives no findings. Each function takes the columns its docstri
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Iterable
 
 import pandas as pd
+
+from rooms.matrix.auth_rules import AuthFailed, MissingAuthEvent, auth_state_from, check_state_dependent, check_state_independent
+from rooms.matrix.event_format import BadEventFormat, Event, parse_pdu
+from rooms.matrix.room_versions import UnknownRoomVersion, room_version
+from rooms.matrix.state_res import resolve
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -391,3 +397,146 @@ def chain_cover_findings(positions: DataFrame, links: DataFrame, auth: DataFrame
 def sorted_findings(findings: DataFrame) -> DataFrame:
     return findings.orderBy("finding", "room_id", "event_id", "key")
 
+
+
+# -- synapse_check_state ---------------------------------------------------------------------------
+
+def _full_states(parents: dict[int, int | None],
+                 own: dict[int, dict[tuple[str, str], str]]) -> dict[int, dict[tuple[str, str], str]]:
+    """Every group's full state: its snapshot's rows, then each delta down to it (a child's
+    row wins), as Synapse's ``_get_state_groups_from_groups_txn`` folds them. A group whose
+    chain is broken (a parent missing) is folded from what there is."""
+    full: dict[int, dict[tuple[str, str], str]] = {}
+    for start in sorted(parents):
+        chain: list[int] = []
+        g: int | None = start
+        while g is not None and g not in full and g in parents and len(chain) <= len(parents):
+            chain.append(g)
+            g = parents[g]
+        base = full.get(g, {}) if g is not None else {}
+        for item in reversed(chain):
+            base = {**base, **own.get(item, {})}
+            full[item] = base
+    return full
+
+
+def _key_text(key: tuple[str, str]) -> str:
+    return f"{key[0]}|{key[1]}"
+
+
+def room_state_findings(rows: pd.DataFrame) -> pd.DataFrame:
+    """One room's stored state per event against the state our Matrix core computes from the
+    events themselves, pure pandas.
+
+    ``rows``: kind 'e', one per event (event_id, json: ``event_json.json``, outlier, rejected:
+    in ``rejections``, stream_ordering, state_group: its ``event_to_state_groups`` row,
+    room_version: ``rooms.room_version``) and kind 'g', one per ``state_groups_state`` row
+    (state_group, prev_state_group, type, state_key, event_id; type null for a group without
+    rows of its own). Each accepted event, in DAG order: the state before it is its prev
+    event's state after, or the resolution of several (``rooms.matrix.state_res``, the room
+    version's algorithm, Synapse's rejections as given); it is authorised against it
+    (``rooms.matrix.auth_rules``) and its verdict compared with Synapse's; the state after it
+    (with it, if it is an accepted state event) is compared key by key with the state of its
+    group. A prev event outside the room's events (an outlier, or history Synapse never
+    fetched) brings its stored state instead."""
+    room = str(rows["room_id"].iat[0]) if len(rows) else ""
+    out: list[tuple[str, str, str | None, str, str | None, str | None]] = []
+    versions = [v for v in rows["room_version"] if isinstance(v, str)]
+    try:
+        version = room_version(versions[0] if versions else None)
+    except UnknownRoomVersion as e:
+        return pd.DataFrame([("room_version_unknown", room, None, "rooms.room_version", str(e), "a known version")],
+                            columns=list(FINDING_COLUMNS))
+    events: dict[str, Event] = {}
+    groups_of: dict[str, int] = {}
+    rejected: set[str] = set()
+    timeline: list[tuple[int, int, str]] = []
+    parents: dict[int, int | None] = {}
+    own: dict[int, dict[tuple[str, str], str]] = {}
+    for kind, event_id, text, outlier, is_rejected, stream, group, prev, type_, key in zip(
+            rows["kind"], rows["event_id"], rows["json"], rows["outlier"], rows["rejected"], rows["stream_ordering"],
+            rows["state_group"], rows["prev_state_group"], rows["type"], rows["state_key"]):
+        if kind == "g":
+            g = int(group)
+            parents[g] = None if prev is None or pd.isna(prev) else int(prev)
+            if isinstance(type_, str):
+                own.setdefault(g, {})[(type_, str(key))] = str(event_id)
+            continue
+        event_id = str(event_id)
+        try:
+            pdu = json.loads(text)
+            if version.event_ids_are_hashes:
+                pdu.pop("event_id", None)
+            event = parse_pdu(pdu, version, stored_id=event_id)
+        except (ValueError, TypeError, BadEventFormat) as e:
+            out.append(("event_unparsable", room, event_id, "event_json.json", str(e)[:200], "an event of its version"))
+            continue
+        events[event_id] = event
+        if bool(is_rejected):
+            rejected.add(event_id)
+        if group is not None and not pd.isna(group):
+            groups_of[event_id] = int(group)
+        if not bool(outlier):
+            timeline.append((event.depth, int(stream) if stream is not None and not pd.isna(stream) else 0, event_id))
+    full = _full_states(parents, own)
+    after: dict[str, dict[tuple[str, str], str]] = {}
+    for _depth, _stream, event_id in sorted(timeline):
+        event = events[event_id]
+        sets: list[dict[tuple[str, str], str]] = []
+        for prev_id in event.prev_event_ids:
+            if prev_id in after:
+                sets.append(after[prev_id])
+            elif prev_id in groups_of and groups_of[prev_id] in full:
+                sets.append(full[groups_of[prev_id]])
+        if event.prev_event_ids and not sets:
+            continue  # history Synapse never fetched: its state came from a remote server
+        try:
+            before = sets[0] if len(sets) == 1 else resolve(version, sets, events, rejected) if sets else {}
+            try:
+                check_state_independent(event, events.get, rejected)
+                check_state_dependent(event, auth_state_from(event, before, events.get))
+                allowed = True
+            except AuthFailed:
+                allowed = False
+        except (MissingAuthEvent, KeyError, ValueError) as e:
+            out.append(("state_not_recomputable", room, event_id, "auth events", str(e)[:200], "every auth event"))
+            continue
+        if allowed == (event_id in rejected):
+            out.append(("rejection_differs", room, event_id, "rejections",
+                        "rejected" if event_id in rejected else "accepted", "accepted" if allowed else "rejected"))
+        state = before
+        if event.is_state and event_id not in rejected:
+            state = {**before, event.key: event_id}
+        after[event_id] = state
+        if event_id not in groups_of:
+            out.append(("state_group_missing", room, event_id, "event_to_state_groups", None, "a state group"))
+            continue
+        stored = full.get(groups_of[event_id], {})
+        if stored is not state:
+            for k in sorted(set(stored) | set(state)):
+                if stored.get(k) != state.get(k):
+                    out.append(("state_differs", room, event_id, _key_text(k), stored.get(k), state.get(k)))
+    return pd.DataFrame(out, columns=list(FINDING_COLUMNS))
+
+
+def _state_rooms(pdf: pd.DataFrame) -> pd.DataFrame:
+    return room_state_findings(pdf)
+
+
+def state_findings(events: DataFrame, state_rows: DataFrame) -> DataFrame:
+    """The stored state of every event against the recomputed one, a room per call.
+
+    ``events``: room_id, room_version, event_id, json, outlier, rejected, stream_ordering,
+    state_group; ``state_rows``: room_id, state_group, prev_state_group, type, state_key,
+    event_id (the groups of the room with their ``state_groups_state`` rows)."""
+    from pyspark.sql import functions as F
+
+    none_s, none_l = F.lit(None).cast("string"), F.lit(None).cast("long")
+    e = events.select(F.lit("e").alias("kind"), "room_id", "room_version", "event_id", "json", "outlier", "rejected",
+                      "stream_ordering", "state_group", none_l.alias("prev_state_group"), none_s.alias("type"),
+                      none_s.alias("state_key"))
+    g = state_rows.select(F.lit("g").alias("kind"), "room_id", none_s.alias("room_version"), "event_id",
+                          none_s.alias("json"), F.lit(None).cast("boolean").alias("outlier"),
+                          F.lit(None).cast("boolean").alias("rejected"), none_l.alias("stream_ordering"),
+                          "state_group", "prev_state_group", "type", "state_key")
+    return e.unionByName(g).groupBy("room_id").applyInPandas(_state_rooms, schema=FINDING_SCHEMA)

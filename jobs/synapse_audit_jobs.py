@@ -130,6 +130,18 @@ synapse_forward_extremities = _audit(_synapse_forward_extremities)
 
 # -- synapse_state_group_health -------------------------------------------------------------------
 
+def _state_rows_sql(where: str) -> str:
+    """Every state group of the rooms with its parent and its own rows (one row with null type
+    for a group without rows of its own)."""
+    return ("SELECT g.room_id, g.id AS state_group, eg.prev_state_group, s.type, s.state_key, s.event_id "
+            "FROM state_groups g LEFT JOIN state_group_edges eg ON eg.state_group = g.id "
+            f"LEFT JOIN state_groups_state s ON s.state_group = g.id WHERE TRUE{where}")
+
+
+STATE_ROWS_SCHEMA = ("room_id string, state_group long, prev_state_group long, type string, state_key string, "
+                     "event_id string")
+
+
 def _synapse_state_group_health(spark: Any, cut: SynapseCut, rooms: Sequence[str] | None) -> Outcome:
     """State groups no event refers to, broken delta edges; per room the rows, groups, longest
     delta chain and the rows a compression would leave (a dry run, listed after the findings)."""
@@ -147,11 +159,8 @@ def _synapse_state_group_health(spark: Any, cut: SynapseCut, rooms: Sequence[str
                           partition_column="state_group")
     newest = cut.newest_referenced_group if cut.databases.state_url else None
     findings = audit.state_group_findings(groups, edges, references, newest_judged=newest)
-    rows = cut.read(spark, "SELECT g.room_id, g.id AS state_group, eg.prev_state_group, s.type, s.state_key, "
-                           "s.event_id FROM state_groups g LEFT JOIN state_group_edges eg ON eg.state_group = g.id "
-                           f"LEFT JOIN state_groups_state s ON s.state_group = g.id WHERE TRUE{g_where}",
-                    "room_id string, state_group long, prev_state_group long, type string, state_key string, "
-                    "event_id string", database=STATE, partition_column="state_group")
+    rows = cut.read(spark, _state_rows_sql(g_where), STATE_ROWS_SCHEMA, database=STATE,
+                    partition_column="state_group")
     health = audit.state_health_by_room(rows).orderBy(F.col("rows").desc(), "room_id").limit(SAMPLE_LIMIT).collect()
     summaries = [{"finding": "room_state_summary", "room_id": h.room_id, "event_id": None,
                   "key": "state_groups_state",
@@ -202,10 +211,32 @@ def _synapse_check_chain_cover(spark: Any, cut: SynapseCut, rooms: Sequence[str]
 
 synapse_check_chain_cover = _audit(_synapse_check_chain_cover)
 
+# -- synapse_check_state --------------------------------------------------------------------------
+
+def _synapse_check_state(spark: Any, cut: SynapseCut, rooms: Sequence[str] | None) -> Outcome:
+    """The state Synapse stored for every event (its group, folded down the delta chain)
+    against the state our Matrix core computes from the events themselves."""
+    where = _rooms_sql("e.room_id", rooms)
+    events = cut.read(spark, "SELECT e.room_id, r.room_version, e.event_id, j.json, e.outlier, "
+                             "EXISTS (SELECT 1 FROM rejections x WHERE x.event_id = e.event_id) AS rejected, "
+                             "e.stream_ordering, s.state_group FROM events e "
+                             "JOIN event_json j ON j.event_id = e.event_id LEFT JOIN rooms r ON r.room_id = e.room_id "
+                             f"LEFT JOIN event_to_state_groups s ON s.event_id = e.event_id WHERE TRUE{where}",
+                      "room_id string, room_version string, event_id string, json string, outlier boolean, "
+                      "rejected boolean, stream_ordering long, state_group long", partition_column="stream_ordering")
+    state_rows = cut.read(spark, _state_rows_sql(_rooms_sql("g.room_id", rooms)), STATE_ROWS_SCHEMA,
+                          database=STATE, partition_column="state_group")
+    (rows_in,) = cut.rows(f"SELECT count(*) FROM events e WHERE NOT e.outlier{where}")[0]
+    return _report(audit.state_findings(events, state_rows), int(rows_in))
+
+
+synapse_check_state = _audit(_synapse_check_state)
+
 #: the audits by job name (``job_registry``)
 AUDIT_JOBS = {
     "synapse_check_orderings": synapse_check_orderings,
     "synapse_forward_extremities": synapse_forward_extremities,
     "synapse_state_group_health": synapse_state_group_health,
     "synapse_check_chain_cover": synapse_check_chain_cover,
+    "synapse_check_state": synapse_check_state,
 }
