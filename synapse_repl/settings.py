@@ -160,7 +160,7 @@ JOB_SCHEDULES = {
 }
 # The audits of an attached Synapse's database (docs/jobs.md, "Synapse audits"), only with
 # SYNAPSE_DATABASE_URL: its forward extremities hourly (the metric and alert follow them), the
-# four audits on JOBS_SYNAPSE_AUDIT_CRON (default off: each reads whole tables).
+# other audits on JOBS_SYNAPSE_AUDIT_CRON (default off: each reads whole tables).
 if os.environ.get("SYNAPSE_DATABASE_URL"):
     _SYNAPSE_AUDIT_CRON = os.environ.get("JOBS_SYNAPSE_AUDIT_CRON", "")
     JOB_SCHEDULES.update({
@@ -169,6 +169,7 @@ if os.environ.get("SYNAPSE_DATABASE_URL"):
         "Synapse orderings audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_orderings"),
         "Synapse state group health": (_SYNAPSE_AUDIT_CRON, "synapse_state_group_health"),
         "Synapse chain cover audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_chain_cover"),
+        "Synapse state audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_state"),
     })
 CELERY_BEAT_SCHEDULE = beat_schedule(JOB_SCHEDULES)
 #: More job definitions: comma-separated modules, each naming its jobs in a module-level
