@@ -122,6 +122,7 @@ class ClusterCollector(Collector):
                 disconnects.add_metric([key, reason], n)
         yield from (up, connections, accepted, queue, sent, disconnects)
         yield from _job_metrics()
+        yield from _synapse_extremity_metrics()
         for source in SOURCES.values():
             yield from source.metrics()
         yield from _worker_metrics()
@@ -201,6 +202,34 @@ def _job_metrics() -> Iterator[Metric]:
             ended.add_metric([run.job], run.ended_at.timestamp())
             duration.add_metric([run.job], (run.ended_at - run.started_at).total_seconds())
     yield from (failed, differences, ended, duration)
+
+
+#: the audit whose findings become per-room gauges, and the finding it lists rooms by
+EXTREMITIES_JOB = "synapse_forward_extremities"
+TOO_MANY_EXTREMITIES = "too_many_forward_extremities"
+
+
+def _synapse_extremity_metrics() -> Iterator[Metric]:
+    """The rooms of an attached Synapse over ``SYNAPSE_EXTREMITY_THRESHOLD`` forward
+    extremities, as the latest successful ``synapse_forward_extremities`` run listed them
+    (most first, at most 1,000): nothing before its first run."""
+    per_room = GaugeMetricFamily(f"{PREFIX}_synapse_room_forward_extremities",
+                                 "Forward extremities of a Synapse room over SYNAPSE_EXTREMITY_THRESHOLD "
+                                 "(latest synapse_forward_extremities run)", labels=["room_id"])
+    over = GaugeMetricFamily(f"{PREFIX}_synapse_rooms_over_extremity_threshold",
+                             "Synapse rooms over SYNAPSE_EXTREMITY_THRESHOLD forward extremities in the latest "
+                             "synapse_forward_extremities run (at most 1,000 listed)")
+    run = (JobRun.objects.filter(job=EXTREMITIES_JOB, status=JobRun.Status.SUCCEEDED)
+           .order_by("-ended_at", "-id").only("difference_sample").first())
+    if run is None:
+        return
+    rooms = 0
+    for finding in run.difference_sample or []:
+        if isinstance(finding, dict) and finding.get("finding") == TOO_MANY_EXTREMITIES:
+            per_room.add_metric([str(finding.get("room_id"))], float(finding.get("found") or 0))
+            rooms += 1
+    over.add_metric([], rooms)
+    yield from (per_room, over)
 
 
 REGISTRY = CollectorRegistry(auto_describe=False)

@@ -10,6 +10,7 @@ import importlib
 
 from jobs import definitions as d
 from jobs.outcome import Job
+from jobs.synapse_audit_jobs import AUDIT_JOBS
 
 #: name -> job; filled by :func:`load_jobs` (tests may add jobs of their own)
 JOBS: dict[str, Job] = {}
@@ -23,6 +24,8 @@ def built_in_jobs() -> dict[str, Job]:
         "check_visibility": d.check_visibility,
         "rebuild_chain_cover": d.rebuild_chain_cover,
         "check_chain_cover": d.check_chain_cover,
+        # read-only audits of a real Synapse's database (SYNAPSE_DATABASE_URL)
+        **AUDIT_JOBS,
     }
 
 

@@ -158,6 +158,19 @@ JOB_SCHEDULES = {
     "hourly visibility check": (_CHECK_CRON, "check_visibility"),
     "hourly chain cover check": (_CHAIN_COVER_CHECK_CRON, "check_chain_cover"),
 }
+# The audits of an attached Synapse's database (docs/jobs.md, "Synapse audits"), only with
+# SYNAPSE_DATABASE_URL: its forward extremities hourly (the metric and alert follow them), the
+# other audits on JOBS_SYNAPSE_AUDIT_CRON (default off: each reads whole tables).
+if os.environ.get("SYNAPSE_DATABASE_URL"):
+    _SYNAPSE_AUDIT_CRON = os.environ.get("JOBS_SYNAPSE_AUDIT_CRON", "")
+    JOB_SCHEDULES.update({
+        "hourly Synapse forward extremities": (os.environ.get("JOBS_SYNAPSE_EXTREMITIES_CRON", "43 * * * *"),
+                                               "synapse_forward_extremities"),
+        "Synapse orderings audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_orderings"),
+        "Synapse state group health": (_SYNAPSE_AUDIT_CRON, "synapse_state_group_health"),
+        "Synapse chain cover audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_chain_cover"),
+        "Synapse state audit": (_SYNAPSE_AUDIT_CRON, "synapse_check_state"),
+    })
 CELERY_BEAT_SCHEDULE = BeatSchedule(JOB_SCHEDULES)  # made when beat or the jobs panel first reads it
 #: More job definitions: comma-separated modules, each naming its jobs in a module-level
 #: ``JOBS = {"name": function}`` (imported wherever jobs are listed or run; docs/jobs.md).
@@ -271,6 +284,9 @@ SYNAPSE_ATTACH = {
     # Every statement on Synapse's database is cancelled after this many seconds.
     "STATEMENT_TIMEOUT_SECONDS": _env_number("SYNAPSE_STATEMENT_TIMEOUT_SECONDS", 10.0, float),
     "CONNECT_TIMEOUT_SECONDS": _env_number("SYNAPSE_CONNECT_TIMEOUT_SECONDS", 5, int),
+    # synapse_forward_extremities lists the rooms with more forward extremities than this
+    # (Synapse's own dummy_events_threshold, default 10).
+    "EXTREMITY_THRESHOLD": _env_number("SYNAPSE_EXTREMITY_THRESHOLD", 10, int),
 }
 
 # --- Security (docs/security.md) -------------------------------------------------------------

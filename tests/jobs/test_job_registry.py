@@ -13,7 +13,9 @@ from jobs import job_registry as registry
 def test_built_in_jobs_are_listed_by_name():
     jobs = registry.built_in_jobs()
     assert sorted(jobs) == ["check_chain_cover", "check_topological_ordering", "check_visibility",
-                            "rebuild_chain_cover", "topological_ordering", "visibility"]
+                            "rebuild_chain_cover", "synapse_check_chain_cover", "synapse_check_orderings",
+                            "synapse_check_state", "synapse_forward_extremities", "synapse_state_group_health",
+                            "topological_ordering", "visibility"]
     assert all(callable(job) for job in jobs.values())
 
 
