@@ -197,9 +197,11 @@ def room_state_health(rows: pd.DataFrame, levels: tuple[int, ...] = COMPRESSOR_L
     state_key, event_id), plus one with null type for a group with no rows of its own. Gives
     the groups, the snapshots (groups without a parent), the rows stored, the longest delta
     chain (hops from a group to its snapshot) and the rows the tree would hold after
-    rust-synapse-compress-state's dry run: groups in ID order, each hung on the head of the
-    first of ``levels`` with room (a full level starts over, and the group moves to the next),
-    stored as its differences from that head's full state."""
+    rust-synapse-compress-state's dry run (its ``Compressor``): groups in ID order, each hung
+    on the head of the first of ``levels`` with room (a full level starts a new chain at the
+    group, which moves on to the next level), stored as its differences from that head's full
+    state, or from the first group up the new tree holding no key it lacks, or whole; a group
+    that keeps its parent keeps its rows."""
     room = str(rows["room_id"].iat[0]) if len(rows) else ""
     parents: dict[int, int | None] = {}
     own: dict[int, dict[tuple[str, str], str]] = {}
@@ -233,6 +235,7 @@ def room_state_health(rows: pd.DataFrame, levels: tuple[int, ...] = COMPRESSOR_L
         resolve(g)
     lengths = [0] * len(levels)
     heads: list[int | None] = [None] * len(levels)
+    new_parents: dict[int, int | None] = {}
     after = 0
     for g in sorted(parents):
         parent: int | None = None
@@ -243,6 +246,14 @@ def room_state_health(rows: pd.DataFrame, levels: tuple[int, ...] = COMPRESSOR_L
                 break
             heads[i], lengths[i] = g, 1
         state = full[g]
+        if parent == parents[g]:  # the same parent: its delta stays as it is
+            new_parents[g] = parent
+            after += len(own[g])
+            continue
+        # a base must hold no key the group lacks (a delta cannot remove one): up the new tree
+        while parent is not None and any(k not in state for k in full[parent]):
+            parent = new_parents[parent]
+        new_parents[g] = parent
         if parent is None:
             after += len(state)
         else:

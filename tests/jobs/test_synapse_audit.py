@@ -314,3 +314,43 @@ def test_through_celery_a_crowded_room_becomes_a_job_run_a_metric_and_an_alert_i
     assert f'synapse_repl_synapse_room_forward_extremities{{room_id="{room}"}} 2.0' in metrics
     assert "synapse_repl_synapse_rooms_over_extremity_threshold 1.0" in metrics
     assert 'synapse_repl_job_last_run_differences{job="synapse_forward_extremities"} 2.0' in metrics
+
+
+# -- the pure per-room functions, by value ----------------------------------------------------------
+
+def test_the_compression_dry_run_follows_the_compressors_levels():
+    import pandas as pd
+
+    from jobs.synapse_audit import room_state_health
+
+    rows = pd.DataFrame([
+        ("!r", 1, None, "a", "", "$a1"), ("!r", 1, None, "b", "", "$b1"), ("!r", 1, None, "c", "", "$c1"),
+        ("!r", 2, 1, "a", "", "$a2"), ("!r", 3, 2, "b", "", "$b2")],
+        columns=["room_id", "state_group", "prev_state_group", "type", "state_key", "event_id"])
+    as_is = room_state_health(rows).iloc[0].to_dict()
+    assert as_is == {"room_id": "!r", "groups": 3, "snapshots": 1, "rows": 5, "max_delta_depth": 2,
+                     "rows_after_compression": 5}
+    # levels of 2: group 3 finds the first level full and the second empty, so it is stored whole
+    assert room_state_health(rows, levels=(2, 2)).iloc[0]["rows_after_compression"] == 3 + 1 + 3
+
+
+def test_the_cover_is_compared_by_reachability_not_by_rows():
+    import pandas as pd
+
+    from jobs.synapse_audit import room_cover_findings
+
+    def rows(links):
+        out = [("p", "!r", e, None, c, s, None, None) for e, c, s in (("$c", 1, 1), ("$m", 2, 1), ("$p", 3, 1))]
+        out += [("l", "!r", None, None, c, s, t, ts) for c, s, t, ts in links]
+        out += [("a", "!r", e, a, None, None, None, None) for e, a in (("$m", "$c"), ("$p", "$c"), ("$p", "$m"))]
+        out += [("s", "!r", e, None, None, None, None, None) for e in ("$c", "$m", "$p")]
+        return pd.DataFrame(out, columns=["kind", "room_id", "event_id", "other_id", "chain_id", "sequence_number",
+                                          "target_chain_id", "target_sequence_number"])
+
+    # the same reachability with or without the redundant link $p -> $c
+    assert room_cover_findings(rows([(2, 1, 1, 1), (3, 1, 2, 1)])).empty
+    assert room_cover_findings(rows([(2, 1, 1, 1), (3, 1, 2, 1), (3, 1, 1, 1)])).empty
+    lost = room_cover_findings(rows([(2, 1, 1, 1)]))
+    assert lost.to_dict("records") == [{"finding": "auth_chain_cover_differs", "room_id": "!r", "event_id": "$p",
+                                        "key": "event_auth_chains/links", "found": "lacks $c, $m",
+                                        "expected": "2 auth events (closure of event_auth)"}]
