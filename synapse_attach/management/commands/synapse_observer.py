@@ -159,6 +159,12 @@ async def observe(url: str, server_name: str, name: str, stuck_after: float,
                 failing = False
             await asyncio.wait([watching], timeout=PUBLISH_INTERVAL)
     await watching
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # Stopping: a second signal (runservice's, after its process group's) ends the process
+        # at once. Left to asyncio, the loop's close would shut the signal wakeup pipe before
+        # removing its handlers, and a signal in between prints a traceback.
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def publish_or_reconnect(name: str, subscribed: bool, view: dict[str, Any]) -> None:
