@@ -93,8 +93,7 @@ def _serve(facts: int, per_write: int = 0, pause: float = 0.001) -> tuple[mp.Pro
 
 
 def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+    return time.process_time()
 
 
 def _counting(facts: int) -> tuple[Any, asyncio.Event]:
@@ -203,14 +202,19 @@ def _observer_run(facts: int) -> float:
     return 1e6 * cpu / facts
 
 
-def _floor_run(facts: int) -> float:
-    """CPU per fact of the least a Python receiver of these lines does: the same 64 KiB chunks
-    split into lines, each line decoded and split into its fields, the token made an int and
-    the row's JSON decoded (the C scanner the worker uses), the pairs of a chunk handed on as
-    a list and dropped (as the counting callback drops them). No checks, no follower, no
-    callback: a floor for the in-process figures, not a receiver."""
-    from replication.protocol.commands import _scan_once
+def _floor_run(facts: int, library: str) -> float:
+    """CPU per fact of the least a Python receiver of these lines does with ``library``'s
+    decoder: the same 64 KiB chunks split into lines, each line split into its fields on
+    bytes, the token made an int and the row's JSON decoded (the standard library's C scanner
+    on the row decoded to text; msgspec on the bytes themselves), the pairs of a chunk handed
+    on as a list and dropped (as the counting callback drops them). No checks, no follower,
+    no callback: a floor for the in-process figures, not a receiver."""
+    import msgspec
 
+    from replication.protocol.wire_json import _scan_once
+
+    stdlib = library == "stdlib"
+    decode = msgspec.json.Decoder().decode
     chunks = _chunks(b"".join(line + b"\n" for line in _rdata_lines(facts)))
     seen = 0
     c0 = _cpu()
@@ -218,14 +222,24 @@ def _floor_run(facts: int) -> float:
     for chunk in chunks:
         lines = (partial + chunk).split(b"\n")
         partial = lines.pop()
-        pairs = []
-        for raw in lines:
-            _, _, _, token, row_json = raw.decode().split(" ", 4)
-            pairs.append((int(token), _scan_once(row_json, 0)[0]))
+        if stdlib:
+            pairs = []
+            for raw in lines:
+                _, _, _, token, row_json = raw.split(b" ", 4)
+                pairs.append((int(token), _scan_once(row_json.decode(), 0)[0]))
+        else:
+            pairs = []
+            for raw in lines:
+                _, _, _, token, row_json = raw.split(b" ", 4)
+                pairs.append((int(token), decode(row_json)))
         seen += len(pairs)
     cpu = _cpu() - c0
     assert seen == facts, seen
     return 1e6 * cpu / facts
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     extra.add_argument("--pause-ms", type=float, default=1.0,
                        help="with --per-write: the pause after each write (default 1; 10: a batch "
                             "every 10 ms, as at the cluster's ~10,000 facts/s)")
+    extra.add_argument("--in-process", action="store_true",
+                       help="only the in-process figures (no sender process, no socket)")
     known, rest = extra.parse_known_args(argv)
     per_write, pause = known.per_write, known.pause_ms / 1000
     facts, repeat = run_size(__doc__, rest, facts=200_000, quick_facts=50_000)
@@ -259,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{facts:,} RDATA lines of {len(json.dumps(ROW, separators=(',', ':'))) + 25} bytes from a sender process "
           f"{how}; worker: ReplicationWorker with a counting coroutine callback; baseline: read and count newlines")
     best: dict[str, tuple[float, float]] = {}
-    for rep in range(repeat):
+    for rep in range(0 if known.in_process else repeat):
         for kind, run in (("worker", _worker_run), ("baseline", _baseline_run)):
             proc, port = _serve(facts, per_write, pause)
             elapsed, cpu = asyncio.run(run(port, facts))
@@ -269,22 +285,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  run {rep + 1} {kind:<8} {rate:>10,.0f} facts/s; CPU {1e6 * cpu / facts:.2f} us/fact", flush=True)
             if kind not in best or rate > best[kind][0]:
                 best[kind] = (rate, 1e6 * cpu / facts)
-    (w_rate, w_cpu), (b_rate, b_cpu) = best["worker"], best["baseline"]
-    print(f"best: worker {w_rate:,.0f} facts/s at {w_cpu:.2f} us/fact; reading the bytes alone {b_rate:,.0f} "
-          f"facts/s at {b_cpu:.2f} us/fact; the worker's own work {w_cpu - b_cpu:.2f} us/fact")
-    print("in process, no socket, 64 KiB chunks (the receive path alone):")
-    best_cost = {}
+    if best:
+        (w_rate, w_cpu), (b_rate, b_cpu) = best["worker"], best["baseline"]
+        print(f"best: worker {w_rate:,.0f} facts/s at {w_cpu:.2f} us/fact; reading the bytes alone {b_rate:,.0f} "
+              f"facts/s at {b_cpu:.2f} us/fact; the worker's own work {w_cpu - b_cpu:.2f} us/fact")
+    from replication.protocol.wire_json import use_fast_paths
+
+    print(f"in process, no socket, 64 KiB chunks (the receive path alone), median of {repeat} runs "
+          f"(interleaved); load avg {load_average()}:")
+    costs: dict[tuple[str, str], list[float]] = {}
+    for _ in range(repeat):
+        for library in ("stdlib", "msgspec"):
+            use_fast_paths(library == "msgspec")  # the workers' rows: the standard library alone, or msgspec
+            costs.setdefault((library, "floor"), []).append(_floor_run(facts, library))
+            for transport in ("tcp", "redis"):
+                costs.setdefault((library, transport), []).append(asyncio.run(_in_process_run(transport, facts)))
+    use_fast_paths(True)
+    for library in ("stdlib", "msgspec"):
+        floor = _median(costs[(library, "floor")])
+        print(f"  rows decoded with {library}:")
+        print(f"    floor: split, int(token), the row's JSON, nothing else: {floor:.2f} us/fact "
+              f"(runs: {', '.join(f'{c:.2f}' for c in costs[(library, 'floor')])})")
+        for transport in ("tcp", "redis"):
+            runs = costs[(library, transport)]
+            print(f"    {transport:<6} worker: {_median(runs):.2f} us/fact, {_median(runs) / floor:.2f}x the floor "
+                  f"(runs: {', '.join(f'{c:.2f}' for c in runs)})", flush=True)
     for transport in ("tcp", "redis"):
-        costs = [asyncio.run(_in_process_run(transport, facts)) for _ in range(repeat)]
-        best_cost[transport] = min(costs)
-        print(f"  {transport:<6} worker: {min(costs):.2f} us/fact (runs: {', '.join(f'{c:.2f}' for c in costs)})",
-              flush=True)
-    costs = [_observer_run(facts) for _ in range(repeat)]
-    print(f"  Synapse observer (synapse_attach): {min(costs):.2f} us/fact, {min(costs) / best_cost['redis']:.2f}x "
-          f"the Redis worker (runs: {', '.join(f'{c:.2f}' for c in costs)})", flush=True)
-    costs = [_floor_run(facts) for _ in range(repeat)]
-    print(f"  floor: split, decode, int(token), the row's JSON, nothing else: {min(costs):.2f} us/fact "
-          f"(runs: {', '.join(f'{c:.2f}' for c in costs)})", flush=True)
+        print(f"  {transport} worker, msgspec against the standard library: "
+              f"{_median(costs[('msgspec', transport)]) / _median(costs[('stdlib', transport)]):.2f}x the CPU per fact")
+    redis = _median(costs[("msgspec", "redis")])
+    runs = [_observer_run(facts) for _ in range(repeat)]
+    print(f"  Synapse observer (synapse_attach): {_median(runs):.2f} us/fact, {_median(runs) / redis:.2f}x the Redis "
+          f"worker (runs: {', '.join(f'{c:.2f}' for c in runs)})", flush=True)
+    print(f"load avg {load_average()}")
     return 0
 
 

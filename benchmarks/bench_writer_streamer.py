@@ -9,12 +9,18 @@ a child process per run, alternating:
 * **streamer on**: ``REDIS_URL`` set, as a writer of a cluster: every advance becomes one
   channel-layer message and a PUBLISH per line on the Synapse channel (nobody listens but
   the writer's own bridge);
+* **streamer on, rows by the standard library**: the same, with the fast paths of
+  ``replication/protocol/wire_json.py`` off (``use_fast_paths(False)``): every row encoded by
+  the standard library's ``json``, as before msgspec;
 * **baseline, no streamer**: ``REDIS_URL`` unset, the same writer otherwise, same server.
 
 Printed per run: facts/s, process CPU per fact, and per thread (``/proc/self/task``) user
-and system CPU per fact: the writing thread and ``replication-streamer``. The ratio printed
-at the end is the best streamer-on rate over the best baseline rate. This is the single
-writer's part of ``bench_cluster``'s end-to-end figure (docs/benchmarks.md).
+and system CPU per fact: the writing thread (``MainThread``, which encodes each advance's
+lines) and ``replication-streamer``. At the end: the writing thread's CPU per fact with rows
+by msgspec and by the standard library and the baseline's (median of the runs), the best
+streamer-on rate over the best baseline rate; and, in this process, the row encoding alone on
+the benchmark's rows (``encode_rows`` of 100 rows against ``encode_json`` of each). This is
+the single writer's part of ``bench_cluster``'s end-to-end figure (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -47,8 +53,11 @@ def _thread_times() -> dict[str, tuple[int, int]]:
     return out
 
 
-def _child(env: dict, facts: int, seed: int, results) -> None:
+def _child(env: dict, facts: int, seed: int, results, fast_json: bool = True) -> None:
     try:
+        from replication.protocol.wire_json import use_fast_paths
+
+        use_fast_paths(fast_json)
         os.environ.update(env)
         if not env.get("REDIS_URL"):
             os.environ.pop("REDIS_URL", None)
@@ -90,6 +99,38 @@ def _child(env: dict, facts: int, seed: int, results) -> None:
         results.put(("error", f"{type(e).__name__}: {e}"))
 
 
+def _row_encoding(repeat: int) -> None:
+    """The row encoding alone, in this process, on the benchmark's rows (synthetic receipts in
+    runs of 100, as an advance of 100 facts): the standard library's ``encode_json`` per row
+    against ``encode_rows`` of a run; median of ``repeat`` rounds of 300 runs each."""
+    import random
+
+    import django
+
+    django.setup()  # the settings of migrated_database's environment
+    from replication.protocol.wire_json import encode_json, encode_rows
+    from streams.models import Receipt
+
+    rng = random.Random(0)
+    fields = Receipt.WIRE_FIELDS
+    runs = [[[row[f] for f in fields] for row in (Receipt.synthetic(rng, i * PER_TXN + n) for n in range(PER_TXN))]
+            for i in range(300)]
+    assert [encode_rows(rows) for rows in runs] == [[encode_json(r).encode() for r in rows] for rows in runs]
+    std, fast = [], []
+    for _ in range(repeat):
+        c = time.process_time()
+        for rows in runs:
+            [encode_json(row) for row in rows]
+        std.append(1e6 * (time.process_time() - c) / (300 * PER_TXN))
+        c = time.process_time()
+        for rows in runs:
+            encode_rows(rows)
+        fast.append(1e6 * (time.process_time() - c) / (300 * PER_TXN))
+    s, f = sorted(std)[len(std) // 2], sorted(fast)[len(fast) // 2]
+    print(f"row encoding alone (this process, the benchmark's rows, median of {repeat}): standard library "
+          f"{s:.3f} us/row, encode_rows {f:.3f} us/row: {s / f:.1f}x faster")
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks._setup import run_size
 
@@ -108,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
               f"(the first transaction is a warm-up, not timed), one child process per run")
         print()
         ctx = mp.get_context("spawn")
-        best = {"streamer": 0.0, "baseline": 0.0}
+        kinds = {"msgspec": "streamer on", "stdlib": "stdlib rows", "baseline": "no streamer"}
+        best = dict.fromkeys(kinds, 0.0)
+        main_thread: dict[str, list[float]] = {kind: [] for kind in kinds}
         for rep in range(repeat):
-            for kind in ("streamer", "baseline"):
+            for kind, label in kinds.items():
                 env = {k: v for k, v in db.env.items() if isinstance(v, str)}
-                env["REDIS_URL"] = db.redis.url if kind == "streamer" else ""
+                env["REDIS_URL"] = db.redis.url if kind != "baseline" else ""
                 results = ctx.Queue()
-                proc = ctx.Process(target=_child, args=(env, facts, rep, results), daemon=True)
+                proc = ctx.Process(target=_child, args=(env, facts, rep, results, kind != "stdlib"), daemon=True)
                 proc.start()
                 msg = results.get(timeout=600)
                 proc.join(30)
@@ -123,14 +166,22 @@ def main(argv: list[str] | None = None) -> int:
                 _, written, elapsed, cpu, threads = msg
                 rate = written / elapsed
                 best[kind] = max(best[kind], rate)
+                user, system = threads.get("MainThread", (0.0, 0.0))
+                main_thread[kind].append(1e6 * (user + system) / written)
                 per = ", ".join(f"{name} {1e6 * u / written:.1f} + {1e6 * s / written:.1f}"
                                 for name, (u, s) in sorted(threads.items()) if u + s > 0)
-                label = "streamer on" if kind == "streamer" else "no streamer"
                 print(f"  run {rep + 1} {label:<12} {rate:>9,.0f} facts/s; process CPU {1e6 * cpu / written:.1f} "
                       f"us/fact; per thread, user + system us/fact: {per}", flush=True)
         print()
-        print(f"best: streamer on {best['streamer']:,.0f} facts/s, no streamer (baseline) {best['baseline']:,.0f} "
-              f"facts/s: ratio {best['streamer'] / best['baseline']:.2f}")
+        med = {kind: sorted(v)[len(v) // 2] for kind, v in main_thread.items()}
+        print(f"writing thread (MainThread), median: rows by msgspec {med['msgspec']:.1f} us/fact, by the standard "
+              f"library {med['stdlib']:.1f}, no streamer {med['baseline']:.1f}: the streamer's part "
+              f"{med['msgspec'] - med['baseline']:.1f} against {med['stdlib'] - med['baseline']:.1f} us/fact")
+        print(f"best: streamer on {best['msgspec']:,.0f} facts/s, with stdlib rows {best['stdlib']:,.0f}, no streamer "
+              f"(baseline) {best['baseline']:,.0f} facts/s: ratio {best['msgspec'] / best['baseline']:.2f} "
+              f"(stdlib rows {best['stdlib'] / best['baseline']:.2f})")
+        _row_encoding(repeat)
+        print(f"load avg {load_average()}")
     return 0
 
 

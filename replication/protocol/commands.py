@@ -20,10 +20,11 @@ something we cannot accept (its ``error_text`` is what to send back in ``ERROR``
 from __future__ import annotations
 
 import itertools
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+
+from replication.protocol import wire_json as _wire_json
+from replication.protocol.wire_json import _encode, decode_json, decode_row, encode_json
 
 __all__ = [
     "MAX_LINE_LENGTH",
@@ -108,76 +109,7 @@ class LocalProtocolError(ProtocolError):
     long, a value JSON cannot carry, or a command our side may not send."""
 
 
-# --- JSON ---------------------------------------------------------------------------------
-
-
-def _encode_mapping(value: object) -> dict[Any, Any]:
-    # Synapse serialises its immutabledict rows as objects; accept any read-only mapping.
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"Invalid JSON value: {name!r}")
-
-
-# Byte for byte what Synapse's ``json_encoder`` produces: compact separators, no NaN or
-# Infinity, tuples as arrays, and the stdlib default ``ensure_ascii=True`` (non-ASCII text
-# goes out as ``\uXXXX`` escapes, so JSON fields are always pure ASCII).
-_ENCODER = json.JSONEncoder(
-    ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_encode_mapping
-)
-# The standard decoder, minus the Python extensions NaN, Infinity and -Infinity.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-# RDATA rows are encoded hundreds of thousands of times a second, and most of
-# ``JSONEncoder.encode``'s cost is per-call Python set-up around the C encoder. Calling the
-# C encoder directly, configured like _ENCODER, gives the same text about twice as fast
-# (tests compare the two). It skips the circular-reference check, so a cyclic value fails
-# with RecursionError instead of ValueError; format_command reports both the same way.
-_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-if _c_make_encoder is not None:
-    _c_iterencode = _c_make_encoder(
-        None,  # no circular-reference markers
-        _encode_mapping,  # default
-        json.encoder.encode_basestring_ascii,  # ensure_ascii=True
-        None,  # indent
-        ":",  # key separator
-        ",",  # item separator
-        False,  # sort_keys
-        False,  # skipkeys
-        False,  # allow_nan
-    )
-
-    def _encode(value: Any) -> str:
-        return "".join(_c_iterencode(value, 0))
-
-else:  # pragma: no cover - Python builds without the _json accelerator
-    _encode = _ENCODER.encode  # type: ignore[assignment]  # same signature, bound method
-
-
-def encode_json(value: Any) -> str:
-    """Serialise ``value`` the way Synapse does (compact, ASCII, no NaN or Infinity)."""
-    return _encode(value)
-
-
-_scan_once = _DECODER.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, not in typeshed
-
-
-def decode_json(text: str) -> Any:
-    """Parse one JSON value, rejecting ``NaN``, ``Infinity`` and ``-Infinity``."""
-    # Fast path for the usual case, a value filling the whole text: the decoder's own
-    # scanner without decode()'s whitespace handling. Anything else (surrounding
-    # whitespace, extra data, nothing at all) goes through decode() for its exact errors.
-    try:
-        value, end = _scan_once(text, 0)
-    except StopIteration:
-        return _DECODER.decode(text)
-    if end != len(text):
-        return _DECODER.decode(text)
-    return value
-
+# --- JSON: Synapse's rules, in wire_json (encode_json and decode_json are part of this API) ----
 
 # --- commands -----------------------------------------------------------------------------
 
@@ -259,7 +191,7 @@ class RdataCommand(Command):
     def from_body(cls, body: str) -> RdataCommand:
         stream_name, instance_name, token, row_json = body.split(" ", 3)
         parsed_token = None if token == "batch" else int(token)
-        row = decode_json(row_json)
+        row = decode_row(row_json)
         if cls is not RdataCommand:
             return cls(stream_name, instance_name, parsed_token, row)
         # Every line a worker receives: a frozen dataclass's __init__ sets each field through
@@ -319,24 +251,52 @@ class RdataRun:
         return f"RdataRun({self.stream_name!r}, {self.instance_name!r}, {len(self.entries)} entries)"
 
 
-def add_rdata_line(out: list[Any], line: str) -> bool:
-    """Parse ``line`` if it is a well-formed current-generation RDATA line and add it to
-    ``out``: to its last item if that is the :class:`RdataRun` of the same stream and writer,
-    else as a new run. Returns False, changing nothing, for any other line (another command,
-    or an RDATA line :func:`parse_line` would refuse: the caller takes that way for the error).
+def add_rdata_line(out: list[Any], line: bytes | str) -> bool:
+    """Parse ``line`` (as received, or decoded) if it is a well-formed current-generation RDATA
+    line and add it to ``out``: to its last item if that is the :class:`RdataRun` of the same
+    stream and writer, else as a new run. Returns False, changing nothing, for any other line
+    (another command, or an RDATA line :func:`parse_line` would refuse: the caller takes that
+    way for the error).
+
+    Bytes are split and their row decoded without decoding the line first (a worker's hot
+    path); a line that way cannot take (invalid UTF-8, a token in non-ASCII digits) is decoded
+    and read as text, so both give the same runs.
     """
-    if not line.startswith("RDATA "):
+    if not isinstance(line, bytes):
+        return _add_rdata_text(out, line)
+    if not line.startswith(b"RDATA "):
         return False
     try:
         # the same fields and conversions as RdataCommand.from_body, in the same order
+        _, stream, instance, token, row_json = line.split(b" ", 4)
+        parsed_token = None if token == b"batch" else int(token)
+        try:  # decode_row, inline (once per fact in every worker)
+            row = _wire_json.row_decoder(row_json)
+        except Exception:
+            row = decode_row(row_json)
+        stream_name, instance_name = stream.decode(), instance.decode()
+    except Exception:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return _add_rdata_text(out, text)
+    last = out[-1] if out else None
+    if type(last) is RdataRun and last.instance_name == instance_name and last.stream_name == stream_name:
+        last.entries.append((parsed_token, row))
+    else:
+        out.append(RdataRun(stream_name, instance_name, [(parsed_token, row)]))
+    return True
+
+
+def _add_rdata_text(out: list[Any], line: str) -> bool:
+    """:func:`add_rdata_line` of a decoded line."""
+    if not line.startswith("RDATA "):
+        return False
+    try:
         _, stream_name, instance_name, token, row_json = line.split(" ", 4)
         parsed_token = None if token == "batch" else int(token)
-        try:  # decode_json's fast path, inline (once per fact in every worker)
-            row, end = _scan_once(row_json, 0)
-        except StopIteration:
-            end = -1
-        if end != len(row_json):
-            row = decode_json(row_json)
+        row = decode_row(row_json)
     except Exception:
         return False
     last = out[-1] if out else None

@@ -194,12 +194,8 @@ class ReplicationConnection:
         try:
             while lines:
                 raw = lines.popleft()
-                if fast and raw.startswith(b"RDATA ") and len(raw) <= limit:
-                    try:
-                        if add_rdata_line(out, raw.decode("utf-8")):
-                            continue
-                    except UnicodeDecodeError:
-                        pass  # _command names the error
+                if fast and raw.startswith(b"RDATA ") and len(raw) <= limit and add_rdata_line(out, raw):
+                    continue  # else _command names the error
                 cmd = command(raw)
                 if cmd is not None:
                     out.append(cmd)

@@ -24,8 +24,8 @@ from replication.protocol.commands import (
     Command,
     PositionCommand,
     RdataCommand,
-    encode_json,
 )
+from replication.protocol.wire_json import encode_rows
 
 #: ``type`` of the channel-layer message that carries a writer's run.
 RUN_MESSAGE_TYPE = "replication.lines"
@@ -50,27 +50,41 @@ def add_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
 def build_lines(stream_name: str, writer: str, prev: int, new: int,
                 facts: Sequence[tuple[int, Sequence[Any]]]) -> list[str]:
     """RDATA/POSITION lines for ``facts`` (wire tokens, ascending) covering ``(prev, new]``."""
-    lines: list[str] = []
-    last = None
-    # RdataCommand(...).to_line() without a command object per row (hot path; tests check
-    # the lines are the same)
-    batch_prefix = f"{RdataCommand.NAME} {stream_name} {writer} batch "
-    prefix = f"{RdataCommand.NAME} {stream_name} {writer} "
-    append = lines.append
-    for token, rows in facts:
-        if len(rows) == 1:
-            append(f"{prefix}{token} {encode_json(rows[0])}")
-            last = token
-            continue
-        for row in rows[:-1]:
-            append(batch_prefix + encode_json(row))
-        if rows:
-            append(f"{prefix}{token} {encode_json(rows[-1])}")
+    return [line.decode() for line in build_line_bytes(stream_name, writer, prev, new, facts)]
+
+
+def build_line_bytes(stream_name: str, writer: str, prev: int, new: int,
+                     facts: Sequence[tuple[int, Sequence[Any]]]) -> list[bytes]:
+    """:func:`build_lines`, encoded: what a writer's streamer sends. The rows are encoded
+    together (:func:`~.wire_json.encode_rows`: msgspec where its bytes are the standard
+    encoder's), each line made as bytes, never as text first."""
+    # RdataCommand(...).to_line().encode() without a command object per row (hot path; tests
+    # check the lines are the same)
+    prefix = f"{RdataCommand.NAME} {stream_name} {writer} ".encode()
+    if all(len(rows) == 1 for _, rows in facts):  # the usual advance: a row per fact
+        jsons = encode_rows([rows[0] for _, rows in facts])
+        lines = [b"%s%d %s" % (prefix, token, row) for (token, _), row in zip(facts, jsons)]
+        last = facts[-1][0] if facts else None
+    else:
+        jsons = encode_rows([row for _, rows in facts for row in rows])
+        batch_prefix = prefix + b"batch "
+        lines = []
+        append = lines.append
+        last = None
+        i = 0
+        for token, rows in facts:
+            if not rows:
+                continue
+            n = len(rows) - 1
+            for row in jsons[i:i + n]:
+                append(batch_prefix + row)
+            append(b"%s%d %s" % (prefix, token, jsons[i + n]))
+            i += n + 1
             last = token
     if last is None:
-        lines.append(PositionCommand(stream_name, writer, prev, new).to_line())
+        lines.append(PositionCommand(stream_name, writer, prev, new).to_line().encode())
     elif last < new:
-        lines.append(PositionCommand(stream_name, writer, last, new).to_line())
+        lines.append(PositionCommand(stream_name, writer, last, new).to_line().encode())
     return lines
 
 
@@ -187,8 +201,7 @@ def encode_run(stream_name: str, writer: str, prev: int, new: int,
                facts: Sequence[tuple[int, Sequence[Any]]]) -> EncodedRun:
     """A writer's ``facts`` (wire tokens, ascending) covering ``(prev, new]`` as one run,
     encoded once; and the line kept back as too long for a peer (:func:`fit_lines`), if any."""
-    lines, oversized = fit_lines(stream_name, writer, prev, new,
-                                 [line.encode() for line in build_lines(stream_name, writer, prev, new, facts)])
+    lines, oversized = fit_lines(stream_name, writer, prev, new, build_line_bytes(stream_name, writer, prev, new, facts))
     run = WriterRun(stream_name, writer, prev, new, b"\n".join(lines) + b"\n", _run_counts(lines))
     return EncodedRun(run, lines, oversized)
 

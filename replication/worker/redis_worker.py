@@ -152,13 +152,10 @@ class RedisReplicationWorker(BaseReplicationWorker):
         for reply in replies:
             if type(reply) is bytes:
                 messages += 1
-                if reply.startswith(b"RDATA "):
-                    # The hot path: RDATA gathered in runs per writer, no command object each.
-                    try:
-                        if add_rdata_line(cmds, reply.decode("utf-8")):
-                            continue
-                    except UnicodeDecodeError:
-                        pass  # _parse names the error
+                if reply.startswith(b"RDATA ") and add_rdata_line(cmds, reply):
+                    # The hot path: RDATA gathered in runs per writer, no command object each
+                    # (a line it refuses goes to _parse, which names the error).
+                    continue
                 cmd = self._parse(reply)
                 if cmd is not None:
                     cmds.append(cmd)
