@@ -145,7 +145,7 @@ class EventPersister:
                 reader = BatchReader(self.state, self.facts, self.matrix, self.resolved, self.chains,
                                      self.lineage, room_infos)
                 group_ids = self.state.reserve(cur, 2 * len(events))
-                snapshot = load_snapshot(cur, reader, events, self.rooms, group_ids)
+                snapshot = load_snapshot(cur, reader, events, self.rooms, group_ids, backfill=backfill)
                 plan = self.plan(cur, reader, events, ids, snapshot, backfill=backfill, now_ms=int(time.time() * 1000))
                 # nothing below reads a result: send it all in one pipeline (one network wait)
                 with pipeline(cur):

@@ -259,7 +259,7 @@ class RoomContexts:
 
 
 def load_snapshot(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent], contexts: RoomContexts,
-                  group_ids: list[int]) -> Snapshot:
+                  group_ids: list[int], *, backfill: bool = False) -> Snapshot:
     """What planning ``events`` starts from: the stored events they refer to, the redactions
     waiting for them, their rooms' contexts (rows locked for this transaction; the cached
     ones as they are, the planner forks them), and the state group IDs reserved for them;
@@ -268,18 +268,20 @@ def load_snapshot(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent
     known, waiting = _load_known(cursor, events)
     rooms = load_rooms(cursor, reader, sorted({ev.room_id for ev in events}), contexts)
     snapshot = Snapshot(rooms=rooms, known=known, waiting_redactions=waiting, group_ids=group_ids)
-    prefetch(cursor, reader, events, snapshot)
+    prefetch(cursor, reader, events, snapshot, backfill=backfill)
     return snapshot
 
 
-def prefetch(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent], snapshot: Snapshot) -> None:
+def prefetch(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent], snapshot: Snapshot, *,
+             backfill: bool = False) -> None:
     """Read what the plan of ``events`` will ask for, where it can be known before planning:
     the stored auth events (one query: each event asking for its own cost a round trip per
     miss, and at 100,000 rooms the members' events outgrow the cache), the stored
     redactions and redaction targets the batch's redactions are checked with, and for
     events off their room's current state (forks, backfill) the chain lengths and states
     of their prevs' stored groups, and the room's auth chain index if the event merges
-    several groups. Whatever else the plan misses it asks for (``NeedsData``), and is
+    branches in different states (or, live, starts a branch off a state other than the
+    current one). Whatever else the plan misses it asks for (``NeedsData``), and is
     planned again."""
     by_id = {ev.event_id: ev for ev in events}
     known = snapshot.known
@@ -306,9 +308,13 @@ def prefetch(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent], sn
                 if row is not None and not row.outlier and row.state_group is not None}
         recent = {u[0] for u in ctx.undo}
         groups.update(g for g in mine if g != ctx.current_group and g not in recent)
-        # a merge of branches, or a new branch (current state is then resolved from the
-        # forward extremities): state resolution may ask for the room's auth chains
-        if len(ev.prev_events) > 1 or any(p in known and p not in ctx.forward for p in ev.prev_events):
+        # a merge of branches in different states, or (live) a new branch off a state other
+        # than the current one (current state is then resolved from the forward
+        # extremities): state resolution may ask for the room's auth chains
+        if not backfill and ctx.current_group is not None and any(
+                p in known and p not in ctx.forward for p in ev.prev_events):
+            mine.add(ctx.current_group)
+        if len(mine) > 1:
             merging.add(ev.room_id)
     if groups:
         reader.state.load_chain_lengths(cursor, groups)
