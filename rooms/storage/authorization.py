@@ -733,7 +733,20 @@ class RoomAuthChainsBatch:
             done.popitem(last=False)
 
     def delta(self) -> ChainsDelta:
-        return ChainsDelta(self.added, self.indexes, self.used, self.unplaced, self.checked, self.loads, self.walks)
+        """What the batch adds to the cache: the indexes it built, and those the loader read
+        that its plan did not use (with the batch's events: they are the stored ones)."""
+        indexes = self.indexes
+        unused = [r for r in self.loaded if r not in indexes]
+        if unused:
+            indexes = dict(indexes)
+            for room_id in unused:
+                added = self.added.get(room_id)
+                index = self.loaded[room_id]
+                if added:
+                    index = index.copy()
+                    index.extend(added)
+                indexes[room_id] = index
+        return ChainsDelta(self.added, indexes, self.used, self.unplaced, self.checked, self.loads, self.walks)
 
 
 def redaction_applies(redaction: MatrixEvent, target: MatrixEvent, events: MatrixEvents | MatrixEventsBatch) -> bool:

@@ -300,6 +300,7 @@ def prefetch(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent], sn
         reader.matrix.load(cursor, wanted)
     groups: set[int] = set()
     merging: set[str] = set()
+    branched: set[str] = set()  # prevs of the batch's events (a second reference: a branch)
     for ev in events:
         if ev.outlier or ev.state_before is not None:
             continue
@@ -308,13 +309,15 @@ def prefetch(cursor: Any, reader: BatchReader, events: Sequence[ParsedEvent], sn
                 if row is not None and not row.outlier and row.state_group is not None}
         recent = {u[0] for u in ctx.undo}
         groups.update(g for g in mine if g != ctx.current_group and g not in recent)
-        # a merge of branches in different states, or (live) a new branch off a state other
-        # than the current one (current state is then resolved from the forward
-        # extremities): state resolution may ask for the room's auth chains
-        if not backfill and ctx.current_group is not None and any(
-                p in known and p not in ctx.forward for p in ev.prev_events):
-            mine.add(ctx.current_group)
-        if len(mine) > 1:
+        # state resolution may ask for the room's auth chains: at a merge of branches in
+        # different states (or whose states are planned in this batch), and (live) after a
+        # new branch, when current state is resolved from the forward extremities
+        if not backfill:
+            for p in ev.prev_events:
+                if p in branched or (ctx.current_group is not None and p in known and p not in ctx.forward):
+                    merging.add(ev.room_id)
+                branched.add(p)
+        if len(mine) > 1 or (len(ev.prev_events) > 1 and any(p in by_id for p in ev.prev_events)):
             merging.add(ev.room_id)
     if groups:
         reader.state.load_chain_lengths(cursor, groups)
