@@ -161,6 +161,7 @@ def plan_rows(plan):
 
 
 @ON_BOTH_DATABASES
+@pytest.mark.parametrize("default_database", ["postgresql"], indirect=True)  # (the loads' SQL: tested on both above)
 def test_a_plan_that_misses_reads_it_and_plans_again_to_the_warm_plans_rows(store, monkeypatch):
     """The same batch (a fork from a few events back and its merge, a member leaving, a
     redaction of a stored message, a history visibility change) planned by the persister
@@ -188,7 +189,7 @@ def test_a_plan_that_misses_reads_it_and_plans_again_to_the_warm_plans_rows(stor
 
     def plan_with(persister, *, prefetch: bool):
         if not prefetch:
-            monkeypatch.setattr("rooms.storage.plan_loader.prefetch", lambda *args: None)
+            monkeypatch.setattr("rooms.storage.plan_loader.prefetch", lambda *args, **kwargs: None)
         try:
             with transaction.atomic(), store_cursor() as cur:
                 infos = persister.room_infos.batch("default")
