@@ -75,7 +75,13 @@ def worker(sizes: list[int], forks: int) -> dict:
             self.resolved = authorization.ResolvedStates()
             chains = authorization.RoomAuthChains()
             # a checkout whose planner reads the chains through a batch view
-            self.chains = chains.batch(None) if hasattr(chains, "batch") else chains
+            if not hasattr(chains, "batch"):
+                self.chains = chains
+            else:
+                try:
+                    self.chains = chains.batch(stored=False)  # no database under this planner
+                except TypeError:  # a checkout whose batch view reads through a cursor
+                    self.chains = chains.batch(None)
             if GroupLineage is not None:
                 self.lineage = GroupLineage()
             self.groups: dict = {}
@@ -154,9 +160,13 @@ def worker(sizes: list[int], forks: int) -> dict:
             snapshot = Snapshot(rooms={room_id: ctx}, known={e: known[e] for e in wanted if e in known})
             if hasattr(snapshot, "group_ids"):  # the IDs this batch's groups take
                 snapshot.group_ids = list(range(reader.next_id + 1, reader.next_id + 1 + 2 * len(events)))
-            planner.plan_batch(events, ids, snapshot, reader, backfill=backfill, now_ms=1)
+            plan = planner.plan_batch(events, ids, snapshot, reader, backfill=backfill, now_ms=1)
             infos.commit()
-            for ev in events:
+            # a checkout whose planner changes neither the events nor the snapshot: its decisions
+            # are the plan's copies and forks
+            for after in getattr(plan, "rooms_after", ()):
+                ctx_box[after.room_id] = after
+            for ev in getattr(plan, "decided", None) or events:
                 known[ev.event_id] = KnownEvent(ev.event_id, ev.room_id, ev.topological_ordering,
                                                 ev.stream_ordering, ev.outlier, bool(ev.rejected_reason),
                                                 ev.state_group_after)

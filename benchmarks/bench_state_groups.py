@@ -71,6 +71,7 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
     """The room's groups (ids, in order) and the rows they would take as full snapshots."""
     from django.db import transaction
 
+    from rooms.storage.plan_needs import NeedsData
     from rooms.storage.plan_writer import write_state_groups
     from rooms.storage.sql import insert_rows, store_cursor
 
@@ -85,7 +86,7 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
     while made <= groups:
         with transaction.atomic(), store_cursor() as cur:
             batch = []
-            planning = store.batch(cur)  # the groups of one transaction, applied once written
+            planning = store.batch()  # the groups of one transaction, applied once written
             reserved = store.reserve(cur, BATCH)
             for _ in range(min(BATCH, groups + 1 - made)):
                 if parent is None:
@@ -96,8 +97,14 @@ def build_room(store, room: str, size: int, groups: int, seed: int) -> tuple[lis
                 else:
                     delta = {("m.room.member", f"@u{rng.randrange(users)}:hs"): f"$e{made}"}
                 current.update(delta)
-                g = planning.new_group(reserved[len(batch)], room_id=room, event_id=f"${room}/{made}", parent=parent,
-                                       parent_chain_length=chain, delta=delta, full_state=lambda: current)
+                while True:
+                    try:
+                        g = planning.new_group(reserved[len(batch)], room_id=room, event_id=f"${room}/{made}",
+                                               parent=parent, parent_chain_length=chain, delta=delta,
+                                               full_state=lambda: current)
+                        break
+                    except NeedsData as needs:  # a stored chain the view has not read: read it, ask again
+                        planning.load(cur, needs)
                 batch.append(g)
                 ids.append(g.id)
                 full_rows += len(current)

@@ -739,6 +739,12 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
         finally:
             gc.callbacks.remove(gc_timer)
         print_persist_table(record, session)
+        if event_writers == 1:  # (the writer processes' persisters are their own)
+            replans = getattr(persister, "replans", None)
+            if replans is not None:  # batches planned again after reading what a plan missed
+                kinds = ", ".join(f"{n:,} for {kind}" for kind, n in sorted(persister.replan_kinds.items()))
+                print(f"replans (a batch planned again after reading what its plan missed): {replans:,} in this "
+                      "process" + (f" ({kinds})" if kinds else ""))
         if stopped:
             return None
         record.phase = "baseline"

@@ -3,8 +3,9 @@ authorized and of which version, the events the auth rules and state resolution 
 once, cached, loaded from the database on a miss), and the three decisions the store takes
 with them -- an event's verdict, the state at a fork, whether a redaction takes effect.
 
-Everything here is read through a cursor handed in by the caller (the persist transaction);
-the core itself stays pure. Design notes: docs/storage.md ("Authorization and state
+What the batch views here read from the database, the loader reads for them through the
+open transaction's cursor (``load``); the views themselves hold none, and the core stays
+pure. Design notes: docs/storage.md ("Authorization and state
 resolution").
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rooms.matrix.state_res import (
 from rooms.matrix.state_res import auth_difference as walked_difference
 from rooms.storage.chain_index_store import load_room
 from rooms.storage.incoming_events import BadEvent, RoomInfo, StateKey, StateMap
+from rooms.storage.plan_needs import AUTH_CHAINS, EVENTS, NeedsData
 from rooms.storage.sql import array, in_array, store_cursor
 from rooms.storage.state_deltas import LineageReads, Resolution
 from rooms.storage.state_groups import _LRU
@@ -165,8 +167,8 @@ class _ByEntry(Mapping[str, MatrixEvent]):
 
 class MatrixEvents(_ByEntry):
     """event_id -> the core's ``Event`` (and whether it was rejected): a bounded cache in front
-    of the ``events`` table. A batch reads through a :class:`MatrixEventsBatch` (a miss reads
-    the row with the open transaction's cursor, so events persisted by another process are
+    of the ``events`` table. A batch reads through a :class:`MatrixEventsBatch` (a miss is
+    read by the loader in the open transaction, so events persisted by another process are
     seen too); what it planned or loaded is added with :meth:`apply` once it commits."""
 
     def __init__(self, rooms: RoomInfos, size: int = 300_000) -> None:
@@ -210,8 +212,8 @@ class MatrixEvents(_ByEntry):
         while len(self._d) > self.size:
             self._d.popitem(last=False)
 
-    def batch(self, rooms: RoomInfosBatch, cursor: Any) -> MatrixEventsBatch:
-        return MatrixEventsBatch(self, rooms, cursor)
+    def batch(self, rooms: RoomInfosBatch) -> MatrixEventsBatch:
+        return MatrixEventsBatch(self, rooms)
 
     def apply(self, delta: MatrixEventsDelta) -> None:
         """A committed batch's state events and the events it loaded."""
@@ -229,19 +231,24 @@ class MatrixEventsDelta(NamedTuple):
 
 
 class MatrixEventsBatch(_ByEntry):
-    """One batch's view of :class:`MatrixEvents`: the events it plans and loads are its own
-    (a miss is read with :attr:`cursor`, the open transaction's); the cache under it is
-    only read."""
+    """One batch's view of :class:`MatrixEvents`: the events it plans are its own, the
+    stored ones the loader read for it (:meth:`load`, on the open transaction) are kept
+    across its plans; the cache under it is only read. The view holds no cursor: an event
+    it does not have raises :class:`~rooms.storage.plan_needs.NeedsData`."""
 
-    def __init__(self, base: MatrixEvents, rooms: RoomInfosBatch, cursor: Any) -> None:
+    def __init__(self, base: MatrixEvents, rooms: RoomInfosBatch) -> None:
         self.base = base
         self.rooms = rooms
-        self.cursor = cursor
-        self.own: dict[str, tuple[MatrixEvent, bool]] = {}
-        #: asked for and not in the table (not asked again in this batch)
-        self._missing: set[str] = set()
+        #: stored events read for this batch, and those asked for and not in the table
+        self.loaded: dict[str, tuple[MatrixEvent, bool]] = {}
+        self.absent: set[str] = set()
         self.rejected = _Rejected(self)
         self.loads = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """The events a plan added dropped (a new plan of the batch starts from what was loaded)."""
+        self.own: dict[str, tuple[MatrixEvent, bool]] = {}
 
     def entry(self, event_id: str) -> tuple[MatrixEvent, bool] | None:
         entry = self.own.get(event_id)
@@ -252,31 +259,50 @@ class MatrixEventsBatch(_ByEntry):
         if entry is not None:
             cached.move_to_end(event_id)
             return entry
-        if event_id not in self._missing and self.cursor is not None:
-            self.ensure([event_id])
-            entry = self.own.get(event_id)
+        entry = self.loaded.get(event_id)
+        if entry is None and event_id not in self.absent:
+            raise NeedsData(EVENTS, [event_id])
         return entry
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self.own) + [e for e in self.base if e not in self.own])
+        mine = {**self.loaded, **self.own}
+        return iter(list(mine) + [e for e in self.base if e not in mine])
 
     def __len__(self) -> int:
-        return len(self.own) + sum(1 for e in self.base if e not in self.own)
+        mine = {**self.loaded, **self.own}
+        return len(mine) + sum(1 for e in self.base if e not in mine)
 
     def add(self, event: MatrixEvent, rejected: bool) -> None:
         """An event planned in this batch (only state events are kept: see ``MatrixEvents.add``)."""
-        self._missing.discard(event.event_id)
         if event.state_key is not None:
             self.own[event.event_id] = (event, rejected)
 
+    def missing(self, event_ids: Iterable[str]) -> list[str]:
+        """Those of ``event_ids`` the batch neither has nor knows to be absent."""
+        own, cached, loaded, absent = self.own, self.base._d, self.loaded, self.absent
+        return [e for e in set(event_ids) if e not in own and e not in cached and e not in loaded and e not in absent]
+
     def ensure(self, event_ids: Iterable[str]) -> None:
-        """Load the events not known yet, in one query (unknown ones are remembered as
-        unknown for the rest of the batch)."""
-        own, cached = self.own, self.base._d
-        missing = [e for e in set(event_ids) if e not in own and e not in cached and e not in self._missing]
-        if not missing or self.cursor is None:
-            return
-        cur = self.cursor
+        """Raise :class:`NeedsData` for all the events of ``event_ids`` not known yet at once
+        (before a rule asks for them one by one)."""
+        missing = self.missing(event_ids)
+        if missing:
+            raise NeedsData(EVENTS, missing)
+
+    def load(self, cursor: Any, event_ids: Iterable[str], auth_depth: int = 0) -> None:
+        """Read the stored events not known yet, in one query (unknown ones are remembered as
+        unknown for the rest of the batch); ``auth_depth``: also their auth events, that many
+        levels up (what a walk of the auth graph reads next), a query per level."""
+        missing = self.missing(event_ids)
+        for level in range(auth_depth + 1):
+            if not missing:
+                return
+            found = self._load(cursor, missing)
+            if level < auth_depth:
+                missing = self.missing({a for e in found for a in self.loaded[e][0].auth_event_ids})
+
+    def _load(self, cursor: Any, missing: list[str]) -> list[str]:
+        cur = cursor
         self.loads += 1
         cur.execute("SELECT event_id, room_id, json, rejected FROM events WHERE " + in_array(cur, "event_id"),
                     [array(cur, missing)])
@@ -284,6 +310,7 @@ class MatrixEventsBatch(_ByEntry):
         rooms = {r[1] for r in found if self.rooms.get(r[1]) is None}
         if rooms:
             self.rooms.load(sorted(rooms), cur)
+        loaded = self.loaded
         for event_id, room_id, raw, rejected in found:
             info = self.rooms.get(room_id)
             if info is None or not info.authorized or info.version is None:
@@ -294,11 +321,13 @@ class MatrixEventsBatch(_ByEntry):
                 continue
             if event.event_id != event_id:
                 continue
-            own[event_id] = (event, bool(rejected))
-        self._missing.update(e for e in missing if e not in own)
+            loaded[event_id] = (event, bool(rejected))
+        self.absent.update(e for e in missing if e not in loaded)
+        return [e for e in missing if e in loaded]
 
     def delta(self) -> MatrixEventsDelta:
-        return MatrixEventsDelta(dict(self.own), self.loads)
+        """The events the batch planned and read, for the cache once it commits."""
+        return MatrixEventsDelta({**self.loaded, **self.own}, self.loads)
 
 
 # -- the decisions ----------------------------------------------------------------------------
@@ -481,8 +510,9 @@ class RoomAuthChains:
         #: room -> (its index, the groups whose states it places whole, most recent last)
         self._checked: dict[str, tuple[ChainIndex, OrderedDict[int, None]]] = {}
 
-    def batch(self, cursor: Any) -> RoomAuthChainsBatch:
-        return RoomAuthChainsBatch(self, cursor)
+    def batch(self, stored: bool = True) -> RoomAuthChainsBatch:
+        """A view for one batch (``stored=False``: a planner with no database under it)."""
+        return RoomAuthChainsBatch(self, stored)
 
     def room_index(self, room_id: str) -> ChainIndex | None:
         """The cached index of ``room_id`` (None: not loaded)."""
@@ -552,17 +582,29 @@ class ChainsDelta(NamedTuple):
 class RoomAuthChainsBatch:
     """One batch's view of :class:`RoomAuthChains`: a cached index is read as it is while the
     batch has no state event in its room, else the batch works on its own copy (extended
-    with its events); loads are its own. The cache under it is only read."""
+    with its events). The cache under it is only read. A room's stored index is read by the
+    loader (:meth:`load`, kept across the batch's plans): the view holds no cursor, and a
+    room it has no index for raises :class:`~rooms.storage.plan_needs.NeedsData`.
+    ``stored=False``: nothing is stored (a test's planner without a database): a room's
+    index starts from the batch's events."""
 
-    def __init__(self, base: RoomAuthChains, cursor: Any) -> None:
+    def __init__(self, base: RoomAuthChains, stored: bool = True) -> None:
         self.base = base
-        self.cursor = cursor
+        self.stored = stored
+        #: rooms' stored indexes read in this transaction (never extended: copied first)
+        self.loaded: dict[str, ChainIndex] = {}
+        self.loads = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """What a plan added dropped (a new plan of the batch starts from what was loaded)."""
         self.added: dict[str, list[IndexEvent]] = {}
         self.indexes: dict[str, ChainIndex] = {}
+        #: the rooms whose index in ``indexes`` is the stored one (loaded in this transaction)
+        self.fresh: set[str] = set()
         self.used: set[str] = set()
         self.unplaced: dict[str, int] = {}
         self.checked: dict[str, tuple[ChainIndex, OrderedDict[int, None]]] = {}
-        self.loads = 0
         self.walks = 0
 
     def add(self, room_id: str, event: IndexEvent) -> None:
@@ -572,11 +614,19 @@ class RoomAuthChainsBatch:
         if index is not None:
             index.extend([event])
 
+    def load(self, cursor: Any, room_ids: Iterable[str]) -> None:
+        """The rooms' stored indexes, as they are in the open transaction."""
+        for room_id in sorted(set(room_ids) - set(self.loaded)):
+            self.loads += 1
+            self.loaded[room_id] = load_room(cursor, room_id)
+
     def index(self, room_id: str, reload: bool = False) -> ChainIndex:
-        if not reload:
-            index = self.indexes.get(room_id)
-            if index is not None:
-                return index
+        """The room's index with the batch's events; ``reload``: not the cached one (it
+        lacks an event): the stored one, as this transaction sees it."""
+        index = self.indexes.get(room_id)
+        if index is not None and (not reload or room_id in self.fresh):
+            return index
+        if not reload and room_id not in self.loaded:
             cached = self.base._rooms.get(room_id)
             if cached is not None:
                 self.used.add(room_id)
@@ -587,8 +637,15 @@ class RoomAuthChainsBatch:
                 index.extend(added)
                 self.indexes[room_id] = index
                 return index
-        self.loads += 1
-        index = load_room(self.cursor, room_id) if self.cursor is not None else ChainIndex()
+        if self.stored:
+            stored = self.loaded.get(room_id)
+            if stored is None:
+                raise NeedsData(AUTH_CHAINS, [room_id])
+            index = stored.copy()
+            self.fresh.add(room_id)
+        else:
+            self.loads += 1
+            index = ChainIndex()
         index.extend(self.added.get(room_id, ()))
         self.indexes[room_id] = index
         return index
@@ -676,7 +733,20 @@ class RoomAuthChainsBatch:
             done.popitem(last=False)
 
     def delta(self) -> ChainsDelta:
-        return ChainsDelta(self.added, self.indexes, self.used, self.unplaced, self.checked, self.loads, self.walks)
+        """What the batch adds to the cache: the indexes it built, and those the loader read
+        that its plan did not use (with the batch's events: they are the stored ones)."""
+        indexes = self.indexes
+        unused = [r for r in self.loaded if r not in indexes]
+        if unused:
+            indexes = dict(indexes)
+            for room_id in unused:
+                added = self.added.get(room_id)
+                index = self.loaded[room_id]
+                if added:
+                    index = index.copy()
+                    index.extend(added)
+                indexes[room_id] = index
+        return ChainsDelta(self.added, indexes, self.used, self.unplaced, self.checked, self.loads, self.walks)
 
 
 def redaction_applies(redaction: MatrixEvent, target: MatrixEvent, events: MatrixEvents | MatrixEventsBatch) -> bool:

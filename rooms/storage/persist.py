@@ -3,7 +3,8 @@
 One call = one transaction inside the stream-ID context of the ``events`` writer (or the
 ``backfill`` writer, whose IDs are negative): ``plan_loader`` reads what the batch refers to,
 ``planner`` decides every row (orderings, DAG edges and extremities, authorization, state
-groups, current state and membership, visibility ranges, redactions), and ``plan_writer``
+groups, current state and membership, visibility ranges, redactions) with no I/O -- what a
+plan misses (``NeedsData``) the loader reads and the batch is planned again -- and ``plan_writer``
 writes them with the ``events`` stream rows (``ev`` and ``state``), so replication sees the
 events when the transaction completes. Any bad event raises :class:`BadEvent` and nothing is
 written.
@@ -26,10 +27,11 @@ from typing import Any, Callable, Sequence
 
 from rooms.storage.authorization import MatrixEvents, ResolvedStates, RoomAuthChains, RoomInfos
 from rooms.storage.caches import storage_caches
-from rooms.storage.incoming_events import IncomingEvent, parse_events
+from rooms.storage.incoming_events import IncomingEvent, ParsedEvent, parse_events
 from rooms.storage.plan import Plan
-from rooms.storage.plan_loader import BatchReader, EventFacts, RoomContexts, load_snapshot
-from rooms.storage.plan_snapshot import CacheDelta
+from rooms.storage.plan_loader import BatchReader, EventFacts, RoomContexts, load_needed, load_snapshot
+from rooms.storage.plan_needs import NeedsData
+from rooms.storage.plan_snapshot import CacheDelta, Snapshot
 from rooms.storage.plan_writer import write_plan
 from rooms.storage.planner import plan_batch
 from rooms.storage.sql import pipeline, store_cursor
@@ -73,6 +75,10 @@ BULK_GC_THRESHOLD = (20_000, 20, 100)
 #: found, ~64 objects per 1,000 events (32,000 in 500,000 events), never freed.
 BULK_GC = "freeze"
 
+#: a batch planned this many times again and still missing data is a bug (each load reads
+#: what was missed, so a plan misses something new every time); refused, not looped on
+MAX_REPLANS = 100
+
 
 class EventPersister:
     """Persists batches of events for one process (it holds the caches)."""
@@ -93,6 +99,10 @@ class EventPersister:
         self.bulk_gc = BULK_GC
         self.gc_threshold = BULK_GC_THRESHOLD
         self._since_freeze = 0
+        #: how many times a batch was planned again after reading what its plan missed
+        #: (``NeedsData``), in all and by what was missed
+        self.replans = 0
+        self.replan_kinds: dict[str, int] = {}
         #: the collector's state before the first freeze changed it (enabled, thresholds)
         self._gc_before: tuple[bool, tuple[int, ...]] | None = None
         #: called after commit with [(room_id, stream)], [(user_id, stream)] (change caches)
@@ -132,11 +142,11 @@ class EventPersister:
             if not events:
                 return []
             with writer.transaction(len(events)) as ids, store_cursor(writer.using) as cur:
-                reader = BatchReader(cur, self.state, self.facts, self.matrix, self.resolved, self.chains,
+                reader = BatchReader(self.state, self.facts, self.matrix, self.resolved, self.chains,
                                      self.lineage, room_infos)
                 group_ids = self.state.reserve(cur, 2 * len(events))
-                snapshot = load_snapshot(reader, events, self.rooms, group_ids)
-                plan = plan_batch(events, ids, snapshot, reader, backfill=backfill, now_ms=int(time.time() * 1000))
+                snapshot = load_snapshot(cur, reader, events, self.rooms, group_ids, backfill=backfill)
+                plan = self.plan(cur, reader, events, ids, snapshot, backfill=backfill, now_ms=int(time.time() * 1000))
                 # nothing below reads a result: send it all in one pipeline (one network wait)
                 with pipeline(cur):
                     write_plan(cur, writer, ids, plan)
@@ -146,7 +156,26 @@ class EventPersister:
             self._freeze()
         self._committed(plan)
         return [PersistedEvent(ev.event_id, ev.room_id, ev.stream_ordering, ev.topological_ordering,
-                               ev.state_group_after) for ev in events]
+                               ev.state_group_after) for ev in plan.decided]
+
+    def plan(self, cur: Any, reader: BatchReader, events: list[ParsedEvent], ids: Sequence[int],
+             snapshot: Snapshot, *, backfill: bool, now_ms: int) -> Plan:
+        """The batch's plan (``cur``: the open transaction's). The planner does no I/O: what
+        it misses (:class:`NeedsData`) is read here into the batch's views, and the batch is
+        planned again from the same snapshot (:attr:`replans` counts it: the loader's
+        prefetch makes it rare)."""
+        replans = 0
+        while True:
+            try:
+                return plan_batch(events, ids, snapshot, reader, backfill=backfill, now_ms=now_ms)
+            except NeedsData as needs:
+                if replans >= MAX_REPLANS:
+                    raise RuntimeError(f"a batch still misses data after {replans} plans ({needs})") from None
+                load_needed(cur, reader, needs, replans)
+                reader.reset()
+                replans += 1
+                self.replans += 1
+                self.replan_kinds[needs.kind] = self.replan_kinds.get(needs.kind, 0) + 1
 
     def _apply(self, delta: CacheDelta) -> None:
         """A committed batch's cache delta, into every cache (and its rooms' contexts)."""

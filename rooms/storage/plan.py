@@ -17,6 +17,7 @@ from rooms.storage.chain_index_store import ChainEvent
 from rooms.storage.state_groups import NewGroup
 
 if TYPE_CHECKING:
+    from rooms.storage.incoming_events import ParsedEvent
     from rooms.storage.plan_snapshot import CacheDelta, RoomContext
 
 
@@ -142,5 +143,8 @@ class Plan:
     group_ids_used: int = 0
     #: the rooms' contexts after the batch (the persister keeps them once it commits)
     rooms_after: list[RoomContext] = field(default_factory=list)
+    #: the batch's events as planned, in order: copies of the ones given, with their stream
+    #: and topological orderings, state groups, verdicts and redactions
+    decided: list[ParsedEvent] = field(default_factory=list)
     #: what the caches learn from the batch once it commits (None: the reader keeps none)
     delta: CacheDelta | None = None

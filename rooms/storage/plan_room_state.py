@@ -263,7 +263,9 @@ def recompute_current(p: Progress, ctx: RoomContext, ev: ParsedEvent) -> None:
         group, chain = None, None
     # only after a fork can a key go (None)
     changed = changes_between(old, new, differing(p, [old_ref, new_ref], [old, new]))
-    reader.load_facts([v for v in changed.values() if v is not None])
+    # the facts asked below: the members' memberships and the history visibility (no other
+    # event has any: asking for a topic's read the database for nothing)
+    reader.load_facts([v for k, v in changed.items() if v is not None and (k[0] == MEMBER or k == HV_KEY)])
     old_vis = ctx.visibility
     if ctx.current_group is not None:  # no longer changed in place: the group's state as it is
         reader.remember_state(ctx.current_group, old)

@@ -1,7 +1,8 @@
 """What the planner is given about the database: plain records, loaded once per batch by
 ``plan_loader`` (or built by hand in tests), and the narrow :class:`PlanReader` it asks for
 anything whose answer depends on decisions made earlier in the same batch (the state of a
-group planned a moment ago, the verdict on an event of the batch).
+group planned a moment ago, the verdict on an event of the batch). The planner changes
+none of it: it works on forks of the snapshot's room contexts.
 """
 from __future__ import annotations
 
@@ -124,8 +125,9 @@ class Memberships(dict[str, str]):
 @dataclass
 class RoomContext:
     """What the persist path knows about a room between batches (valid while the ``rooms`` row
-    still says ``version``). The planner changes it in place to the room after the batch; the
-    persister keeps it for the next batch once the transaction commits."""
+    still says ``version``). The planner changes a fork of it (:meth:`fork`) to the room
+    after the batch; the persister keeps that for the next batch once the transaction
+    commits."""
 
     room_id: str
     head: Key | None = None
@@ -281,8 +283,10 @@ class Snapshot:
 
 
 class PlanReader(Protocol):
-    """The reads the planner makes while planning (the loader's answers come from the
-    database and the persister's caches; a test's from dicts)."""
+    """The reads the planner makes while planning, none of them I/O: the loader's reader
+    answers from what the loader read for the batch and the persister's caches, and raises
+    :class:`~rooms.storage.plan_needs.NeedsData` for what it has not read; a test's answers
+    from dicts."""
 
     #: event_id -> the core's event, with ``entry``/``add``/``rejected`` (``authorization.MatrixEvents``)
     matrix: Any

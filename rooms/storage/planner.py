@@ -38,10 +38,15 @@ from rooms.storage.visibility_ranges import normalise_visibility
 def plan_batch(events: Sequence[ParsedEvent], ids: Sequence[int], snapshot: Snapshot, reader: PlanReader, *,
                backfill: bool, now_ms: int) -> Plan:
     """The rows that persist ``events`` (stream IDs ``ids``, reserved in order), and the
-    cache delta of the batch (``Plan.delta``, when the reader keeps one). Sets each event's
-    orderings, state groups and verdict on it; raises :class:`BadEvent` for a batch that
-    cannot be stored."""
-    p = Progress.start(events, snapshot, reader, backfill=backfill, now_ms=now_ms)
+    cache delta of the batch (``Plan.delta``, when the reader keeps one). Neither the events
+    nor the snapshot are changed: the plan works on copies of the events (``Plan.decided``:
+    with their orderings, state groups and verdicts) and forks of the rooms' contexts
+    (``Plan.rooms_after``), so a batch can be planned again from the same inputs. Raises
+    :class:`BadEvent` for a batch that cannot be stored, and the reader's
+    :class:`~rooms.storage.plan_needs.NeedsData` for what it has not loaded."""
+    working = Snapshot(rooms={r: ctx.fork() for r, ctx in snapshot.rooms.items()}, known=snapshot.known,
+                       waiting_redactions=snapshot.waiting_redactions, group_ids=snapshot.group_ids)
+    p = Progress.start([_copy(ev) for ev in events], working, reader, backfill=backfill, now_ms=now_ms)
     check_known(p)
     # What each state event of the batch says (membership, visibility value), outliers
     # included: a later event of the same batch may have them in its state, and they are
@@ -63,10 +68,18 @@ def plan_batch(events: Sequence[ParsedEvent], ids: Sequence[int], snapshot: Snap
             authorize_event(p, ev, None)
     redactions(p)
     plan = rows(p)
+    plan.decided = p.events
     plan.delta = reader.delta(snapshot.group_ids[plan.group_ids_used:])
     if plan.delta is not None:
         plan.delta.rooms = plan.rooms_after
     return plan
+
+
+def _copy(ev: ParsedEvent) -> ParsedEvent:
+    """An equal event the plan may decide on (at C speed: no ``__init__``)."""
+    new = ParsedEvent.__new__(ParsedEvent)
+    new.__dict__.update(ev.__dict__)
+    return new
 
 
 def state_and_visibility(p: Progress, ev: ParsedEvent, infos: list[PrevInfo | None]) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from rooms.storage.incoming_events import StateKey, StateMap
+from rooms.storage.plan_needs import CHAIN_LENGTHS, GROUP_CHAINS, STATES, NeedsData
 from rooms.storage.sql import array, fetch_all, in_array, is_sqlite
 
 #: at most this many groups in a chain (snapshot + 99 deltas), as Synapse on PostgreSQL
@@ -436,10 +437,9 @@ class StateGroupStore:
         last = int(cursor.fetchone()[0])
         return list(range(last - n + 1, last + 1))
 
-    def batch(self, cursor: Any) -> StateGroupsBatch:
-        """A view for one batch on the open transaction's ``cursor``: what it reads and plans
-        is kept apart until :meth:`apply`."""
-        return StateGroupsBatch(self, cursor)
+    def batch(self) -> StateGroupsBatch:
+        """A view for one batch: what it reads and plans is kept apart until :meth:`apply`."""
+        return StateGroupsBatch(self)
 
     def apply(self, delta: GroupsDelta) -> None:
         """A committed batch's groups and what it read: cached like any other (groups never
@@ -481,13 +481,24 @@ class GroupsDelta:
 
 
 class StateGroupsBatch:
-    """One batch's view of a :class:`StateGroupStore`: reads go to its own entries, then the
-    store's caches, then the database (through the open transaction's cursor); what it
-    plans or reads is kept in its own entries. The store is never changed."""
+    """One batch's view of a :class:`StateGroupStore`: reads go to its own entries, then what
+    the loader loaded for the batch, then the store's caches; a miss raises
+    :class:`~rooms.storage.plan_needs.NeedsData` (the view holds no cursor: the loader reads
+    it with :meth:`load`, and the batch is planned again). What the plan decides is kept in
+    its own entries (:meth:`reset` drops them for a new plan; what was loaded stays). The
+    store is never changed."""
 
-    def __init__(self, store: StateGroupStore, cursor: Any) -> None:
+    def __init__(self, store: StateGroupStore) -> None:
         self.store = store
-        self.cursor = cursor
+        #: read from the database for this batch (kept across its plans)
+        self.loaded_states: dict[int, StateMap] = {}
+        self.loaded_lengths: dict[int, int] = {}
+        #: a stored group -> its chain, itself first, down to its snapshot
+        self.loaded_chains: dict[int, list[int]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """What a plan decided dropped (a new plan of the batch starts from what was loaded)."""
         self.states: dict[int, StateMap] = {}
         self.chain_lengths: dict[int, int] = {}
         self.snapshots: dict[int, int] = {}
@@ -500,18 +511,20 @@ class StateGroupsBatch:
         state = self.states.get(group)
         if state is not None:
             return state
+        state = self.loaded_states.get(group)
+        if state is not None:
+            return state
         store = self.store
         cached: StateMap | None = store._states.get(group)
         if cached is not None:
             store.hits += 1
             return cached
-        store.misses += 1
         planned = self.planned.get(group)
-        if planned is not None:
-            state = dict(self.get_state(planned.parent)) if planned.parent is not None else {}
-            state.update(planned.rows)
-        else:
-            state = read_state(self.cursor, group)
+        if planned is None:
+            raise NeedsData(STATES, [group])
+        store.misses += 1
+        state = dict(self.get_state(planned.parent)) if planned.parent is not None else {}
+        state.update(planned.rows)
         self.states[group] = state
         return state
 
@@ -522,23 +535,56 @@ class StateGroupsBatch:
     def chain_length(self, group: int) -> int:
         n = self.chain_lengths.get(group)
         if n is None:
-            n = self.store._chain_lengths.get(group)
-        return n if n is not None else self.load_chain_lengths([group])[group]
+            n = self.loaded_lengths.get(group)
+            if n is None:
+                n = self.store._chain_lengths.get(group)
+                if n is None:
+                    raise NeedsData(CHAIN_LENGTHS, [group])
+        return n
 
-    def load_chain_lengths(self, groups: Iterable[int]) -> dict[int, int]:
+    def cached_states(self, groups: Iterable[int]) -> set[int]:
+        """Those of ``groups`` whose state the batch has without a read."""
+        cached = self.store._states
+        return {g for g in groups if g in self.states or g in self.loaded_states or cached.get(g) is not None}
+
+    # -- loading (the loader's, on the open transaction's cursor) ---------------------------------
+
+    def load(self, cursor: Any, needs: NeedsData) -> None:
+        """Read what ``needs`` names (states, chain lengths or chains of stored groups)."""
+        if needs.kind == STATES:
+            self.load_states(cursor, needs.keys)  # type: ignore[arg-type]
+        elif needs.kind == CHAIN_LENGTHS:
+            self.load_chain_lengths(cursor, needs.keys)  # type: ignore[arg-type]
+        elif needs.kind == GROUP_CHAINS:
+            self.load_chains(cursor, needs.keys)  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"state groups do not load {needs.kind}")
+
+    def load_states(self, cursor: Any, groups: Iterable[int]) -> None:
+        """The states of stored ``groups`` the batch does not have yet."""
+        missing = set(groups) - self.cached_states(groups)
+        for group in sorted(missing):
+            self.store.misses += 1
+            self.loaded_states[group] = read_state(cursor, group)
+
+    def load_chain_lengths(self, cursor: Any, groups: Iterable[int]) -> dict[int, int]:
         """The chain lengths of ``groups`` not known yet, in one query (a batch reloading
         many rooms' contexts asked for each room's current group one by one)."""
         cached = self.store._chain_lengths
-        missing = {g for g in groups if g not in self.chain_lengths and cached.get(g) is None}
+        missing = {g for g in groups if g not in self.loaded_lengths and cached.get(g) is None}
         if not missing:
             return {}
-        cursor = self.cursor
         cursor.execute("SELECT id, chain_length FROM state_groups WHERE " + in_array(cursor, "id"),
                        [array(cursor, sorted(missing))])
         found = dict.fromkeys(missing, MAX_STATE_DELTA_HOPS)  # (as before: a group not stored)
         found.update(cursor.fetchall())
-        self.chain_lengths.update(found)
+        self.loaded_lengths.update(found)
         return found
+
+    def load_chains(self, cursor: Any, groups: Iterable[int]) -> None:
+        """The delta chains of stored ``groups`` (for the snapshot a base delta starts from)."""
+        for group in sorted(set(groups) - set(self.loaded_chains)):
+            self.loaded_chains[group] = [g for (g,) in fetch_all(cursor, _CHAIN, [group])]
 
     def _snapshot(self, group: int) -> int | None:
         snapshot = self.snapshots.get(group)
@@ -560,7 +606,10 @@ class StateGroupsBatch:
                     break
                 chain.append(parent)
             if chain[-1] not in self.planned:  # stored groups' parents are stored
-                chain[-1:] = [g for (g,) in fetch_all(self.cursor, _CHAIN, [chain[-1]])]
+                stored = self.loaded_chains.get(chain[-1])
+                if stored is None:
+                    raise NeedsData(GROUP_CHAINS, [chain[-1]])
+                chain[-1:] = stored
             snapshot = chain[-1]
             self.snapshots[group] = snapshot
         return snapshot, self.get_state(snapshot), self._rows_since(group, snapshot)
@@ -602,4 +651,6 @@ class StateGroupsBatch:
         return group
 
     def delta(self, unused_ids: list[int] | None = None) -> GroupsDelta:
-        return GroupsDelta(self.states, self.chain_lengths, self.snapshots, self.deltas, unused_ids)
+        """What the batch read and planned (the plan's entries winning)."""
+        return GroupsDelta({**self.loaded_states, **self.states}, {**self.loaded_lengths, **self.chain_lengths},
+                           self.snapshots, self.deltas, unused_ids)

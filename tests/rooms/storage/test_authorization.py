@@ -143,7 +143,7 @@ def test_room_auth_chains_reload_once_then_walk_for_an_event_never_placed():
 
     events = [ev("C", "create"), ev("P1", "pl", "C"), ev("P2", "pl", "C", "P1"), ev("X", "x", "C", "missing")]
     chains = RoomAuthChains()
-    batch = chains.batch(None)  # no cursor: a load starts from the transaction's events
+    batch = chains.batch(stored=False)  # no database: a load starts from the transaction's events
     for e in events:
         batch.add("!r", e)
     walkable = {e.event_id: SimpleNamespace(auth_event_ids=e.auth_event_ids) for e in events}
@@ -156,7 +156,7 @@ def test_room_auth_chains_reload_once_then_walk_for_an_event_never_placed():
     assert facts(unplaced, None) == (want, None) and (batch.loads, batch.walks) == (2, 2)
     chains.apply(batch.delta())
     assert (chains.loads, chains.walks) == (2, 2) and "!r" in chains._rooms
-    later = chains.batch(None)
+    later = chains.batch(stored=False)
     for _ in range(RoomAuthChains.RELOAD_AFTER - 1):  # the throttle counts committed batches
         chains.apply(later.delta())
     facts = later.graph_facts("!r", walkable)
@@ -178,7 +178,7 @@ def test_room_auth_chains_keep_their_bound_on_positions_as_rooms_load_grow_and_r
 
     for r in range(6):
         room = f"!r{r}"
-        batch = chains.batch(None)
+        batch = chains.batch(stored=False)
         batch.add(room, IndexEvent(f"C{r}", "create", "", ()))
         batch.index(room)
         for i in range(3):  # grows while loaded
@@ -191,12 +191,12 @@ def test_room_auth_chains_keep_their_bound_on_positions_as_rooms_load_grow_and_r
         assert chains._positions == exact()
         assert len(chains._rooms) == 1 or exact() <= 12
     assert "!r4" not in chains._rooms and "!r5" in chains._rooms
-    grow = chains.batch(None)
+    grow = chains.batch(stored=False)
     grow.add("!r5", IndexEvent("M5.x", "member", "@x", ("C5",)))
     assert "M5.x" not in chains._rooms["!r5"].positions  # the cached index is not the batch's
     chains.apply(grow.delta())
     assert "M5.x" in chains._rooms["!r5"].positions and chains._positions == exact()
-    reload = chains.batch(None)
+    reload = chains.batch(stored=False)
     reload.index("!r5", reload=True)  # a reload replaces the room's index
     chains.apply(reload.delta())
     assert chains._positions == exact()

@@ -62,7 +62,7 @@ class MemoryReader:
     def __init__(self, rooms: RoomInfos) -> None:
         self.matrix = MemoryMatrixEvents(rooms)  # no cursor: the events planned so far
         self.resolved = ResolvedStates()
-        self.chains = RoomAuthChains().batch(None)  # no cursor: the rooms' auth graphs as planned so far
+        self.chains = RoomAuthChains().batch(stored=False)  # no database: the rooms' auth graphs as planned so far
         self.lineage = GroupLineage()  # the planned groups' parents and deltas
         self.groups: dict[int, StateMap] = {}
         self.lengths: dict[int, int] = {}
@@ -128,7 +128,7 @@ class MemoryStore:
         assert [g.id for g in plan.state_groups] == snapshot.group_ids[:plan.group_ids_used]
         self.next_group += plan.group_ids_used
         self.rooms.update({ctx.room_id: ctx for ctx in plan.rooms_after})
-        for ev in events:
+        for ev in plan.decided:
             self.known[ev.event_id] = KnownEvent(ev.event_id, ev.room_id, ev.topological_ordering,
                                                  ev.stream_ordering, ev.outlier, bool(ev.rejected_reason),
                                                  ev.state_group_after)
@@ -342,3 +342,41 @@ def test_visibility_ranges_follow_joins_under_joined_history():
     assert current_rows(plan) == {(MEMBER, B): leave}
     assert plan.current_state == [CurrentStateRow(room.room_id, MEMBER, B, leave, "leave",
                                                   store.known[leave].stream_ordering)]
+
+
+def test_plan_batch_changes_neither_its_events_nor_its_snapshot():
+    """A batch with a fork resolved, a rejected event and a redaction, planned twice from the
+    same events and snapshot (as the persister plans again after a miss): the same rows and
+    decisions both times, the events as parsed, the snapshot's room contexts as they were."""
+    import copy
+
+    room = new_room()
+    room.send(M, MEMBER, {"membership": "join"}, state_key=M)
+    said = room.send(M, "m.room.message", {"body": "said"})
+    store = MemoryStore()
+    store.plan(*[pdu(room, e) for e in room.order])
+    done = len(room.order)
+    ban = room.send(A, MEMBER, {"membership": "ban"}, state_key=M, prev_ids=[said])
+    last = said
+    for n in range(2):
+        last = room.send(M, "m.room.message", {"body": f"chat {n}"}, prev_ids=[last])
+    room.send(A, "m.room.message", {"body": "merge"}, prev_ids=[ban, last])
+    room.send(B, "m.room.topic", {"topic": "never joined"}, state_key="")
+    room.send(A, "m.room.redaction", {}, extra={"redacts": said})
+    events, ids, snapshot = store.snapshot_for(*[pdu(room, e) for e in room.order[done:]])
+    parsed = copy.deepcopy(events)
+    rooms_before = copy.deepcopy(snapshot.rooms)
+
+    def by_value(plan: Plan) -> dict:
+        out = {k: v for k, v in vars(plan).items() if k not in ("rooms_after", "decided", "delta")}
+        out["decided"] = [(e.event_id, e.stream_ordering, e.topological_ordering, e.state_group_before,
+                           e.state_group_after, e.rejected_reason, e.redacted) for e in plan.decided]
+        return out
+
+    first = plan_batch(events, ids, snapshot, store.reader, backfill=False, now_ms=1)
+    second = plan_batch(events, ids, snapshot, store.reader, backfill=False, now_ms=1)
+    assert by_value(first) == by_value(second)
+    assert first.rejections and first.redacted_stored == [said] and len(first.state_groups) >= 2
+    assert [vars(e) for e in events] == [vars(e) for e in parsed]
+    assert snapshot.rooms == rooms_before
+    assert first.rooms_after[0] is not snapshot.rooms[room.room_id]

@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rooms.storage.plan_needs import NeedsData
 from rooms.storage.plan_writer import write_state_groups
 from rooms.storage.sql import fetch_all, is_sqlite, store_cursor
 from rooms.storage.state_groups import _CHAIN, MAX_STATE_DELTA_HOPS, SNAPSHOT_FRACTION, StateGroupStore, plan_group, read_state
@@ -35,14 +36,25 @@ class Planning:
         self._open()
 
     def _open(self) -> None:
-        self.batch = self.store.batch(self.cur)
+        self.batch = self.store.batch()
         self.ids = self.store.reserve(self.cur, 64)
         self.used = 0
 
+    def loading(self, ask):
+        """``ask()`` on the batch view, what it misses read first (as the persister does)."""
+        while True:
+            try:
+                return ask()
+            except NeedsData as needs:
+                self.batch.load(self.cur, needs)
+
     def new_group(self, **kwargs):
-        g = self.batch.new_group(self.ids[self.used], **kwargs)
+        g = self.loading(lambda: self.batch.new_group(self.ids[self.used], **kwargs))
         self.used += 1
         return g
+
+    def chain_length(self, group: int) -> int:
+        return self.loading(lambda: self.batch.chain_length(group))
 
     def written(self) -> None:
         self.store.apply(self.batch.delta(self.ids[self.used:]))
@@ -178,7 +190,7 @@ def store_groups(store: StateGroupStore, cur, size: int, steps: list[tuple[int, 
             delta = {member(rng.randrange(users)): f"$c{n_op}.{i}.{rng.random()}" for i in range(n)}
         state = {**expected[parent], **delta}
         g = planning.new_group(room_id="!r:hs", event_id=f"$e{n_op}", parent=parent,
-                               parent_chain_length=planning.batch.chain_length(parent), delta=delta,
+                               parent_chain_length=planning.chain_length(parent), delta=delta,
                                full_state=lambda: state)
         expected[g.id] = state
         ids.append(g.id)
