@@ -11,7 +11,8 @@ database, then measures on those servers:
   endpoint (``manage.py runreplication``, a fresh process for every run). A *feeder* process
   publishes pre-built line batches the way writers do: one ``replication.lines`` message per
   batch (``line_batch.build_lines`` output for ``B`` receipts rows, ~340 bytes a line) on the group
-  ``replication.lines`` through ``channels_redis.pubsub.RedisPubSubChannelLayer``. Its writer
+  ``replication.lines`` of ``channels_redis.pubsub.RedisPubSubChannelLayer``, serialized by the
+  layer and sent as one PUBLISH by ``GroupPublisher`` (as a writer's streamer sends it). Its writer
   (``receipts``/``bench``) is unknown to the fresh endpoint, so a first one-fact message primes
   the relay (which answers it with a POSITION, not counted); the timed messages follow with
   contiguous ``prev``/``new``. 200 distinct batches are built and cycled (the endpoint never
@@ -39,7 +40,7 @@ database, then measures on those servers:
   row's ``ts``; joined by stream ID afterwards. Reported: commit-to-worker p50/p99/max,
   send-to-worker (from the ``ts`` in the row) and the duration of ``append`` itself.
 
-Goals: ours/ceiling >= 0.5 (1 and 10 workers); commit-to-worker p99 <= 10 ms.
+Goals: ours/ceiling >= 0.7 with 1 worker, >= 0.9 with more; commit-to-worker p99 <= 10 ms.
 Every process shares the machine's cores (2 here): the workers' own CPU weighs on every figure,
 the same way for ours and the ceiling. ``BENCH_ENDPOINT_WRAPPER=script.py`` runs that script
 instead of ``manage.py`` for the endpoint (to try a patched endpoint without editing the
@@ -69,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from testing.accounting import cpu_seconds  # noqa: E402
+from testing.accounting import cpu_seconds, minor_faults  # noqa: E402
 
 SERVER_NAME = "bench.example"
 STREAM = "receipts"
@@ -77,7 +78,8 @@ BENCH_WRITER = "bench"          # the feeder's writer name: unknown to the endpo
 LATENCY_WRITER = "latw"         # the real writer of the latency runs
 STREAM_WRITERS = f"{STREAM}=master,{LATENCY_WRITER}"
 UNIQUE_BATCHES = 200            # distinct pre-built batches, cycled
-GOAL_RATIO = 0.5
+GOAL_RATIO = {1: 0.7}  # ours/ceiling by workers; GOAL_RATIO_MANY with more than one
+GOAL_RATIO_MANY = 0.9
 GOAL_P99_MS = 10.0
 PING_SECONDS = 5.0              # workers PING this often (Synapse's PING_TIME)
 DRAIN_SECONDS = 30.0            # latency: how long after the last write a fact may still arrive
@@ -261,21 +263,28 @@ def _feeder(redis_url: str, path: str, n_messages: int, window: int, counts, loa
                     "prev": prev, "new": new, "data": payload, "count": count, "counts": kinds[payload]}
 
         async def run() -> float:
-            await layer.group_send("bench.warmup", {"type": "x"})  # connect to Redis first
+            from replication.publish.layer_publish import GroupPublisher
+
+            # As a writer's streamer publishes: the layer's serializer, one PUBLISH on the
+            # group's channel over a RESP connection of its own (layer_publish.py).
+            publisher = GroupPublisher.for_layer(layer, "replication.lines")
+            assert publisher is not None, "the benchmark's layer is channels-redis pub/sub on a plain URL"
             loaded.set()
             while not go.wait(0.01):
                 await asyncio.sleep(0)
             c0 = time.process_time()
-            await layer.group_send("replication.lines", message(0, 1, *data["prime"]))
+            await publisher.send(message(0, 1, *data["prime"]))
             sent = 0
             for i in range(n_messages):
                 payload, count = batches[i % len(batches)]
                 while sent + count - min(counts) > window:
-                    await asyncio.sleep(0.0002)
+                    await asyncio.sleep(0.001)  # a batch in flight takes about that long at 1M lines/s
                 prev = 1 + i * batch
-                await layer.group_send("replication.lines", message(prev, prev + count, payload, count))
+                await publisher.send(message(prev, prev + count, payload, count))
                 sent += count
-            return time.process_time() - c0
+            cpu = time.process_time() - c0
+            await publisher.close()
+            return cpu
 
         cpu = asyncio.run(run())
         results.put(("feeder", cpu, None))
@@ -446,6 +455,7 @@ class ThroughputResult:
     spread: float       # last worker done - first worker done (s)
     feeder_cpu: float = float("nan")  # ours: CPU seconds of the feeder (publishing)
     redis_cpu: float = float("nan")   # ours: CPU seconds of redis-server
+    faults_per_batch: float = float("nan")  # ours: the endpoint's minor page faults per batch
 
     @property
     def rate(self) -> float:
@@ -493,12 +503,12 @@ def run_ours(ctx, env, workdir, path, n_messages, batch, nclients, window, label
         feeder.start()
         procs, results = _start_clients(ctx, ep.port, nclients, n_messages * batch, counts)
         loaded.wait(60)
-        cpu0, rcpu0 = cpu_seconds(ep.pid), cpu_seconds(redis_pid)
+        cpu0, rcpu0, faults0 = cpu_seconds(ep.pid), cpu_seconds(redis_pid), minor_faults(ep.pid)
         go.set()
         try:
             res = _collect(procs, results, nclients, timeout=300)
         finally:
-            cpu1, rcpu1 = cpu_seconds(ep.pid), cpu_seconds(redis_pid)
+            cpu1, rcpu1, faults1 = cpu_seconds(ep.pid), cpu_seconds(redis_pid), minor_faults(ep.pid)
             fr = fresults.get(timeout=60)
             feeder.join(timeout=10)
         if fr[2]:
@@ -508,6 +518,8 @@ def run_ours(ctx, env, workdir, path, n_messages, batch, nclients, window, label
         except RuntimeError as e:
             raise RuntimeError(f"{e}\nendpoint log:\n{ep.tail()}") from None
         result.feeder_cpu, result.redis_cpu = fr[1], rcpu1 - rcpu0
+        if faults0 is not None and faults1 is not None:
+            result.faults_per_batch = (faults1 - faults0) / n_messages
         return result
     finally:
         ep.stop()
@@ -719,7 +731,8 @@ def main(argv: list[str] | None = None) -> int:
                         if best[kind] is None or res.rate > best[kind].rate:
                             best[kind] = res
                         extra = (f", feeder {res.us_per_line(res.feeder_cpu):.2f}, redis "
-                                 f"{res.us_per_line(res.redis_cpu):.2f}" if kind == "ours" else "")
+                                 f"{res.us_per_line(res.redis_cpu):.2f}; endpoint page faults per batch "
+                                 f"{res.faults_per_batch:.0f}" if kind == "ours" else "")
                         print(f"  {k:>2} worker{'s' if k > 1 else ' '} {kind:<8}{res.rate:>11,.0f} lines/s  "
                               f"({res.lines:,} in {res.seconds:.2f} s; CPU us/line: server "
                               f"{res.us_per_line(res.server_cpu):.2f}{extra}; last worker "
@@ -749,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
             print("-" * len(header))
             for k, ours, ceil in rows:
                 ratio = ours.rate / ceil.rate if ceil.rate else 0.0
-                goal_tp &= ratio >= GOAL_RATIO
+                goal_tp &= ratio >= GOAL_RATIO.get(k, GOAL_RATIO_MANY)
                 print(f"{k:<9}{ours.rate:>14,.0f}{ceil.rate:>17,.0f}{ratio:>7.2f}{ours.rate / k:>13,.0f}"
                       f"{ceil.rate / k:>16,.0f}{ours.us_per_line(ours.server_cpu):>23.2f}"
                       f"{ceil.us_per_line(ceil.server_cpu):>9.2f}")
@@ -772,7 +785,8 @@ def main(argv: list[str] | None = None) -> int:
                   "write to the last delivery)")
             print()
         if rows:
-            print(f"goal: ours/ceiling >= {GOAL_RATIO}: {'met' if goal_tp else 'NOT met'}")
+            print(f"goal: ours/ceiling >= {GOAL_RATIO[1]} (1 worker), >= {GOAL_RATIO_MANY} (more): "
+                  f"{'met' if goal_tp else 'NOT met'}")
         if lat_rows:
             print(f"goal: commit-to-worker p99 <= {GOAL_P99_MS:.0f} ms (everything delivered): "
                   f"{'met' if goal_lat else 'NOT met'}")

@@ -29,6 +29,16 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def minor_faults(pid: int) -> int | None:
+    """The process's minor page faults so far (all its threads: pages the kernel mapped in
+    on first touch, zeroed); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def status_field(pid: int, key: str) -> int | None:
     """A number from ``/proc/<pid>/status`` (``VmRSS:`` in KiB, ``Threads:``...); None if gone."""
     try:

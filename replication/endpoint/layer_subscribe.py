@@ -23,7 +23,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from replication.protocol.redis_session import RedisSubscription
-from replication.protocol.resp import parse_messages
+from replication.protocol.resp import LARGE_READ_SIZE, message_head, parse_messages, pending_message
 from replication.publish.layer_publish import plain_group_channel
 
 logger = logging.getLogger(__name__)
@@ -38,11 +38,17 @@ class GroupSubscriber:
         self._layer = layer
         self._on_message = on_message
         self._on_subscribed_hook = on_subscribed
-        self._buf = b""
+        self._head = message_head(channel)
+        self._buf = b""  # the start of a reply not complete yet (when not gathering)
+        # Gathering one message of known size: its pieces so far, how many bytes they hold,
+        # how many the message has, and where its payload lies in the first piece.
+        self._parts: list[bytes | memoryview] = []
+        self._have = self._need = self._start = self._size = 0
         self.received = 0
         self.subscription = RedisSubscription(
             url, [channel], on_subscribed=self._on_subscribed, on_chunk=self._on_chunk,
-            on_lost=self._on_lost, name=f"Redis subscription to {channel.decode(errors='replace')}")
+            on_lost=self._on_lost, name=f"Redis subscription to {channel.decode(errors='replace')}",
+            read_size=LARGE_READ_SIZE)
 
     @classmethod
     def for_layer(cls, layer: Any, group: str, *, on_message: Callable[[dict[str, Any]], Awaitable[None]],
@@ -63,23 +69,59 @@ class GroupSubscriber:
         self.subscription.stop()
 
     async def _on_subscribed(self) -> None:
-        self._buf = b""
+        self._reset()
         self._on_subscribed_hook()
 
     def _on_lost(self, reason: str | None) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._buf = b""
+        self._parts = []
 
     async def _on_chunk(self, chunk: bytes) -> None:
-        buf = self._buf + chunk if self._buf else chunk
-        replies, end = parse_messages(buf)
-        self._buf = buf[end:]
+        # A batch is hundreds of KiB and arrives in several reads. Once a message's head is
+        # in, its size is known: the reads are only gathered until it is complete, and its
+        # payload is copied out of them once (re-parsing the growing buffer on each read
+        # copied it three to six times).
+        pos = 0
+        if self._parts:
+            self._parts.append(chunk)
+            self._have += len(chunk)
+            if self._have < self._need:
+                return
+            parts, self._parts = self._parts, []
+            pos = len(chunk) - (self._have - self._need)  # where the message ends in ``chunk``
+            cut = pos - 2  # where its payload ends
+            if cut >= 0:
+                payload = b"".join([memoryview(parts[0])[self._start:], *parts[1:-1], memoryview(chunk)[:cut]])
+            else:  # the CRLF after the payload was split between reads
+                payload = b"".join(parts)[self._start:self._start + self._size]
+            await self._deliver(payload)
+            buf = chunk
+        else:
+            buf = self._buf + chunk if self._buf else chunk
+        replies, end = parse_messages(buf, pos, self._head)
+        rest = memoryview(buf)[end:]
+        found = pending_message(rest) if rest else None
+        if found is not None:
+            self._parts = [rest]
+            self._have = len(rest)
+            self._start, self._size = found
+            self._need = self._start + self._size + 2
+            self._buf = b""
+        else:
+            self._buf = bytes(rest)
         for reply in replies:
-            if type(reply) is not bytes:
-                continue  # a PONG
-            try:
-                message = self._layer.deserialize(reply)
-            except Exception:
-                logger.exception("undecodable message on the channel layer's group channel (%d bytes)", len(reply))
-                continue
-            self.received += 1
-            await self._on_message(message)
+            if type(reply) is bytes:
+                await self._deliver(reply)
+            # else a PONG
+
+    async def _deliver(self, payload: bytes) -> None:
+        try:
+            message = self._layer.deserialize(payload)
+        except Exception:
+            logger.exception("undecodable message on the channel layer's group channel (%d bytes)", len(payload))
+            return
+        self.received += 1
+        await self._on_message(message)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from common.heap_retention import retain_freed_heap
 from replication.endpoint.connection_records import connection_snapshot, disconnect_reason, endpoint_started
 from replication.endpoint.consumer import ReplicationConsumer
 from replication.endpoint.endpoint_record import Endpoint
@@ -41,6 +42,10 @@ async def start_endpoint(host: str, port: int, *, streams: LocalStreams,
     directly."""
 
     server_name = repl_setting("SERVER_NAME")
+    if settings.REDIS_URL:
+        # Every writer's batch (~340 KiB) is received, joined and sent here: reuse freed
+        # buffers rather than fault fresh pages in for each (common/heap_retention.py).
+        retain_freed_heap()
     # Embedded default: no channel layer reaches other processes, the database does.
     local_scan = not settings.REDIS_URL and is_local_file(using)
     relay = ReplicationRelay(using=using, local_scan=local_scan, local_positions=streams.writer_positions)

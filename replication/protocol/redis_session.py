@@ -210,6 +210,9 @@ class RedisSubscription:
     costs more than searching the bytes. A full read is followed at once, so a subscriber
     never falls behind a channel for it.
 
+    ``read_size``: the connection's (:class:`~.resp.RespConnection`): the most one chunk
+    holds.
+
     ``counters`` (a Counter, the owner's if given): ``connection_attempts``,
     ``subscriptions``, ``ping_timeouts``.
     """
@@ -220,9 +223,11 @@ class RedisSubscription:
                  on_lost: Callable[[str | None], None] = lambda reason: None,
                  policy: SubscriptionPolicy = SubscriptionPolicy(), name: str = "Redis subscription",
                  clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random,
-                 counters: Counter[str] | None = None, read_pause: float = 0.0) -> None:
+                 counters: Counter[str] | None = None, read_pause: float = 0.0,
+                 read_size: int = READ_SIZE) -> None:
         self.url = url
         self.read_pause = read_pause
+        self.read_size = read_size
         self.channels = list(channels)
         self.name = name
         self.machine = SubscriptionMachine(policy, rng=rng)
@@ -289,7 +294,7 @@ class RedisSubscription:
         machine.attempt(clock())
         conn: RespConnection | None = None
         try:
-            conn = await RespConnection.open(self.url, machine.policy.confirm_timeout)
+            conn = await RespConnection.open(self.url, machine.policy.confirm_timeout, self.read_size)
             conn.write(pack_command("SUBSCRIBE", *self.channels))
             for _ in self.channels:
                 # Nothing is read before every confirmation (as ``synapse/replication/tcp/redis.py``): what the owner
@@ -340,6 +345,6 @@ class RedisSubscription:
             result = on_chunk(chunk)
             if result is not None:
                 await result
-            if self.read_pause and len(chunk) < READ_SIZE:
+            if self.read_pause and len(chunk) < self.read_size:
                 await asyncio.sleep(self.read_pause)
         return "stopped"

@@ -17,6 +17,7 @@ URLs (``redis://``, ``rediss://``, ``unix://``, user and password) are read with
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 from typing import Any, Iterable
 
@@ -25,6 +26,10 @@ from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, 
 CRLF = b"\r\n"
 #: What one read asks the socket for.
 READ_SIZE = 1 << 16
+#: :class:`RespConnection`'s ``read_size`` for a subscriber to messages of hundreds of KiB (a
+#: writer's batch of lines): a whole message or more may wait unread without the socket's
+#: reading being paused and resumed.
+LARGE_READ_SIZE = 1 << 22
 
 
 class RespError(ConnectionError):
@@ -97,6 +102,27 @@ def parse_reply(buf: bytes, pos: int = 0) -> tuple[Any, int] | None:
 def message_head(channel: bytes) -> bytes:
     """What every pub/sub message of ``channel`` starts with, up to its payload's length."""
     return b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$" % (len(channel), channel)
+
+
+def pending_message(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int] | None:
+    """Where the payload of the pub/sub message that starts at ``buf[pos]`` lies: its offset
+    from ``pos`` and its size (the message ends 2 bytes after it), once the message's head
+    has arrived; None before that, or for anything else than a message. A subscriber to
+    large messages gathers the rest before parsing again, instead of parsing (and copying) a
+    growing buffer on every read."""
+    if bytes(buf[pos:pos + 18]) != b"*3\r\n$7\r\nmessage\r\n$":
+        return None
+    head = bytes(buf[pos + 18:pos + 18 + 600])  # lengths and the channel's name (short)
+    end = head.find(CRLF)
+    if end < 0:
+        return None
+    p = end + 2 + int(head[:end]) + 2  # past the channel
+    if head[p:p + 1] != b"$":
+        return None
+    end = head.find(CRLF, p)
+    if end < 0:
+        return None
+    return 18 + end + 2, int(head[p + 1:end])
 
 
 def parse_messages(buf: bytes, pos: int = 0, head: bytes | None = None) -> tuple[list[Any], int]:
@@ -192,32 +218,136 @@ class LineSniffer:
         return [payload for _, payload in found]
 
 
-class RespConnection:
-    """One connection to Redis, reading into a buffer of its own."""
+class _Inbound(asyncio.Protocol):
+    """The socket's side of a :class:`RespConnection`: keeps each received chunk as the
+    transport hands it over (no copy into a stream buffer), stops reading the socket while
+    more than ``high`` bytes wait, and tells whoever writes when to wait (``drain``)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
+    def __init__(self, high: int) -> None:
+        self.high = high
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.ended = False  # EOF or connection lost: nothing more will arrive
+        self.error: BaseException | None = None
+        self.transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self._writing_paused = False
+        self._reading_paused = False
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size > self.high and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self.error = exc
+        self._wake()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait_data(self) -> None:
+        """Until something arrived or the connection ended."""
+        if self.chunks or self.ended:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def take(self) -> bytes:
+        """Everything received so far (one chunk as it came, without a copy)."""
+        chunks = self.chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self.size = 0
+        if self._reading_paused and self.transport is not None and not self.ended:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def drain(self) -> None:
+        if self.ended:
+            if self.error is not None:
+                raise ConnectionResetError(str(self.error))
+            return
+        if self._writing_paused:
+            self._drain = asyncio.get_running_loop().create_future()
+            try:
+                await self._drain
+            finally:
+                self._drain = None
+
+
+class RespConnection:
+    """One connection to Redis, reading into a buffer of its own.
+
+    Each read takes everything that has arrived, as the transport received it (a chunk of up
+    to 256 KiB, or several joined). ``read_size``: how much may wait unread before the
+    connection stops reading the socket (until the next read); a subscriber to messages of
+    hundreds of KiB passes :data:`LARGE_READ_SIZE`. asyncio's stream reader, used before,
+    copied every byte twice more (into its buffer, out of it) and, at 64 KiB reads, paused
+    and resumed the socket on every such message.
+    """
+
+    def __init__(self, transport: asyncio.Transport, inbound: _Inbound, read_size: int = READ_SIZE) -> None:
+        self._transport, self._inbound = transport, inbound
         self._buf = b""
+        self.read_size = read_size
 
     @classmethod
-    async def open(cls, url: str, timeout: float = 10.0) -> "RespConnection":
+    async def open(cls, url: str, timeout: float = 10.0, read_size: int = READ_SIZE) -> "RespConnection":
         kwargs = parse_url(url)
         connection_class = kwargs.get("connection_class")
+        loop = asyncio.get_running_loop()
+
+        def inbound() -> _Inbound:
+            return _Inbound(2 * read_size)  # the stream reader's: it paused above twice its limit
+
         try:
             if connection_class is UnixDomainSocketConnection:
-                opening = asyncio.open_unix_connection(kwargs["path"])
+                opening = loop.create_unix_connection(inbound, kwargs["path"])
             else:
                 context = ssl.create_default_context() if connection_class is SSLConnection else None
-                opening = asyncio.open_connection(kwargs.get("host", "localhost"), kwargs.get("port", 6379),
-                                                  ssl=context)
+                host = kwargs.get("host", "localhost")
+                opening = loop.create_connection(inbound, host, kwargs.get("port", 6379), ssl=context,
+                                                 server_hostname=host if context is not None else None)
             # asyncio.timeout, not wait_for: no task of its own, and none of the window in
             # which Python 3.11's wait_for can lose a cancellation that races the connection
             # completing (RedisSubscription.run also ends a session that loses one).
             async with asyncio.timeout(timeout):
-                reader, writer = await opening
+                transport, protocol = await opening
         except (OSError, TimeoutError) as e:
             raise RespError(f"cannot connect to Redis: {e}") from e
-        conn = cls(reader, writer)
+        conn = cls(transport, protocol, read_size)
         if kwargs.get("password"):
             auth = ("AUTH", kwargs["username"], kwargs["password"]) if kwargs.get("username") else (
                 "AUTH", kwargs["password"])
@@ -225,21 +355,22 @@ class RespConnection:
         return conn
 
     def write(self, data: bytes) -> None:
-        self._writer.write(data)
+        self._transport.write(data)
 
     async def _fill(self, timeout: float | None) -> None:
-        try:
+        inbound = self._inbound
+        if not inbound.chunks and not inbound.ended:
             # asyncio.timeout, not wait_for: no task of its own per read (the hot paths read
             # a few times per batch of lines)
             async with asyncio.timeout(timeout):
-                data = await self._reader.read(READ_SIZE)
-        except TimeoutError:
-            raise
-        except OSError as e:
-            raise RespError(f"Redis connection lost: {e}") from e
-        if not data:
-            raise RespError("Redis closed the connection")
-        self._buf += data
+                await inbound.wait_data()
+        if inbound.chunks:
+            data = inbound.take()
+            self._buf = self._buf + data if self._buf else data
+            return
+        if inbound.error is not None:
+            raise RespError(f"Redis connection lost: {inbound.error}")
+        raise RespError("Redis closed the connection")
 
     async def read_reply(self, timeout: float | None = None) -> Any:
         """The next reply (raises :class:`RespError` for an error reply, TimeoutError)."""
@@ -264,11 +395,12 @@ class RespConnection:
     async def publish_packed(self, data: bytes, count: int, timeout: float | None = None) -> None:
         """Write ``count`` PUBLISH commands already packed in ``data``; wait for every reply."""
         self.write(data)
-        if self._writer.transport.get_write_buffer_size():
+        if self._transport.get_write_buffer_size():
             # Only when the socket did not take it all at once: otherwise drain() has nothing
-            # to wait for, and wait_for's task would cost more than the rest of a batch's write.
+            # to wait for.
             try:
-                await asyncio.wait_for(self._writer.drain(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._inbound.drain()
             except TimeoutError:
                 raise
             except OSError as e:
@@ -299,7 +431,8 @@ class RespConnection:
 
     async def close(self) -> None:
         try:
-            self._writer.close()
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+            self._transport.close()
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(self._inbound.closed)
         except Exception:  # a broken socket: nothing more to do
             pass

@@ -124,3 +124,45 @@ def test_other_layers_keep_receive():
         assert GroupSubscriber.for_layer(layer, "g", on_message=on_message) is None
 
     asyncio.run(scenario())
+
+
+def _resp_message(channel: bytes, payload: bytes) -> bytes:
+    return b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(payload), payload)
+
+
+def test_messages_split_anywhere_between_reads_come_out_whole_and_in_order():
+    """A batch of hundreds of KiB arrives in many reads, cut anywhere (inside the head, the
+    payload, the CRLF after it) and sharing reads with the next messages and PONGs: each is
+    gathered once its size is known and handed over whole, in order."""
+    layer = RedisPubSubChannelLayer(hosts=["redis://127.0.0.1:1"])
+    channel = b"asgi__group__replication.lines"
+    big = b"RDATA receipts w1 %d [\"" + b"x" * 340 + b"\"]\n"
+    sent = [_message(0), {**_message(1), "data": big * 1000}, _message(2), {**_message(3), "data": big * 1500},
+            _message(4)]
+    stream = b"".join(_resp_message(channel, layer.serialize(m)) for m in sent[:3])
+    stream += b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"  # a PONG between messages
+    stream += b"".join(_resp_message(channel, layer.serialize(m)) for m in sent[3:])
+    # where the second message's payload ends: cuts just before, inside and after its CRLF
+    second_end = sum(len(_resp_message(channel, layer.serialize(m))) for m in sent[:2])
+    cut_sets = [[second_end - 3], [second_end - 2], [second_end - 1], [second_end], [20], [60],
+                [second_end - 1, second_end + 5]]
+
+    async def scenario(cuts: list[int]) -> tuple[list[dict], int]:
+        got: list[dict] = []
+
+        async def on_message(message: dict) -> None:
+            got.append(message)
+
+        subscriber = GroupSubscriber(layer, channel, "redis://127.0.0.1:1", on_message=on_message)
+        start = 0
+        for cut in [*cuts, len(stream)]:
+            await subscriber._on_chunk(stream[start:cut])
+            start = cut
+        return got, subscriber.received
+
+    for size in (4099, 65536, 262144, 1 << 22):
+        got, received = asyncio.run(scenario(list(range(size, len(stream), size))))
+        assert got == sent and received == len(sent), size
+    for cuts in cut_sets:
+        got, received = asyncio.run(scenario(cuts))
+        assert got == sent and received == len(sent), cuts

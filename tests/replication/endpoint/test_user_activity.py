@@ -21,7 +21,7 @@ from replication.endpoint.user_activity import (
 )
 from replication.models import UserIp
 from replication.protocol.commands import ClearUserSyncCommand, UserIpCommand, UserSyncCommand, parse_line
-from testing.processes import wait_port
+from testing.processes import stop_process, wait_port
 from testing.services import free_port
 from tests.replication.endpoint.test_endpoint import ROOT, SERVER_NAME, LineClient
 
@@ -183,24 +183,21 @@ class Ports(list):
 def two_endpoints(pg_url, tmp_path, redis_server):
     procs, ports = [], Ports()
     ports.procs = procs
-    for n in range(2):
-        port = free_port()
-        log_path = tmp_path / f"endpoint{n}.log"
-        env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, REDIS_URL=redis_server.url,
-                   PYTHONUNBUFFERED="1", USER_IP_FLUSH_SECONDS="0.2", USER_IP_LEASE_SECONDS="3")
-        proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
-                                cwd=ROOT, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-        procs.append(proc)
-        wait_port(port, proc, log_path)
-        ports.append(port)
-    yield ports
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    try:  # an endpoint that did not start must not leave the other running
+        for n in range(2):
+            port = free_port()
+            log_path = tmp_path / f"endpoint{n}.log"
+            env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, REDIS_URL=redis_server.url,
+                       PYTHONUNBUFFERED="1", USER_IP_FLUSH_SECONDS="0.2", USER_IP_LEASE_SECONDS="3")
+            proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
+                                    cwd=ROOT, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+            procs.append(proc)
+            wait_port(port, proc, log_path)
+            ports.append(port)
+        yield ports
+    finally:
+        for proc in procs:
+            stop_process(proc)
 
 
 def worker(port: int, name: str) -> LineClient:
