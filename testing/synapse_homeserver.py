@@ -14,6 +14,7 @@ processes talking over the Redis only.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -30,7 +31,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from testing.services import die_with_parent, free_port
 
@@ -298,6 +299,42 @@ class SynapseHomeserver:
             "mac": mac.hexdigest()})
         api.token, api.user_id, api.device_id = answer["access_token"], answer["user_id"], answer["device_id"]
         return api
+
+
+@contextlib.contextmanager
+def running(homeserver: SynapseHomeserver) -> Iterator[SynapseHomeserver]:
+    """``homeserver`` configured and started for a fixture, removed afterwards. One that cannot
+    start fails the test, never skips it: the suite must have every part."""
+    import pytest
+
+    try:
+        homeserver.configure().start()
+    except SynapseUnavailable as e:
+        homeserver.remove()
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield homeserver
+    finally:
+        homeserver.remove()
+
+
+def client_traffic(homeserver: SynapseHomeserver, tag: str) -> tuple["ClientApi", "ClientApi", str]:
+    """Client traffic of every kind the fixture drives, in a private room of two new users
+    (``alice``, ``bob``): messages, state, typing, a receipt, account data and to-device.
+    Returns the two users and the room."""
+    alice, bob = homeserver.register("alice"), homeserver.register("bob")
+    room = alice.create_room(preset="private_chat")
+    alice.invite(room, bob.user_id)
+    bob.join(room)
+    last = ""
+    for i in range(5):
+        last = alice.send_message(room, f"hello {i}")
+    alice.set_topic(room, tag)
+    alice.typing(room)
+    bob.read_receipt(room, last)
+    alice.account_data(f"org.example.{tag}", {"n": 1})
+    alice.send_to_device(bob.user_id, bob.device_id, "org.example.ping", {"n": 1})
+    return alice, bob, room
 
 
 class MatrixError(RuntimeError):

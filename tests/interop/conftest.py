@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from testing.synapse_homeserver import SynapseHomeserver, SynapseUnavailable
+from testing.synapse_homeserver import SynapseHomeserver, running
 
 SERVER_NAME = "interop.test"
 
 
 @pytest.fixture(scope="session")
 def synapse(postgres_server, redis_server):
-    homeserver = SynapseHomeserver(SERVER_NAME, postgres_server.port, redis_server.port,
-                                   database="synapse_interop")
-    try:
-        homeserver.configure().start()
-    except SynapseUnavailable as e:  # fail, never skip: the suite must have every part
-        homeserver.remove()
-        pytest.fail(str(e), pytrace=False)
-    yield homeserver
-    homeserver.remove()
+    with running(SynapseHomeserver(SERVER_NAME, postgres_server.port, redis_server.port,
+                                   database="synapse_interop")) as homeserver:
+        yield homeserver

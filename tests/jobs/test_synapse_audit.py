@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from jobs.synapse_audit_jobs import AUDIT_JOBS
 from jobs.synapse_source import SynapseDatabases, SynapseSourceError, synapse_cut
-from testing.synapse_homeserver import SynapseHomeserver, SynapseUnavailable
+from testing.synapse_homeserver import SynapseHomeserver, client_traffic, running
 from tests.synapse_attach.test_synapse_status import execute, observer_url  # noqa: F401  (the SELECT-only role)
 
 #: Every test in pytest-django's plain database group (the end-to-end run records a JobRun), so
@@ -24,14 +24,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(scope="module")
 def synapse(postgres_server, redis_server):
-    homeserver = SynapseHomeserver("audit.test", postgres_server.port, redis_server.port, database="synapse_audit")
-    try:
-        homeserver.configure().start()
-    except SynapseUnavailable as e:  # fail, never skip
-        homeserver.remove()
-        pytest.fail(str(e), pytrace=False)
-    yield homeserver
-    homeserver.remove()
+    with running(SynapseHomeserver("audit.test", postgres_server.port, redis_server.port,
+                                   database="synapse_audit")) as homeserver:
+        yield homeserver
 
 
 def concurrently(*calls) -> None:
@@ -59,18 +54,8 @@ def concurrently(*calls) -> None:
 def traffic(synapse):
     """Messages, state, typing, receipts, account data and to-device in a private room; in a
     public room, two admins changing power levels and memberships at the same time (forks)."""
-    alice, bob, carol = synapse.register("alice"), synapse.register("bob"), synapse.register("carol")
-    quiet = alice.create_room(preset="private_chat")
-    alice.invite(quiet, bob.user_id)
-    bob.join(quiet)
-    last = ""
-    for i in range(5):
-        last = alice.send_message(quiet, f"hello {i}")
-    alice.set_topic(quiet, "audited")
-    alice.typing(quiet)
-    bob.read_receipt(quiet, last)
-    alice.account_data("org.example.audit", {"n": 1})
-    alice.send_to_device(bob.user_id, bob.device_id, "org.example.ping", {"n": 1})
+    alice, bob, quiet = client_traffic(synapse, "audit")
+    carol = synapse.register("carol")
 
     busy = alice.create_room(preset="public_chat")
     bob.join(busy)

@@ -27,7 +27,7 @@ from synapse_attach.catalogue import STREAMS
 from synapse_attach.observer import SynapseObserver
 from synapse_attach.redis_observer import RedisObserver
 from testing.services import RedisServer
-from testing.synapse_homeserver import ClientApi, MatrixError, SynapseHomeserver, SynapseUnavailable
+from testing.synapse_homeserver import ClientApi, MatrixError, SynapseHomeserver, running
 
 #: Every test of the module in pytest-django's transactional group (one test needs it: a
 #: service process reads what the test wrote), so they run together and the cluster, a module
@@ -80,16 +80,10 @@ def observer_redis_url(redis: RedisServer) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(postgres_server, synapse_redis):
-    homeserver = SynapseHomeserver(SERVER_NAME, postgres_server.port, synapse_redis.port,
+    with running(SynapseHomeserver(SERVER_NAME, postgres_server.port, synapse_redis.port,
                                    redis_password=synapse_redis.password, database="synapse_attach_live",
-                                   event_persisters=("persister1",))
-    try:
-        homeserver.configure().start()
-    except SynapseUnavailable as e:  # fail, never skip
-        homeserver.remove()
-        pytest.fail(str(e), pytrace=False)
-    yield homeserver
-    homeserver.remove()
+                                   event_persisters=("persister1",))) as homeserver:
+        yield homeserver
 
 
 @pytest.fixture(scope="module")

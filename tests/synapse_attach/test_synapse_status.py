@@ -18,7 +18,7 @@ import pytest
 from synapse_attach.catalogue import STREAMS, generators
 from synapse_attach.reader import connect_read_only
 from testing.services import free_port
-from testing.synapse_homeserver import SynapseHomeserver, SynapseUnavailable
+from testing.synapse_homeserver import SynapseHomeserver, client_traffic, running
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = f"attach_observer_{secrets.token_hex(3)}"
@@ -28,15 +28,9 @@ SPECS = {s.name: s for s in generators()}
 
 @pytest.fixture(scope="module")
 def synapse(postgres_server, redis_server):
-    homeserver = SynapseHomeserver("attach.test", postgres_server.port, redis_server.port,
-                                   database="synapse_attach")
-    try:
-        homeserver.configure().start()
-    except SynapseUnavailable as e:  # fail, never skip
-        homeserver.remove()
-        pytest.fail(str(e), pytrace=False)
-    yield homeserver
-    homeserver.remove()
+    with running(SynapseHomeserver("attach.test", postgres_server.port, redis_server.port,
+                                   database="synapse_attach")) as homeserver:
+        yield homeserver
 
 
 def execute(synapse, statement: str, *params) -> None:
@@ -63,19 +57,7 @@ def observer_url(synapse):
 def traffic(synapse):
     """Client traffic of every kind the fixture drives: messages, state, typing, receipts,
     account data, to-device."""
-    alice, bob = synapse.register("alice"), synapse.register("bob")
-    room = alice.create_room(preset="private_chat")
-    alice.invite(room, bob.user_id)
-    bob.join(room)
-    last = ""
-    for i in range(5):
-        last = alice.send_message(room, f"hello {i}")
-    alice.set_topic(room, "attached")
-    alice.typing(room)
-    bob.read_receipt(room, last)
-    alice.account_data("org.example.attach", {"n": 1})
-    alice.send_to_device(bob.user_id, bob.device_id, "org.example.ping", {"n": 1})
-    return room
+    return client_traffic(synapse, "attach")[2]
 
 
 def run_status(url: str | None, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
