@@ -60,6 +60,7 @@ from benchmarks._synapse_cluster import (  # noqa: E402
     rooms_of_each_writer,
     throwaway_synapse,
 )
+from testing.processes import web_answers  # noqa: E402
 from testing.services import free_port  # noqa: E402
 from testing.synapse_homeserver import MatrixError  # noqa: E402
 
@@ -122,16 +123,6 @@ def signed_in(base: str, user: str, password: str) -> urllib.request.OpenerDirec
     if not any(c.name == "sessionid" for c in jar):
         raise SystemExit(f"could not sign in as {user}")
     return opener
-
-
-def answers(base: str) -> bool:
-    try:
-        urllib.request.urlopen(f"{base}/admin/login/", timeout=2)
-        return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:
@@ -202,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             steps.append(("3b. make run: migrate", migrated - installed))
             print(f"  {steps[-1][0]}: {steps[-1][1]:.1f} s", flush=True)
             base = f"http://127.0.0.1:{web}"
-            wait_for(lambda: answers(base), "the web UI answering", service, output)
+            wait_for(lambda: web_answers(base), "the web UI answering", service, output)
             t = step("3c. make run: runservice until the web UI answers", migrated)
             login = wait_for(lambda: output.first(r"sign in:\s+(\S+) / (\S+)"), "the sign-in line", service, output)[1]
             opener = signed_in(base, login.group(1), login.group(2))

@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,3 +104,14 @@ class ProcessGroup:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def web_answers(base: str) -> bool:
+    """Whether the web process at ``base`` answers HTTP at all (any status: it is up)."""
+    try:
+        urllib.request.urlopen(f"{base}/admin/login/", timeout=2)
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False

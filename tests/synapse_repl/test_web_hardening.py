@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from testing.processes import web_answers
 from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,16 +31,6 @@ def _wait_for(predicate, what: str, timeout: float = 120):
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.2)
     return result
-
-
-def _answers(base: str) -> bool:
-    try:
-        urllib.request.urlopen(f"{base}/admin/login/", timeout=2)
-        return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
 
 
 class Service:
@@ -64,7 +55,7 @@ class Service:
         self.proc = subprocess.Popen([sys.executable, "manage.py", "runservice"], cwd=ROOT, env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        _wait_for(lambda: _answers(self.base) or self.proc.poll() is not None, "runservice's web listener")
+        _wait_for(lambda: web_answers(self.base) or self.proc.poll() is not None, "runservice's web listener")
         assert self.proc.poll() is None, self.output()
         return self
 
