@@ -206,6 +206,13 @@ def synapse_metrics() -> Iterator[Metric]:
     overdue = GaugeMetricFamily(f"{METRIC_PREFIX}_unreported_ids_overdue",
                                 "1 once a Synapse stream's oldest unreported ID has stayed so "
                                 "SYNAPSE_UNREPORTED_AFTER_SECONDS or more", labels=["stream"])
+    database_up = GaugeMetricFamily(f"{METRIC_PREFIX}_database_up",
+                                    "1 while the observer's last read of Synapse's database succeeded, 0 while "
+                                    "its reads fail (the figures from the database are then those of the last "
+                                    "read that succeeded)", labels=["observer"])
+    database_read = GaugeMetricFamily(f"{METRIC_PREFIX}_database_last_read_timestamp_seconds",
+                                      "When the observer last read Synapse's database successfully (Unix time)",
+                                      labels=["observer"])
     persisted = GaugeMetricFamily(f"{METRIC_PREFIX}_persisted_upto",
                                   "A Synapse stream's persisted-upto position, as Synapse's MultiWriterIdGenerator "
                                   "computes it from its database", labels=["stream"])
@@ -225,6 +232,10 @@ def synapse_metrics() -> Iterator[Metric]:
         for i in view.get("instances", []):
             seen.add_metric([i["instance"]], status["updated"] - i["last_seen_seconds_ago"])
         database = view.get("database") or {}
+        if database:
+            database_up.add_metric([status["observer"]], 0 if database.get("error") or not database.get("read") else 1)
+            if database.get("read"):
+                database_read.add_metric([status["observer"]], database["read"])
         for u in database.get("unreported", []):
             unreported.add_metric([u["stream"]], u["count"])
             unreported_age.add_metric([u["stream"]], u["age_seconds"])
@@ -234,5 +245,5 @@ def synapse_metrics() -> Iterator[Metric]:
                 persisted.add_metric([s["stream"]], s["persisted_upto"])
             for w in s["writers"]:
                 recorded.add_metric([s["stream"], w["instance"]], w["position"])
-    yield from (up, position, facts, behind, stuck, seen, unreported, unreported_age, overdue,
-                persisted, recorded)
+    yield from (up, position, facts, behind, stuck, seen, database_up, database_read, unreported, unreported_age,
+                overdue, persisted, recorded)

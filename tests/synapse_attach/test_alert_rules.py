@@ -22,7 +22,7 @@ def promtool() -> str:
 def test_the_rules_parse():
     result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 rules found" in result.stdout
+    assert "5 rules found" in result.stdout
 
 
 def test_the_alerts_fire_when_they_should_and_not_before():

@@ -68,6 +68,33 @@ def test_metrics_carry_the_stuck_writer_and_every_metric_the_alerts_name(staff_c
     assert named and named <= {name for name, _ in got}, named - {name for name, _ in got}
 
 
+def test_a_failing_database_read_is_shown_down_with_the_last_good_read(staff_client):  # noqa: F811
+    """The observer keeps showing the last read that worked when a later one fails (the page
+    says the error): /metrics says the reads fail rather than leave the figures looking live."""
+    good = database_view()
+    publish("attach.test@host", True, {**stuck_view(), "database": good})
+    observer = (("observer", "attach.test@host"),)
+    got = samples(staff_client.get("/metrics").content.decode())
+    assert got[("synapse_repl_synapse_database_up", observer)] == 1
+    assert got[("synapse_repl_synapse_database_last_read_timestamp_seconds", observer)] == good["read"]
+    failing = {**good, "error": "cannot read Synapse's database: connection refused"}
+    publish("attach.test@host", True, {**stuck_view(), "database": failing})
+    got = samples(staff_client.get("/metrics").content.decode())
+    assert got[("synapse_repl_synapse_database_up", observer)] == 0
+    assert got[("synapse_repl_synapse_database_last_read_timestamp_seconds", observer)] == good["read"]
+    assert got[("synapse_repl_synapse_observer_up", observer)] == 1  # Redis is still heard
+    # an observer that never read the database successfully has no read time to give
+    publish("attach.test@host", True, {**stuck_view(), "database": {"url": "postgresql://x", "read": None,
+                                                                     "error": "refused"}})
+    got = samples(staff_client.get("/metrics").content.decode())
+    assert got[("synapse_repl_synapse_database_up", observer)] == 0
+    assert not any(name == "synapse_repl_synapse_database_last_read_timestamp_seconds" for name, _ in got)
+    # one that does not read the database has no such figure
+    publish("attach.test@host", True, stuck_view())
+    got = samples(staff_client.get("/metrics").content.decode())
+    assert not any(name == "synapse_repl_synapse_database_up" for name, _ in got)
+
+
 def test_a_stale_observer_is_shown_down_and_its_figures_left_out(staff_client):  # noqa: F811
     publish("attach.test@host", True, stuck_view(), now=datetime.now(timezone.utc) - timedelta(seconds=60))
     got = samples(staff_client.get("/metrics").content.decode())
