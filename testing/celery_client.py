@@ -18,13 +18,18 @@ _KEYS = ("broker_url", "result_backend", "task_always_eager")
 
 
 def forget_connections(app: Any) -> None:
-    """Drop the result backend and the pooled broker connections the app made."""
+    """Drop the result backend and the pooled broker connections the app made, and kombu's
+    process-wide pools keyed by broker URL: a later client of the same URL got the producer
+    pool an earlier one closed ("Acquire on closed pool")."""
+    from kombu import pools
+
     app._backend_cache = None
     app._local.__dict__.pop("backend", None)
     if app._pool is not None:
         app._pool.force_close_all()
         app._pool = None
     app.amqp._producer_pool = None
+    pools.reset()
 
 
 @contextmanager
