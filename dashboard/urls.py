@@ -15,4 +15,5 @@ urlpatterns = [
     path("jobs/start", start_job, name="start-job"),
     path("jobs/<int:run_id>/cancel", cancel_job, name="cancel-job"),
     path("jobs/<int:run_id>/log", job_log, name="job-log"),
+    path("jobs/<int:run_id>/findings", views.job_findings_page, name="job-findings"),
 ]

@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
@@ -11,6 +12,8 @@ from dashboard.feed import writer_json
 from dashboard.job_panel import job_names, job_schedule, recent_job_runs
 from dashboard.stream_table import streams_as_served
 from dashboard.worker_status import worker_statuses
+from jobs.models import JobRun
+from jobs.outcome import SAMPLE_LIMIT
 from replication.endpoint.user_activity import syncing_by_user
 from streams.conf import instance_name, repl_setting
 
@@ -54,6 +57,25 @@ def syncing_users_page(request: HttpRequest) -> HttpResponse:
         users = {user: reports for user, reports in users.items() if user.startswith(query)}
     return render(request, "dashboard/syncing_users.html", _context(
         users=sorted(users.items())[:1000], user_count=len(users), query=query, page="connections"))
+
+
+#: findings per page of a run's findings
+FINDINGS_PER_PAGE = 100
+
+
+@staff_member_required
+def job_findings_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Every difference a run kept (the first SAMPLE_LIMIT it found), a page at a time;
+    ``?room=`` narrows them to one room. The streams page shows only the first 10."""
+    run = JobRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return HttpResponse(f"run #{run_id} does not exist\n", status=404, content_type="text/plain; charset=utf-8")
+    room = request.GET.get("room", "").strip()[:255]
+    columns, rows = run.difference_table(room=room or None)
+    shown = Paginator(rows, FINDINGS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "dashboard/findings.html", _context(
+        run=run, columns=columns, rows=shown, room=room, matching=len(rows), kept=len(run.difference_sample or []),
+        sample_limit=SAMPLE_LIMIT, page="streams"))
 
 
 @staff_json

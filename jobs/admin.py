@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
@@ -33,9 +34,9 @@ class JobRunAdmin(ReadOnlyAdmin):
         if not rows:
             return "—"
         return format_html(
-            '<p>first {} of {}</p><div class="scroll-x"><table class="differences"><thead><tr>{}</tr></thead>'
-            '<tbody>{}</tbody></table></div>',
-            len(rows), run.differences,
+            '<p>first {} of {} (<a href="{}">all kept findings</a>)</p><div class="scroll-x"><table class="differences">'
+            '<thead><tr>{}</tr></thead><tbody>{}</tbody></table></div>',
+            len(rows), run.differences, reverse("dashboard:job-findings", args=[run.pk]),
             format_html_join("", "<th>{}</th>", ((c,) for c in columns)),
             format_html_join("", "<tr>{}</tr>", ((format_html_join("", "<td>{}</td>", ((breakable(v),) for v in row)),)
                                                  for row in rows)))

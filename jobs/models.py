@@ -80,8 +80,15 @@ class JobRun(models.Model):
 
     def shown_differences(self) -> tuple[list[str], list[list[str]]]:
         """The first differences as (columns, rows) for a small table."""
-        sample = [d for d in (self.difference_sample or [])[:self.SHOWN_DIFFERENCES] if isinstance(d, dict)]
+        return self.difference_table(limit=self.SHOWN_DIFFERENCES)
+
+    def difference_table(self, limit: int | None = None, room: str | None = None) -> tuple[list[str], list[list[str]]]:
+        """The kept differences (all, or the first ``limit``; only ``room``'s if given) as
+        (columns, rows): the IDs, an audit's kind of finding and key, and the two sides first,
+        then the rest by name."""
+        sample = [d for d in (self.difference_sample or []) if isinstance(d, dict)
+                  and (room is None or d.get("room_id") == room)][:limit]
         keys = {k for d in sample for k in d}  # the stored JSON keeps no key order: put IDs first
-        first = [k for k in ("room_id", "event_id", "user_id", "expected", "found") if k in keys]
+        first = [k for k in ("room_id", "event_id", "user_id", "finding", "key", "expected", "found") if k in keys]
         columns = first + sorted(keys - set(first))
         return columns, [["" if d.get(c) is None else str(d.get(c)) for c in columns] for d in sample]

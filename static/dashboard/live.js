@@ -335,6 +335,7 @@
         if (r.difference_rows && r.difference_rows.length) {
           rows.push(el("tr", {className: "differences"}, [el("td", {colspan: "9"}, [el("details", null, [
             el("summary", {text: "first " + r.difference_rows.length + " of " + r.differences + " differences"}),
+            el("p", null, [el("a", {href: "jobs/" + r.id + "/findings", text: "all kept findings"})]),
             scrollBox(el("table", {className: "differences"}, [
               el("thead", null, [el("tr", null, r.difference_columns.map(function (c) { return el("th", {text: c}); }))]),
               el("tbody", null, r.difference_rows.map(function (row) {

@@ -182,7 +182,8 @@ def test_operator_walk_in_a_real_browser(full_mode, tmp_path):
                      "admin": "/admin/", "admin-events": "/admin/rooms/event/",
                      "admin-event": f"/admin/rooms/event/{event_pk}/change/",
                      "admin-positions": "/admin/streams/streamposition/", "admin-job-runs": "/admin/jobs/jobrun/",
-                     "admin-job-run": f"/admin/jobs/jobrun/{check_pk}/change/"}
+                     "admin-job-run": f"/admin/jobs/jobrun/{check_pk}/change/",
+                     "job-findings": f"/jobs/{check_pk}/findings"}
             tcp_worker = TcpWorker(env["REPLICATION_LISTEN"], "worker1", "@carol:browser.test")
             faults = {}
             try:
@@ -204,6 +205,11 @@ def test_operator_walk_in_a_real_browser(full_mode, tmp_path):
             # the differences table, measured above, holds the wrong ordering on the run's page
             page.goto(base + f"/admin/jobs/jobrun/{check_pk}/change/")
             expect(page.locator("table.differences td").last).to_have_text(re.compile(r"^10\d\d$"))
+            # and its link opens the run's findings page, which holds it too
+            page.get_by_role("link", name="all kept findings").click()
+            expect(page).to_have_url(re.compile(rf"/jobs/{check_pk}/findings$"))
+            expect(page.locator("table.differences td").last).to_have_text(re.compile(r"^10\d\d$"))
+            expect(page.locator("[data-figure=Kept]")).to_have_text("1 of 1 difference kept.")
             # an event's receipt time reads as a time (UTC), the stored milliseconds in its tooltip
             page.goto(base + f"/admin/rooms/event/{event_pk}/change/")
             received = page.locator(".field-received_at time")

@@ -124,7 +124,7 @@ def pages(admin_client, receipts_written):  # noqa: F811
         rows_in=10, rows_out=0, differences=1, trigger="beat",
         difference_sample=[{"room_id": "!r:hs", "user_id": "@u:hs", "event_id": "$e", "expected": True, "found": False}])
     paths = ["/", "/connections/", "/connections/users/", "/admin/", "/admin/jobs/jobrun/",
-             f"/admin/jobs/jobrun/{run.pk}/change/"]
+             f"/admin/jobs/jobrun/{run.pk}/change/", f"/jobs/{run.pk}/findings"]
     out = {}
     for path in paths:
         response = admin_client.get(path)

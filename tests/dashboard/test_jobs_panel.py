@@ -136,3 +136,52 @@ def test_a_queued_run_is_cancelled_at_once(admin_client):
     assert admin_client.post(f"/jobs/{run.pk}/cancel").status_code == 302
     run.refresh_from_db()
     assert run.status == JobRun.Status.CANCELLED and run.ended_at is not None
+
+
+def _run_with_findings(n: int, rooms: tuple[str, ...] = ("!a:hs", "!b:hs")) -> JobRun:
+    now = timezone.now()
+    sample = [{"room_id": rooms[i % len(rooms)], "event_id": f"$e{i}", "expected": i, "found": i + 1000}
+              for i in range(n)]
+    return JobRun.objects.create(job="check_topological_ordering", status=JobRun.Status.SUCCEEDED, started_at=now,
+                                 ended_at=now, rows_in=5000, rows_out=0, differences=n + 50, difference_sample=sample)
+
+
+def _cells(html: str) -> list[list[str]]:
+    body = html.split('<table class="differences">', 1)[1].split("</table>", 1)[0].split("<tbody>", 1)[1]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_the_findings_page_lists_every_kept_finding_a_page_at_a_time(admin_client):
+    run = _run_with_findings(250)
+    first = admin_client.get(f"/jobs/{run.pk}/findings").content.decode()
+    assert "250 of 300 differences kept" in first and "page 1 of 3" in first
+    rows = _cells(first)
+    assert len(rows) == 100 and rows[0][:2] == ["!a:<wbr>hs", "$e0"] and rows[0][2:4] == ["0", "1000"]
+    last = _cells(admin_client.get(f"/jobs/{run.pk}/findings?page=3").content.decode())
+    assert [r[1] for r in last] == [f"$e{i}" for i in range(200, 250)]
+    # a page past the end or not a number: the last or the first page, never an error
+    assert _cells(admin_client.get(f"/jobs/{run.pk}/findings?page=99").content.decode()) == last
+    assert _cells(admin_client.get(f"/jobs/{run.pk}/findings?page=x").content.decode()) == rows
+
+
+def test_the_findings_page_narrows_to_one_room_and_keeps_it_across_pages(admin_client):
+    run = _run_with_findings(250)
+    html = admin_client.get(f"/jobs/{run.pk}/findings", {"room": "!b:hs"}).content.decode()
+    assert "125 in <code>!b:hs</code>" in html and "page 1 of 2" in html
+    assert {r[0] for r in _cells(html)} == {"!b:<wbr>hs"}
+    assert 'href="?room=%21b%3Ahs&amp;page=2"' in html
+    assert "no findings in this room" in admin_client.get(f"/jobs/{run.pk}/findings", {"room": "!c:hs"}).content.decode()
+
+
+def test_the_findings_page_of_a_missing_run_is_a_404_and_needs_staff(admin_client, client):
+    missing = admin_client.get("/jobs/999999/findings")
+    assert missing.status_code == 404 and b"run #999999 does not exist" in missing.content
+    run = _run_with_findings(3)
+    assert client.get(f"/jobs/{run.pk}/findings").status_code == 302  # to the sign-in page
+
+
+def test_the_streams_page_and_the_admin_link_a_runs_findings(admin_client):
+    run = _run_with_findings(12)
+    link = f'href="jobs/{run.pk}/findings"'
+    assert link in admin_client.get("/").content.decode()
+    assert f'href="/jobs/{run.pk}/findings"' in admin_client.get(f"/admin/jobs/jobrun/{run.pk}/change/").content.decode()
