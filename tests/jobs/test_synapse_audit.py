@@ -339,3 +339,54 @@ def test_the_cover_is_compared_by_reachability_not_by_rows():
     assert lost.to_dict("records") == [{"finding": "auth_chain_cover_differs", "room_id": "!r", "event_id": "$p",
                                         "key": "event_auth_chains/links", "found": "lacks $c, $m",
                                         "expected": "2 auth events (closure of event_auth)"}]
+
+
+def test_a_state_database_apart_is_where_the_state_is_read(spark, synapse, traffic, observer_url):  # noqa: F811
+    """Synapse's state tables in a database of their own (``SYNAPSE_STATE_DATABASE_URL``): a
+    copy of them, damaged in the copy only (a topic row changed, an orphan group added), is
+    what the audits read and find; Synapse's main database still holds its healthy state, so
+    a read of it there would find nothing. A group newer than any the main cut's events name
+    is judged by no audit (Synapse writes a group before its event: it may be a new event's),
+    so only the orphan below them is found."""
+    import subprocess
+
+    from testing.services import _find_pg_bin
+
+    state_db = f"{synapse.database}_state"
+    execute(synapse, f'DROP DATABASE IF EXISTS "{state_db}"')
+    execute(synapse, f"""CREATE DATABASE "{state_db}" ENCODING 'UTF8' LC_COLLATE='C' LC_CTYPE='C' TEMPLATE template0""")
+    main_role = observer_url.split("//", 1)[1].split(":", 1)[0]
+    superuser = synapse.dsn.rsplit("/", 1)[0] + f"/{state_db}"
+    try:
+        dump = subprocess.run([_find_pg_bin("pg_dump"), "--no-owner", "--no-privileges", "-t", "state_groups",
+                               "-t", "state_group_edges", "-t", "state_groups_state", "-t", "state_group_id_seq",
+                               synapse.dsn], capture_output=True, check=True)
+        subprocess.run([_find_pg_bin("psql"), "-q", "-v", "ON_ERROR_STOP=1", superuser], input=dump.stdout,
+                       capture_output=True, check=True)
+        room = traffic["quiet"]
+        topic, group = synapse.query(
+            "SELECT e.event_id, s.state_group FROM events e JOIN event_to_state_groups s ON s.event_id = e.event_id "
+            "WHERE e.room_id = %s ORDER BY e.stream_ordering DESC LIMIT 1", room)[0]
+        other = message_in(synapse, room)
+        (orphan, newer) = synapse.query("SELECT min(id) - 1, max(id) + 1000 FROM state_groups")[0]
+        with psycopg.connect(superuser, autocommit=True) as conn:
+            for grant in (f'GRANT CONNECT ON DATABASE "{state_db}" TO {main_role}',
+                          f"GRANT USAGE ON SCHEMA public TO {main_role}",
+                          f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {main_role}",
+                          f"GRANT SELECT ON ALL SEQUENCES IN SCHEMA public TO {main_role}"):
+                conn.execute(grant)
+            conn.execute("UPDATE state_groups_state SET event_id = %s WHERE state_group = %s "
+                         "AND type = 'm.room.topic' AND state_key = ''", [other, group])
+            for unreferenced in (orphan, newer):
+                conn.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, %s)",
+                             [unreferenced, room, other])
+        state_url = observer_url.rsplit("/", 1)[0] + f"/{state_db}"
+        with override_settings(SYNAPSE_ATTACH={**settings.SYNAPSE_ATTACH, "DATABASE_URL": observer_url,
+                                               "STATE_DATABASE_URL": state_url, "EXTREMITY_THRESHOLD": 10}):
+            state = run(spark, "synapse_check_state")
+            health = run(spark, "synapse_state_group_health")
+    finally:
+        execute(synapse, f'DROP DATABASE IF EXISTS "{state_db}" WITH (FORCE)')
+    assert state.sample == [{"finding": "state_differs", "room_id": room, "event_id": topic,
+                             "key": "m.room.topic|", "found": other, "expected": topic}]
+    assert findings(health) == [("state_group_unreferenced", room, str(orphan))]
