@@ -3,6 +3,7 @@ no JVM in the web process, and a child that dies without recording is recorded a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -24,16 +25,33 @@ from testing.sockets import descendants
 PASSWORD = "child-job-test-password"
 
 
-@contextmanager
-def embedded_web_process(tmp_path: Path, **extra_env: str) -> Iterator[tuple[str, subprocess.Popen, Path]]:
-    """The web process as ``make run`` serves it on the embedded default (SQLite, eager Celery,
-    ``local[*]``): daphne, with a superuser to sign in as."""
+def embedded_environment(state_dir: Path, **extra_env: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SPARK_MASTER")}
-    env.update(STATE_DIR=str(tmp_path), DEMO="0", PYTHONUNBUFFERED="1", ADMIN_PASSWORD=PASSWORD,
+    env.update(STATE_DIR=str(state_dir), DEMO="0", PYTHONUNBUFFERED="1", ADMIN_PASSWORD=PASSWORD,
                SPARK_MASTER="local[1]", DJANGO_SETTINGS_MODULE="synapse_repl.settings", **extra_env)
+    return env
+
+
+@pytest.fixture(scope="module")
+def migrated_state(tmp_path_factory) -> Path:
+    """A ``STATE_DIR`` as ``make run`` leaves it before it serves (migrated, a superuser made),
+    made once per module: each test serves a copy of its own (the two commands cost 9 CPU-s
+    a start)."""
+    state = tmp_path_factory.mktemp("embedded_state")
+    env = embedded_environment(state)
     for command in (["migrate", "--noinput", "-v", "0"], ["ensure_admin"]):
         subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, check=True, timeout=300,
                        capture_output=True)
+    return state
+
+
+@contextmanager
+def embedded_web_process(tmp_path: Path, migrated: Path, **extra_env: str) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    """The web process as ``make run`` serves it on the embedded default (SQLite, eager Celery,
+    ``local[*]``): daphne, on a copy of ``migrated`` (:func:`migrated_state`), with a superuser
+    to sign in as."""
+    shutil.copytree(migrated, tmp_path, dirs_exist_ok=True)
+    env = embedded_environment(tmp_path, **extra_env)
     port = free_port()
     log = tmp_path / "daphne.log"
     proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
@@ -48,8 +66,8 @@ def embedded_web_process(tmp_path: Path, **extra_env: str) -> Iterator[tuple[str
 
 
 @pytest.fixture
-def embedded_web(tmp_path):
-    with embedded_web_process(tmp_path) as web:
+def embedded_web(tmp_path, migrated_state):
+    with embedded_web_process(tmp_path, migrated_state) as web:
         yield web
 
 
@@ -178,14 +196,14 @@ def run_job_children(web_pid: int) -> set[int]:
 
 
 @pytest.mark.slow
-def test_a_flood_of_starts_spawns_at_most_the_cap_and_refuses_the_rest_first(tmp_path):
+def test_a_flood_of_starts_spawns_at_most_the_cap_and_refuses_the_rest_first(tmp_path, migrated_state):
     """20 concurrent POST /jobs/start, each for another job, to a real daphne: at most
     JOBS_MAX_CHILDREN (default 2) ``run_job`` children ever exist; every other start is
     answered 409 with the reason, and neither spawns a process nor records a run. A second
     start of a running job is refused too; once the children end, a start is taken again."""
     from tests.jobs.endless_jobs import NAMES
 
-    with embedded_web_process(tmp_path, JOB_MODULES="tests.jobs.endless_jobs") as (base, web, db):
+    with embedded_web_process(tmp_path, migrated_state, JOB_MODULES="tests.jobs.endless_jobs") as (base, web, db):
         session = signed_in(base)
         seen: set[int] = set()
         sampling = True

@@ -37,6 +37,11 @@ CHECKS = sorted(name for name in built_in_jobs() if name.startswith("check_"))
 #: the hourly schedule, made seconds (one worker runs one job at a time: the runs queue up
 #: when a round of checks takes longer)
 EVERY = "@every 3s"
+#: events a second per writer: two runs of one check are seconds apart (the other checks run
+#: between them, each a Spark job), so dozens of events, state events among them (the ones
+#: check_chain_cover counts), come between; each event costs its writer and PostgreSQL about
+#: 30 ms of CPU
+RATE = 3
 #: how long a condition may take on a loaded machine (two cores shared with other suites)
 DEADLINE = 400
 
@@ -63,7 +68,7 @@ def test_hourly_checks_on_a_writing_cluster_find_nothing_then_exactly_the_damage
                      SPARK_MASTER="local[2]", SPARK_SHUFFLE_PARTITIONS="2", SPARK_DRIVER_MEMORY="1g",
                      # the checks only: a recomputation would repair the damage it is to find
                      JOBS_CHECK_CRON=EVERY, JOBS_CHAIN_COVER_CHECK_CRON=EVERY, JOBS_RECOMPUTE_CRON="")
-    writers = [group.start(name, "manage.py", "write_facts", "events", "--count", "1000000", "--rate", "5",
+    writers = [group.start(name, "manage.py", "write_facts", "events", "--count", "1000000", "--rate", str(RATE),
                            "--no-progress", env={"INSTANCE_NAME": name}) for name in ("w1", "w2")]
     worker = group.start("celery", *job_worker_args(tmp_path / "celerybeat-schedule"))
 
@@ -75,7 +80,7 @@ def test_hourly_checks_on_a_writing_cluster_find_nothing_then_exactly_the_damage
         while not condition():
             assert all(p.poll() is None for p in [worker, *writers]), f"a process ended:\n{logs()}"
             assert time.monotonic() < deadline, f"{what}: not within {DEADLINE} s\n{logs()}"
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     try:
         # Both writers under way, then each check run twice by beat while they write.

@@ -132,9 +132,14 @@ def test_a_cluster_job_listens_on_loopback_only_and_keeps_its_secret_off_command
 
 def test_the_cluster_refuses_a_driver_without_its_secret(spark_cluster, tmp_path):
     """An intruder's plain pyspark driver (no ``spark.authenticate``): the master does not let
-    it register, so it gets no executor to run code on."""
+    it register, so it gets no executor to run code on. (Its JVM starts as the suite's drivers
+    do, from their JVM options: what it sends the master is the same either way.)"""
+    from jobs.session import DEFAULT_JAVA_OPTIONS
+
+    java_options = os.environ.get("SPARK_JAVA_OPTIONS", DEFAULT_JAVA_OPTIONS)
     code = ("from pyspark.sql import SparkSession\n"
             f"spark = SparkSession.builder.master({spark_cluster.url!r}).appName('intruder')"
+            f".config('spark.driver.extraJavaOptions', {java_options!r})"
             ".config('spark.ui.enabled', 'false').config('spark.driver.host', '127.0.0.1')"
             ".config('spark.driver.bindAddress', '127.0.0.1').getOrCreate()\n"
             "print('REGISTERED', spark.sparkContext.parallelize(range(4), 2).count(), flush=True)\n")
