@@ -21,7 +21,7 @@ from testing.services import free_port
 SERVER_NAME = "cluster.example"
 WRITERS = "receipts=w1,w2"
 #: facts each writer writes while a worker is cut off
-PER_WRITER = 3_000
+PER_WRITER = 1_000
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
@@ -108,6 +108,12 @@ class Cluster(ProcessGroup):
     def facts(self, name: str) -> list[dict]:
         return jsonl_records(self.tmp / f"{name}.jsonl")
 
+    def count(self, name: str) -> int:
+        """How many facts worker ``name`` has delivered so far (its lines, without parsing them:
+        the test polls this)."""
+        path = self.tmp / f"{name}.jsonl"
+        return path.read_bytes().count(b"\n") if path.exists() else 0
+
 
 
 @pytest.fixture(params=["redis", "no-redis"])
@@ -130,10 +136,10 @@ def expected_facts() -> set[tuple[str, int]]:
 def wait_for(cluster: Cluster, names: list[str], total: int, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(len(cluster.facts(n)) >= total for n in names):
+        if all(cluster.count(n) >= total for n in names):
             return
         time.sleep(0.5)
-    counts = {n: len(cluster.facts(n)) for n in names}
+    counts = {n: cluster.count(n) for n in names}
     logs = {n: (cluster.tmp / f"{n}.log").read_text()[-1500:] for n in names}
     pytest.fail(f"workers did not receive {total} facts in time: {counts}\n{logs}")
 
@@ -166,19 +172,19 @@ def test_three_workers_two_writers_one_cut_off(cluster):
         cluster.worker("wk2", cluster.repl_port)
         cluster.worker("wk3", proxy.port)  # the one we cut off
         wait_connected(cluster, workers)
-        # 300 facts/s each (>= 10 s of writing): on a quiet machine unlimited writers were
+        # 100 facts/s each (>= 10 s of writing): on a quiet machine unlimited writers were
         # done before the second cut, and a reconnected wk3 had nothing left to wait for. What
         # a cut exercises (lines lost on the way, the reconnect, catch-up) does not grow with
         # the rate; every fact costs each process CPU.
-        writers = [cluster.write("w1", PER_WRITER, 10, rate=300), cluster.write("w2", PER_WRITER, 25, rate=300)]
+        writers = [cluster.write("w1", PER_WRITER, 10, rate=100), cluster.write("w2", PER_WRITER, 25, rate=100)]
         # Cut wk3 off twice while the facts flow, each time once it follows again through the
-        # proxy (it reconnects with back-off) and has received 600 more facts (a second of
+        # proxy (it reconnects with back-off) and has received 200 more facts (a second of
         # both writers).
         cut = 0
         for _ in range(2):
             deadline = time.monotonic() + 60
-            start = len(cluster.facts("wk3"))
-            while ((len(cluster.facts("wk3")) < start + 600 or not proxy.pairs)
+            start = cluster.count("wk3")
+            while ((cluster.count("wk3") < start + 200 or not proxy.pairs)
                    and time.monotonic() < deadline):
                 time.sleep(0.05)
             cut += proxy.cut()
@@ -214,9 +220,9 @@ def test_worker_that_stops_reading_is_dropped_and_catches_up(congestible_cluster
     # The worker stops reading once the facts flow to it, not before the writer has started:
     # the endpoint drops a worker silent for 25 s (PING_TIMEOUT) for that instead, and a
     # writer process starting on a loaded machine can take longer than that.
-    writer = cluster.write("w1", 10_000, 100, rate=1000)
+    writer = cluster.write("w1", 6_000, 100, rate=1000)
     deadline = time.monotonic() + 120
-    while not cluster.facts("slow"):
+    while not cluster.count("slow"):
         assert time.monotonic() < deadline and writer.poll() is None, "no fact reached the worker live"
         time.sleep(0.05)
     worker.send_signal(signal.SIGSTOP)  # stops reading: its socket buffers fill up
@@ -230,6 +236,6 @@ def test_worker_that_stops_reading_is_dropped_and_catches_up(congestible_cluster
         worker.send_signal(signal.SIGCONT)
     assert writer.wait(timeout=180) == 0
     expected = expected_facts()
-    assert len(expected) == 10_000
+    assert len(expected) == 6_000
     wait_for(cluster, ["slow"], len(expected))
     check_exactly_once_in_order(cluster, "slow", expected)

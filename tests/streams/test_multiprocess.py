@@ -64,21 +64,26 @@ def restarted(instance: str, writers: str) -> StreamRuntime:
     return StreamRuntime(instance_name=instance, writers=stream_writers(writers))
 
 
+PER_WRITER = 2_000
+
+
 def test_four_writer_processes(pg_url):
     writers = "receipts=w1,w2,w3,w4"
     batches = {"w1": 1, "w2": 7, "w3": 25, "w4": 100}
     before = sequence_position("receipts_sequence")
-    procs = [write_facts(pg_url, w, writers, "receipts", 5000, per_txn=b) for w, b in batches.items()]
+    # 2,000 facts each: w1's 2,000 single-fact transactions outlast the others' start-up, so
+    # all four reserve IDs from the sequence at once.
+    procs = [write_facts(pg_url, w, writers, "receipts", PER_WRITER, per_txn=b) for w, b in batches.items()]
     for p in procs:
         finish(p)
 
     (total, distinct, lo, hi), = fetch(
         "SELECT count(*), count(DISTINCT stream_id), min(stream_id), max(stream_id) FROM receipts_linearized")
-    assert total == distinct == 20_000
+    assert total == distinct == 4 * PER_WRITER
     per_writer = dict(fetch("SELECT instance_name, count(*) FROM receipts_linearized GROUP BY instance_name"))
-    assert per_writer == {w: 5000 for w in batches}
+    assert per_writer == {w: PER_WRITER for w in batches}
     # Every reserved ID was written: nothing rolled back, so the IDs are gapless.
-    assert (lo, hi) == (before + 1, before + 20_000)
+    assert (lo, hi) == (before + 1, before + 4 * PER_WRITER)
     assert fetch("SELECT count(*) FROM stream_reservations") == [(0,)]
 
     # Each writer's recorded position covers all of its own rows.

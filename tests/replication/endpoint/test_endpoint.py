@@ -3,6 +3,7 @@ socket, against the throwaway PostgreSQL: handshake, RDATA/POSITION for facts wr
 another process, bad input, congestion, USER_SYNC, the legacy protocol generation."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -72,19 +73,48 @@ class LineClient:
         self.sock.close()
 
 
-@pytest.fixture
-def endpoint(pg_url, tmp_path, redis_server):
+@contextlib.contextmanager
+def endpoint_process(pg_url: str, log_path: Path, redis_url: str):
+    """``runreplication`` on a free port; yields (port, its log opened for reading)."""
     port = free_port()
-    log = open(tmp_path / "endpoint.log", "w+")
+    log = open(log_path, "w+")
     env = dict(os.environ, DATABASE_URL=pg_url, SERVER_NAME=SERVER_NAME, POSITION_POLL_SECONDS="0.05",
                STREAM_WRITERS="events=master,w2;receipts=master,w2", PYTHONUNBUFFERED="1",
-               REDIS_URL=redis_server.url)
+               REDIS_URL=redis_url)
     proc = subprocess.Popen([sys.executable, "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wait_port(port, proc, tmp_path / "endpoint.log")
-    yield port, log
-    stop_process(proc)
-    log.close()
+    try:
+        wait_port(port, proc, log_path)
+        yield port, log
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+@pytest.fixture
+def endpoint(pg_url, tmp_path, redis_server):
+    """An endpoint of the test's own, for the tests that write facts: it starts from the
+    database as the test left it."""
+    with endpoint_process(pg_url, tmp_path / "endpoint.log", redis_server.url) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def protocol_endpoint(django_db_setup, django_db_blocker, tmp_path_factory, redis_server):
+    """One endpoint for the module's tests that only speak the protocol (handshake, bad input,
+    USER_SYNC) and write no fact: what each proves does not depend on a fresh process, and
+    each would otherwise pay its start-up."""
+    with endpoint_process(database_url_for_processes(), tmp_path_factory.mktemp("endpoint") / "endpoint.log",
+                          redis_server.url) as running:
+        yield running
+
+
+def database_url_for_processes() -> str:
+    """The test database's URL (``pg_url``'s), for processes that module-scoped fixtures start."""
+    from django.db import connections
+
+    d = connections["default"].settings_dict
+    return f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
 
 
 @pytest.fixture
@@ -106,8 +136,8 @@ def handshake(port: int) -> LineClient:
     return c
 
 
-def test_handshake_announces_every_stream_and_writer(endpoint):
-    port, _ = endpoint
+def test_handshake_announces_every_stream_and_writer(protocol_endpoint):
+    port, _ = protocol_endpoint
     c = handshake(port)
     expected = {("events", "master"), ("events", "w2"), ("backfill", "master"), ("backfill", "w2"),
                 ("receipts", "master"), ("receipts", "w2"), ("account_data", "master"),
@@ -174,8 +204,8 @@ def test_position_without_rows(endpoint, writer_runtime):
     ("POSITION caches w1 5", "ERROR failed to parse line"),
     ("USER_SYNC abcde @u:hs DEV pause 1", "ERROR failed to parse line"),
 ])
-def test_bad_lines_get_error_and_close_others_unaffected(endpoint, bad, error):
-    port, log = endpoint
+def test_bad_lines_get_error_and_close_others_unaffected(protocol_endpoint, bad, error):
+    port, log = protocol_endpoint
     other = handshake(port)
     c = handshake(port)
     c.send(bad)
@@ -189,8 +219,8 @@ def test_bad_lines_get_error_and_close_others_unaffected(endpoint, bad, error):
     other.close()
 
 
-def test_blank_lines_are_ignored_and_long_lines_rejected(endpoint):
-    port, _ = endpoint
+def test_blank_lines_are_ignored_and_long_lines_rejected(protocol_endpoint):
+    port, _ = protocol_endpoint
     c = handshake(port)
     c.send("", "   ", "PING 3")
     c.send_raw(b"PING " + b"x" * 20000 + b"\n")
@@ -199,8 +229,8 @@ def test_blank_lines_are_ignored_and_long_lines_rejected(endpoint):
     c.close()
 
 
-def test_half_line_then_disconnect_does_not_hurt_server(endpoint):
-    port, _ = endpoint
+def test_half_line_then_disconnect_does_not_hurt_server(protocol_endpoint):
+    port, _ = protocol_endpoint
     c = LineClient(port)
     c.send_raw(b"REPLIC")
     c.close()
@@ -251,9 +281,9 @@ def test_netcat_transcript_legacy_generation(endpoint, writer_runtime):
     c.close()
 
 
-def test_user_sync_kept_per_connection(endpoint):
+def test_user_sync_kept_per_connection(protocol_endpoint):
     """USER_SYNC is accepted (and CLEAR_USER_SYNC); the connection stays up."""
-    port, _ = endpoint
+    port, _ = protocol_endpoint
     c = handshake(port)
     c.send("USER_SYNC abcde @u:hs None start 1700000000000", "USER_SYNC abcde @v:hs DEV start 1",
            "USER_SYNC abcde @u:hs None end 2", "CLEAR_USER_SYNC abcde", "FEDERATION_ACK fed1 12",
