@@ -228,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
                   "figures, or delete the directory.", file=sys.stderr)
             return 2
         reused = stored
+        try:  # what the record alone refuses, before any server starts (the database is checked again)
+            if record is not None:
+                refuse_several_writers_continuing(record, args.event_writers, 0)
+        except BuildRefused as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         stop_leftover_postgres(directory)
     database = (migrated_sqlite_database() if args.sqlite else
                 migrated_database("bench_storage", pg_directory=args.data_dir or "", keep=bool(args.data_dir),
@@ -261,6 +267,16 @@ def main(argv: list[str] | None = None) -> int:
         except BuildRefused as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+
+
+def refuse_several_writers_continuing(record: BuildRecord, event_writers: int, stored_events: int) -> None:
+    """A persist phase begun, or to be continued, by several event writers is not continued:
+    each writer's place in the dataset is not recorded."""
+    earlier_writers = {s.get("event_writers", 1) for s in record["sessions"] if s.get("phase") == "persist"}
+    if record.phase == "persist" and (record["written"] or stored_events) and (
+            event_writers > 1 or earlier_writers - {1}):
+        raise BuildRefused("a persist phase shared by several event writers is not continued (each writer's "
+                           "place in the dataset is not recorded): delete the directory to build again")
 
 
 class StopOnSigterm:
@@ -675,17 +691,13 @@ def build(rt, *, events: int, rooms: int, users: int, batch: int, seed: int, fre
     print(f"gc.freeze every {persister.freeze_every or 'never'} batches ({collector}); "
           f"{persister.rooms.size:,} room contexts kept between batches; caches x{cache_scale:g}"
           + (f"; in each of {event_writers} event writer processes" if event_writers > 1 else ""))
-    earlier_writers = {s.get("event_writers", 1) for s in record["sessions"] if s.get("phase") == "persist"}
     session = record.begin_session(cache_scale=cache_scale, room_cache=persister.rooms.size,
                                    freeze_every=persister.freeze_every, bulk_gc=persister.bulk_gc,
                                    pg_settings=pg_settings or {}, event_writers=event_writers)
     if session > 1:  # (the record is saved once what is stored is found to match it)
         print(f"continuing the build (session {session}): {record['written']:,} of the dataset's events persisted "
               f"in {record['batches']:,} batches, phase {record.phase}")
-    if record.phase == "persist" and (record["written"] or stored_events) and (
-            event_writers > 1 or earlier_writers - {1}):
-        raise BuildRefused("a persist phase shared by several event writers is not continued (each writer's "
-                           "place in the dataset is not recorded): delete the directory to build again")
+    refuse_several_writers_continuing(record, event_writers, stored_events)
     if record.phase in ("baseline", "analyze", "done") and stored_events != record.stored_events():
         raise BuildRefused(f"the database holds {stored_events:,} events of the dataset, the build record "
                            f"{record.stored_events():,} (phase {record.phase}): delete the directory to build again")

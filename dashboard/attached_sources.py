@@ -8,9 +8,10 @@ and its facts/s series for the page's chart."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from prometheus_client.core import Metric
+if TYPE_CHECKING:  # (prometheus_client loads where /metrics is served, not in every process)
+    from prometheus_client.core import Metric
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from jobs.lock import JobLock
 from jobs.models import JobRun
 from jobs.monitor import summary
 from jobs.schedules import next_runs
-from jobs.tasks import run_job_task
 
 RECENT_RUNS = 15
 
@@ -136,6 +135,10 @@ def start_job(request: HttpRequest) -> HttpResponse:
             return JsonResponse({"error": f"another run of {job} holds its lock: not started"}, status=409)
         # queued (and so shown) until a worker takes it; sent once the record is committed
         from django.db import transaction
+
+        # deferred: Celery (0.15 CPU-s of imports) loads in a web process that queues a job,
+        # not in every process that loads the URLs (the system checks of migrate and the rest)
+        from jobs.tasks import run_job_task
 
         run = create_run(job, rooms, trigger, status=JobRun.Status.QUEUED)
         transaction.on_commit(lambda: run_job_task.delay(job, rooms, trigger=trigger, run_id=run.pk))

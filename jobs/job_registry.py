@@ -2,21 +2,24 @@
 streams): the built-in ones, then those of the operator's ``JOB_MODULES``, each of which names
 its jobs in a module-level ``JOBS`` dict. Nothing registers itself by being imported.
 
-The job functions need pyspark, so they are imported by :func:`load_jobs`, not at Django
-start-up."""
+The job functions need pyspark and pandas, so they are imported by :func:`load_jobs`, not at
+Django start-up nor by the URL check every ``migrate`` and web process runs."""
 from __future__ import annotations
 
 import importlib
 
-from jobs import definitions as d
 from jobs.outcome import Job
-from jobs.synapse_audit_jobs import AUDIT_JOBS
 
 #: name -> job; filled by :func:`load_jobs` (tests may add jobs of their own)
 JOBS: dict[str, Job] = {}
 
 
 def built_in_jobs() -> dict[str, Job]:
+    # deferred: the job functions import pyspark and pandas (1.5 CPU-s), which only a process
+    # that runs or lists jobs needs, not every web process or the URL check of `migrate`
+    from jobs import definitions as d
+    from jobs.synapse_audit_jobs import AUDIT_JOBS
+
     return {
         "topological_ordering": d.recompute_topological_ordering,
         "check_topological_ordering": d.check_topological_ordering,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client.core import Metric
+if TYPE_CHECKING:  # (prometheus_client loads where /metrics is served, not in every process)
+    from prometheus_client.core import Metric
 
 #: The observer's figures on ``/metrics`` (docs/dashboard.md, "Metrics").
 METRIC_PREFIX = "synapse_repl_synapse"

@@ -14,6 +14,15 @@ def replication_streamer(*args, **kwargs):
     return ReplicationStreamer(*args, **kwargs)
 
 
+def typing_writer(*args, **kwargs):
+    """The replication app's ``TypingWriter``, built for a process that writes typing."""
+    # deferred: the writer and the wire protocol under it (msgspec) load only in a process
+    # that writes typing, not in every process Django starts
+    from replication.typing_stream import TypingWriter
+
+    return TypingWriter(*args, **kwargs)
+
+
 class SynapseReplConfig(AppConfig):
     name = "synapse_repl"
     verbose_name = _("Service")
@@ -22,12 +31,11 @@ class SynapseReplConfig(AppConfig):
     def ready(self) -> None:
         # deferred: these modules import models, importable only once apps are loaded
         from dashboard.attached_sources import AttachedSource, register
-        from replication.typing_stream import TypingWriter
         from streams.conf import stream_writers
         from streams.runtime import RuntimeParts, provide_parts
         from synapse_attach import live_status
 
-        provide_parts(RuntimeParts(typing_writer=TypingWriter, streamer=replication_streamer))
+        provide_parts(RuntimeParts(typing_writer=typing_writer, streamer=replication_streamer))
         # Fail at start-up, not at the first write, on a cluster layout the database cannot
         # support (several writers of one stream on SQLite) or the stream does not allow.
         stream_writers()
