@@ -87,12 +87,16 @@ class Cluster(ProcessGroup):
         if redis_url:
             self.env["REDIS_URL"] = redis_url
         self.repl_port, self.web_port = free_port(), free_port()
-        self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen", f"127.0.0.1:{self.repl_port}",
-                                   env=endpoint_env)
-        wait_port(self.repl_port, self.endpoint, tmp / "endpoint.log")
-        self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
-                              "synapse_repl.asgi:application")
-        wait_port(self.web_port, self.web, tmp / "web.log")
+        try:  # a part that did not start must not leave the other running for the rest of the run
+            self.endpoint = self.start("endpoint", "manage.py", "runreplication", "--listen",
+                                       f"127.0.0.1:{self.repl_port}", env=endpoint_env)
+            wait_port(self.repl_port, self.endpoint, tmp / "endpoint.log")
+            self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                                  "synapse_repl.asgi:application")
+            wait_port(self.web_port, self.web, tmp / "web.log")
+        except BaseException:
+            self.stop()
+            raise
 
     def worker(self, name: str, port: int) -> subprocess.Popen:
         return self.start(name, "manage.py", "replication_worker", "--name", name,

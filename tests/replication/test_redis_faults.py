@@ -38,15 +38,19 @@ class RedisCluster(ProcessGroup):
         self.env = dict(os.environ, DATABASE_URL=pg_url, REDIS_URL=redis_url, SERVER_NAME=SERVER_NAME,
                         STREAM_WRITERS=writers, POSITION_POLL_SECONDS="0.2", PYTHONUNBUFFERED="1")
         self.web_port = free_port()
-        self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
-                              "synapse_repl.asgi:application")
         self.endpoint_ports = []
-        for i in range(endpoints):
-            port = free_port()
-            proc = self.start(f"endpoint{i}", "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}")
-            wait_port(port, proc, tmp / f"endpoint{i}.log")
-            self.endpoint_ports.append(port)
-        wait_port(self.web_port, self.web, tmp / "web.log")
+        try:  # a part that did not start must not leave the others running for the rest of the run
+            self.web = self.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                                  "synapse_repl.asgi:application")
+            for i in range(endpoints):
+                port = free_port()
+                proc = self.start(f"endpoint{i}", "manage.py", "runreplication", "--listen", f"127.0.0.1:{port}")
+                wait_port(port, proc, tmp / f"endpoint{i}.log")
+                self.endpoint_ports.append(port)
+            wait_port(self.web_port, self.web, tmp / "web.log")
+        except BaseException:
+            self.stop()
+            raise
 
     def worker(self, name: str, *transport: str) -> subprocess.Popen:
         return self.start(name, "manage.py", "replication_worker", "--name", name, *transport,
