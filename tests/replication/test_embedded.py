@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -62,11 +63,30 @@ class Service:
                 self.proc.wait()
 
 
-@pytest.fixture
-def embedded(tmp_path):
-    env = embedded_env(tmp_path)
+@pytest.fixture(scope="module")
+def migrated_state(tmp_path_factory) -> Path:
+    """A STATE_DIR that ``manage.py migrate`` made, once per module: each test starts from a
+    copy of its database (what a migrate would make there, for a fraction of its cost)."""
+    tmp = tmp_path_factory.mktemp("embedded")
+    env = embedded_env(tmp)
     migrated = manage(env, "migrate", "--noinput")
     assert migrated.returncode == 0, migrated.stderr
+    return Path(env["STATE_DIR"])
+
+
+def migrated_env(tmp_path: Path, template: Path, **extra: str) -> dict[str, str]:
+    """:func:`embedded_env` with the migrated database copied into its STATE_DIR."""
+    env = embedded_env(tmp_path, **extra)
+    state = Path(env["STATE_DIR"])
+    state.mkdir(mode=0o700)
+    for f in template.glob("db.sqlite3*"):
+        shutil.copy2(f, state / f.name)
+    return env
+
+
+@pytest.fixture
+def embedded(tmp_path, migrated_state):
+    env = migrated_env(tmp_path, migrated_state)
     service = Service(env, tmp_path / "service.log")
     yield service
     service.stop()
@@ -181,9 +201,8 @@ def test_other_processes_facts_reach_modern_and_legacy_workers_as_rdata(embedded
 
 
 @pytest.mark.parametrize("taken", ["REPLICATION_LISTEN", "WEB_LISTEN"])
-def test_a_port_in_use_stops_the_service_in_one_line(tmp_path, taken):
-    env = embedded_env(tmp_path)
-    assert manage(env, "migrate", "--noinput").returncode == 0
+def test_a_port_in_use_stops_the_service_in_one_line(tmp_path, migrated_state, taken):
+    env = migrated_env(tmp_path, migrated_state)
     holder = socket.socket()
     holder.bind(("127.0.0.1", port_of(env[taken])))
     holder.listen()
@@ -201,9 +220,8 @@ def test_a_port_in_use_stops_the_service_in_one_line(tmp_path, taken):
         socket.create_connection(("127.0.0.1", port_of(env[other])), timeout=1).close()
 
 
-def test_a_killed_child_is_restarted(tmp_path):
-    env = embedded_env(tmp_path, DEMO="1")
-    assert manage(env, "migrate", "--noinput").returncode == 0
+def test_a_killed_child_is_restarted(tmp_path, migrated_state):
+    env = migrated_env(tmp_path, migrated_state, DEMO="1")
     service = Service(env, tmp_path / "service.log")
     try:
         first = wait_for_child(service.proc.pid, "demo")

@@ -15,20 +15,31 @@ from replication.endpoint.legacy import PAGE_ROWS
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.runtime import StreamRuntime
-from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
+from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, database_url_for_processes, handshake
 from tests.replication.endpoint.test_limits import connect_from, running_endpoint, wait_for_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def snapshot_after(since: datetime, predicate=lambda snapshot: True, timeout: float = 20) -> dict:
-    """The endpoint's first published snapshot (dashboard_endpoint_status) written after
-    ``since`` that satisfies ``predicate``."""
+@pytest.fixture(scope="module")
+def short_timeouts_endpoint(django_db_setup, tmp_path_factory):
+    """One endpoint with a 2 s handshake deadline and a 2 s line deadline, for the tests that
+    each close one misbehaving connection and read nothing cumulative (counters, connection
+    lists) back: one process start instead of one each."""
+    with running_endpoint(database_url_for_processes(), tmp_path_factory.mktemp("attackers") / "endpoint.log",
+                          REPLICATION_HANDSHAKE_TIMEOUT="2", REPLICATION_LINE_TIMEOUT="2") as running:
+        yield running
+
+
+def snapshot_after(port: int, since: datetime, predicate=lambda snapshot: True, timeout: float = 20) -> dict:
+    """The first snapshot the endpoint on ``port`` published (dashboard_endpoint_status)
+    after ``since`` that satisfies ``predicate`` (the module's shared endpoint publishes its
+    own row beside it)."""
     from dashboard.models import EndpointStatus
 
     deadline = time.monotonic() + timeout
     while True:
-        row = EndpointStatus.objects.filter(updated_at__gt=since).first()
+        row = EndpointStatus.objects.filter(endpoint__endswith=f":{port}", updated_at__gt=since).first()
         if row is not None and predicate(row.snapshot):
             return row.snapshot
         assert time.monotonic() < deadline, f"no such snapshot published: {row and row.snapshot}"
@@ -93,7 +104,7 @@ def test_legacy_replicate_storm_is_paged_and_throttled_while_a_worker_connects(p
             return len(queues) == 4 and all(c["outbound_queue"] > 0 for c in queues.values()) \
                 and reads.get("started", 0) >= 4 * 25
 
-        snapshot = snapshot_after(t0, storm_paused)
+        snapshot = snapshot_after(port, t0, storm_paused)
         reads = snapshot["history_reads"]
         # One read in flight per stream and connection: 25 lines, 24 replaced, for each.
         # The flooder: NAME and 49 of them fit the burst of 5000, one more per 100 ms the
@@ -112,7 +123,7 @@ def test_legacy_replicate_storm_is_paged_and_throttled_while_a_worker_connects(p
         for c in storm:
             c.close()
         t1 = datetime.now(timezone.utc)
-        done = snapshot_after(t1, lambda s: not s["connections"] or all(
+        done = snapshot_after(port, t1, lambda s: not s["connections"] or all(
             c["name"] == "test-worker" for c in s["connections"]))
         ended = done["history_reads"]
         assert ended["active"] == 0 and ended["cancelled"] == 5  # one per connection, with it
@@ -128,14 +139,14 @@ def test_legacy_replicate_storm_is_paged_and_throttled_while_a_worker_connects(p
         print(f"worker's first POSITION after {first_position * 1000:.1f} ms during the storm; {reads}")
 
 
-def test_user_ip_with_a_16_kb_user_id_is_refused(pg_url, tmp_path):
-    with running_endpoint(pg_url, tmp_path / "endpoint.log") as (port, read_log):
-        c = handshake(port)
-        c.send('USER_IP @' + "u" * 16_000 + ':hs ["tok","1.2.3.4","UA",null,1700000000000]')
-        lines = read_all(c)
-        assert lines[-1].startswith("ERROR invalid USER_IP: user ID '@uuu"), lines[-1][:200]
-        assert "longer than 255 bytes" in lines[-1] and len(lines[-1]) < 200
-        assert "disconnected: bad line" in wait_for_log(read_log, "disconnected: bad line")
+def test_user_ip_with_a_16_kb_user_id_is_refused(short_timeouts_endpoint):
+    port, read_log = short_timeouts_endpoint
+    c = handshake(port)
+    c.send('USER_IP @' + "u" * 16_000 + ':hs ["tok","1.2.3.4","UA",null,1700000000000]')
+    lines = read_all(c)
+    assert lines[-1].startswith("ERROR invalid USER_IP: user ID '@uuu"), lines[-1][:200]
+    assert "longer than 255 bytes" in lines[-1] and len(lines[-1]) < 200
+    assert "disconnected: bad line" in wait_for_log(read_log, "disconnected: bad line")
 
 
 def test_syncing_users_are_capped_per_connection(pg_url, tmp_path):
@@ -145,7 +156,7 @@ def test_syncing_users_are_capped_per_connection(pg_url, tmp_path):
         c.send(*[f"USER_SYNC abcde @user{n}:hs DEV start 1" for n in range(1000)])
         c.send("NAME syncer")
         t0 = datetime.now(timezone.utc)
-        snapshot = snapshot_after(t0, lambda s: any(x["name"] == "syncer" for x in s["connections"]))
+        snapshot = snapshot_after(port, t0, lambda s: any(x["name"] == "syncer" for x in s["connections"]))
         (conn,) = snapshot["connections"]
         assert conn["syncing_user_count"] == 100  # and the connection is still there
         assert "syncing users over the cap" in read_log()
@@ -163,7 +174,7 @@ def test_name_with_nul_is_refused_and_the_endpoint_status_stays_writable(pg_url,
         good = handshake(port)
         good.send("NAME good-worker")
         t0 = datetime.now(timezone.utc)
-        snapshot = snapshot_after(t0, lambda s: [c["name"] for c in s["connections"]] == ["good-worker"])
+        snapshot = snapshot_after(port, t0, lambda s: [c["name"] for c in s["connections"]] == ["good-worker"])
         assert snapshot["counters"]["disconnects"] == {"bad line": 1}
         assert "could not record the endpoint status" not in read_log()
         good.close()
@@ -180,7 +191,7 @@ def test_300_idle_connections_from_one_address_and_a_worker_still_connects(pg_ur
         worker.read_until(lambda line: line.startswith("POSITION to_device"))
         more = [connect_from("127.0.0.1", port) for _ in range(20)]  # squatters keep coming
         t0 = datetime.now(timezone.utc)
-        snapshot = snapshot_after(t0, lambda s: s["counters"]["disconnects"].get("evicted") == 300 + 1 + 20 - 200)
+        snapshot = snapshot_after(port, t0, lambda s: s["counters"]["disconnects"].get("evicted") == 300 + 1 + 20 - 200)
         names = [c["name"] for c in snapshot["connections"]]
         assert len(names) == 200 and names.count("worker") == 1  # the oldest squatters went, never the worker
         assert read_all(idle[0])[-1] == "ERROR Too many connections"  # the oldest went first
@@ -192,41 +203,41 @@ def test_300_idle_connections_from_one_address_and_a_worker_still_connects(pg_ur
             c.close()
 
 
-def test_a_peer_that_never_subscribes_is_closed_at_the_handshake_deadline(pg_url, tmp_path):
-    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_HANDSHAKE_TIMEOUT="2") as (port, read_log):
-        squatter = LineClient(port)
-        squatter.send("NAME squatter", "PING 1")  # but no REPLICATE
-        worker = handshake(port)
-        lines = read_all(squatter, timeout=15)
-        assert lines[-1] == "ERROR handshake timeout"
-        assert "disconnected: handshake timeout" in wait_for_log(read_log, "handshake timeout")
-        worker.send("PING 2")  # the worker, which subscribed at once, stays
-        worker.read_until(lambda line: line.startswith("POSITION to_device"))
-        worker.close()
+def test_a_peer_that_never_subscribes_is_closed_at_the_handshake_deadline(short_timeouts_endpoint):
+    port, read_log = short_timeouts_endpoint
+    squatter = LineClient(port)
+    squatter.send("NAME squatter", "PING 1")  # but no REPLICATE
+    worker = handshake(port)
+    lines = read_all(squatter, timeout=15)
+    assert lines[-1] == "ERROR handshake timeout"
+    assert "disconnected: handshake timeout" in wait_for_log(read_log, "handshake timeout")
+    worker.send("PING 2")  # the worker, which subscribed at once, stays
+    worker.read_until(lambda line: line.startswith("POSITION to_device"))
+    worker.close()
 
 
-def test_a_byte_a_second_slow_loris_is_closed(pg_url, tmp_path):
+def test_a_byte_a_second_slow_loris_is_closed(short_timeouts_endpoint):
     """A subscribed peer that sends a line a byte at a time (each byte well within the ping
     timeout) is closed once the line has been arriving for REPLICATION_LINE_TIMEOUT."""
-    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_LINE_TIMEOUT="2") as (port, read_log):
-        loris = handshake(port)
-        loris.read_until(lambda line: line.startswith("POSITION to_device"))
-        sent = 0
-        deadline = time.monotonic() + 15
-        error = None
-        for byte in (b"USER_SYNC abcde @u:hs DEV start 1" * 10):
-            assert time.monotonic() < deadline, "the slow line was never cut off"
-            try:
-                loris.send_raw(bytes([byte]))
-                sent += 1
-                line = loris.read_line(timeout=0.5)
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            if line is None or line.startswith("ERROR"):
-                error = line
-                break
-        assert error == "ERROR line timeout", (error, sent)
-        assert sent < len("USER_SYNC abcde @u:hs DEV start 1")  # the line never ended
-        assert "disconnected: line timeout" in wait_for_log(read_log, "line timeout")
+    port, read_log = short_timeouts_endpoint
+    loris = handshake(port)
+    loris.read_until(lambda line: line.startswith("POSITION to_device"))
+    sent = 0
+    deadline = time.monotonic() + 15
+    error = None
+    for byte in (b"USER_SYNC abcde @u:hs DEV start 1" * 10):
+        assert time.monotonic() < deadline, "the slow line was never cut off"
+        try:
+            loris.send_raw(bytes([byte]))
+            sent += 1
+            line = loris.read_line(timeout=0.5)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if line is None or line.startswith("ERROR"):
+            error = line
+            break
+    assert error == "ERROR line timeout", (error, sent)
+    assert sent < len("USER_SYNC abcde @u:hs DEV start 1")  # the line never ended
+    assert "disconnected: line timeout" in wait_for_log(read_log, "line timeout")

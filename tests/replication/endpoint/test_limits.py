@@ -22,7 +22,7 @@ from streams.runtime import StreamRuntime
 from testing.line_workers import LineWorkers
 from testing.processes import stop_process
 from testing.services import free_port
-from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
+from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, database_url_for_processes, handshake
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,23 +138,32 @@ def test_global_and_per_address_connection_caps(pg_url, tmp_path):
             c.close()
 
 
+@pytest.fixture(scope="module")
+def rate_limited_endpoint(django_db_setup, tmp_path_factory):
+    """One endpoint with a small command rate for both floods (the rate is per connection:
+    each flood's connections are new)."""
+    with running_endpoint(database_url_for_processes(), tmp_path_factory.mktemp("flood") / "endpoint.log",
+                          REPLICATION_COMMAND_RATE="20", REPLICATION_COMMAND_BURST="50") as running:
+        yield running
+
+
 @pytest.mark.parametrize("flood_line", ["PING 1", "USER_SYNC abcde @u:hs DEV start 1"])
-def test_command_flood_gets_error_and_is_disconnected(pg_url, tmp_path, flood_line):
-    with running_endpoint(pg_url, tmp_path / "endpoint.log", REPLICATION_COMMAND_RATE="20",
-                          REPLICATION_COMMAND_BURST="50") as (port, read_log):
-        polite = handshake(port)  # 3 commands
-        flooder = handshake(port)
-        flooder.sock.sendall((flood_line + "\n").encode() * 2000)
-        lines = []
-        while (line := flooder.read_line()) is not None:
-            lines.append(line)
-        assert lines[-1] == "ERROR Too many commands"
-        assert "disconnected: command rate exceeded" in wait_for_log(read_log, "command rate exceeded")
-        # Within the burst, the polite worker is unaffected: it is still served.
-        polite.send("PING 2", "PING 3", "REPLICATE ")
-        polite.read_until(lambda line: line.startswith("POSITION to_device"))
-        polite.read_until(lambda line: line.startswith("POSITION to_device"))
-        polite.close()
+def test_command_flood_gets_error_and_is_disconnected(rate_limited_endpoint, flood_line):
+    port, read_log = rate_limited_endpoint
+    dropped_before = read_log().count("disconnected: command rate exceeded")
+    polite = handshake(port)  # 3 commands
+    flooder = handshake(port)
+    flooder.sock.sendall((flood_line + "\n").encode() * 2000)
+    lines = []
+    while (line := flooder.read_line()) is not None:
+        lines.append(line)
+    assert lines[-1] == "ERROR Too many commands"
+    wait_for_log(read_log, "disconnected: command rate exceeded", count=dropped_before + 1)
+    # Within the burst, the polite worker is unaffected: it is still served.
+    polite.send("PING 2", "PING 3", "REPLICATE ")
+    polite.read_until(lambda line: line.startswith("POSITION to_device"))
+    polite.read_until(lambda line: line.startswith("POSITION to_device"))
+    polite.close()
 
 
 # --- TLS ---------------------------------------------------------------------------------------
@@ -240,12 +249,13 @@ def test_worker_tls_settings(settings):
 # --- memory: workers that never read -----------------------------------------------------------
 
 
-def published_idle_queues(since: datetime, timeout: float = 30) -> dict[str, int]:
-    """The idle workers' outbound queues in the endpoint's first snapshot published after ``since``."""
+def published_idle_queues(port: int, since: datetime, timeout: float = 30) -> dict[str, int]:
+    """The idle workers' outbound queues in the first snapshot the endpoint on ``port`` published
+    after ``since`` (the module's shared endpoint publishes its own row beside it)."""
     from dashboard.models import EndpointStatus
 
     deadline = time.monotonic() + timeout
-    while not (row := EndpointStatus.objects.filter(updated_at__gt=since).first()):
+    while not (row := EndpointStatus.objects.filter(endpoint__endswith=f":{port}", updated_at__gt=since).first()):
         assert time.monotonic() < deadline, "the endpoint published no snapshot"
         time.sleep(0.05)
     return {c["name"]: c["outbound_queue"] for c in row.snapshot["connections"] if c["name"].startswith("idle")}
@@ -282,7 +292,7 @@ def test_workers_that_never_read_are_dropped_the_others_get_everything(pg_url, t
                 written += rt.writer("receipts").append(
                     [[(Receipt, Receipt.synthetic(rng, chunk * chunk_size + i))] for i in range(chunk_size)])
                 workers.wait_for_token(written[-1])
-                queues_now = published_idle_queues(since=datetime.now(timezone.utc))
+                queues_now = published_idle_queues(port, since=datetime.now(timezone.utc))
                 for name, queue in queues_now.items():
                     queues[name] = max(queues.get(name, 0), queue)
                 if read_log().count("disconnected: failed to keep up") >= idle_n:
