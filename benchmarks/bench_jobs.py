@@ -66,6 +66,7 @@ Exit status 0 whether or not the goals are met.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -553,6 +554,11 @@ class _Steps:
 
 def profile_job(spark, job: str) -> None:
     """Where a job's time goes, step by step (``--profile JOB``)."""
+    with contextlib.ExitStack() as held:  # what the orderings cache, released at the end
+        _profile_steps(spark, job, held)
+
+
+def _profile_steps(spark, job: str, held: contextlib.ExitStack) -> None:
     from jobs import definitions as d
     from jobs import io
     from jobs.job_dialect import for_database
@@ -580,10 +586,10 @@ def profile_job(spark, job: str) -> None:
         step("read the strayed events (JDBC; compared in the scan)", events.count)
         walk = step("rooms to walk (an event without a depth)", lambda: events.where(F.col("depth").isNull())
                     .select("room_id").distinct().collect())
-        if walk:
-            events, result = d._orderings(spark, None)  # those rooms whole, with their edges
+        if walk:  # those rooms whole, with their edges
+            events, result = held.enter_context(d._orderings(spark, None))
         else:
-            result = topological_ordering(events, None)
+            result = held.enter_context(topological_ordering(events, None))
         result = result.cache()
         n = step("orderings (SQL; the walk for those rooms)", result.count, spy=True)
         stage = io.Staging.create("prof_topo", d.ORDERING_COLUMNS)

@@ -2,7 +2,8 @@
 or compare."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from pyspark.sql import functions as F
 
@@ -10,8 +11,8 @@ from jobs import io
 from jobs.chain_cover_job import chain_cover, chain_cover_differences
 from jobs.consistency import ordering_differences
 from jobs.job_dialect import JobDialect, for_database
-from jobs.outcome import SAMPLE_LIMIT, Outcome
-from jobs.topology import MAX_DEPTH, topological_ordering
+from jobs.outcome import Outcome, counted_sample
+from jobs.topology import MAX_DEPTH, rooms_frame, topological_ordering
 from jobs.visibility_job import visibility_differences, visibility_ranges
 from rooms.storage.plan_snapshot import LATE_ALWAYS
 
@@ -66,23 +67,34 @@ def count_events(rooms: Sequence[str] | None, state_only: bool = False) -> int:
     return io.scalar(io.Query.select("count(*)", source, rooms, io.quote))
 
 
-def _orderings(spark: Any, rooms: Sequence[str] | None):
-    """(the events read with their stored ordering, the recomputed orderings of those events).
+@contextmanager
+def _orderings(spark: Any, rooms: Sequence[str] | None) -> Iterator[tuple[Any, Any]]:
+    """(the events read with their stored ordering, the recomputed orderings of those events),
+    cached while inside.
 
     Only the strayed events are read (:func:`_strayed_query`), and the rooms with an event
     without a declared depth (usually none) whole, with their edges: their walk needs every
     event of the room."""
     dialect = for_database()
     strayed = io.read(spark, _strayed_query(dialect), rooms).cache()
-    walk = sorted(r.room_id for r in strayed.where(F.col("depth").isNull()).select("room_id").distinct().collect())
-    if not walk:
-        return strayed, topological_ordering(strayed, None)
-    in_sql = walk if len(walk) <= WALK_ROOMS_IN_SQL else rooms
-    walked = F.broadcast(spark.createDataFrame([(r,) for r in walk], "room_id string"))
-    whole = io.read(spark, _events_query(dialect), in_sql).join(walked, on="room_id", how="left_semi")
-    events = strayed.join(walked, on="room_id", how="left_anti").unionByName(whole).cache()
-    edges = io.read(spark, EDGES, in_sql)
-    return events, topological_ordering(events, edges)
+    try:
+        walk = sorted(r.room_id for r in strayed.where(F.col("depth").isNull()).select("room_id").distinct().collect())
+        if not walk:
+            with topological_ordering(strayed, None) as result:
+                yield strayed, result
+            return
+        in_sql = walk if len(walk) <= WALK_ROOMS_IN_SQL else rooms
+        walked = rooms_frame(spark, walk)
+        whole = io.read(spark, _events_query(dialect), in_sql).join(walked, on="room_id", how="left_semi")
+        events = strayed.join(walked, on="room_id", how="left_anti").unionByName(whole).cache()
+        try:
+            edges = io.read(spark, EDGES, in_sql)
+            with topological_ordering(events, edges, walk) as result:
+                yield events, result
+        finally:
+            events.unpersist()
+    finally:
+        strayed.unpersist()
 
 
 ORDERING_COLUMNS = [("event_id", "text"), ("topological_ordering", "bigint")]
@@ -112,14 +124,13 @@ def apply_orderings(stage: io.Staging) -> int:
 def recompute_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     """Recompute every event's topological ordering and swap the changed ones in."""
     rows_in = count_events(rooms)
-    events, result = _orderings(spark, rooms)
-    stage = io.Staging.create("topo", ORDERING_COLUMNS)
-    try:
-        stage.write(result)
-        changed = apply_orderings(stage)
-    finally:
-        stage.drop()
-    events.unpersist()
+    with _orderings(spark, rooms) as (_, result):
+        stage = io.Staging.create("topo", ORDERING_COLUMNS)
+        try:
+            stage.write(result)
+            changed = apply_orderings(stage)
+        finally:
+            stage.drop()
     return Outcome(rows_in=rows_in, rows_out=max(changed, 0), differences=None)
 
 
@@ -131,13 +142,9 @@ def check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outco
 
 def _check_topological_ordering(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     rows_in = count_events(rooms)
-    events, result = _orderings(spark, rooms)
-    stored = events.select("room_id", "event_id", "topological_ordering")
-    diffs = ordering_differences(result, stored).cache()
-    n = diffs.count()
-    sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id").limit(SAMPLE_LIMIT).collect()]
-    diffs.unpersist()
-    events.unpersist()
+    with _orderings(spark, rooms) as (events, result):
+        stored = events.select("room_id", "event_id", "topological_ordering")
+        n, sample = counted_sample(ordering_differences(result, stored), lambda d: d.orderBy("room_id", "event_id"))
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)
 
 
@@ -263,11 +270,9 @@ def check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
 def _check_visibility(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     events, expected = _visibility(spark, rooms)
     found = io.read(spark, RANGES, rooms)
-    diffs = visibility_differences(events, expected, found).cache()
-    n = diffs.count()
-    sample = [r.asDict() for r in diffs.orderBy("room_id", "user_id", "event_id").limit(SAMPLE_LIMIT).collect()]
-    rows_in = events.count()
-    diffs.unpersist()
+    n, sample = counted_sample(visibility_differences(events, expected, found),
+                               lambda d: d.orderBy("room_id", "user_id", "event_id"))
+    rows_in = count_events(rooms)  # in the cut: the events read (one row each)
     events.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)
 
@@ -383,10 +388,7 @@ def _check_chain_cover(spark: Any, rooms: Sequence[str] | None) -> Outcome:
     # the stored positions name both sides' chains (read once, not once per use)
     stored_positions = io.read(spark, CHAIN_POSITIONS, rooms).drop("id").cache()
     stored_links = io.read(spark, CHAIN_LINKS, rooms).drop("id")
-    diffs = chain_cover_differences(positions, links, stored_positions, stored_links).cache()
-    n = diffs.count()
-    sample = [r.asDict() for r in diffs.orderBy("room_id", "event_id", "expected", "found")
-              .limit(SAMPLE_LIMIT).collect()]
-    diffs.unpersist()
+    n, sample = counted_sample(chain_cover_differences(positions, links, stored_positions, stored_links),
+                               lambda d: d.orderBy("room_id", "event_id", "expected", "found"))
     stored_positions.unpersist()
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample)

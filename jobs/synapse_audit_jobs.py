@@ -10,7 +10,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from jobs import synapse_audit as audit
-from jobs.outcome import SAMPLE_LIMIT, Outcome
+from jobs.outcome import SAMPLE_LIMIT, Outcome, counted_sample
 from jobs.synapse_source import MAIN, STATE, SynapseCut, synapse_cut
 
 logger = logging.getLogger(__name__)
@@ -34,10 +34,7 @@ def _rooms_sql(column: str, rooms: Sequence[str] | None) -> str:
 def _report(findings: Any, rows_in: int, extra: list[dict[str, Any]] | None = None) -> Outcome:
     """The outcome of an audit: every finding counted, the first :data:`SAMPLE_LIMIT` kept
     (then ``extra``: figures that are not findings, shown after them)."""
-    findings = findings.cache()
-    n = findings.count()
-    sample = [r.asDict() for r in audit.sorted_findings(findings).limit(SAMPLE_LIMIT).collect()]
-    findings.unpersist()
+    n, sample = counted_sample(findings, audit.sorted_findings)
     return Outcome(rows_in=rows_in, rows_out=0, differences=n, sample=sample + (extra or [])[:SAMPLE_LIMIT])
 
 
@@ -112,17 +109,19 @@ def _synapse_forward_extremities(spark: Any, cut: SynapseCut, rooms: Sequence[st
                              f"ON f.event_id = x.prev_event_id WHERE TRUE{where})",
                       "event_id string, outlier boolean, rejected boolean")
     threshold = extremity_threshold()
-    findings = audit.extremity_findings(extremities, events, edges, threshold=threshold).cache()
-    n = findings.count()
-    over = (findings.where(F.col("finding") == "too_many_forward_extremities")
-            .orderBy(F.col("found").cast("long").desc(), "room_id").limit(SAMPLE_LIMIT).collect())
-    rest = audit.sorted_findings(findings.where(F.col("finding") != "too_many_forward_extremities")).limit(
-        SAMPLE_LIMIT).collect()
-    findings.unpersist()
+    over = F.col("finding") == "too_many_forward_extremities"
+
+    def crowded_first(findings: Any) -> Any:
+        """The rooms over the threshold (most extremities first), then the other findings."""
+        return findings.orderBy((~over).cast("int"), F.when(over, F.col("found").cast("long")).desc_nulls_last(),
+                                "finding", "room_id", "event_id", "key")
+
+    n, sample = counted_sample(audit.extremity_findings(extremities, events, edges, threshold=threshold),
+                               crowded_first)
     (rows_in,) = cut.rows(f"SELECT count(*) FROM event_forward_extremities f WHERE TRUE{where}")[0]
-    logger.info("synapse_forward_extremities: %s extremities, %s room(s) over %s", rows_in, len(over), threshold)
-    return Outcome(rows_in=int(rows_in), rows_out=0, differences=n,
-                   sample=[r.asDict() for r in [*over, *rest]][:SAMPLE_LIMIT])
+    logger.info("synapse_forward_extremities: %s extremities, %s room(s) over %s", rows_in,
+                sum(1 for d in sample if d["finding"] == "too_many_forward_extremities"), threshold)
+    return Outcome(rows_in=int(rows_in), rows_out=0, differences=n, sample=sample)
 
 
 synapse_forward_extremities = _audit(_synapse_forward_extremities)

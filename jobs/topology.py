@@ -12,7 +12,8 @@ Spark join), so a room of a million events is one pass over its rows.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import pandas as pd
 
@@ -95,14 +96,25 @@ def _clamped(column: Column) -> Column:
     return F.least(F.greatest(column, F.lit(0)), F.lit(MAX_DEPTH))
 
 
-def resolved_in_sql(events: DataFrame, edges: DataFrame) -> tuple[DataFrame, DataFrame]:
+def rooms_frame(spark: Any, rooms: Sequence[str]) -> DataFrame:
+    """``rooms`` (known on the driver) as a one-column DataFrame to broadcast into joins: a
+    local relation, which costs no Spark job, where a ``distinct`` over the events cost one
+    of its own in every plan that used it."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(spark.createDataFrame([(r,) for r in rooms], "room_id string"))
+
+
+def resolved_in_sql(events: DataFrame, edges: DataFrame, cached: list[DataFrame]) -> tuple[DataFrame, list[str]]:
     """Rooms with events without a depth -> (orderings of the rooms Spark SQL settles, the
-    rooms it cannot: their IDs).
+    rooms it cannot: their IDs, collected on the driver).
 
     An event without a depth whose prev events in its room all declare theirs (or that has
     none) is ``1 + max(their clamped depths)`` (1 without any): one join and one aggregate
     in the JVM, what the walk would give. A room where such an event has a prev event
-    without a depth (a chain of them, or a cycle) is left whole to the walk."""
+    without a depth (a chain of them, or a cycle) is left whole to the walk. The aggregate
+    is cached (the rooms left to the walk are read from it, then the orderings) and added to
+    ``cached``, for the caller to unpersist once it is done with the orderings."""
     from pyspark.sql import functions as F
 
     missing = events.where(F.col("depth").isNull()).select("room_id", "event_id")
@@ -114,43 +126,64 @@ def resolved_in_sql(events: DataFrame, edges: DataFrame) -> tuple[DataFrame, Dat
              .join(prevs, on=["room_id", "prev_event_id"], how="inner")
              .groupBy("room_id", "event_id")
              .agg(F.max(F.col("prev_depth").isNull().cast("int")).alias("blocked"),
-                  F.max(_clamped(F.col("prev_depth"))).alias("highest")))
-    blocked = known.where(F.col("blocked") == 1).select("room_id").distinct()
-    settled = events.join(F.broadcast(blocked), on="room_id", how="left_anti").join(
-        known, on=["room_id", "event_id"], how="left")
+                  F.max(_clamped(F.col("prev_depth"))).alias("highest"))).cache()
+    cached.append(known)
+    blocked = sorted(r.room_id for r in known.where(F.col("blocked") == 1).select("room_id").distinct().collect())
+    settled = events.join(known, on=["room_id", "event_id"], how="left")
+    if blocked:
+        settled = settled.join(rooms_frame(events.sparkSession, blocked), on="room_id", how="left_anti")
     orderings = settled.select("room_id", "event_id", F.when(
         F.col("depth").isNull(), F.least(F.coalesce(F.col("highest"), F.lit(0)) + 1, F.lit(MAX_DEPTH))
     ).otherwise(_clamped(F.col("depth"))).alias("topological_ordering"))
     return orderings, blocked
 
 
-def topological_ordering(events: DataFrame, edges: DataFrame | None) -> DataFrame:
+@contextmanager
+def topological_ordering(events: DataFrame, edges: DataFrame | None,
+                         walk_rooms: Sequence[str] | None = None) -> Iterator[DataFrame]:
     """``events`` (room_id, event_id, stream_ordering, depth) and ``edges`` (room_id,
-    event_id, prev_event_id) -> (room_id, event_id, topological_ordering), one row per event.
+    event_id, prev_event_id) -> (room_id, event_id, topological_ordering), one row per event,
+    to use inside the context (what it caches for the result is released on leaving).
 
     An event that declares its depth is its ordering: Spark SQL computes those rooms without
     a Python round trip, and the rooms whose events without a depth follow only events with
     one (:func:`resolved_in_sql`). Only the rest go through the per-room walk
     (``cogroup_rooms``), with their edges alone; ``edges`` None: no room needs it (no
-    Python at all)."""
+    Python at all). ``walk_rooms``: the rooms holding an event without a depth, where the
+    caller has collected them already (else they are collected here). Each set of rooms the
+    plan splits on is collected on the driver and joined back as a local relation: no Spark
+    job recomputes it inside a later plan."""
     from pyspark.sql import functions as F
 
     events = events.select(*EVENTS_COLUMNS)
     if edges is None:  # the caller knows that every event declares its depth
-        return declared_orderings(events)
+        yield declared_orderings(events)
+        return
+    if walk_rooms is None:
+        walk_rooms = sorted(r.room_id for r in events.where(F.col("depth").isNull()).select("room_id")
+                            .distinct().collect())
+    if not walk_rooms:
+        yield declared_orderings(events)
+        return
+    spark = events.sparkSession
     edges = edges.select(*EDGES_COLUMNS)
-    walk = events.where(F.col("depth").isNull()).select("room_id").distinct()
-    declared = declared_orderings(events.join(F.broadcast(walk), on="room_id", how="left_anti"))
-    in_walk = events.join(F.broadcast(walk), on="room_id", how="left_semi")
-    settled, blocked = resolved_in_sql(in_walk, edges)
-    blocked_rooms = [r.room_id for r in blocked.collect()]  # usually none: then no Python at all
-    if not blocked_rooms:
-        return declared.unionByName(settled)
-    to_walk = F.broadcast(events.sparkSession.createDataFrame([(r,) for r in blocked_rooms], "room_id string"))
-    walked = cogroup_rooms(in_walk.join(to_walk, on="room_id", how="left_semi"),
-                           edges.join(to_walk, on="room_id", how="left_semi"),
-                           _per_room, RESULT_SCHEMA)
-    return declared.unionByName(settled).unionByName(walked)
+    walk = rooms_frame(spark, walk_rooms)
+    declared = declared_orderings(events.join(walk, on="room_id", how="left_anti"))
+    in_walk = events.join(walk, on="room_id", how="left_semi")
+    cached: list[DataFrame] = []
+    try:
+        settled, blocked_rooms = resolved_in_sql(in_walk, edges, cached)
+        if not blocked_rooms:  # usually none: then no Python at all
+            yield declared.unionByName(settled)
+            return
+        to_walk = rooms_frame(spark, blocked_rooms)
+        walked = cogroup_rooms(in_walk.join(to_walk, on="room_id", how="left_semi"),
+                               edges.join(to_walk, on="room_id", how="left_semi"),
+                               _per_room, RESULT_SCHEMA)
+        yield declared.unionByName(settled).unionByName(walked)
+    finally:
+        for frame in cached:
+            frame.unpersist()
 
 
 def orderings_in_python(events: Iterable[tuple[Any, ...]], edges: Iterable[tuple[Any, ...]]) -> dict[str, int]:
