@@ -405,8 +405,12 @@ def chain_cover_findings(positions: DataFrame, links: DataFrame, auth: DataFrame
     return _union([p, lk, a, s]).groupBy("room_id").applyInPandas(_cover_rooms, schema=COVER_SCHEMA)
 
 
+#: the order findings are listed in (a run's sample)
+FINDINGS_ORDER = ("finding", "room_id", "event_id", "key")
+
+
 def sorted_findings(findings: DataFrame) -> DataFrame:
-    return findings.orderBy("finding", "room_id", "event_id", "key")
+    return findings.orderBy(*FINDINGS_ORDER)
 
 
 

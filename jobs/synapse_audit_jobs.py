@@ -114,7 +114,7 @@ def _synapse_forward_extremities(spark: Any, cut: SynapseCut, rooms: Sequence[st
     def crowded_first(findings: Any) -> Any:
         """The rooms over the threshold (most extremities first), then the other findings."""
         return findings.orderBy((~over).cast("int"), F.when(over, F.col("found").cast("long")).desc_nulls_last(),
-                                "finding", "room_id", "event_id", "key")
+                                *audit.FINDINGS_ORDER)
 
     n, sample = counted_sample(audit.extremity_findings(extremities, events, edges, threshold=threshold),
                                crowded_first)
