@@ -61,11 +61,6 @@ def pytest_configure(config):
             os.environ["SPARK_JAVA_OPTIONS"] = options
 
 
-#: the project's packages, whose bytecode every process a test starts reads
-_PROJECT_PACKAGES = ("common", "streams", "rooms", "replication", "jobs", "dashboard", "synapse_attach",
-                     "synapse_repl", "testing", "benchmarks")
-
-
 def _compile_project() -> None:
     """The project's bytecode, written once before any test process starts (only what is
     missing or stale): under ``PYTHONDONTWRITEBYTECODE`` no process writes it, and each of the
@@ -75,8 +70,9 @@ def _compile_project() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for package in _PROJECT_PACKAGES:
-        compileall.compile_dir(root / package, quiet=2, workers=1)
+    for folder in root.iterdir():  # every folder of the checkout but the hidden ones (.venv, .ci, .git)
+        if folder.is_dir() and not folder.name.startswith("."):
+            compileall.compile_dir(folder, quiet=2, workers=1)
 
 
 #: the tables a flush keeps when their rows are as migrations made them: what ``post_migrate``
@@ -222,10 +218,9 @@ def django_db_modify_db_settings(postgres_server, django_db_modify_db_settings_p
 @pytest.fixture
 def pg_url(transactional_db):
     """URL of the test database, for processes started by a test."""
-    from django.db import connections
+    from testing.processes import database_url
 
-    d = connections["default"].settings_dict
-    return f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
+    return database_url()
 
 
 @pytest.fixture(scope="session")
