@@ -106,6 +106,15 @@ class ProcessGroup:
                 p.wait()
 
 
+def database_url(alias: str = "default") -> str:
+    """The URL of the PostgreSQL database Django's ``alias`` connection points at (the test
+    database in a test), for the processes a test or a module fixture starts."""
+    from django.db import connections
+
+    d = connections[alias].settings_dict
+    return f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
+
+
 def web_answers(base: str) -> bool:
     """Whether the web process at ``base`` answers HTTP at all (any status: it is up)."""
     try:

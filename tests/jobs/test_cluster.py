@@ -15,7 +15,7 @@ from django.db import connection
 
 from jobs.models import JobRun
 from testing.celery_client import client_of, wait_idle
-from testing.processes import ProcessGroup
+from testing.processes import ProcessGroup, database_url
 
 #: four JVMs per job on the cluster (the master, the worker, the executor, the job's driver)
 #: beside the suite's other process: on a loaded 2-core machine this file's first test,
@@ -30,8 +30,7 @@ JOBS = ("check_topological_ordering", "check_visibility", "topological_ordering"
 def cluster_celery(tmp_path_factory, django_db_setup, django_db_blocker, redis_server, spark_cluster):
     """A Celery worker process (solo pool, one task at a time) whose jobs' driver runs on the
     standalone cluster; the ProcessGroup, so a test can start beat beside it."""
-    d = connection.settings_dict
-    pg_url = f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
+    pg_url = database_url()
     tmp_path = tmp_path_factory.mktemp("celery_cluster")
     group = ProcessGroup(tmp_path)
     group.env = {**os.environ, "DATABASE_URL": pg_url, "REDIS_URL": redis_server.url,

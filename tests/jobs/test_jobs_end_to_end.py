@@ -11,7 +11,7 @@ from django.db import connection
 from jobs.models import JobRun
 from rooms.models import Event
 from testing.celery_client import client_of
-from testing.processes import ProcessGroup
+from testing.processes import ProcessGroup, database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -20,8 +20,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def celery_worker(tmp_path_factory, django_db_setup, django_db_blocker, redis_server):
     """A Celery worker (solo pool) in its own process, on a Redis broker, shared by the
     module's tests (each test's rows are its own: transactional tests flush afterwards)."""
-    d = connection.settings_dict
-    pg_url = f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
+    pg_url = database_url()
     tmp_path = tmp_path_factory.mktemp("celery")
     group = ProcessGroup(tmp_path)
     group.env = {**os.environ, "DATABASE_URL": pg_url, "REDIS_URL": redis_server.url,

@@ -15,7 +15,8 @@ from replication.endpoint.legacy import PAGE_ROWS
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.runtime import StreamRuntime
-from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, database_url_for_processes, handshake
+from testing.processes import database_url
+from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
 from tests.replication.endpoint.test_limits import connect_from, running_endpoint, wait_for_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +27,7 @@ def short_timeouts_endpoint(django_db_setup, tmp_path_factory):
     """One endpoint with a 2 s handshake deadline and a 2 s line deadline, for the tests that
     each close one misbehaving connection and read nothing cumulative (counters, connection
     lists) back: one process start instead of one each."""
-    with running_endpoint(database_url_for_processes(), tmp_path_factory.mktemp("attackers") / "endpoint.log",
+    with running_endpoint(database_url(), tmp_path_factory.mktemp("attackers") / "endpoint.log",
                           REPLICATION_HANDSHAKE_TIMEOUT="2", REPLICATION_LINE_TIMEOUT="2") as running:
         yield running
 

@@ -19,7 +19,7 @@ from rooms.models import CurrentStateDelta, Event
 from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.runtime import StreamRuntime
-from testing.processes import stop_process, wait_port
+from testing.processes import database_url, stop_process, wait_port
 from testing.services import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -104,17 +104,9 @@ def protocol_endpoint(django_db_setup, django_db_blocker, tmp_path_factory, redi
     """One endpoint for the module's tests that only speak the protocol (handshake, bad input,
     USER_SYNC) and write no fact: what each proves does not depend on a fresh process, and
     each would otherwise pay its start-up."""
-    with endpoint_process(database_url_for_processes(), tmp_path_factory.mktemp("endpoint") / "endpoint.log",
+    with endpoint_process(database_url(), tmp_path_factory.mktemp("endpoint") / "endpoint.log",
                           redis_server.url) as running:
         yield running
-
-
-def database_url_for_processes() -> str:
-    """The test database's URL (``pg_url``'s), for processes that module-scoped fixtures start."""
-    from django.db import connections
-
-    d = connections["default"].settings_dict
-    return f"postgres://{d['USER']}@{d['HOST']}:{d['PORT']}/{d['NAME']}"
 
 
 @pytest.fixture

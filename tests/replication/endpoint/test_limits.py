@@ -20,9 +20,9 @@ from streams.conf import stream_writers
 from streams.models import Receipt
 from streams.runtime import StreamRuntime
 from testing.line_workers import LineWorkers
-from testing.processes import stop_process
+from testing.processes import database_url, stop_process
 from testing.services import free_port
-from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, database_url_for_processes, handshake
+from tests.replication.endpoint.test_endpoint import SERVER_NAME, LineClient, handshake
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,7 +142,7 @@ def test_global_and_per_address_connection_caps(pg_url, tmp_path):
 def rate_limited_endpoint(django_db_setup, tmp_path_factory):
     """One endpoint with a small command rate for both floods (the rate is per connection:
     each flood's connections are new)."""
-    with running_endpoint(database_url_for_processes(), tmp_path_factory.mktemp("flood") / "endpoint.log",
+    with running_endpoint(database_url(), tmp_path_factory.mktemp("flood") / "endpoint.log",
                           REPLICATION_COMMAND_RATE="20", REPLICATION_COMMAND_BURST="50") as running:
         yield running
 
